@@ -1,0 +1,1 @@
+"""Generated from protos/ by `harness gen-protos`; do not edit."""

@@ -1,0 +1,61 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterManagerRequest(_message.Message):
+    __slots__ = ("name", "address", "resource_types")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    resource_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterManagerResponse(_message.Message):
+    __slots__ = ("heartbeat_interval_s",)
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class ListManagersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ManagerInfo(_message.Message):
+    __slots__ = ("name", "address", "resource_types", "up", "last_heartbeat", "resources")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    resource_types: _containers.RepeatedScalarFieldContainer[str]
+    up: bool
+    last_heartbeat: float
+    resources: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ..., up: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., resources: _Optional[int] = ...) -> None: ...
+
+class ListManagersResponse(_message.Message):
+    __slots__ = ("managers",)
+    MANAGERS_FIELD_NUMBER: _ClassVar[int]
+    managers: _containers.RepeatedCompositeFieldContainer[ManagerInfo]
+    def __init__(self, managers: _Optional[_Iterable[_Union[ManagerInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Compute IRM: physical hosts, custom-shape VMs, cost model, execution agents."""

@@ -1,0 +1,117 @@
+"""Configuration: defaults < YAML file < environment < command-line flags.
+
+Each service declares a dataclass of its settings. A YAML file holds one
+section per service (`crs:`, `compute:`, `agent:` ...); the environment
+overrides a field as HARNESS_<SECTION>_<FIELD> (e.g. HARNESS_CRS_DATABASE);
+flags override as `--set field=value`. An unknown key anywhere is an error at
+start-up, not a silently ignored typo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        item = args[0] if args else str
+        return [_coerce(v, item, where) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    try:
+        if annotation is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if annotation in (int, float, str):
+            return annotation(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
+    return value
+
+
+def load(
+    cls: type[T],
+    section: str,
+    *,
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: typing.Mapping[str, str] | None = None,
+) -> T:
+    """Build `cls` (a dataclass) from all sources, most specific last."""
+    environ = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+
+    config_file = config_file or environ.get("HARNESS_CONFIG")
+    if config_file:
+        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{config_file}: expected a mapping of sections")
+        part = data.get(section) or {}
+        if not isinstance(part, dict):
+            raise ConfigError(f"{config_file}: section {section!r} must be a mapping")
+        for key, value in part.items():
+            if key not in names:
+                raise ConfigError(f"{config_file}: unknown setting {section}.{key}; known: {sorted(names)}")
+            values[key] = _coerce(value, hints[key], f"{config_file}: {section}.{key}")
+
+    prefix = f"HARNESS_{section.upper()}_"
+    for key, value in environ.items():
+        if key.startswith(prefix):
+            name = key[len(prefix):].lower()
+            if name not in names:
+                raise ConfigError(f"{key}: unknown setting {section}.{name}; known: {sorted(names)}")
+            values[name] = _coerce(value, hints[name], key)
+
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in names:
+            raise ConfigError(f"--set {key}: unknown setting of {section}; known: {sorted(names)}")
+        values[key] = _coerce(value, hints[key], f"--set {key}")
+
+    return cls(**values)
+
+
+def parse_sets(pairs: list[str]) -> dict[str, str]:
+    """`["a=1", "b=x"]` -> `{"a": "1", "b": "x"}`."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r}: expected field=value")
+        out[key.strip()] = value
+    return out

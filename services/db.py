@@ -1,0 +1,132 @@
+"""The database layer every service uses: SQLAlchemy 2.0 + Alembic.
+
+SQLite (a file per service, the default) and PostgreSQL run the same code.
+On SQLite, write transactions start with BEGIN IMMEDIATE: Python's sqlite3
+otherwise defers the lock to the first write, so a read-then-write is not
+isolated and concurrent writers double-book (FIELD-NOTES, "Not double-booking").
+Reads use a deferred BEGIN so they never queue behind writers in WAL mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import Engine, MetaData, create_engine, event, text
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def default_url(state_dir: str | Path, name: str) -> str:
+    path = Path(state_dir).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path / name}.db"
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Lock contention (SQLite) or a serialisation failure/deadlock (PostgreSQL)."""
+    if isinstance(exc, OperationalError) and "locked" in str(exc).lower():
+        return True
+    if isinstance(exc, DBAPIError):
+        sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+        return sqlstate in ("40001", "40P01")
+    return False
+
+
+class Database:
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        kwargs: dict = {"echo": echo, "future": True}
+        if self.is_sqlite:
+            kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        else:
+            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+        self.engine: Engine = create_engine(url, **kwargs)
+        if self.is_sqlite:
+            self._install_sqlite_hooks(self.engine)
+        self._reader = self.engine.execution_options(harness_read=True)
+
+    @staticmethod
+    def _install_sqlite_hooks(engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn):  # type: ignore[no-untyped-def]
+            read = conn.get_execution_options().get("harness_read", False)
+            conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction: committed on success, rolled back on error."""
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with Session(self._reader, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    def transact(self, fn: Callable[[Session], T], attempts: int = 8) -> T:
+        """Run `fn` in a write transaction, retrying transient conflicts."""
+
+        @retry(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(attempts),
+            wait=wait_random_exponential(multiplier=0.005, max=0.2),
+            reraise=True,
+        )
+        def run() -> T:
+            with self.write() as session:
+                return fn(session)
+
+        return run()
+
+    def migrate(self, migrations_dir: Path, version_table: str) -> None:
+        """Bring the schema to the newest Alembic revision."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(migrations_dir))
+        cfg.attributes["version_table"] = version_table
+        with self.engine.connect() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+
+    def ping(self) -> None:
+        with self.read() as s:
+            s.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def run_migrations(context, metadata: MetaData) -> None:  # type: ignore[no-untyped-def]
+    """Body of every service's migrations/env.py (online mode only)."""
+    conn = context.config.attributes["connection"]
+    context.configure(
+        connection=conn,
+        target_metadata=metadata,
+        version_table=context.config.attributes["version_table"],
+        render_as_batch=conn.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+

@@ -1,0 +1,148 @@
+"""Domain errors and their one mapping to gRPC statuses.
+
+Service code raises these; the interceptor in services.server turns them into
+statuses with google.rpc details. Anything else that escapes a handler becomes
+INTERNAL with a log line, never UNKNOWN and never a traceback on the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+
+@dataclass
+class FieldViolation:
+    field: str
+    description: str
+
+
+@dataclass
+class HarnessError(Exception):
+    message: str
+    code: grpc.StatusCode = field(default=grpc.StatusCode.INTERNAL, init=False)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def details(self) -> list[any_pb2.Any]:
+        return []
+
+
+@dataclass
+class InvalidArgument(HarnessError):
+    """Bad input. `violations` name each offending field and what is expected."""
+
+    violations: list[FieldViolation] = field(default_factory=list)
+    code: grpc.StatusCode = field(default=grpc.StatusCode.INVALID_ARGUMENT, init=False)
+
+    @classmethod
+    def of(cls, field_path: str, description: str) -> InvalidArgument:
+        return cls(f"{field_path}: {description}", [FieldViolation(field_path, description)])
+
+    def details(self) -> list[any_pb2.Any]:
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in self.violations
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(bad)
+        return [packed]
+
+
+class Violations:
+    """Collects field violations so one response lists every problem at once."""
+
+    def __init__(self) -> None:
+        self.items: list[FieldViolation] = []
+
+    def add(self, field_path: str, description: str) -> None:
+        self.items.append(FieldViolation(field_path, description))
+
+    def check(self, ok: bool, field_path: str, description: str) -> bool:
+        if not ok:
+            self.add(field_path, description)
+        return ok
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            summary = "; ".join(f"{v.field}: {v.description}" for v in self.items)
+            raise InvalidArgument(summary, list(self.items))
+
+
+@dataclass
+class NotFound(HarnessError):
+    code: grpc.StatusCode = field(default=grpc.StatusCode.NOT_FOUND, init=False)
+
+
+@dataclass
+class ResourceExhausted(HarnessError):
+    code: grpc.StatusCode = field(default=grpc.StatusCode.RESOURCE_EXHAUSTED, init=False)
+
+
+@dataclass
+class FailedPrecondition(HarnessError):
+    code: grpc.StatusCode = field(default=grpc.StatusCode.FAILED_PRECONDITION, init=False)
+
+
+@dataclass
+class Aborted(HarnessError):
+    """A concurrent update won; the caller may retry."""
+
+    code: grpc.StatusCode = field(default=grpc.StatusCode.ABORTED, init=False)
+
+
+@dataclass
+class PermissionDenied(HarnessError):
+    code: grpc.StatusCode = field(default=grpc.StatusCode.PERMISSION_DENIED, init=False)
+
+
+@dataclass
+class Unavailable(HarnessError):
+    code: grpc.StatusCode = field(default=grpc.StatusCode.UNAVAILABLE, init=False)
+
+
+def to_status(error: HarnessError) -> status_pb2.Status:
+    return status_pb2.Status(
+        code=getattr(code_pb2, error.code.name),
+        message=error.message,
+        details=error.details(),
+    )
+
+
+def field_violations(rpc_error: grpc.RpcError) -> list[tuple[str, str]]:
+    """Client side: the (field, description) pairs of an INVALID_ARGUMENT."""
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(rpc_error)  # type: ignore[arg-type]
+    out: list[tuple[str, str]] = []
+    if status is None:
+        return out
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            out += [(v.field, v.description) for v in bad.field_violations]
+    return out
+
+
+def owned(tenant: str, owner: str, what: str) -> None:
+    """PERMISSION_DENIED unless `tenant` owns the object."""
+    if tenant != owner:
+        raise PermissionDenied(f"{what} belongs to another tenant")
+
+
+def require_tenant(tenant: str) -> str:
+    if not tenant:
+        raise InvalidArgument.of("tenant", "required: name the calling tenant")
+    if len(tenant) > 128:
+        raise InvalidArgument.of("tenant", "at most 128 characters")
+    return tenant

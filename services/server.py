@@ -1,0 +1,224 @@
+"""Server bootstrap shared by every Harness service.
+
+`create_server(address, components) -> (server, port)` builds a gRPC server
+with health checking, reflection, the Diagnostics echo and the error-mapping
+interceptor; `serve()` runs it until SIGTERM/SIGINT and shuts down gracefully.
+Tests bind port 0 and read the port back.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc
+from services.errors import HarnessError, to_status
+
+log = logging.getLogger(__name__)
+
+
+def _noop() -> None:
+    return None
+
+
+@dataclass
+class Component:
+    """One service's part of a server: its servicers and its background work."""
+
+    name: str
+    register: Callable[[grpc.Server], None]
+    # Full proto service names, for health and reflection.
+    service_names: list[str]
+    start: Callable[[], None] = _noop
+    stop: Callable[[], None] = _noop
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _abort(context: grpc.ServicerContext, error: HarnessError) -> None:
+    context.abort_with_status(rpc_status.to_status(to_status(error)))
+
+
+def _internal(context: grpc.ServicerContext, method: str, exc: BaseException) -> None:
+    log.exception("unexpected error in %s", method, extra={"method": method})
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}; see the service log")
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Maps domain errors to statuses; nothing escapes as UNKNOWN."""
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+
+        def guard_unary(behaviour):  # type: ignore[no-untyped-def]
+            def wrapped(request, context):  # type: ignore[no-untyped-def]
+                try:
+                    return behaviour(request, context)
+                except HarnessError as e:
+                    _abort(context, e)
+                except Exception as e:  # noqa: BLE001
+                    if context.code() is not None:  # the handler aborted on purpose
+                        raise
+                    _internal(context, method, e)
+
+            return wrapped
+
+        def guard_stream(behaviour):  # type: ignore[no-untyped-def]
+            def wrapped(request, context) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+                try:
+                    yield from behaviour(request, context)
+                except HarnessError as e:
+                    _abort(context, e)
+                except Exception as e:  # noqa: BLE001
+                    if context.code() is not None:
+                        raise
+                    _internal(context, method, e)
+
+            return wrapped
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                guard_unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                guard_stream(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                guard_unary(handler.stream_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            guard_stream(handler.stream_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class DiagnosticsServicer(diagnostics_pb2_grpc.DiagnosticsServicer):
+    def __init__(self, service: str) -> None:
+        self.service = service
+
+    def Echo(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        return diagnostics_pb2.EchoResponse(payload=request.payload, service=self.service)
+
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass
+class Running:
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+    components: list[Component]
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.health.enter_graceful_shutdown()
+        for c in self.components:
+            try:
+                c.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("stopping %s failed", c.name)
+        self.server.stop(grace).wait()
+
+
+def create_server(
+    address: str,
+    components: Iterable[Component],
+    *,
+    max_workers: int = 32,
+    max_concurrent_rpcs: int | None = None,
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    components = list(components)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        interceptors=[ErrorInterceptor()],
+        options=SERVER_OPTIONS,
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
+    )
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [diagnostics_pb2.DESCRIPTOR.services_by_name["Diagnostics"].full_name]
+    diagnostics_pb2_grpc.add_DiagnosticsServicer_to_server(
+        DiagnosticsServicer("+".join(c.name for c in components)), server
+    )
+    for c in components:
+        c.register(server)
+        names += c.service_names
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME], server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    for name in names:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    return server, port, health_servicer
+
+
+def start(address: str, components: Iterable[Component], **kwargs: Any) -> Running:
+    """Create, start, run the components' start hooks, then report SERVING."""
+    components = list(components)
+    server, port, health_servicer = create_server(address, components, **kwargs)
+    server.start()
+    running = Running(server, port, health_servicer, components)
+    for c in components:
+        c.extra["port"] = port
+        c.start()
+    for c in components:
+        for name in c.service_names:
+            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return running
+
+
+def serve(
+    address: str,
+    components: Iterable[Component],
+    *,
+    port_file: str | None = None,
+    grace: float = 5.0,
+    **kwargs: Any,
+) -> None:
+    """Run until SIGTERM or SIGINT, then drain and stop."""
+    running = start(address, components, **kwargs)
+    host = address.rsplit(":", 1)[0]
+    log.info("serving", extra={"address": f"{host}:{running.port}"})
+    if port_file:
+        tmp = Path(port_file + ".tmp")
+        tmp.write_text(str(running.port))
+        tmp.replace(port_file)  # atomic: a reader never sees a half-written port
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame):  # type: ignore[no-untyped-def]
+        log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stopping.wait()
+    running.stop(grace)
+    log.info("stopped")
