@@ -41,9 +41,15 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         item = args[0] if args else str
         return [_coerce(v, item, where) for v in value]
     if origin is dict:
+        if isinstance(value, str):  # "a=1,b=2" from the environment or --set
+            pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+            if any(not sep for _, sep, _ in pairs):
+                raise ConfigError(f"{where}: expected name=value pairs separated by commas, got {value!r}")
+            value = {k.strip(): v.strip() for k, _, v in pairs}
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
+        vtype = args[1] if len(args) == 2 else str
+        return {str(k): _coerce(v, vtype, f"{where}.{k}") for k, v in value.items()}
     try:
         if annotation is bool:
             if isinstance(value, str):

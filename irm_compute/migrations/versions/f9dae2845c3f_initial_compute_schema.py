@@ -3,9 +3,8 @@
 Revision ID: f9dae2845c3f
 Revises: 
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = 'f9dae2845c3f'
 down_revision = None

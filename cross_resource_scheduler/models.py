@@ -1,0 +1,57 @@
+"""CRS state: managers, reservations (with their per-IRM parts) and pending compensations."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Float, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    })
+
+
+class Manager(Base):
+    __tablename__ = "crs_managers"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    address: Mapped[str] = mapped_column(String(256))
+    resource_types: Mapped[list[str]] = mapped_column(JSON, default=list)
+    registered_at: Mapped[float] = mapped_column(Float)
+
+
+class Reservation(Base):
+    __tablename__ = "crs_reservations"
+    __table_args__ = (UniqueConstraint("tenant", "request_id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    request_id: Mapped[str] = mapped_column(String(128))
+    # pending (being placed/delegated) -> active -> released
+    state: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    price_per_minute: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[float] = mapped_column(Float)
+    released_at: Mapped[float] = mapped_column(Float, default=0.0)
+    # The AllocatedGroup messages as JSON (json_format), in request order.
+    groups: Mapped[list[dict]] = mapped_column(JSON, default=list)
+    # Managers this reservation was delegated to (for recovery of a pending one).
+    managers: Mapped[list[str]] = mapped_column(JSON, default=list)
+    notes: Mapped[list[str]] = mapped_column(JSON, default=list)
+
+
+class Compensation(Base):
+    """A part of a failed or released reservation still held by an unreachable IRM."""
+
+    __tablename__ = "crs_compensations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    manager: Mapped[str] = mapped_column(String(128), index=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    # The IRM-side request id (deterministic: "<crs reservation id>@<manager>").
+    irm_request_id: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[float] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)

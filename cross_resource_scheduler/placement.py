@@ -1,0 +1,144 @@
+"""Placement: a pure function of the request, the capacity view and a seeded RNG.
+
+Groups are placed instance by instance, greedily: for each instance the
+candidate pool is narrowed by the constraints (same host -> the peer's node;
+a hop bound -> the peer's rack or site), scanned from a random offset until
+`sample_size` candidates pass every filter, and the best-weighed one wins.
+When none passes, the answer says which filter removed how many candidates,
+and whether the request could fit at all on an empty cloud (Kubernetes'
+Unschedulable vs UnschedulableAndUnresolvable).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from cross_resource_scheduler.constraints import Constraint
+from cross_resource_scheduler.plugins import Context, GroupDemand, Pipeline
+from cross_resource_scheduler.topology import TopologyModel
+from cross_resource_scheduler.view import CapacityView, Node
+
+
+@dataclass
+class PlacementRequest:
+    groups: list[GroupDemand]
+    constraints: list[Constraint] = field(default_factory=list)
+
+
+@dataclass
+class Placement:
+    # group name -> one node per instance
+    nodes: dict[str, list[Node]]
+    # node key -> summed demand of this request on it
+    demand: dict[str, dict[str, float]]
+
+
+@dataclass
+class Unschedulable(Exception):
+    message: str
+    # False: it might fit later (capacity in use); True: it can never fit as asked.
+    unresolvable: bool = False
+    removed_by: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _order(req: PlacementRequest) -> list[GroupDemand]:
+    """Most constrained groups first, then bigger ones, so tight fits are decided early."""
+    weight = Counter()
+    for c in req.constraints:
+        weight[c.a] += 1
+        weight[c.b] += 1
+    return sorted(req.groups, key=lambda g: (-weight[g.name], -g.count * sum(g.demand.values())))
+
+
+def _pool(view: CapacityView, ctx: Context) -> list[Node]:
+    g, topo = ctx.group, ctx.topology
+    pools: list[list[Node]] = []
+    for c in ctx.constraints:
+        peers = ctx.placed.get(c.other(g.name), []) if c.a != c.b else ctx.placed.get(g.name, [])
+        if not peers:
+            continue
+        p = peers[0]
+        if c.kind == "same_host":
+            pools.append([n for n in {x.key: x for x in peers}.values() if n.resource_type == g.resource_type])
+        elif (c.kind == "max_hops" and c.value < topo.same_site.hops) or (
+                c.kind == "max_latency_ms" and c.value < topo.same_site.latency_ms):
+            pools.append(view.in_rack(g.resource_type, p.location.site, p.location.rack))
+        elif (c.kind == "max_hops" and c.value < topo.cross_site.hops) or (
+                c.kind == "max_latency_ms" and c.value < topo.cross_site.latency_ms):
+            pools.append(view.in_site(g.resource_type, p.location.site))
+    return min(pools, key=len) if pools else view.of_type(g.resource_type)
+
+
+def _place_instance(view: CapacityView, ctx: Context, pipeline: Pipeline, rng: random.Random,
+                    removed: Counter) -> Node | None:
+    pool = _pool(view, ctx)
+    n = len(pool)
+    if n == 0:
+        return None
+    start = rng.randrange(n)
+    feasible: list[Node] = []
+    for i in range(n):
+        node = pool[(start + i) % n]
+        for f in pipeline.filters:
+            if not f.host_passes(node, ctx):
+                removed[f.name] += 1
+                break
+        else:
+            feasible.append(node)
+            if len(feasible) >= pipeline.sample_size:
+                break
+    if not feasible:
+        return None
+    best, best_score = feasible[0], float("-inf")
+    for node in feasible:
+        score = sum(m * w.weigh(node, ctx) for w, m in pipeline.weighers)
+        if score > best_score:
+            best, best_score = node, score
+    return best
+
+
+def _attempt(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel,
+             rng: random.Random, ignore_usage: bool) -> tuple[Placement | None, str, Counter, int]:
+    placed: dict[str, list[Node]] = {}
+    tentative: dict[str, dict[str, float]] = {}
+    for g in _order(req):
+        ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], placed, tentative, topology,
+                      ignore_usage)
+        placed.setdefault(g.name, [])
+        for i in range(g.count):
+            removed: Counter = Counter()
+            node = _place_instance(view, ctx, pipeline, rng, removed)
+            if node is None:
+                where = f"group {g.name!r}" + (f" instance {i + 1} of {g.count}" if g.count > 1 else "")
+                return None, where, removed, len(_pool(view, ctx))
+            placed[g.name].append(node)
+            slot = tentative.setdefault(node.key, {})
+            for k, v in g.demand.items():
+                slot[k] = slot.get(k, 0.0) + v
+    return Placement(placed, tentative), "", Counter(), 0
+
+
+def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel,
+             rng: random.Random) -> Placement:
+    """Place every instance of every group, or raise Unschedulable saying why."""
+    with view.lock:
+        placement, where, removed, pool = _attempt(req, view, pipeline, topology, rng, ignore_usage=False)
+        if placement is not None:
+            return placement
+        could, _, _, _ = _attempt(req, view, pipeline, topology, random.Random(rng.random()), ignore_usage=True)
+    types = sorted({g.resource_type for g in req.groups})
+    if pool == 0:
+        detail = f"no {'/'.join(types)} resources are available (no manager up provides them)"
+    else:
+        parts = ", ".join(f"{name} removed {count}" for name, count in removed.most_common())
+        detail = f"none of {pool} candidates fits: {parts}"
+    unresolvable = could is None
+    hint = ("it cannot fit even on an empty cloud; change the request" if unresolvable
+            else "capacity is in use; retry later or ask for less")
+    return_error = Unschedulable(f"{where}: {detail}; {hint}", unresolvable, dict(removed))
+    raise return_error

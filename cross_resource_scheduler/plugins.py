@@ -1,0 +1,219 @@
+"""Placement plug-ins: filters say yes/no per candidate, weighers score it 0..1.
+
+As in Nova's scheduler, each filter answers `host_passes(node, ctx)` and each
+weigher's score is multiplied by a configurable multiplier; the enabled lists
+come from configuration and an unknown name fails at start-up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from cross_resource_scheduler.constraints import Constraint
+from cross_resource_scheduler.topology import TopologyModel
+from cross_resource_scheduler.view import Node
+
+
+@dataclass(frozen=True)
+class GroupDemand:
+    """One group of a request, in the resource-agnostic terms placement needs."""
+
+    name: str
+    resource_type: str
+    count: int
+    # Consumable attributes per instance (e.g. cores, memory_gb).
+    demand: dict[str, float]
+    # Non-consumable numeric attributes: [lo, hi] the resource's property must lie in.
+    properties: dict[str, tuple[float, float]] = field(default_factory=dict)
+    required_traits: frozenset[str] = frozenset()
+    forbidden_traits: frozenset[str] = frozenset()
+
+
+@dataclass
+class Context:
+    group: GroupDemand
+    constraints: list[Constraint]  # those involving this group
+    placed: dict[str, list[Node]]  # group -> nodes chosen so far in this request
+    tentative: dict[str, dict[str, float]]  # node key -> demand this request put there
+    topology: TopologyModel
+    # Judge against total capacity: "could this ever fit?" (unresolvable check).
+    ignore_usage: bool = False
+
+    def free(self, node: Node, attribute: str) -> float:
+        if self.ignore_usage:
+            return node.capacity.get(attribute, 0.0) - self.tentative.get(node.key, {}).get(attribute, 0.0)
+        return node.free(attribute) - self.tentative.get(node.key, {}).get(attribute, 0.0)
+
+
+class Filter:
+    name = "filter"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        raise NotImplementedError
+
+
+class CapacityFilter(Filter):
+    """Enough free capacity for one more instance."""
+
+    name = "capacity"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        return all(ctx.free(node, k) >= v - 1e-9 for k, v in ctx.group.demand.items())
+
+
+class PropertiesFilter(Filter):
+    """Fixed properties (e.g. frequency_ghz) inside the requested ranges."""
+
+    name = "properties"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        for k, (lo, hi) in ctx.group.properties.items():
+            v = node.properties.get(k)
+            if v is None or not (lo - 1e-9 <= v <= hi + 1e-9):
+                return False
+        return True
+
+
+class TraitsFilter(Filter):
+    name = "traits"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        g = ctx.group
+        return g.required_traits <= node.traits and not (g.forbidden_traits & node.traits)
+
+
+class AffinityFilter(Filter):
+    """same_host / different_host against instances already placed."""
+
+    name = "affinity"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        me = ctx.group.name
+        for c in ctx.constraints:
+            peers = ctx.placed.get(c.other(me), []) if c.a != c.b else ctx.placed.get(me, [])
+            if c.kind == "same_host" and peers and any(p.key != node.key for p in peers):
+                return False
+            if c.kind == "different_host" and any(p.key == node.key for p in peers):
+                return False
+        return True
+
+
+class DistanceFilter(Filter):
+    """max hops / max latency / min bandwidth against instances already placed."""
+
+    name = "distance"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        me = ctx.group.name
+        for c in ctx.constraints:
+            if c.kind not in ("max_hops", "max_latency_ms", "min_bandwidth_gbps"):
+                continue
+            peers = ctx.placed.get(c.other(me), []) if c.a != c.b else ctx.placed.get(me, [])
+            for p in peers:
+                d = ctx.topology.distance(node.location, p.location)
+                if c.kind == "max_hops" and d.hops > c.value:
+                    return False
+                if c.kind == "max_latency_ms" and d.latency_ms > c.value + 1e-12:
+                    return False
+                if c.kind == "min_bandwidth_gbps" and d.bandwidth_gbps < c.value - 1e-12:
+                    return False
+        return True
+
+
+class Weigher:
+    name = "weigher"
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        raise NotImplementedError
+
+
+def _fill_after(node: Node, ctx: Context) -> float:
+    """Mean fraction of the node's consumable capacity in use once this instance lands."""
+    fracs = []
+    for k, v in ctx.group.demand.items():
+        cap = node.capacity.get(k, 0.0)
+        if cap > 0:
+            fracs.append(min(1.0, (cap - ctx.free(node, k) + v) / cap))
+    return sum(fracs) / len(fracs) if fracs else 0.0
+
+
+class PackWeigher(Weigher):
+    """Prefer fuller nodes: keeps big holes free for big requests (less fragmentation)."""
+
+    name = "pack"
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        return _fill_after(node, ctx)
+
+
+class SpreadWeigher(Weigher):
+    """Prefer emptier nodes: less interference between tenants."""
+
+    name = "spread"
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        return 1.0 - _fill_after(node, ctx)
+
+
+class TopologyWeigher(Weigher):
+    """Prefer nodes close to the request's other instances (seed 003, MANGO).
+
+    MANGO ranks candidate partitions by hop distance and bandwidth to their
+    peers; here each criterion is normalised to 0..1 (hops against the
+    topology's diameter, bandwidth on a log scale against the same-host
+    bandwidth) and they are blended 2:1. Peers are the instances of groups
+    this one is constrained against, or, without constraints, every instance
+    placed so far: a request is kept compact.
+    """
+
+    name = "topology"
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        me = ctx.group.name
+        related = {c.other(me) for c in ctx.constraints if c.kind != "different_host"} or set(ctx.placed)
+        peers = [p for g in related for p in ctx.placed.get(g, [])]
+        if not peers:
+            return 0.5
+        topo = ctx.topology
+        top_bw = math.log1p(max(topo.same_host.bandwidth_gbps, 1e-9))
+        total = 0.0
+        for p in peers:
+            d = topo.distance(node.location, p.location)
+            hop_score = 1.0 - d.hops / max(1, topo.max_hops)
+            bw_score = math.log1p(d.bandwidth_gbps) / top_bw if top_bw > 0 else 0.0
+            total += (2 * hop_score + min(1.0, bw_score)) / 3
+        return total / len(peers)
+
+
+FILTERS: dict[str, type[Filter]] = {f.name: f for f in
+                                    (CapacityFilter, PropertiesFilter, TraitsFilter, AffinityFilter, DistanceFilter)}
+WEIGHERS: dict[str, type[Weigher]] = {w.name: w for w in (PackWeigher, SpreadWeigher, TopologyWeigher)}
+
+
+class PipelineError(ValueError):
+    pass
+
+
+@dataclass
+class Pipeline:
+    filters: list[Filter]
+    weighers: list[tuple[Weigher, float]]
+    # Feasible candidates scored per instance (kube-scheduler samples nodes to
+    # score; Placement caps candidates): keeps placement cost flat in cluster size.
+    sample_size: int = 32
+
+    @classmethod
+    def from_names(cls, filters: list[str], weighers: dict[str, float], sample_size: int = 32) -> Pipeline:
+        unknown = [f for f in filters if f not in FILTERS]
+        if unknown:
+            raise PipelineError(f"unknown filter(s) {unknown}; available: {sorted(FILTERS)}")
+        unknown = [w for w in weighers if w not in WEIGHERS]
+        if unknown:
+            raise PipelineError(f"unknown weigher(s) {unknown}; available: {sorted(WEIGHERS)}")
+        if "capacity" not in filters:
+            raise PipelineError("the 'capacity' filter cannot be disabled: without it nodes would be overbooked")
+        if sample_size < 1:
+            raise PipelineError("sample_size must be >= 1")
+        return cls([FILTERS[f]() for f in filters], [(WEIGHERS[w](), float(m)) for w, m in weighers.items()],
+                   sample_size)

@@ -1,0 +1,158 @@
+"""Managers known to the CRS, their liveness, and the capacity they stream.
+
+Each registered manager gets a watcher thread that follows its WatchCapacity
+stream into the capacity view. A manager whose heartbeats stop for longer
+than the timeout is marked down: its resources leave scheduling until it
+heartbeats again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from harness.v1 import irm_pb2, irm_pb2_grpc
+
+from cross_resource_scheduler.view import CapacityView
+from services import client
+from services.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ManagerState:
+    name: str
+    address: str
+    resource_types: list[str]
+    last_heartbeat: float
+    specs: list[irm_pb2.ResourceTypeSpec] = field(default_factory=list)
+    up: bool = True
+    stop: threading.Event = field(default_factory=threading.Event)
+    synced: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    call: grpc.Future | None = None  # the open WatchCapacity stream, cancelled on stop
+
+    def stub(self) -> irm_pb2_grpc.ResourceManagerStub:
+        return irm_pb2_grpc.ResourceManagerStub(client.channel(self.address))
+
+
+class Registry:
+    def __init__(self, view: CapacityView, clock: Clock, heartbeat_timeout_s: float,
+                 on_change: Callable[[str, irm_pb2.CapacityEvent], None],
+                 on_up: Callable[[str], None]) -> None:
+        self.view = view
+        self.clock = clock
+        self.timeout = heartbeat_timeout_s
+        self.on_change = on_change
+        self.on_up = on_up
+        self.lock = threading.Lock()
+        self.managers: dict[str, ManagerState] = {}
+
+    def register(self, name: str, address: str, resource_types: list[str]) -> ManagerState:
+        with self.lock:
+            old = self.managers.get(name)
+            if old is not None and old.address == address and old.thread and old.thread.is_alive():
+                old.last_heartbeat = self.clock.now()
+                old.resource_types = list(resource_types)
+                self._mark_up(old)
+                return old
+            if old is not None:
+                old.stop.set()
+            state = ManagerState(name, address, list(resource_types), self.clock.now())
+            self.managers[name] = state
+        self.view.set_down(name, False)
+        state.thread = threading.Thread(target=self._follow, args=(state,), name=f"watch-{name}", daemon=True)
+        state.thread.start()
+        self.on_up(name)
+        return state
+
+    def heartbeat(self, name: str) -> bool:
+        with self.lock:
+            state = self.managers.get(name)
+            if state is None or state.stop.is_set():
+                return False
+            state.last_heartbeat = self.clock.now()
+            self._mark_up(state)
+            return True
+
+    def _mark_up(self, state: ManagerState) -> None:
+        if not state.up:
+            state.up = True
+            self.view.set_down(state.name, False)
+            log.info("manager up again", extra={"manager": state.name})
+            self.on_up(state.name)
+
+    def check_liveness(self) -> None:
+        now = self.clock.now()
+        with self.lock:
+            states = list(self.managers.values())
+        for s in states:
+            if s.up and now - s.last_heartbeat > self.timeout:
+                s.up = False
+                self.view.set_down(s.name, True)
+                log.warning("manager down: no heartbeat", extra={"manager": s.name,
+                                                                "silent_s": round(now - s.last_heartbeat, 1)})
+
+    def get(self, name: str) -> ManagerState | None:
+        with self.lock:
+            return self.managers.get(name)
+
+    def up(self) -> list[ManagerState]:
+        with self.lock:
+            return [s for s in self.managers.values() if s.up]
+
+    def all(self) -> list[ManagerState]:
+        with self.lock:
+            return list(self.managers.values())
+
+    def stop(self) -> None:
+        with self.lock:
+            for s in self.managers.values():
+                s.stop.set()
+
+    def _follow(self, state: ManagerState) -> None:
+        """Keep the view in step with one manager, reconnecting until told to stop."""
+        def cancel_on_stop() -> None:
+            state.stop.wait()
+            if state.call is not None:
+                state.call.cancel()
+
+        threading.Thread(target=cancel_on_stop, name=f"unwatch-{state.name}", daemon=True).start()
+        backoff = 0.1
+        while not state.stop.is_set():
+            call = None
+            try:
+                stub = state.stub()
+                state.specs = list(stub.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(),
+                                                               timeout=5).resource_types)
+                call = state.call = stub.WatchCapacity(irm_pb2.WatchCapacityRequest())
+                seen: set[str] = set()
+                for ev in call:
+                    if state.stop.is_set():
+                        break
+                    backoff = 0.1
+                    if ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END:
+                        for node in list(self.view.nodes.values()):
+                            if node.manager == state.name and node.physical_id not in seen:
+                                self.view.remove(state.name, node.physical_id)
+                        state.synced.set()
+                        continue
+                    if ev.kind == irm_pb2.CapacityEvent.KIND_REMOVED:
+                        self.view.remove(state.name, ev.resource.id)
+                    else:
+                        if ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT:
+                            seen.add(ev.resource.id)
+                        self.view.upsert(state.name, ev.resource)
+                    self.on_change(state.name, ev)
+            except grpc.RpcError as e:
+                if not state.stop.is_set():
+                    log.info("watch of manager interrupted", extra={"manager": state.name, "code": str(e.code())})
+            finally:
+                if call is not None:
+                    call.cancel()
+            state.stop.wait(backoff)
+            backoff = min(backoff * 2, 2.0)

@@ -1,0 +1,599 @@
+"""The cross-resource scheduler: the IRM API in front of many IRMs (thesis §5.1.1).
+
+A reservation is placed against the capacity view (placement.py), then
+delegated to the IRMs all-or-nothing: each IRM gets a request id derived from
+the CRS reservation, so whatever an IRM may have committed before failing can
+be found again and released, now or (if the IRM is unreachable) later.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import random
+import threading
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from google.protobuf import json_format
+from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+
+from cross_resource_scheduler import constraints as cons
+from cross_resource_scheduler.gate import PriorityGate
+from cross_resource_scheduler.models import Compensation, Manager, Reservation
+from cross_resource_scheduler.placement import Placement, PlacementRequest, Unschedulable, schedule
+from cross_resource_scheduler.plugins import GroupDemand, Pipeline, PipelineError
+from cross_resource_scheduler.registry import ManagerState, Registry
+from cross_resource_scheduler.topology import TopologyModel
+from cross_resource_scheduler.view import CapacityView
+from services.clock import Clock, WallClock
+from services.db import Database, default_url
+from services.errors import (
+    Aborted,
+    FailedPrecondition,
+    HarnessError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    Violations,
+    owned,
+    require_tenant,
+)
+from services.server import Component
+from services.watch import Broadcaster
+
+log = logging.getLogger(__name__)
+MIGRATIONS = Path(__file__).parent / "migrations"
+MAX_COUNT = 1000
+
+
+@dataclass
+class CrsConfig:
+    address: str = "127.0.0.1:50051"
+    database: str = ""
+    state_dir: str = "~/.harness"
+    # How often IRMs must heartbeat, and after how long without one they are down.
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 6.0
+    # Placement pipeline, by plug-in name (an unknown name fails at start-up).
+    filters: list[str] = field(default_factory=lambda: ["capacity", "properties", "traits", "affinity", "distance"])
+    weighers: dict[str, float] = field(default_factory=lambda: {"pack": 1.0, "topology": 2.0})
+    sample_size: int = 32
+    # Placements retried when an IRM refuses because the view was stale.
+    place_attempts: int = 3
+    irm_timeout_s: float = 10.0
+    # Topology links (YAML list of {a, b, latency_ms, bandwidth_gbps} between racks or sites).
+    topology_file: str = ""
+    seed: int = 0
+
+
+def _err_from_rpc(manager: str, e: grpc.RpcError) -> HarnessError:
+    code, detail = e.code(), e.details() or ""
+    text = f"manager {manager!r}: {detail}"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(text)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return FailedPrecondition(text)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(text)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return Unavailable(f"manager {manager!r} did not answer ({code.name}); nothing was reserved, retry")
+    return Aborted(f"{text} ({code.name}); nothing was reserved")
+
+
+class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistryServicer):
+    def __init__(self, config: CrsConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        try:
+            self.pipeline = Pipeline.from_names(config.filters, config.weighers, config.sample_size)
+        except PipelineError as e:
+            raise ValueError(f"crs configuration: {e}") from None
+        self.topology = TopologyModel()
+        if config.topology_file:
+            self._load_topology(config.topology_file)
+        self.db = Database(config.database or default_url(config.state_dir, "crs"))
+        self.db.migrate(MIGRATIONS, "alembic_version_crs")
+        self.view = CapacityView()
+        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
+        self.registry = Registry(self.view, self.clock, config.heartbeat_timeout_s,
+                                 on_change=self._forward, on_up=lambda name: self._kick.set())
+        self.gate = PriorityGate()
+        self.rng = random.Random(config.seed or None)
+        self._stop = threading.Event()
+        self._kick = threading.Event()
+        self._monitor = threading.Thread(target=self._run_monitor, name="crs-monitor", daemon=True)
+
+    def _load_topology(self, path: str) -> None:
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        for i, link in enumerate(data.get("links") or []):
+            try:
+                self.topology.add_link(common_pb2.Link(a=str(link["a"]), b=str(link["b"]),
+                                                       latency_ms=float(link.get("latency_ms", 0)),
+                                                       bandwidth_gbps=float(link.get("bandwidth_gbps", 0))))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}: links[{i}]: {e}") from None
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        self._recover()
+        with self.db.read() as s:
+            known = list(s.scalars(select(Manager)))
+        for m in known:
+            # Known from before a restart: followed, but down until it heartbeats.
+            state = self.registry.register(m.name, m.address, m.resource_types)
+            state.last_heartbeat = -math.inf
+        self._monitor.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        self.registry.stop()
+        self.watchers.close()
+        self._monitor.join(timeout=5)
+        self.db.dispose()
+
+    def _run_monitor(self) -> None:
+        interval = max(0.05, min(self.config.heartbeat_interval_s, self.config.heartbeat_timeout_s) / 2)
+        while not self._stop.is_set():
+            self.registry.check_liveness()
+            self._compensate_pending()
+            self._kick.wait(interval)
+            self._kick.clear()
+
+    def _recover(self) -> None:
+        """Reservations left pending by a crash: give back whatever any IRM holds for them."""
+        with self.db.read() as s:
+            pending = list(s.scalars(select(Reservation).where(Reservation.state == "pending")))
+        for r in pending:
+            def run(s, r=r):  # type: ignore[no-untyped-def]
+                for m in r.managers:
+                    s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=f"{r.id}@{m}",
+                                       created_at=self.clock.now()))
+                s.execute(delete(Reservation).where(Reservation.id == r.id))
+            self.db.transact(run)
+            log.warning("recovered a reservation left pending", extra={"reservation": r.id})
+
+    # -- compensation ----------------------------------------------------
+    def _undo(self, manager: str, tenant: str, irm_request_id: str) -> bool:
+        """Release whatever `manager` holds under `irm_request_id`. False: could not reach it."""
+        state = self.registry.get(manager)
+        if state is None:
+            return False
+        stub = state.stub()
+        try:
+            try:
+                res = stub.GetReservation(irm_pb2.GetReservationRequest(tenant=tenant, request_id=irm_request_id),
+                                          timeout=self.config.irm_timeout_s)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return True
+                raise
+            stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=tenant, reservation_id=res.id),
+                                    timeout=self.config.irm_timeout_s)
+            return True
+        except grpc.RpcError as e:
+            log.warning("could not release at manager; will retry", extra={
+                "manager": manager, "irm_request_id": irm_request_id, "code": str(e.code())})
+            return False
+
+    def _undo_or_remember(self, manager: str, tenant: str, irm_request_id: str) -> None:
+        if not self._undo(manager, tenant, irm_request_id):
+            self.db.transact(lambda s: s.add(Compensation(manager=manager, tenant=tenant,
+                                                          irm_request_id=irm_request_id,
+                                                          created_at=self.clock.now())))
+
+    def _compensate_pending(self) -> None:
+        with self.db.read() as s:
+            todo = list(s.scalars(select(Compensation).order_by(Compensation.id).limit(200)))
+        for c in todo:
+            state = self.registry.get(c.manager)
+            if state is None or not state.up:
+                continue
+            done = self._undo(c.manager, c.tenant, c.irm_request_id)
+
+            def run(s, c=c, done=done):  # type: ignore[no-untyped-def]
+                if done:
+                    s.execute(delete(Compensation).where(Compensation.id == c.id))
+                else:
+                    row = s.get(Compensation, c.id)
+                    if row is not None:
+                        row.attempts += 1
+            self.db.transact(run)
+            if done:
+                log.info("released a leftover at manager", extra={"manager": c.manager,
+                                                                  "irm_request_id": c.irm_request_id})
+
+    def pending_compensations(self) -> int:
+        with self.db.read() as s:
+            return len(list(s.scalars(select(Compensation.id))))
+
+    # -- request parsing -------------------------------------------------
+    def _specs(self) -> dict[str, dict[str, irm_pb2.AttributeSpec]]:
+        out: dict[str, dict[str, irm_pb2.AttributeSpec]] = defaultdict(dict)
+        for m in self.registry.up():
+            for spec in m.specs:
+                for a in spec.attributes:
+                    out[spec.name].setdefault(a.name, a)
+        return out
+
+    def _parse(self, groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupConstraint]
+               ) -> PlacementRequest:
+        v = Violations()
+        specs = self._specs()
+        demands: list[GroupDemand] = []
+        names: set[str] = set()
+        v.check(len(groups) > 0, "groups", "at least one group is required")
+        for i, g in enumerate(groups):
+            p = f"groups[{i}]"
+            if not v.check(bool(g.name), f"{p}.name", "required: a name unique within the request"):
+                continue
+            v.check(g.name not in names, f"{p}.name", f"duplicate group name {g.name!r}")
+            names.add(g.name)
+            v.check(1 <= g.count <= MAX_COUNT, f"{p}.count", f"must be between 1 and {MAX_COUNT}")
+            v.check(not g.placement, f"{p}.placement", "leave empty: the CRS chooses placements")
+            attrs = specs.get(g.resource_type)
+            if attrs is None:
+                v.add(f"{p}.resource_type", f"no manager that is up provides {g.resource_type!r}; "
+                                            f"available: {sorted(specs) or 'none'}")
+                continue
+            demand: dict[str, float] = {}
+            props: dict[str, tuple[float, float]] = {}
+            for key, req in g.attributes.items():
+                spec = attrs.get(key)
+                ap = f"{p}.attributes[{key}]"
+                if spec is None:
+                    v.add(ap, f"unknown attribute of {g.resource_type!r}; known: {sorted(attrs)}")
+                    continue
+                which = req.WhichOneof("value")
+                if spec.kind == irm_pb2.AttributeSpec.KIND_TEXT:
+                    if which != "text":
+                        v.add(ap, "expected text")
+                    elif spec.allowed_values and req.text not in spec.allowed_values:
+                        v.add(ap, f"{req.text!r} is not one of {list(spec.allowed_values)}")
+                    continue
+                if which == "text" or which is None:
+                    v.add(ap, f"expected a number or a range ({spec.unit})")
+                    continue
+                lo = req.number if which == "number" else (req.range.min if req.range.HasField("min") else -math.inf)
+                hi = req.number if which == "number" else (req.range.max if req.range.HasField("max") else math.inf)
+                if lo > hi:
+                    v.add(ap, "range min must not exceed max")
+                    continue
+                dom = spec.domain
+                if spec.consumable:
+                    if not math.isfinite(lo):
+                        v.add(ap, "a range for a consumable attribute needs a lower bound")
+                        continue
+                    if (dom.HasField("min") and lo < dom.min - 1e-9) or (dom.HasField("max") and lo > dom.max + 1e-9):
+                        v.add(ap, f"{lo:g} {spec.unit} is outside [{dom.min:g}, {dom.max:g}]")
+                        continue
+                    demand[key] = lo
+                else:
+                    props[key] = (lo, hi)
+            demands.append(GroupDemand(g.name, g.resource_type, g.count, demand, props,
+                                       frozenset(g.required_traits), frozenset(g.forbidden_traits)))
+        parsed = cons.from_proto(list(constraints), names, v)
+        v.raise_if_any()
+        return PlacementRequest(demands, parsed)
+
+    @staticmethod
+    def _pinned(groups: list[irm_pb2.ResourceGroup], placement: Placement) -> dict[str, list[irm_pb2.ResourceGroup]]:
+        """Per manager, the groups (or parts of groups) it must reserve, pinned to physical resources."""
+        out: dict[str, list[irm_pb2.ResourceGroup]] = {}
+        for g in groups:
+            by_manager: dict[str, list[str]] = {}
+            for node in placement.nodes[g.name]:
+                by_manager.setdefault(node.manager, []).append(node.physical_id)
+            for manager, ids in by_manager.items():
+                part = irm_pb2.ResourceGroup()
+                part.CopyFrom(g)
+                part.count = len(ids)
+                part.placement[:] = ids
+                out.setdefault(manager, []).append(part)
+        return out
+
+    # -- IRM API ---------------------------------------------------------
+    def DescribeAllocationSpec(self, request, context):  # noqa: N802
+        return irm_pb2.DescribeAllocationSpecResponse(
+            resource_types=[spec for m in self.registry.up() for spec in m.specs])
+
+    def DiscoverResources(self, request, context):  # noqa: N802
+        nodes = [n for n in self.view.up_nodes() if not request.resource_type or n.resource_type == request.resource_type]
+        return irm_pb2.DiscoverResourcesResponse(resources=[n.to_proto() for n in nodes],
+                                                 links=self.topology.level_links())
+
+    def QuotePrice(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        req = self._parse(list(request.groups), list(request.constraints))
+        placement = self._place(req, priority=0, assume_token=None)
+        return self._quote(tenant, list(request.groups), placement)
+
+    def _quote(self, tenant: str, groups: list[irm_pb2.ResourceGroup], placement: Placement
+               ) -> irm_pb2.QuotePriceResponse:
+        quotes: list[irm_pb2.GroupQuote] = []
+        for manager, parts in self._pinned(groups, placement).items():
+            state = self.registry.get(manager)
+            assert state is not None
+            try:
+                reply = state.stub().QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=parts),
+                                                timeout=self.config.irm_timeout_s)
+            except grpc.RpcError as e:
+                raise _err_from_rpc(manager, e) from None
+            quotes.extend(reply.groups)
+        return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
+
+    def _place(self, req: PlacementRequest, priority: int, assume_token: str | None) -> Placement:
+        with self.gate.hold(priority):
+            try:
+                placement = schedule(req, self.view, self.pipeline, self.topology, self.rng)
+            except Unschedulable as e:
+                log.info("unschedulable", extra={"reason": str(e), "removed_by": e.removed_by})
+                raise (FailedPrecondition if e.unresolvable else ResourceExhausted)(str(e)) from None
+            if assume_token is not None:
+                for key, demand in placement.demand.items():
+                    self.view.assume(assume_token, self.view.nodes[key], demand)
+            return placement
+
+    def Reserve(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        if not request.request_id or len(request.request_id) > 128:
+            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
+        existing = self._find(tenant, request.request_id)
+        if existing is not None:
+            return self._existing(existing)
+        req = self._parse(list(request.groups), list(request.constraints))
+        res_id = f"crs-{uuid.uuid4().hex[:20]}"
+        try:
+            self.db.transact(lambda s: s.add(Reservation(
+                id=res_id, tenant=tenant, request_id=request.request_id, state="pending",
+                priority=request.priority, created_at=self.clock.now(), groups=[], managers=[], notes=[])))
+        except IntegrityError:
+            existing = self._find(tenant, request.request_id)
+            if existing is None:
+                raise Aborted("a concurrent request with this request_id failed; retry") from None
+            return self._existing(existing)
+        try:
+            return self._reserve(tenant, res_id, request, req)
+        except BaseException:
+            self.db.transact(lambda s: s.execute(delete(Reservation).where(Reservation.id == res_id,
+                                                                         Reservation.state == "pending")))
+            raise
+
+    def _find(self, tenant: str, request_id: str) -> Reservation | None:
+        with self.db.read() as s:
+            return s.scalar(select(Reservation).where(Reservation.tenant == tenant,
+                                                      Reservation.request_id == request_id))
+
+    def _existing(self, r: Reservation) -> irm_pb2.Reservation:
+        if r.state == "pending":
+            raise Aborted(f"reservation for request_id {r.request_id!r} is still being placed; retry shortly")
+        return self._to_proto(r)
+
+    def _reserve(self, tenant: str, res_id: str, request: irm_pb2.ReserveRequest, req: PlacementRequest
+                 ) -> irm_pb2.Reservation:
+        groups = list(request.groups)
+        last_error: HarnessError | None = None
+        for attempt in range(max(1, self.config.place_attempts)):
+            token = f"{res_id}#{attempt}"
+            placement = self._place(req, request.priority, token)
+            pinned = self._pinned(groups, placement)
+            try:
+                if request.HasField("max_price_per_minute"):
+                    quote = self._quote(tenant, groups, placement)
+                    if quote.price_per_minute > request.max_price_per_minute + 1e-12:
+                        raise FailedPrecondition(
+                            f"quoted price {quote.price_per_minute:.4f}/min exceeds max_price_per_minute "
+                            f"{request.max_price_per_minute:.4f}; nothing was reserved")
+                managers = sorted(pinned)
+                self.db.transact(lambda s, m=managers: setattr(s.get(Reservation, res_id), "managers", m))
+                allocated = self._delegate(tenant, res_id, pinned)
+            except ResourceExhausted as e:
+                # An IRM saw capacity our view had not caught up with: place again.
+                self.view.forget(token)
+                last_error = e
+                continue
+            except BaseException:
+                self.view.forget(token)
+                raise
+            self.view.commit(token)
+            by_name = {g.name: i for i, g in enumerate(groups)}
+            allocated.sort(key=lambda g: by_name.get(g.name, 0))
+            price = sum(g.price_per_minute for g in allocated)
+
+            def activate(s, price=price, allocated=allocated):  # type: ignore[no-untyped-def]
+                row = s.get(Reservation, res_id)
+                row.state = "active"
+                row.price_per_minute = price
+                row.groups = [json_format.MessageToDict(g) for g in allocated]
+                return row
+            row = self.db.transact(activate)
+            return self._to_proto(row)
+        assert last_error is not None
+        raise last_error
+
+    def _delegate(self, tenant: str, res_id: str, pinned: dict[str, list[irm_pb2.ResourceGroup]]
+                  ) -> list[irm_pb2.AllocatedGroup]:
+        """All-or-nothing: reserve at every manager, or give back everything taken."""
+        allocated: list[irm_pb2.AllocatedGroup] = []
+        touched: list[str] = []
+        try:
+            for manager, parts in pinned.items():
+                state = self.registry.get(manager)
+                if state is None or not state.up:
+                    raise Unavailable(f"manager {manager!r} went down during placement; nothing was reserved")
+                touched.append(manager)
+                try:
+                    reply = state.stub().Reserve(
+                        irm_pb2.ReserveRequest(tenant=tenant, request_id=f"{res_id}@{manager}", groups=parts),
+                        timeout=self.config.irm_timeout_s)
+                except grpc.RpcError as e:
+                    raise _err_from_rpc(manager, e) from None
+                allocated.extend(reply.groups)
+        except BaseException:
+            for manager in touched:
+                self._undo_or_remember(manager, tenant, f"{res_id}@{manager}")
+            raise
+        return allocated
+
+    def _to_proto(self, r: Reservation) -> irm_pb2.Reservation:
+        state = {"active": irm_pb2.Reservation.STATE_ACTIVE, "released": irm_pb2.Reservation.STATE_RELEASED
+                 }.get(r.state, irm_pb2.Reservation.STATE_FAILED)
+        return irm_pb2.Reservation(
+            id=r.id, tenant=r.tenant, request_id=r.request_id, state=state, priority=r.priority,
+            groups=[json_format.ParseDict(g, irm_pb2.AllocatedGroup()) for g in r.groups],
+            price_per_minute=r.price_per_minute, created_at=r.created_at, released_at=r.released_at,
+            notes=list(r.notes))
+
+    def _get(self, tenant: str, reservation_id: str) -> Reservation:
+        with self.db.read() as s:
+            r = s.get(Reservation, reservation_id)
+        if r is None or r.state == "pending":
+            raise NotFound(f"reservation {reservation_id!r} does not exist")
+        owned(tenant, r.tenant, f"reservation {reservation_id!r}")
+        return r
+
+    def GetReservation(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        key = request.WhichOneof("key")
+        if key == "reservation_id":
+            return self._to_proto(self._get(tenant, request.reservation_id))
+        if key == "request_id":
+            r = self._find(tenant, request.request_id)
+            if r is None or r.state == "pending":
+                raise NotFound(f"no reservation of this tenant has request id {request.request_id!r}")
+            return self._to_proto(r)
+        raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
+
+    def ListReservations(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        size = 100 if request.page_size <= 0 else min(request.page_size, 1000)
+        try:
+            after = base64.urlsafe_b64decode(request.page_token.encode()).decode() if request.page_token else ""
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidArgument.of("page_token", "not a token from a previous response") from None
+        states = ["active", "released"] if request.include_released else ["active"]
+        with self.db.read() as s:
+            rows = list(s.scalars(select(Reservation).where(
+                Reservation.tenant == tenant, Reservation.id > after, Reservation.state.in_(states))
+                .order_by(Reservation.id).limit(size + 1)))
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
+        return irm_pb2.ListReservationsResponse(reservations=[self._to_proto(r) for r in rows], next_page_token=token)
+
+    def ReleaseReservation(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        if not request.reservation_id:
+            raise InvalidArgument.of("reservation_id", "required")
+        r = self._get(tenant, request.reservation_id)
+        if r.state == "released":
+            return self._to_proto(r)
+        for manager in sorted({g.get("manager", "") for g in r.groups} - {""}):
+            self._undo_or_remember(manager, tenant, f"{r.id}@{manager}")
+
+        def mark(s):  # type: ignore[no-untyped-def]
+            row = s.get(Reservation, r.id)
+            if row.state == "active":
+                row.state = "released"
+                row.released_at = self.clock.now()
+            return row
+        return self._to_proto(self.db.transact(mark))
+
+    def GetMetrics(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        r = self._get(tenant, request.reservation_id)
+        series: list[common_pb2.Series] = []
+        done: set[tuple[str, str]] = set()
+        for g in r.groups:
+            key = (g.get("manager", ""), g.get("managerReservationId", ""))
+            if key in done or not all(key):
+                continue
+            done.add(key)
+            state = self.registry.get(key[0])
+            if state is None:
+                continue
+            try:
+                reply = state.stub().GetMetrics(irm_pb2.GetMetricsRequest(
+                    tenant=tenant, reservation_id=key[1], since=request.since), timeout=self.config.irm_timeout_s)
+            except grpc.RpcError as e:
+                raise _err_from_rpc(key[0], e) from None
+            series.extend(reply.series)
+        return irm_pb2.GetMetricsResponse(series=series)
+
+    def WatchCapacity(self, request, context):  # noqa: N802
+        def snapshot():
+            for n in self.view.up_nodes():
+                if not request.resource_type or n.resource_type == request.resource_type:
+                    yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=n.to_proto())
+            yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
+
+        for ev in self.watchers.stream(snapshot, context.is_active):
+            if not request.resource_type or ev.resource.resource_type == request.resource_type:
+                yield ev
+
+    def _forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
+        if ev.kind in (irm_pb2.CapacityEvent.KIND_UPDATED, irm_pb2.CapacityEvent.KIND_REMOVED):
+            out = irm_pb2.CapacityEvent()
+            out.CopyFrom(ev)
+            out.resource.manager = manager
+            self.watchers.publish([out])
+
+    # -- registry --------------------------------------------------------
+    def RegisterManager(self, request, context):  # noqa: N802
+        v = Violations()
+        v.check(bool(request.name) and len(request.name) <= 128, "name", "required, at most 128 characters")
+        v.check("/" not in request.name, "name", "must not contain '/'")
+        v.check(bool(request.address), "address", "required: host:port of the manager's ResourceManager service")
+        v.check(len(request.resource_types) > 0, "resource_types", "at least one resource type")
+        v.raise_if_any()
+
+        def upsert(s):  # type: ignore[no-untyped-def]
+            row = s.get(Manager, request.name)
+            if row is None:
+                s.add(Manager(name=request.name, address=request.address,
+                              resource_types=list(request.resource_types), registered_at=self.clock.now()))
+            else:
+                row.address, row.resource_types = request.address, list(request.resource_types)
+        self.db.transact(upsert)
+        self.registry.register(request.name, request.address, list(request.resource_types))
+        log.info("manager registered", extra={"manager": request.name, "address": request.address})
+        return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
+
+    def Heartbeat(self, request, context):  # noqa: N802
+        return registry_pb2.HeartbeatResponse(known=self.registry.heartbeat(request.name))
+
+    def ListManagers(self, request, context):  # noqa: N802
+        out = []
+        for m in self.registry.all():
+            count = sum(1 for n in list(self.view.nodes.values()) if n.manager == m.name)
+            out.append(registry_pb2.ManagerInfo(name=m.name, address=m.address, resource_types=m.resource_types,
+                                                up=m.up, last_heartbeat=max(m.last_heartbeat, 0.0),
+                                                resources=count))
+        return registry_pb2.ListManagersResponse(managers=out)
+
+
+def manager_synced(state: ManagerState, timeout: float) -> bool:
+    return state.synced.wait(timeout)
+
+
+def component(config: CrsConfig, clock: Clock | None = None) -> Component:
+    crs = Crs(config, clock)
+
+    def register(server: grpc.Server) -> None:
+        irm_pb2_grpc.add_ResourceManagerServicer_to_server(crs, server)
+        registry_pb2_grpc.add_ManagerRegistryServicer_to_server(crs, server)
+
+    return Component(name="crs", register=register,
+                     service_names=["harness.v1.ResourceManager", "harness.v1.ManagerRegistry"],
+                     start=crs.start, stop=crs.stop, extra={"crs": crs})

@@ -1,0 +1,185 @@
+"""The CRS's picture of capacity: every physical resource of every manager that is up.
+
+IRMs stay authoritative (they refuse what no longer fits); this view is what
+placement reads. It is fed by each IRM's WatchCapacity stream and by
+"assumptions": demand the CRS has placed but whose commit it has not yet seen
+reported, so two concurrent requests are not both placed in the same hole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from harness.v1 import common_pb2
+
+
+@dataclass
+class Node:
+    manager: str
+    physical_id: str
+    resource_type: str
+    capacity: dict[str, float]
+    used: dict[str, float]
+    properties: dict[str, float]
+    traits: frozenset[str]
+    location: common_pb2.Location
+    generation: int = 0
+    assumed: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.manager}/{self.physical_id}"
+
+    def free(self, attribute: str) -> float:
+        return self.capacity.get(attribute, 0.0) - self.used.get(attribute, 0.0) - self.assumed.get(attribute, 0.0)
+
+    def to_proto(self) -> common_pb2.PhysicalResource:
+        used = {k: self.used.get(k, 0.0) for k in self.capacity}
+        return common_pb2.PhysicalResource(
+            id=self.physical_id, resource_type=self.resource_type, capacity=self.capacity, used=used,
+            properties=self.properties, traits=sorted(self.traits), location=self.location,
+            generation=self.generation, manager=self.manager)
+
+
+@dataclass
+class Assumption:
+    token: str
+    node: str
+    demand: dict[str, float]
+    base_generation: int
+    committed: bool = False
+
+
+class CapacityView:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.nodes: dict[str, Node] = {}
+        self._by_type: dict[str, list[Node]] = defaultdict(list)
+        self._by_rack: dict[tuple[str, str, str], list[Node]] = defaultdict(list)
+        self._by_site: dict[tuple[str, str], list[Node]] = defaultdict(list)
+        self._down: set[str] = set()
+        self._assumptions: dict[str, list[Assumption]] = defaultdict(list)  # node key -> assumptions
+        self.version = 0  # bumped on every change; watchers of the CRS follow it
+
+    # -- feeding ---------------------------------------------------------
+    def upsert(self, manager: str, r: common_pb2.PhysicalResource) -> Node:
+        with self.lock:
+            key = f"{manager}/{r.id}"
+            node = self.nodes.get(key)
+            if node is not None and r.generation < node.generation:
+                return node  # stale (a snapshot raced a newer event)
+            if node is None or node.resource_type != r.resource_type or node.location != r.location:
+                if node is not None:
+                    self._unindex(node)
+                node = Node(manager, r.id, r.resource_type, dict(r.capacity), dict(r.used), dict(r.properties),
+                            frozenset(r.traits), common_pb2.Location(site=r.location.site, rack=r.location.rack,
+                                                                     host=r.location.host), r.generation)
+                self.nodes[key] = node
+                self._index(node)
+            else:
+                node.capacity, node.used, node.properties = dict(r.capacity), dict(r.used), dict(r.properties)
+                node.traits, node.generation = frozenset(r.traits), r.generation
+            self._settle(node)
+            self.version += 1
+            return node
+
+    def remove(self, manager: str, physical_id: str) -> None:
+        with self.lock:
+            node = self.nodes.pop(f"{manager}/{physical_id}", None)
+            if node is not None:
+                self._unindex(node)
+                self.version += 1
+
+    def drop_manager(self, manager: str) -> None:
+        with self.lock:
+            for node in [n for n in self.nodes.values() if n.manager == manager]:
+                self.nodes.pop(node.key)
+                self._unindex(node)
+            self.version += 1
+
+    def set_down(self, manager: str, down: bool) -> None:
+        with self.lock:
+            (self._down.add if down else self._down.discard)(manager)
+            self.version += 1
+
+    def is_down(self, manager: str) -> bool:
+        return manager in self._down
+
+    def _index(self, node: Node) -> None:
+        self._by_type[node.resource_type].append(node)
+        self._by_rack[(node.resource_type, node.location.site, node.location.rack)].append(node)
+        self._by_site[(node.resource_type, node.location.site)].append(node)
+
+    def _unindex(self, node: Node) -> None:
+        for lst in (self._by_type[node.resource_type],
+                    self._by_rack[(node.resource_type, node.location.site, node.location.rack)],
+                    self._by_site[(node.resource_type, node.location.site)]):
+            try:
+                lst.remove(node)
+            except ValueError:
+                pass
+
+    # -- reading ---------------------------------------------------------
+    def of_type(self, resource_type: str) -> list[Node]:
+        return [n for n in self._by_type.get(resource_type, []) if n.manager not in self._down] \
+            if self._down else self._by_type.get(resource_type, [])
+
+    def in_rack(self, resource_type: str, site: str, rack: str) -> list[Node]:
+        return [n for n in self._by_rack.get((resource_type, site, rack), []) if n.manager not in self._down]
+
+    def in_site(self, resource_type: str, site: str) -> list[Node]:
+        return [n for n in self._by_site.get((resource_type, site), []) if n.manager not in self._down]
+
+    def resource_types(self) -> list[str]:
+        return sorted(t for t, nodes in self._by_type.items() if nodes)
+
+    def up_nodes(self) -> list[Node]:
+        with self.lock:
+            return [n for n in self.nodes.values() if n.manager not in self._down]
+
+    # -- assumptions -----------------------------------------------------
+    def assume(self, token: str, node: Node, demand: dict[str, float]) -> None:
+        with self.lock:
+            self._assumptions[node.key].append(Assumption(token, node.key, dict(demand), node.generation))
+            for k, v in demand.items():
+                node.assumed[k] = node.assumed.get(k, 0.0) + v
+
+    def commit(self, token: str) -> None:
+        """The IRM committed: keep the assumption until its watch event shows the change."""
+        with self.lock:
+            for key, items in list(self._assumptions.items()):
+                for a in items:
+                    if a.token == token:
+                        a.committed = True
+                if key in self.nodes:
+                    self._settle(self.nodes[key])
+
+    def forget(self, token: str) -> None:
+        """The delegation failed: the assumed demand was never taken."""
+        with self.lock:
+            for key, items in list(self._assumptions.items()):
+                keep = [a for a in items if a.token != token]
+                if len(keep) != len(items):
+                    self._assumptions[key] = keep
+                    if key in self.nodes:
+                        self._recount(self.nodes[key])
+
+    def _settle(self, node: Node) -> None:
+        items = self._assumptions.get(node.key)
+        if not items:
+            return
+        keep = [a for a in items if not (a.committed and node.generation > a.base_generation)]
+        if len(keep) != len(items):
+            self._assumptions[node.key] = keep
+            self._recount(node)
+
+    def _recount(self, node: Node) -> None:
+        assumed: dict[str, float] = {}
+        for a in self._assumptions.get(node.key, []):
+            for k, v in a.demand.items():
+                assumed[k] = assumed.get(k, 0.0) + v
+        node.assumed = assumed
+        if not self._assumptions.get(node.key):
+            self._assumptions.pop(node.key, None)

@@ -1,0 +1,130 @@
+"""The physical hosts a compute IRM manages, from YAML or an embedded default.
+
+YAML shape:
+
+    hosts:
+      - id: a-r1-h1
+        site: site-a
+        rack: r1
+        cores: 32
+        memory_gb: 128
+        frequency_ghz: 2.2
+        traits: [ssd, avx512]
+        agent: 127.0.0.1:50071      # optional; else the IRM's default agent
+    # or generate many alike:
+    generate:
+      - count: 100
+        prefix: h
+        sites: 2
+        racks_per_site: 5
+        cores: 16
+        memory_gb: 64
+        frequency_ghz: 2.4
+        traits: [ssd]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    id: str
+    site: str
+    rack: str
+    cores: int
+    memory_mb: int
+    frequency_ghz: float
+    traits: tuple[str, ...] = ()
+    agent: str = ""
+
+
+@dataclass
+class Inventory:
+    hosts: list[HostSpec] = field(default_factory=list)
+
+
+class InventoryError(ValueError):
+    pass
+
+
+def _host(entry: dict, where: str, default_agent: str) -> HostSpec:
+    try:
+        cores = int(entry["cores"])
+        memory_mb = int(round(float(entry["memory_gb"]) * 1024))
+        freq = float(entry.get("frequency_ghz", 2.2))
+    except KeyError as e:
+        raise InventoryError(f"{where}: missing {e.args[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise InventoryError(f"{where}: {e}") from None
+    if cores < 1 or memory_mb < 1 or freq <= 0:
+        raise InventoryError(f"{where}: cores, memory_gb and frequency_ghz must be positive")
+    return HostSpec(
+        id=str(entry.get("id") or ""),
+        site=str(entry.get("site", "site-a")),
+        rack=str(entry.get("rack", "rack-1")),
+        cores=cores,
+        memory_mb=memory_mb,
+        frequency_ghz=freq,
+        traits=tuple(sorted(str(t) for t in entry.get("traits", []))),
+        agent=str(entry.get("agent", default_agent)),
+    )
+
+
+def from_dict(data: dict, default_agent: str = "", where: str = "inventory") -> Inventory:
+    hosts: list[HostSpec] = []
+    for i, entry in enumerate(data.get("hosts") or []):
+        h = _host(entry, f"{where}: hosts[{i}]", default_agent)
+        if not h.id:
+            raise InventoryError(f"{where}: hosts[{i}]: missing id")
+        hosts.append(h)
+    for i, gen in enumerate(data.get("generate") or []):
+        count = int(gen.get("count", 1))
+        sites = max(1, int(gen.get("sites", 1)))
+        racks = max(1, int(gen.get("racks_per_site", 1)))
+        prefix = str(gen.get("prefix", f"g{i}-h"))
+        site_prefix = str(gen.get("site_prefix", "site-"))
+        for n in range(count):
+            site = n % sites
+            rack = (n // sites) % racks
+            entry = dict(gen, id=f"{prefix}{n}", site=f"{site_prefix}{site}", rack=f"rack-{site}-{rack}")
+            hosts.append(_host(entry, f"{where}: generate[{i}]", default_agent))
+    seen: set[str] = set()
+    for h in hosts:
+        if h.id in seen:
+            raise InventoryError(f"{where}: duplicate host id {h.id!r}")
+        seen.add(h.id)
+    if not hosts:
+        raise InventoryError(f"{where}: no hosts")
+    return Inventory(hosts)
+
+
+def load(path: str | Path | None, default_agent: str = "") -> Inventory:
+    if not path:
+        return default(default_agent)
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise InventoryError(f"{path}: expected a mapping with 'hosts' or 'generate'")
+    return from_dict(data, default_agent, str(path))
+
+
+def default(agent: str = "") -> Inventory:
+    """A small embedded datacenter: one site, two racks, mixed host shapes."""
+    return from_dict(
+        {
+            "hosts": [
+                {"id": "r1-h1", "rack": "rack-1", "cores": 16, "memory_gb": 64, "frequency_ghz": 2.2, "traits": ["ssd"]},
+                {"id": "r1-h2", "rack": "rack-1", "cores": 16, "memory_gb": 64, "frequency_ghz": 2.2, "traits": ["ssd"]},
+                {"id": "r1-h3", "rack": "rack-1", "cores": 20, "memory_gb": 128, "frequency_ghz": 2.2, "traits": ["ssd", "avx512"]},
+                {"id": "r2-h1", "rack": "rack-2", "cores": 8, "memory_gb": 32, "frequency_ghz": 3.0, "traits": ["high-frequency"]},
+                {"id": "r2-h2", "rack": "rack-2", "cores": 8, "memory_gb": 32, "frequency_ghz": 3.0, "traits": ["high-frequency"]},
+                {"id": "r2-h3", "rack": "rack-2", "cores": 32, "memory_gb": 256, "frequency_ghz": 2.0, "traits": ["ssd", "large-memory"]},
+            ]
+        },
+        agent,
+        "embedded default inventory",
+    )

@@ -1,0 +1,333 @@
+"""The compute IRM: the IRM API over hosts and VMs, plus ComputeControl for agents."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from harness.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    common_pb2,
+    compute_pb2,
+    compute_pb2_grpc,
+    irm_pb2,
+    irm_pb2_grpc,
+)
+
+from irm_compute import inventory as inv
+from irm_compute.cost import CostModel
+from irm_compute.models import Host, Reservation
+from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
+from irm_compute.store import ComputeStore
+from services import client
+from services.clock import Clock, WallClock
+from services.db import Database, default_url
+from services.errors import FailedPrecondition, InvalidArgument, Violations, require_tenant
+from services.registration import Membership
+from services.server import Component
+from services.watch import Broadcaster
+
+log = logging.getLogger(__name__)
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+@dataclass
+class ComputeConfig:
+    address: str = "127.0.0.1:50061"
+    # Name under which this IRM registers with the CRS.
+    name: str = "compute"
+    # SQLAlchemy URL; empty: a SQLite file in state_dir.
+    database: str = ""
+    state_dir: str = "~/.harness"
+    # Host inventory YAML; empty: the embedded default datacenter.
+    inventory: str = ""
+    # Agent for hosts whose inventory entry names none.
+    agent_address: str = "127.0.0.1:50071"
+    # Register with (and heartbeat to) this CRS; empty: stand alone.
+    crs_address: str = ""
+    # The address the CRS should use for us; empty: the bound address.
+    advertise_address: str = ""
+    heartbeat_interval_s: float = 2.0
+    # Execution back-end of the agents: "local" (real processes).
+    backend: str = "local"
+    per_core: float = 0.0396
+    per_gb: float = 0.0186
+    base: float = 0.0417
+    reference_frequency_ghz: float = 2.2
+    # Test-only fault injection at the edge: "crash_after_commit" makes the
+    # process die right after committing a reservation, before answering
+    # (an IRM killed mid-request). Never set in production.
+    fault: str = ""
+
+
+def _validate_request_id(request_id: str) -> None:
+    if not request_id:
+        raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
+    if len(request_id) > 128:
+        raise InvalidArgument.of("request_id", "at most 128 characters")
+
+
+class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeControlServicer):
+    def __init__(self, config: ComputeConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        url = config.database or default_url(config.state_dir, f"compute-{config.name}")
+        self.db = Database(url)
+        self.db.migrate(MIGRATIONS, "alembic_version_compute")
+        self.cost = CostModel(config.per_core, config.per_gb, config.base, config.reference_frequency_ghz)
+        self.store = ComputeStore(self.db, self.cost, self.clock)
+        self.store.sync_inventory(inv.load(config.inventory or None, config.agent_address))
+        self._hosts: dict[str, Host] = {h.id: h for h in self.store.hosts()}
+        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
+        self._release_queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._notifier = threading.Thread(target=self._notify_agents, name="agent-release", daemon=True)
+        self.membership: Membership | None = None
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self, port: int) -> None:
+        self._notifier.start()
+        if self.config.crs_address:
+            host = self.config.address.rsplit(":", 1)[0]
+            advertise = self.config.advertise_address or f"{host}:{port}"
+            self.membership = Membership(self.config.crs_address, self.config.name, advertise, [VM_TYPE],
+                                         self.config.heartbeat_interval_s)
+            self.membership.start()
+
+    def stop(self) -> None:
+        if self.membership:
+            self.membership.stop()
+        self.watchers.close()
+        self._release_queue.put(None)
+        self._notifier.join(timeout=5)
+        self.db.dispose()
+
+    # -- conversions -----------------------------------------------------
+    def _location(self, host_id: str) -> common_pb2.Location:
+        h = self._hosts.get(host_id)
+        return common_pb2.Location(site=h.site, rack=h.rack, host=h.id) if h else common_pb2.Location(host=host_id)
+
+    def _physical(self, h: Host) -> common_pb2.PhysicalResource:
+        return common_pb2.PhysicalResource(
+            id=h.id, resource_type=VM_TYPE,
+            capacity={"cores": h.cores, "memory_gb": h.memory_mb / 1024},
+            used={"cores": h.used_cores, "memory_gb": h.used_memory_mb / 1024},
+            properties={"frequency_ghz": h.frequency_ghz},
+            traits=list(h.traits), location=common_pb2.Location(site=h.site, rack=h.rack, host=h.id),
+            generation=h.generation, manager=self.config.name,
+        )
+
+    def _reservation(self, r: Reservation) -> irm_pb2.Reservation:
+        groups = []
+        for g in r.groups:
+            vms = [vm for vm in r.vms if vm.group == g["name"]]
+            groups.append(irm_pb2.AllocatedGroup(
+                name=g["name"], resource_type=VM_TYPE, manager=self.config.name, manager_reservation_id=r.id,
+                price_per_minute=sum(vm.price_per_minute for vm in vms),
+                resources=[irm_pb2.AllocatedResource(
+                    id=vm.id, physical_id=vm.host_id,
+                    address=(self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""),
+                    attributes={"cores": vm.cores, "memory_gb": vm.memory_mb / 1024,
+                                "frequency_ghz": vm.frequency_ghz},
+                    location=self._location(vm.host_id),
+                ) for vm in vms],
+            ))
+        state = {"active": irm_pb2.Reservation.STATE_ACTIVE,
+                 "released": irm_pb2.Reservation.STATE_RELEASED}.get(r.state, irm_pb2.Reservation.STATE_FAILED)
+        return irm_pb2.Reservation(id=r.id, tenant=r.tenant, request_id=r.request_id, state=state, groups=groups,
+                                   price_per_minute=r.price_per_minute, created_at=r.created_at,
+                                   released_at=r.released_at, notes=list(r.notes))
+
+    def _publish(self, host_ids: list[str]) -> None:
+        if not host_ids:
+            return
+        hosts = self.store.hosts_by_id(sorted(set(host_ids)))
+        self.watchers.publish(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
+                                                    resource=self._physical(h)) for h in hosts)
+
+    def _local_notes(self, groups: list[VmGroup]) -> list[str]:
+        if self.config.backend != "local":
+            return []
+        cpus = len(os.sched_getaffinity(0))
+        return [
+            f"group {g.name!r}: {g.cores} cores per VM, this machine has {cpus} CPUs; "
+            f"the local back-end confines each VM to {cpus}"
+            for g in groups if g.cores > cpus
+        ]
+
+    # -- IRM API ---------------------------------------------------------
+    def DescribeAllocationSpec(self, request, context):  # noqa: N802
+        hosts = list(self._hosts.values())
+        max_cores = max(h.cores for h in hosts)
+        max_gb = max(h.memory_mb for h in hosts) / 1024
+        freqs = sorted({h.frequency_ghz for h in hosts})
+        spec = irm_pb2.ResourceTypeSpec(
+            name=VM_TYPE, manager=self.config.name,
+            description="A virtual machine of custom shape (thesis §4.2.4): any cores and memory within a host.",
+            metrics=["cpu_percent", "memory_percent"],
+            attributes=[
+                irm_pb2.AttributeSpec(name="cores", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="cores",
+                                      domain=common_pb2.Range(min=1, max=max_cores), consumable=True,
+                                      description="Whole CPU cores per VM."),
+                irm_pb2.AttributeSpec(name="memory_gb", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="GB",
+                                      domain=common_pb2.Range(min=1 / 1024, max=max_gb), consumable=True,
+                                      description="Memory per VM."),
+                irm_pb2.AttributeSpec(name="frequency_ghz", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="GHz",
+                                      domain=common_pb2.Range(min=freqs[0], max=freqs[-1]),
+                                      description="CPU frequency of the host; a number or a range.",
+                                      default=irm_pb2.AttributeRequest(
+                                          range=common_pb2.Range(min=freqs[0], max=freqs[-1]))),
+            ],
+        )
+        assert set(KNOWN_ATTRIBUTES) == {a.name for a in spec.attributes}
+        return irm_pb2.DescribeAllocationSpecResponse(resource_types=[spec])
+
+    def DiscoverResources(self, request, context):  # noqa: N802
+        if request.resource_type and request.resource_type != VM_TYPE:
+            return irm_pb2.DiscoverResourcesResponse()
+        return irm_pb2.DiscoverResourcesResponse(resources=[self._physical(h) for h in self.store.hosts()])
+
+    def QuotePrice(self, request, context):  # noqa: N802
+        require_tenant(request.tenant)
+        v = Violations()
+        groups = parse_groups(list(request.groups), v)
+        v.raise_if_any()
+        quotes = []
+        for g in groups:
+            if g.placement:
+                freqs = [self._hosts[h].frequency_ghz if h in self._hosts else g.freq_min for h in g.placement]
+            else:
+                matching = sorted(h.frequency_ghz for h in self._hosts.values()
+                                  if g.host_matches(h.frequency_ghz, set(h.traits)))
+                freq = matching[0] if matching else (g.freq_min if math.isfinite(g.freq_min) and g.freq_min else None)
+                freqs = [freq] * g.count  # type: ignore[list-item]
+            price = sum(self.cost.price_per_minute(g.cores, g.memory_mb / 1024, f) for f in freqs)
+            quotes.append(irm_pb2.GroupQuote(name=g.name, price_per_minute=price, manager=self.config.name))
+        return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
+
+    def Reserve(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        _validate_request_id(request.request_id)
+        v = Violations()
+        groups = parse_groups(list(request.groups), v)
+        v.check(len(request.constraints) == 0, "constraints",
+                "the compute IRM places groups one by one; send constraints between groups to the CRS")
+        v.raise_if_any()
+        outcome = self.store.reserve(tenant, request.request_id, groups, self._local_notes(groups))
+        if self.config.fault == "crash_after_commit" and outcome.created:
+            log.error("fault injection: dying after commit, before the reply")
+            os._exit(137)
+        self._publish(outcome.touched_hosts)
+        reply = self._reservation(outcome.reservation)
+        if request.HasField("max_price_per_minute") and reply.price_per_minute > request.max_price_per_minute:
+            if outcome.created:
+                self._release(tenant, reply.id)
+            raise FailedPrecondition(f"price {reply.price_per_minute:.4f}/min exceeds max_price_per_minute "
+                                     f"{request.max_price_per_minute:.4f}")
+        return reply
+
+    def _release(self, tenant: str, reservation_id: str) -> Reservation:
+        outcome = self.store.release(tenant, reservation_id)
+        if outcome.created:
+            self._publish(outcome.touched_hosts)
+            for vm in outcome.reservation.vms:
+                agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
+                if agent:
+                    self._release_queue.put((agent, vm.id))
+        return outcome.reservation
+
+    def GetReservation(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        key = request.WhichOneof("key")
+        if key is None:
+            raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
+        return self._reservation(self.store.get(tenant, request.reservation_id, request.request_id))
+
+    def ListReservations(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        rows, token = self.store.list(tenant, request.include_released, request.page_size, request.page_token)
+        return irm_pb2.ListReservationsResponse(reservations=[self._reservation(r) for r in rows],
+                                                next_page_token=token)
+
+    def ReleaseReservation(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        if not request.reservation_id:
+            raise InvalidArgument.of("reservation_id", "required")
+        return self._reservation(self._release(tenant, request.reservation_id))
+
+    def GetMetrics(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        res = self.store.get(tenant, request.reservation_id or "-", "")
+        series: list[common_pb2.Series] = []
+        for vm in res.vms:
+            agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
+            if not agent:
+                continue
+            stub = agent_pb2_grpc.ExecutionAgentStub(client.channel(agent))
+            try:
+                reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, since=request.since), timeout=5)
+            except grpc.RpcError as e:
+                log.warning("agent metrics unavailable", extra={"agent": agent, "code": str(e.code())})
+                continue
+            series.extend(reply.series)
+        return irm_pb2.GetMetricsResponse(series=series)
+
+    def WatchCapacity(self, request, context):  # noqa: N802
+        def snapshot():
+            if request.resource_type in ("", VM_TYPE):
+                for h in self.store.hosts():
+                    yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(h))
+            yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
+
+        yield from self.watchers.stream(snapshot, context.is_active)
+
+    # -- ComputeControl --------------------------------------------------
+    def GetVm(self, request, context):  # noqa: N802
+        if not request.vm_id:
+            raise InvalidArgument.of("vm_id", "required")
+        vm = self.store.vm(request.vm_id)
+        return compute_pb2.Vm(
+            id=vm.id, tenant=vm.reservation.tenant, reservation_id=vm.reservation_id, host=vm.host_id,
+            cores=vm.cores, memory_gb=vm.memory_mb / 1024, frequency_ghz=vm.frequency_ghz,
+            state=compute_pb2.Vm.STATE_ACTIVE if vm.state == "active" else compute_pb2.Vm.STATE_RELEASED,
+        )
+
+    # -- background ------------------------------------------------------
+    def _notify_agents(self) -> None:
+        """Tell agents about released VMs off the request path, so release stays fast."""
+        while True:
+            item = self._release_queue.get()
+            if item is None:
+                return
+            agent, vm_id = item
+            try:
+                agent_pb2_grpc.ExecutionAgentStub(client.channel(agent)).ReleaseVm(
+                    agent_pb2.ReleaseVmRequest(vm_id=vm_id), timeout=3)
+            except grpc.RpcError as e:
+                # An agent that is down has no processes of this VM to kill; it
+                # also refuses the VM later because GetVm reports it released.
+                log.info("agent not told of release", extra={"agent": agent, "vm": vm_id, "code": str(e.code())})
+
+
+def component(config: ComputeConfig, clock: Clock | None = None) -> Component:
+    irm = ComputeIrm(config, clock)
+
+    def register(server: grpc.Server) -> None:
+        irm_pb2_grpc.add_ResourceManagerServicer_to_server(irm, server)
+        compute_pb2_grpc.add_ComputeControlServicer_to_server(irm, server)
+
+    comp = Component(
+        name=f"compute:{config.name}",
+        register=register,
+        service_names=["harness.v1.ResourceManager", "harness.v1.ComputeControl"],
+        stop=irm.stop,
+        extra={"irm": irm},
+    )
+    comp.start = lambda: irm.start(comp.extra["port"])
+    return comp

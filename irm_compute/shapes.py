@@ -1,0 +1,112 @@
+"""Parse and validate VM groups from the wire into shapes the store places."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.v1 import irm_pb2
+
+from services.errors import Violations
+
+VM_TYPE = "vm"
+MAX_COUNT = 1000
+KNOWN_ATTRIBUTES = ("cores", "memory_gb", "frequency_ghz")
+
+
+@dataclass(frozen=True)
+class VmGroup:
+    name: str
+    count: int
+    cores: int
+    memory_mb: int
+    # Host frequency must lie in [freq_min, freq_max].
+    freq_min: float = 0.0
+    freq_max: float = math.inf
+    required_traits: frozenset[str] = frozenset()
+    forbidden_traits: frozenset[str] = frozenset()
+    placement: tuple[str, ...] = field(default=())
+
+    def host_matches(self, frequency_ghz: float, traits: set[str] | frozenset[str]) -> bool:
+        return (
+            self.freq_min - 1e-9 <= frequency_ghz <= self.freq_max + 1e-9
+            and self.required_traits <= set(traits)
+            and not (self.forbidden_traits & set(traits))
+        )
+
+
+def _number(attr: irm_pb2.AttributeRequest, path: str, v: Violations) -> float | None:
+    which = attr.WhichOneof("value")
+    if which == "number":
+        return attr.number
+    if which == "range":
+        if not attr.range.HasField("min"):
+            v.add(f"{path}.range.min", "a range for a consumable attribute needs a lower bound")
+            return None
+        return attr.range.min
+    v.add(path, "expected a number or a range")
+    return None
+
+
+def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefix: str = "groups") -> list[VmGroup]:
+    out: list[VmGroup] = []
+    names: set[str] = set()
+    v.check(len(groups) > 0, field_prefix, "at least one group is required")
+    for i, g in enumerate(groups):
+        p = f"{field_prefix}[{i}]"
+        if not v.check(bool(g.name), f"{p}.name", "required: a name unique within the request"):
+            continue
+        v.check(g.name not in names, f"{p}.name", f"duplicate group name {g.name!r}")
+        names.add(g.name)
+        v.check(g.resource_type == VM_TYPE, f"{p}.resource_type",
+                f"this manager provides {VM_TYPE!r}, not {g.resource_type!r}")
+        v.check(1 <= g.count <= MAX_COUNT, f"{p}.count", f"must be between 1 and {MAX_COUNT}")
+        for key in g.attributes:
+            v.check(key in KNOWN_ATTRIBUTES, f"{p}.attributes[{key}]",
+                    f"unknown attribute; a vm has {', '.join(KNOWN_ATTRIBUTES)}")
+        cores = memory_gb = None
+        if "cores" in g.attributes:
+            cores = _number(g.attributes["cores"], f"{p}.attributes[cores]", v)
+            if cores is not None and (cores < 1 or cores != int(cores)):
+                v.add(f"{p}.attributes[cores]", f"must be a whole number >= 1, got {cores:g}")
+                cores = None
+        else:
+            v.add(f"{p}.attributes[cores]", "required: the number of cores per VM")
+        if "memory_gb" in g.attributes:
+            memory_gb = _number(g.attributes["memory_gb"], f"{p}.attributes[memory_gb]", v)
+            if memory_gb is not None and not (memory_gb > 0 and math.isfinite(memory_gb)):
+                v.add(f"{p}.attributes[memory_gb]", f"must be > 0, got {memory_gb:g}")
+                memory_gb = None
+        else:
+            v.add(f"{p}.attributes[memory_gb]", "required: the memory per VM in GB")
+        fmin, fmax = 0.0, math.inf
+        if "frequency_ghz" in g.attributes:
+            f = g.attributes["frequency_ghz"]
+            which = f.WhichOneof("value")
+            if which == "number":
+                fmin = fmax = f.number
+            elif which == "range":
+                fmin = f.range.min if f.range.HasField("min") else 0.0
+                fmax = f.range.max if f.range.HasField("max") else math.inf
+                v.check(fmin <= fmax, f"{p}.attributes[frequency_ghz].range", "min must not exceed max")
+            else:
+                v.add(f"{p}.attributes[frequency_ghz]", "expected a number or a range of GHz")
+        if g.placement:
+            v.check(len(g.placement) == g.count, f"{p}.placement",
+                    f"give one host per instance ({g.count}), or none to let the manager place them")
+        clash = set(g.required_traits) & set(g.forbidden_traits)
+        v.check(not clash, f"{p}.forbidden_traits", f"traits both required and forbidden: {sorted(clash)}")
+        if cores is None or memory_gb is None:
+            continue
+        out.append(VmGroup(
+            name=g.name,
+            count=g.count,
+            cores=int(cores),
+            memory_mb=int(round(memory_gb * 1024)),
+            freq_min=fmin,
+            freq_max=fmax,
+            required_traits=frozenset(g.required_traits),
+            forbidden_traits=frozenset(g.forbidden_traits),
+            placement=tuple(g.placement),
+        ))
+    return out

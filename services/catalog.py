@@ -1,0 +1,34 @@
+"""Every service Harness can run, by name, imported lazily.
+
+`harness serve NAME` and `harness up` read this table; a later service adds
+one line here and one in services.launcher's suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    name: str
+    # Section of the YAML config and prefix of HARNESS_<SECTION>_* variables.
+    section: str
+    module: str
+    config_class: str
+    factory: str = "component"
+
+    def load(self):  # type: ignore[no-untyped-def]
+        mod = importlib.import_module(self.module)
+        return getattr(mod, self.config_class), getattr(mod, self.factory)
+
+
+SERVICES: dict[str, ServiceEntry] = {
+    e.name: e
+    for e in [
+        ServiceEntry("crs", "crs", "cross_resource_scheduler.service", "CrsConfig"),
+        ServiceEntry("compute", "compute", "irm_compute.service", "ComputeConfig"),
+        ServiceEntry("agent", "agent", "irm_compute.agent", "AgentConfig"),
+    ]
+}

@@ -1,0 +1,75 @@
+"""Fan-out of change events to server-streaming watchers."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
+
+E = TypeVar("E")
+
+_CLOSED = object()
+
+
+class Broadcaster(Generic[E]):
+    """Each subscriber gets its own bounded queue; a slow one is dropped, not waited for."""
+
+    def __init__(self, max_backlog: int = 100_000) -> None:
+        self._lock = threading.Lock()
+        self._subs: set[queue.Queue] = set()
+        self._max = max_backlog
+
+    def publish(self, events: Iterable[E]) -> None:
+        events = list(events)
+        if not events:
+            return
+        with self._lock:
+            subs = list(self._subs)
+        for q in subs:
+            try:
+                for e in events:
+                    q.put_nowait(e)
+            except queue.Full:
+                self._drop(q)
+
+    def _drop(self, q: queue.Queue) -> None:
+        with self._lock:
+            self._subs.discard(q)
+        try:
+            q.put_nowait(_CLOSED)
+        except queue.Full:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            subs = list(self._subs)
+            self._subs.clear()
+        for q in subs:
+            try:
+                q.put_nowait(_CLOSED)
+            except queue.Full:
+                pass
+
+    def stream(self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool]) -> Iterator[E]:
+        """Subscribe first, then yield the snapshot, then live events.
+
+        Subscribing before taking the snapshot means no change is lost between
+        them; a change may be seen twice, which generations make harmless.
+        """
+        q: queue.Queue = queue.Queue(self._max)
+        with self._lock:
+            self._subs.add(q)
+        try:
+            yield from snapshot()
+            while is_active():
+                try:
+                    item = q.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if item is _CLOSED:
+                    return
+                yield item
+        finally:
+            with self._lock:
+                self._subs.discard(q)
