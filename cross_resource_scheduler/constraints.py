@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 
 from harness.v1 import irm_pb2
-
 from services.errors import Violations
 
 K = irm_pb2.GroupConstraint

@@ -46,6 +46,9 @@ class Unschedulable(Exception):
         return self.message
 
 
+MAX_ORDERS = 4
+
+
 def _order(req: PlacementRequest) -> list[GroupDemand]:
     """Most constrained groups first, then bigger ones, so tight fits are decided early."""
     weight = Counter()
@@ -102,11 +105,12 @@ def _place_instance(view: CapacityView, ctx: Context, pipeline: Pipeline, rng: r
     return best
 
 
-def _attempt(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel,
-             rng: random.Random, ignore_usage: bool) -> tuple[Placement | None, str, Counter, int]:
+def _attempt(req: PlacementRequest, order: list[GroupDemand], view: CapacityView, pipeline: Pipeline,
+             topology: TopologyModel, rng: random.Random, ignore_usage: bool
+             ) -> tuple[Placement | None, str, Counter, int]:
     placed: dict[str, list[Node]] = {}
     tentative: dict[str, dict[str, float]] = {}
-    for g in _order(req):
+    for g in order:
         ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], placed, tentative, topology,
                       ignore_usage)
         placed.setdefault(g.name, [])
@@ -126,18 +130,28 @@ def _attempt(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
 def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel,
              rng: random.Random) -> Placement:
     """Place every instance of every group, or raise Unschedulable saying why."""
+    order = _order(req)
+    # Greedy placement can paint itself into a corner when groups constrain
+    # each other; with constraints, retry once with each group leading.
+    orders = [order] + ([order[i:] + order[:i] for i in range(1, min(len(order), MAX_ORDERS))]
+                        if req.constraints else [])
     with view.lock:
-        placement, where, removed, pool = _attempt(req, view, pipeline, topology, rng, ignore_usage=False)
-        if placement is not None:
-            return placement
-        could, _, _, _ = _attempt(req, view, pipeline, topology, random.Random(rng.random()), ignore_usage=True)
+        first: tuple[str, Counter, int] | None = None
+        for o in orders:
+            placement, where, removed, pool = _attempt(req, o, view, pipeline, topology, rng, ignore_usage=False)
+            if placement is not None:
+                return placement
+            first = first or (where, removed, pool)
+        where, removed, pool = first  # type: ignore[misc]
+        could = any(_attempt(req, o, view, pipeline, topology, random.Random(rng.random()), ignore_usage=True)[0]
+                    for o in orders)
     types = sorted({g.resource_type for g in req.groups})
     if pool == 0:
         detail = f"no {'/'.join(types)} resources are available (no manager up provides them)"
     else:
         parts = ", ".join(f"{name} removed {count}" for name, count in removed.most_common())
         detail = f"none of {pool} candidates fits: {parts}"
-    unresolvable = could is None
+    unresolvable = not could
     hint = ("it cannot fit even on an empty cloud; change the request" if unresolvable
             else "capacity is in use; retry later or ask for less")
     return_error = Unschedulable(f"{where}: {detail}; {hint}", unresolvable, dict(removed))

@@ -171,8 +171,12 @@ class TopologyWeigher(Weigher):
 
     def weigh(self, node: Node, ctx: Context) -> float:
         me = ctx.group.name
-        related = {c.other(me) for c in ctx.constraints if c.kind != "different_host"} or set(ctx.placed)
+        related = {c.other(me) for c in ctx.constraints if c.kind != "different_host"}
         peers = [p for g in related for p in ctx.placed.get(g, [])]
+        if not peers:
+            # Nothing related is placed yet: stay close to what is (own group
+            # included), so the related groups still find room nearby.
+            peers = [p for nodes in ctx.placed.values() for p in nodes]
         if not peers:
             return 0.5
         topo = ctx.topology

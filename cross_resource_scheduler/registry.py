@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-from harness.v1 import irm_pb2, irm_pb2_grpc
 
 from cross_resource_scheduler.view import CapacityView
+from harness.v1 import irm_pb2, irm_pb2_grpc
 from services import client
 from services.clock import Clock
 

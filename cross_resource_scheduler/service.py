@@ -20,7 +20,6 @@ from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
-from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
@@ -32,6 +31,7 @@ from cross_resource_scheduler.plugins import GroupDemand, Pipeline, PipelineErro
 from cross_resource_scheduler.registry import ManagerState, Registry
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
+from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
@@ -63,7 +63,7 @@ class CrsConfig:
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 6.0
     # Placement pipeline, by plug-in name (an unknown name fails at start-up).
-    filters: list[str] = field(default_factory=lambda: ["capacity", "properties", "traits", "affinity", "distance"])
+    filters: list[str] = field(default_factory=lambda: ["traits", "properties", "capacity", "affinity", "distance"])
     weighers: dict[str, float] = field(default_factory=lambda: {"pack": 1.0, "topology": 2.0})
     sample_size: int = 32
     # Placements retried when an IRM refuses because the view was stale.

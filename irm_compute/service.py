@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
 from harness.v1 import (
     agent_pb2,
     agent_pb2_grpc,
@@ -20,7 +21,6 @@ from harness.v1 import (
     irm_pb2,
     irm_pb2_grpc,
 )
-
 from irm_compute import inventory as inv
 from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
@@ -181,7 +181,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 irm_pb2.AttributeSpec(name="frequency_ghz", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="GHz",
                                       domain=common_pb2.Range(min=freqs[0], max=freqs[-1]),
                                       description="CPU frequency of the host; a number or a range.",
-                                      default=irm_pb2.AttributeRequest(
+                                      default=common_pb2.AttributeRequest(
                                           range=common_pb2.Range(min=freqs[0], max=freqs[-1]))),
             ],
         )

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.v1 import irm_pb2
-
+from harness.v1 import common_pb2, irm_pb2
 from services.errors import Violations
 
 VM_TYPE = "vm"
@@ -35,7 +34,7 @@ class VmGroup:
         )
 
 
-def _number(attr: irm_pb2.AttributeRequest, path: str, v: Violations) -> float | None:
+def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations) -> float | None:
     which = attr.WhichOneof("value")
     if which == "number":
         return attr.number

@@ -6,8 +6,8 @@ import logging
 import threading
 
 import grpc
-from harness.v1 import registry_pb2, registry_pb2_grpc
 
+from harness.v1 import registry_pb2, registry_pb2_grpc
 from services import client
 
 log = logging.getLogger(__name__)

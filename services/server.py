@@ -21,8 +21,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
-from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc
 
+from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc
 from services.errors import HarnessError, to_status
 
 log = logging.getLogger(__name__)

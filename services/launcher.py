@@ -1,0 +1,108 @@
+"""Start Harness services as separate OS processes on loopback.
+
+Used by `harness up` (the whole suite, in the foreground) and by the
+integration tests (each service bound to port 0). A process is ready when it
+logs its "serving" line with the bound address: no polling, no sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    service: str
+    proc: subprocess.Popen
+    address: str = ""
+    log_tail: deque = field(default_factory=lambda: deque(maxlen=400))
+    _ready: threading.Event = field(default_factory=threading.Event)
+    _log_file: object | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.log_tail.append(line)
+            if self._log_file is not None:
+                self._log_file.write(line + "\n")  # type: ignore[attr-defined]
+                self._log_file.flush()  # type: ignore[attr-defined]
+            if not self._ready.is_set() and '"msg": "serving"' in line:
+                try:
+                    self.address = json.loads(line)["address"]
+                except (ValueError, KeyError):
+                    continue
+                self._ready.set()
+        self._ready.set()  # exited: wake the waiter, who sees no address
+
+    def wait_ready(self, timeout: float = 60.0) -> str:
+        if not self._ready.wait(timeout) or not self.address:
+            self.stop()
+            tail = "\n".join(list(self.log_tail)[-30:])
+            raise LaunchError(f"{self.name} did not start (exit code {self.proc.poll()}):\n{tail}")
+        return self.address
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no graceful shutdown."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def logs(self) -> str:
+        return "\n".join(self.log_tail)
+
+
+def spawn(service: str, *, name: str | None = None, address: str = "127.0.0.1:0",
+          settings: dict[str, object] | None = None, config_file: str | None = None,
+          env: dict[str, str] | None = None, log_path: str | None = None) -> ServiceProcess:
+    """Start `harness serve SERVICE` as a child process (not yet waited for)."""
+    argv = [sys.executable, "-m", "services.cli", "serve", service, "--address", address]
+    if config_file:
+        argv += ["--config", config_file]
+    for key, value in (settings or {}).items():
+        if isinstance(value, list | tuple):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        argv += ["--set", f"{key}={value}"]
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=child_env, start_new_session=True)
+    sp = ServiceProcess(name or service, service, proc)
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        sp._log_file = open(log_path, "a")  # noqa: SIM115 - closed with the process
+    threading.Thread(target=sp._pump, name=f"log-{sp.name}", daemon=True).start()
+    return sp

@@ -1,0 +1,64 @@
+"""Shared fixtures: real service processes, gRPC stubs, a PostgreSQL URL."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from services.launcher import ServiceProcess, spawn
+
+
+def eventually(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:
+    """Poll `check` until it returns a truthy value (an observable condition, not a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}; last value {last!r}")
+
+
+class Suite:
+    """Processes started by one test; all stopped at the end."""
+
+    def __init__(self, tmp: str) -> None:
+        self.tmp = tmp
+        self.procs: list[ServiceProcess] = []
+
+    def start(self, service: str, name: str | None = None, **settings: Any) -> ServiceProcess:
+        if service == "agent":
+            settings.setdefault("work_dir", os.path.join(self.tmp, "agent"))
+        else:
+            settings.setdefault("state_dir", self.tmp)
+        if service == "compute" and name:
+            settings.setdefault("name", name)  # the name it registers under
+        p = spawn(service, name=name, settings=settings,
+                  log_path=os.path.join(self.tmp, f"{name or service}.log"))
+        self.procs.append(p)
+        p.wait_ready()
+        return p
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+@pytest.fixture
+def suite(tmp_path) -> Iterator[Suite]:
+    s = Suite(str(tmp_path))
+    yield s
+    s.stop_all()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    url = os.environ.get("HARNESS_TEST_PG_URL")
+    if not url:
+        pytest.fail("HARNESS_TEST_PG_URL is not set: run the tests through scripts/test (it starts PostgreSQL)")
+    return url
