@@ -50,7 +50,7 @@ class ComputeConfig:
     inventory: str = ""
     # Agent for hosts whose inventory entry names none.
     agent_address: str = "127.0.0.1:50071"
-    # Register with (and heartbeat to) this CRS; empty: stand alone.
+    # Register with (and heartbeat to) these CRSs (comma-separated); empty: stand alone.
     crs_address: str = ""
     # The address the CRS should use for us; empty: the bound address.
     advertise_address: str = ""
@@ -88,21 +88,21 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
         self._release_queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._notifier = threading.Thread(target=self._notify_agents, name="agent-release", daemon=True)
-        self.membership: Membership | None = None
+        self.memberships: list[Membership] = []
 
     # -- lifecycle -------------------------------------------------------
     def start(self, port: int) -> None:
         self._notifier.start()
-        if self.config.crs_address:
-            host = self.config.address.rsplit(":", 1)[0]
-            advertise = self.config.advertise_address or f"{host}:{port}"
-            self.membership = Membership(self.config.crs_address, self.config.name, advertise, [VM_TYPE],
-                                         self.config.heartbeat_interval_s)
-            self.membership.start()
+        host = self.config.address.rsplit(":", 1)[0]
+        advertise = self.config.advertise_address or f"{host}:{port}"
+        for crs in [a.strip() for a in self.config.crs_address.split(",") if a.strip()]:
+            m = Membership(crs, self.config.name, advertise, [VM_TYPE], self.config.heartbeat_interval_s)
+            m.start()
+            self.memberships.append(m)
 
     def stop(self) -> None:
-        if self.membership:
-            self.membership.stop()
+        for m in self.memberships:
+            m.stop()
         self.watchers.close()
         self._release_queue.put(None)
         self._notifier.join(timeout=5)
