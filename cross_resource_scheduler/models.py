@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Float, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy import JSON, Float, Integer, LargeBinary, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -36,10 +36,9 @@ class Reservation(Base):
     price_per_minute: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[float] = mapped_column(Float)
     released_at: Mapped[float] = mapped_column(Float, default=0.0)
-    # The AllocatedGroup messages as JSON (json_format), in request order.
-    groups: Mapped[list[dict]] = mapped_column(JSON, default=list)
-    # Managers this reservation was delegated to (for recovery of a pending one).
-    managers: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # The AllocatedGroup messages, serialised as a harness.v1.Reservation holding only
+    # `groups` (protobuf bytes: the wire format is the stable schema, and fast).
+    allocation: Mapped[bytes] = mapped_column(LargeBinary, default=b"")
     notes: Mapped[list[str]] = mapped_column(JSON, default=list)
 
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from google.protobuf import json_format
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from cross_resource_scheduler import constraints as cons
@@ -50,6 +49,15 @@ from services.server import Component
 from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
+_R = Reservation.__table__
+# Hot-path statements, built once (building costs more than running them on SQLite).
+_CLAIM = insert(_R)
+_BY_ID = select(_R).where(_R.c.id == bindparam("rid"))
+_ACTIVATE = update(_R).where(_R.c.id == bindparam("rid")).values(
+    state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"))
+_RELEASE = update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
+    state="released", released_at=bindparam("at"))
+_DROP_PENDING = delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending")
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_COUNT = 1000
 
@@ -155,8 +163,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         with self.db.read() as s:
             pending = list(s.scalars(select(Reservation).where(Reservation.state == "pending")))
         for r in pending:
-            def run(s, r=r):  # type: ignore[no-untyped-def]
-                for m in r.managers:
+            with self.db.read() as s:
+                everyone = [m.name for m in s.scalars(select(Manager))]
+
+            def run(s, r=r, everyone=everyone):  # type: ignore[no-untyped-def]
+                # Which managers it reached is unknown: ask each for the derived request id.
+                for m in everyone:
                     s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=f"{r.id}@{m}",
                                        created_at=self.clock.now()))
                 s.execute(delete(Reservation).where(Reservation.id == r.id))
@@ -184,6 +196,17 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         except grpc.RpcError as e:
             log.warning("could not release at manager; will retry", extra={
                 "manager": manager, "irm_request_id": irm_request_id, "code": str(e.code())})
+            return False
+
+    def _release_part(self, manager: str, tenant: str, irm_reservation_id: str) -> bool:
+        state = self.registry.get(manager)
+        if state is None or not irm_reservation_id:
+            return False
+        try:
+            state.stub().ReleaseReservation(irm_pb2.ReleaseReservationRequest(
+                tenant=tenant, reservation_id=irm_reservation_id), timeout=self.config.irm_timeout_s)
+            return True
+        except grpc.RpcError:
             return False
 
     def _undo_or_remember(self, manager: str, tenant: str, irm_request_id: str) -> None:
@@ -348,15 +371,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         tenant = require_tenant(request.tenant)
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
-        existing = self._find(tenant, request.request_id)
-        if existing is not None:
-            return self._existing(existing)
         req = self._parse(list(request.groups), list(request.constraints))
         res_id = f"crs-{uuid.uuid4().hex[:20]}"
+        claim = dict(id=res_id, tenant=tenant, request_id=request.request_id, state="pending",
+                     priority=request.priority, price_per_minute=0.0, created_at=self.clock.now(),
+                     released_at=0.0, allocation=b"", notes=[])
         try:
-            self.db.transact(lambda s: s.add(Reservation(
-                id=res_id, tenant=tenant, request_id=request.request_id, state="pending",
-                priority=request.priority, created_at=self.clock.now(), groups=[], managers=[], notes=[])))
+            # The unique (tenant, request_id) index makes the claim the idempotency check.
+            self.db.transact(lambda s: s.connection().execute(_CLAIM, claim))
         except IntegrityError:
             existing = self._find(tenant, request.request_id)
             if existing is None:
@@ -365,8 +387,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         try:
             return self._reserve(tenant, res_id, request, req)
         except BaseException:
-            self.db.transact(lambda s: s.execute(delete(Reservation).where(Reservation.id == res_id,
-                                                                         Reservation.state == "pending")))
+            self.db.transact(lambda s: s.connection().execute(_DROP_PENDING, {"rid": res_id}))
             raise
 
     def _find(self, tenant: str, request_id: str) -> Reservation | None:
@@ -394,8 +415,6 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         raise FailedPrecondition(
                             f"quoted price {quote.price_per_minute:.4f}/min exceeds max_price_per_minute "
                             f"{request.max_price_per_minute:.4f}; nothing was reserved")
-                managers = sorted(pinned)
-                self.db.transact(lambda s, m=managers: setattr(s.get(Reservation, res_id), "managers", m))
                 allocated = self._delegate(tenant, res_id, pinned)
             except ResourceExhausted as e:
                 # An IRM saw capacity our view had not caught up with: place again.
@@ -408,16 +427,16 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             self.view.commit(token)
             by_name = {g.name: i for i, g in enumerate(groups)}
             allocated.sort(key=lambda g: by_name.get(g.name, 0))
-            price = sum(g.price_per_minute for g in allocated)
-
-            def activate(s, price=price, allocated=allocated):  # type: ignore[no-untyped-def]
-                row = s.get(Reservation, res_id)
-                row.state = "active"
-                row.price_per_minute = price
-                row.groups = [json_format.MessageToDict(g) for g in allocated]
-                return row
-            row = self.db.transact(activate)
-            return self._to_proto(row)
+            alloc = irm_pb2.Reservation(groups=allocated)
+            alloc.price_per_minute = sum(g.price_per_minute for g in allocated)
+            self.db.transact(lambda s, a=alloc: s.connection().execute(_ACTIVATE, {
+                "rid": res_id, "price": a.price_per_minute, "alloc": a.SerializeToString()}))
+            claim = Reservation(id=res_id, tenant=tenant, request_id=request.request_id, state="active",
+                                priority=request.priority, price_per_minute=alloc.price_per_minute,
+                                created_at=0.0, released_at=0.0, allocation=b"", notes=[])
+            reply = self._to_proto(claim)
+            reply.groups.extend(allocated)
+            return reply
         assert last_error is not None
         raise last_error
 
@@ -448,19 +467,19 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def _to_proto(self, r: Reservation) -> irm_pb2.Reservation:
         state = {"active": irm_pb2.Reservation.STATE_ACTIVE, "released": irm_pb2.Reservation.STATE_RELEASED
                  }.get(r.state, irm_pb2.Reservation.STATE_FAILED)
-        return irm_pb2.Reservation(
-            id=r.id, tenant=r.tenant, request_id=r.request_id, state=state, priority=r.priority,
-            groups=[json_format.ParseDict(g, irm_pb2.AllocatedGroup()) for g in r.groups],
-            price_per_minute=r.price_per_minute, created_at=r.created_at, released_at=r.released_at,
-            notes=list(r.notes))
+        out = irm_pb2.Reservation.FromString(r.allocation or b"")
+        out.id, out.tenant, out.request_id, out.state, out.priority = r.id, r.tenant, r.request_id, state, r.priority
+        out.price_per_minute, out.created_at, out.released_at = r.price_per_minute, r.created_at, r.released_at
+        out.notes[:] = list(r.notes or [])
+        return out
 
     def _get(self, tenant: str, reservation_id: str) -> Reservation:
         with self.db.read() as s:
-            r = s.get(Reservation, reservation_id)
-        if r is None or r.state == "pending":
+            row = s.connection().execute(_BY_ID, {"rid": reservation_id}).mappings().first()
+        if row is None or row["state"] == "pending":
             raise NotFound(f"reservation {reservation_id!r} does not exist")
-        owned(tenant, r.tenant, f"reservation {reservation_id!r}")
-        return r
+        owned(tenant, row["tenant"], f"reservation {reservation_id!r}")
+        return Reservation(**row)
 
     def GetReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -499,24 +518,21 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         r = self._get(tenant, request.reservation_id)
         if r.state == "released":
             return self._to_proto(r)
-        for manager in sorted({g.get("manager", "") for g in r.groups} - {""}):
-            self._undo_or_remember(manager, tenant, f"{r.id}@{manager}")
-
-        def mark(s):  # type: ignore[no-untyped-def]
-            row = s.get(Reservation, r.id)
-            if row.state == "active":
-                row.state = "released"
-                row.released_at = self.clock.now()
-            return row
-        return self._to_proto(self.db.transact(mark))
+        parts = {(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups}
+        for manager, irm_id in sorted(parts):
+            if not self._release_part(manager, tenant, irm_id):
+                self._undo_or_remember(manager, tenant, f"{r.id}@{manager}")
+        now = self.clock.now()
+        self.db.transact(lambda s: s.connection().execute(_RELEASE, {"rid": r.id, "at": now}))
+        return self._to_proto(self._get(tenant, r.id))
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         r = self._get(tenant, request.reservation_id)
         series: list[common_pb2.Series] = []
         done: set[tuple[str, str]] = set()
-        for g in r.groups:
-            key = (g.get("manager", ""), g.get("managerReservationId", ""))
+        for g in self._to_proto(r).groups:
+            key = (g.manager, g.manager_reservation_id)
             if key in done or not all(key):
                 continue
             done.add(key)

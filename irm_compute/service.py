@@ -25,7 +25,7 @@ from irm_compute import inventory as inv
 from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
 from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
-from irm_compute.store import ComputeStore
+from irm_compute.store import ComputeStore, HostUsage
 from services import client
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
@@ -144,12 +144,16 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                                    price_per_minute=r.price_per_minute, created_at=r.created_at,
                                    released_at=r.released_at, notes=list(r.notes))
 
-    def _publish(self, host_ids: list[str]) -> None:
-        if not host_ids:
-            return
-        hosts = self.store.hosts_by_id(sorted(set(host_ids)))
-        self.watchers.publish(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
-                                                    resource=self._physical(h)) for h in hosts)
+    def _publish(self, touched: list[HostUsage]) -> None:
+        events = []
+        for u in touched:
+            h = self._hosts.get(u.host_id)
+            if h is None:
+                continue
+            r = self._physical(h)
+            r.used["cores"], r.used["memory_gb"], r.generation = u.used_cores, u.used_memory_mb / 1024, u.generation
+            events.append(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=r))
+        self.watchers.publish(events)
 
     def _local_notes(self, groups: list[VmGroup]) -> list[str]:
         if self.config.backend != "local":
@@ -223,7 +227,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         if self.config.fault == "crash_after_commit" and outcome.created:
             log.error("fault injection: dying after commit, before the reply")
             os._exit(137)
-        self._publish(outcome.touched_hosts)
+        self._publish(outcome.touched)
         reply = self._reservation(outcome.reservation)
         if request.HasField("max_price_per_minute") and reply.price_per_minute > request.max_price_per_minute:
             if outcome.created:
@@ -235,7 +239,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
     def _release(self, tenant: str, reservation_id: str) -> Reservation:
         outcome = self.store.release(tenant, reservation_id)
         if outcome.created:
-            self._publish(outcome.touched_hosts)
+            self._publish(outcome.touched)
             for vm in outcome.reservation.vms:
                 agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
                 if agent:

@@ -13,7 +13,7 @@ import base64
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -25,15 +25,53 @@ from services.clock import Clock
 from services.db import Database
 from services.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, owned
 
+_H, _R, _V = Host.__table__, Reservation.__table__, Vm.__table__
+# Built once: constructing a statement costs more than running it on SQLite.
+_TAKE = (
+    update(_H)
+    .where(_H.c.id == bindparam("hid"),
+           _H.c.used_cores + bindparam("c") <= _H.c.cores,
+           _H.c.used_memory_mb + bindparam("m") <= _H.c.memory_mb)
+    .values(used_cores=_H.c.used_cores + bindparam("c"), used_memory_mb=_H.c.used_memory_mb + bindparam("m"),
+            generation=_H.c.generation + 1)
+    .returning(_H.c.used_cores, _H.c.used_memory_mb, _H.c.generation)
+)
+_GIVE_BACK = (
+    update(_H)
+    .where(_H.c.id == bindparam("hid"))
+    .values(used_cores=_H.c.used_cores - bindparam("c"), used_memory_mb=_H.c.used_memory_mb - bindparam("m"),
+            generation=_H.c.generation + 1)
+    .returning(_H.c.used_cores, _H.c.used_memory_mb, _H.c.generation)
+)
+_INSERT_RES = insert(_R)
+_INSERT_VMS = insert(_V)
+_SELECT_RES = select(_R).where(_R.c.id == bindparam("rid"))
+_SELECT_VMS = select(_V).where(_V.c.reservation_id == bindparam("rid")).order_by(_V.c.ordinal)
+_RELEASE_VMS = update(_V).where(_V.c.reservation_id == bindparam("rid"), _V.c.state == "active").values(
+    state="released")
+_RELEASE_RES = update(_R).where(_R.c.id == bindparam("rid")).values(state="released",
+                                                                     released_at=bindparam("at"))
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:20]}"
 
 
+@dataclass(frozen=True)
+class HostUsage:
+    """A host's usage right after a change, as the change's own statement returned it."""
+
+    host_id: str
+    used_cores: int
+    used_memory_mb: int
+    generation: int
+
+
 @dataclass
 class Outcome:
     reservation: Reservation
-    touched_hosts: list[str]
+    # Hosts this call changed, with their usage after it (for watch events).
+    touched: list[HostUsage]
     created: bool
 
 
@@ -42,6 +80,8 @@ class ComputeStore:
         self.db = db
         self.cost = cost
         self.clock = clock
+        # Static facts of every host (id, shape, traits), as of the last inventory sync.
+        self._static: dict[str, Host] = {}
 
     # -- inventory -------------------------------------------------------
     def sync_inventory(self, inventory: inv.Inventory) -> None:
@@ -72,6 +112,8 @@ class ComputeStore:
                     row.generation += 1
 
         self.db.transact(run)
+        with self.db.read() as s:
+            self._static = {h.id: h for h in s.scalars(select(Host))}
 
     def hosts(self) -> list[Host]:
         with self.db.read() as s:
@@ -83,13 +125,12 @@ class ComputeStore:
 
     # -- reserve ---------------------------------------------------------
     def reserve(self, tenant: str, request_id: str, groups: list[VmGroup], notes: list[str] | None = None) -> Outcome:
-        existing = self._by_request(tenant, request_id)
-        if existing is not None:
-            return Outcome(existing, [], False)
+        # No look-up first: the unique (tenant, request_id) index answers "seen before?"
+        # inside the transaction, and a retry is the rare case.
         try:
             return self.db.transact(lambda s: self._reserve(s, tenant, request_id, groups, notes or []))
         except IntegrityError:
-            # A concurrent retry with the same request id won the race: return its result.
+            # A retry, or a concurrent request with the same id that won the race: return its result.
             existing = self._by_request(tenant, request_id)
             if existing is None:
                 raise
@@ -103,44 +144,47 @@ class ComputeStore:
             )
 
     def _reserve(self, s: Session, tenant: str, request_id: str, groups: list[VmGroup], notes: list[str]) -> Outcome:
+        # Core statements, not the ORM unit of work: this is the hot path, and
+        # a flush costs more than the SQL. The returned objects are transient.
         res = Reservation(id=new_id("res"), tenant=tenant, request_id=request_id, state="active",
                           created_at=self.clock.now(), released_at=0.0,
                           groups=[{"name": g.name, "count": g.count} for g in groups], notes=list(notes))
-        s.add(res)
-        s.flush()  # the unique (tenant, request_id) index is checked here
-        touched: list[str] = []
-        total = 0.0
-        ordinal = 0
+        touched: dict[str, HostUsage] = {}
+        vms: list[dict] = []
         for g in groups:
             for i in range(g.count):
-                host = self._take(s, g, g.placement[i] if g.placement else None)
+                host, usage = self._take(s, g, g.placement[i] if g.placement else None)
                 price = self.cost.price_per_minute(g.cores, g.memory_mb / 1024, host.frequency_ghz)
-                s.add(Vm(id=new_id("vm"), reservation_id=res.id, ordinal=ordinal, group=g.name,
-                         host_id=host.id, cores=g.cores, memory_mb=g.memory_mb,
-                         frequency_ghz=host.frequency_ghz, price_per_minute=price, state="active"))
-                ordinal += 1
-                total += price
-                touched.append(host.id)
-        res.price_per_minute = total
-        s.flush()
-        s.refresh(res, ["vms"])
-        return Outcome(res, touched, True)
+                vms.append(dict(id=new_id("vm"), reservation_id=res.id, ordinal=len(vms), group=g.name,
+                                host_id=host.id, cores=g.cores, memory_mb=g.memory_mb,
+                                frequency_ghz=host.frequency_ghz, price_per_minute=price, state="active"))
+                touched[host.id] = usage
+        res.price_per_minute = sum(vm["price_per_minute"] for vm in vms)
+        # The unique (tenant, request_id) index fails this insert for a retry, rolling back the takes.
+        conn = s.connection()
+        conn.execute(_INSERT_RES, dict(
+            id=res.id, tenant=tenant, request_id=request_id, state="active", price_per_minute=res.price_per_minute,
+            created_at=res.created_at, released_at=0.0, groups=res.groups, notes=res.notes))
+        conn.execute(_INSERT_VMS, vms)
+        res.vms = [Vm(**vm) for vm in vms]
+        return Outcome(res, list(touched.values()), True)
 
-    def _take(self, s: Session, g: VmGroup, pinned: str | None) -> Host:
+    def _take(self, s: Session, g: VmGroup, pinned: str | None) -> tuple[Host, HostUsage]:
         """Take one VM's share of a host, atomically; the host is pinned or chosen here."""
         if pinned is not None:
-            host = s.get(Host, pinned)
+            host = self._static.get(pinned)  # static facts only; usage is checked by the UPDATE
             if host is None or not host.enabled:
                 raise NotFound(f"group {g.name!r}: host {pinned!r} is not managed here")
             if not g.host_matches(host.frequency_ghz, set(host.traits)):
                 raise FailedPrecondition(
                     f"group {g.name!r}: host {pinned!r} ({host.frequency_ghz} GHz, traits {sorted(host.traits)}) "
                     "does not match the group's frequency or traits")
-            if not self._cas_take(s, pinned, g):
+            usage = self._cas_take(s, host, g)
+            if usage is None:
                 raise ResourceExhausted(
                     f"group {g.name!r}: host {pinned!r} has no room for {g.cores} cores / "
                     f"{g.memory_mb / 1024:g} GB any more (it changed since it was chosen); retry placement")
-            return host
+            return host, usage
         # Not pinned: first fit among the fullest hosts that still have room (packing).
         candidates = s.scalars(
             select(Host).where(
@@ -149,27 +193,21 @@ class ComputeStore:
                 Host.memory_mb - Host.used_memory_mb >= g.memory_mb,
                 Host.frequency_ghz >= g.freq_min - 1e-9,
                 Host.frequency_ghz <= (g.freq_max + 1e-9 if g.freq_max != float("inf") else 1e9),
-            ).order_by(Host.used_cores.desc(), Host.id).limit(200)
+            ).order_by(Host.used_cores.desc(), Host.id).limit(16)
         ).all()
         for host in candidates:
-            if g.host_matches(host.frequency_ghz, set(host.traits)) and self._cas_take(s, host.id, g):
-                return host
+            if g.host_matches(host.frequency_ghz, set(host.traits)):
+                usage = self._cas_take(s, host, g)
+                if usage is not None:
+                    return host, usage
         self._explain_no_room(s, g)
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _cas_take(s: Session, host_id: str, g: VmGroup) -> bool:
-        result = s.execute(
-            update(Host)
-            .where(Host.id == host_id,
-                   Host.used_cores + g.cores <= Host.cores,
-                   Host.used_memory_mb + g.memory_mb <= Host.memory_mb)
-            .values(used_cores=Host.used_cores + g.cores,
-                    used_memory_mb=Host.used_memory_mb + g.memory_mb,
-                    generation=Host.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
-        return result.rowcount == 1
+    def _cas_take(s: Session, host: Host, g: VmGroup) -> HostUsage | None:
+        """The capacity check and the take in one statement; the row's new usage comes back."""
+        row = s.connection().execute(_TAKE, {"hid": host.id, "c": g.cores, "m": g.memory_mb}).first()
+        return None if row is None else HostUsage(host.id, *row)
 
     @staticmethod
     def _explain_no_room(s: Session, g: VmGroup) -> None:
@@ -188,28 +226,26 @@ class ComputeStore:
     # -- release ---------------------------------------------------------
     def release(self, tenant: str, reservation_id: str) -> Outcome:
         def run(s: Session) -> Outcome:
-            res = s.get(Reservation, reservation_id, options=[selectinload(Reservation.vms)])
-            if res is None:
+            conn = s.connection()
+            row = conn.execute(_SELECT_RES, {"rid": reservation_id}).mappings().first()
+            if row is None:
                 raise NotFound(f"reservation {reservation_id!r} does not exist")
-            owned(tenant, res.tenant, f"reservation {reservation_id!r}")
+            owned(tenant, row["tenant"], f"reservation {reservation_id!r}")
+            res = Reservation(**row)
+            res.vms = [Vm(**v) for v in conn.execute(_SELECT_VMS, {"rid": reservation_id}).mappings()]
             if res.state != "active":
                 return Outcome(res, [], False)
-            touched = []
+            touched: dict[str, HostUsage] = {}
             for vm in res.vms:
                 if vm.state != "active":
                     continue
-                s.execute(
-                    update(Host).where(Host.id == vm.host_id)
-                    .values(used_cores=Host.used_cores - vm.cores,
-                            used_memory_mb=Host.used_memory_mb - vm.memory_mb,
-                            generation=Host.generation + 1)
-                    .execution_options(synchronize_session=False)
-                )
+                usage = conn.execute(_GIVE_BACK, {"hid": vm.host_id, "c": vm.cores, "m": vm.memory_mb}).one()
                 vm.state = "released"
-                touched.append(vm.host_id)
-            res.state = "released"
-            res.released_at = self.clock.now()
-            return Outcome(res, touched, True)
+                touched[vm.host_id] = HostUsage(vm.host_id, *usage)
+            res.state, res.released_at = "released", self.clock.now()
+            conn.execute(_RELEASE_VMS, {"rid": reservation_id})
+            conn.execute(_RELEASE_RES, {"rid": reservation_id, "at": res.released_at})
+            return Outcome(res, list(touched.values()), True)
 
         return self.db.transact(run)
 

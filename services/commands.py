@@ -1,9 +1,335 @@
-"""CLI verbs beyond `serve`: filled in as the suite grows."""
+"""CLI verbs: run the suite, check it, and use it as a tenant."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import uuid
+
+import grpc
+from google.protobuf import json_format
+
+DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
+
+
+def _crs(args: argparse.Namespace) -> str:
+    from services import suite
+
+    return args.crs or suite.addresses(args.state_dir).get("crs") or f"127.0.0.1:{suite.DEFAULT_PORTS['crs']}"
+
+
+def _irm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from harness.v1 import irm_pb2_grpc
+
+    return irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(_crs(args)))
+
+
+def _print(msg) -> None:  # type: ignore[no-untyped-def]
+    print(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2))
+
+
+def _fail(e: grpc.RpcError) -> int:
+    print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+    from services.errors import field_violations
+
+    for f, d in field_violations(e):
+        print(f"  {f}: {d}", file=sys.stderr)
+    return 1
+
+
+# -- up / status ------------------------------------------------------------
+def cmd_up(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from services import suite
+
+    console = Console(stderr=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        procs = suite.start(args.state_dir, auto_ports=args.auto_ports, config_file=args.config,
+                            on_started=lambda p: console.print(f"[green]started[/] {p.name:10} {p.address}"))
+    except Exception as e:  # noqa: BLE001
+        console.print(f"[red]harness up failed:[/] {e}")
+        return 1
+    console.print(f"Harness is up ({len(procs)} services; logs in {args.state_dir}/logs). Ctrl-C stops it.")
+    try:
+        while not stop.is_set():
+            dead = [p for p in procs if not p.alive()]
+            if dead:
+                console.print(f"[red]{dead[0].name} exited ({dead[0].proc.returncode}); stopping the suite[/]")
+                console.print(dead[0].logs()[-2000:])
+                return 1
+            stop.wait(1.0)
+    finally:
+        console.print("stopping ...")
+        suite.stop(procs)
+        suite.state_file(args.state_dir).unlink(missing_ok=True)
+    return 0
+
+
+def health_of(addresses: dict[str, str], timeout: float = 2.0) -> list[dict]:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    out = []
+    for name, address in addresses.items():
+        entry = {"name": name, "address": address}
+        try:
+            with grpc.insecure_channel(address) as ch:
+                reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""),
+                                                            timeout=timeout)
+            entry["status"] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.RpcError as e:
+            entry["status"] = "UNREACHABLE"
+            entry["error"] = e.code().name
+        out.append(entry)
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from services import suite
+
+    addresses = suite.addresses(args.state_dir) or {
+        name: f"127.0.0.1:{port}" for name, port in suite.DEFAULT_PORTS.items()}
+    services = health_of(addresses)
+    ok = all(s["status"] == "SERVING" for s in services)
+    if args.json:
+        print(json.dumps({"ok": ok, "services": services}, indent=2))
+    else:
+        for s in services:
+            print(f"{s['name']:10} {s['address']:22} {s['status']}")
+    return 0 if ok else 1
+
+
+# -- tenant verbs -----------------------------------------------------------
+def _group(text: str):  # type: ignore[no-untyped-def]
+    """name=web,type=vm,count=2,cores=2,memory_gb=4,traits=ssd+avx512,frequency_ghz=2.0..3.0"""
+    from harness.v1 import common_pb2, irm_pb2
+
+    g = irm_pb2.ResourceGroup(resource_type="vm", count=1)
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"--group: {part!r} is not key=value")
+        key = key.strip()
+        if key == "name":
+            g.name = value
+        elif key == "type":
+            g.resource_type = value
+        elif key == "count":
+            g.count = int(value)
+        elif key == "traits":
+            g.required_traits.extend(t for t in value.split("+") if t)
+        elif key == "not_traits":
+            g.forbidden_traits.extend(t for t in value.split("+") if t)
+        elif ".." in value:
+            lo, hi = value.split("..", 1)
+            r = common_pb2.Range()
+            if lo:
+                r.min = float(lo)
+            if hi:
+                r.max = float(hi)
+            g.attributes[key].range.CopyFrom(r)
+        else:
+            try:
+                g.attributes[key].number = float(value)
+            except ValueError:
+                g.attributes[key].text = value
+    return g
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    from harness.v1 import irm_pb2
+
+    try:
+        _print(_irm(args).DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant=args.tenant), timeout=10))
+    except grpc.RpcError as e:
+        return _fail(e)
+    return 0
+
+
+def cmd_reserve(args: argparse.Namespace) -> int:
+    from harness.v1 import irm_pb2
+
+    req = irm_pb2.ReserveRequest(tenant=args.tenant, request_id=args.request_id or uuid.uuid4().hex,
+                                 groups=args.group, priority=args.priority,
+                                 constraints=[irm_pb2.GroupConstraint(expression=c) for c in args.constraint or []])
+    if args.max_price is not None:
+        req.max_price_per_minute = args.max_price
+    try:
+        if args.quote:
+            _print(_irm(args).QuotePrice(irm_pb2.QuotePriceRequest(tenant=args.tenant, groups=req.groups,
+                                                                   constraints=req.constraints), timeout=30))
+        else:
+            _print(_irm(args).Reserve(req, timeout=60))
+    except grpc.RpcError as e:
+        return _fail(e)
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from harness.v1 import irm_pb2
+
+    try:
+        _print(_irm(args).ReleaseReservation(irm_pb2.ReleaseReservationRequest(
+            tenant=args.tenant, reservation_id=args.reservation), timeout=30))
+    except grpc.RpcError as e:
+        return _fail(e)
+    return 0
+
+
+def cmd_reservations(args: argparse.Namespace) -> int:
+    from harness.v1 import irm_pb2
+
+    try:
+        _print(_irm(args).ListReservations(irm_pb2.ListReservationsRequest(
+            tenant=args.tenant, include_released=args.all), timeout=30))
+    except grpc.RpcError as e:
+        return _fail(e)
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from harness.v1 import irm_pb2
+
+    try:
+        _print(_irm(args).GetMetrics(irm_pb2.GetMetricsRequest(tenant=args.tenant, reservation_id=args.reservation),
+                                     timeout=30))
+    except grpc.RpcError as e:
+        return _fail(e)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2
+
+    argv = [a for a in args.argv if a != "--"]
+    if not argv:
+        print("harness run: give the command after --", file=sys.stderr)
+        return 2
+    try:
+        res = _irm(args).GetReservation(irm_pb2.GetReservationRequest(tenant=args.tenant,
+                                                                      reservation_id=args.reservation), timeout=10)
+        vms = [r for g in res.groups for r in g.resources if not args.vm or r.id == args.vm]
+        if not vms:
+            print(f"harness run: no VM {args.vm!r} in {args.reservation}", file=sys.stderr)
+            return 2
+        vm = vms[0]
+        env = dict(kv.split("=", 1) for kv in args.env or [])
+        stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+        code = 0
+        for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv, env=env,
+                                                        timeout_s=args.timeout)):
+            kind = ev.WhichOneof("event")
+            if kind == "stdout":
+                sys.stdout.buffer.write(ev.stdout)
+                sys.stdout.flush()
+            elif kind == "stderr":
+                sys.stderr.buffer.write(ev.stderr)
+                sys.stderr.flush()
+            elif kind == "started" and ev.started.notes:
+                print("note: " + "; ".join(ev.started.notes), file=sys.stderr)
+            elif kind == "exited":
+                x = ev.exited
+                code = x.exit_code
+                print(f"[exit {x.exit_code} after {x.wall_time_s:.2f}s; mean CPU {x.mean_cpu_percent:.0f}%, "
+                      f"peak memory {x.peak_memory_mb:.0f} MB{'; ' + x.reason if x.reason else ''}]", file=sys.stderr)
+        return 0 if code == 0 else 1
+    except grpc.RpcError as e:
+        return _fail(e)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from services import demo
+
+    return demo.main(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    name = args.name.replace("-", "_")
+    try:
+        mod = importlib.import_module(f"bench.{name}")
+    except ModuleNotFoundError:
+        from pathlib import Path
+
+        import bench
+
+        names = sorted(p.stem.replace("_", "-") for p in Path(bench.__file__).parent.glob("*.py")
+                       if not p.stem.startswith("_"))
+        print(f"harness bench: unknown benchmark {args.name!r}; available: {', '.join(names)}", file=sys.stderr)
+        return 2
+    return int(mod.main(args.rest) or 0)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    return None
+    def common(p: argparse.ArgumentParser, tenant: bool = True) -> None:
+        p.add_argument("--state-dir", default=DEFAULT_STATE, help="where `harness up` keeps state (default ~/.harness)")
+        p.add_argument("--crs", help="CRS address (default: from the running suite)")
+        if tenant:
+            p.add_argument("--tenant", default=os.environ.get("HARNESS_TENANT", "demo"))
+
+    p = sub.add_parser("up", help="start the whole suite (one process per service) until Ctrl-C")
+    p.add_argument("--state-dir", default=DEFAULT_STATE)
+    p.add_argument("--config", help="YAML file with one section per service")
+    p.add_argument("--auto-ports", action="store_true", help="pick free ports instead of 50051/50061/50071")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("status", help="health of every service of the running suite")
+    p.add_argument("--state-dir", default=DEFAULT_STATE)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("demo", help="start a private suite, run the end-to-end demo, stop it")
+    p.add_argument("--keep", action="store_true", help="leave the demo's state directory in place")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("discover", help="physical resources known to the CRS")
+    common(p)
+    p.set_defaults(func=cmd_discover)
+
+    p = sub.add_parser("reserve", help="reserve (or --quote) groups of resources through the CRS")
+    common(p)
+    p.add_argument("--group", action="append", type=_group, required=True,
+                   help="name=web,count=2,cores=2,memory_gb=4[,traits=ssd+avx512][,frequency_ghz=2.0..3.0]")
+    p.add_argument("--constraint", action="append", help='e.g. "hops(web, db) <= 2", "same_host(a, b)"')
+    p.add_argument("--request-id", help="idempotency key (default: random)")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--max-price", type=float, help="refuse if the price per minute is higher")
+    p.add_argument("--quote", action="store_true", help="only quote the price")
+    p.set_defaults(func=cmd_reserve)
+
+    p = sub.add_parser("release", help="release a reservation")
+    common(p)
+    p.add_argument("reservation")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("reservations", help="list the tenant's reservations")
+    common(p)
+    p.add_argument("--all", action="store_true", help="include released ones")
+    p.set_defaults(func=cmd_reservations)
+
+    p = sub.add_parser("metrics", help="utilisation series of a reservation")
+    common(p)
+    p.add_argument("reservation")
+    p.set_defaults(func=cmd_metrics)
+
+    p = sub.add_parser("run", help="run a command in a reserved VM: harness run RES [--vm ID] -- cmd args")
+    common(p)
+    p.add_argument("reservation")
+    p.add_argument("--vm", help="VM id (default: the first of the reservation)")
+    p.add_argument("--env", action="append", help="NAME=VALUE")
+    p.add_argument("--timeout", type=float, default=0.0)
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="run a benchmark (prints JSON): crs, ...")
+    p.add_argument("name")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags, e.g. --quick --json")
+    p.set_defaults(func=cmd_bench)

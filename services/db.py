@@ -10,8 +10,9 @@ Reads use a deferred BEGIN so they never queue behind writers in WAL mode.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TypeVar
 
@@ -53,6 +54,7 @@ class Database:
         if self.is_sqlite:
             self._install_sqlite_hooks(self.engine)
         self._reader = self.engine.execution_options(harness_read=True)
+        self._write_lock: threading.Lock | nullcontext = threading.Lock() if self.is_sqlite else nullcontext()
 
     @staticmethod
     def _install_sqlite_hooks(engine: Engine) -> None:
@@ -73,8 +75,14 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A write transaction: committed on success, rolled back on error."""
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+        """A write transaction: committed on success, rolled back on error.
+
+        On SQLite, writers of this process queue on a lock first: SQLite's own
+        busy handler sleeps in growing steps (up to 100 ms) while it waits,
+        which under contention costs far more than the transactions do.
+        Writers in other processes still meet at BEGIN IMMEDIATE.
+        """
+        with self._write_lock, Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
     @contextmanager

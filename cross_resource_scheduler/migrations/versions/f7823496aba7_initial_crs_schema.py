@@ -1,13 +1,13 @@
 """initial crs schema
 
-Revision ID: bd0db3193310
+Revision ID: f7823496aba7
 Revises: 
 """
 from alembic import op
 import sqlalchemy as sa
 
 
-revision = 'bd0db3193310'
+revision = 'f7823496aba7'
 down_revision = None
 branch_labels = None
 depends_on = None
@@ -43,8 +43,7 @@ def upgrade() -> None:
     sa.Column('price_per_minute', sa.Float(), nullable=False),
     sa.Column('created_at', sa.Float(), nullable=False),
     sa.Column('released_at', sa.Float(), nullable=False),
-    sa.Column('groups', sa.JSON(), nullable=False),
-    sa.Column('managers', sa.JSON(), nullable=False),
+    sa.Column('allocation', sa.LargeBinary(), nullable=False),
     sa.Column('notes', sa.JSON(), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_crs_reservations')),
     sa.UniqueConstraint('tenant', 'request_id', name=op.f('uq_crs_reservations_tenant'))

@@ -1,0 +1,231 @@
+"""`harness bench crs`: reservations per second through the real suite.
+
+Starts a CRS and a compute IRM (separate processes, SQLite by default) over
+a generated datacenter, then runs concurrent clients that reserve and release
+through the CRS; some requests are retried with the same request id, as a
+client does when a reply is lost. In the same run it measures a bare unary
+echo against the same CRS process with the same concurrency, so the figure
+that matters is the ratio (this machine is noisy). Afterwards an independent
+check of the IRM's database counts overbooked hosts, and the duplicates check
+counts retried requests that produced a second reservation.
+
+Placement latency at scale is measured in-process on synthetic views of 100
+and 5,000 hosts: the pure placement function, same request, same pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from bench._common import emit, percentile
+from cross_resource_scheduler import constraints as cons
+from cross_resource_scheduler.placement import PlacementRequest, schedule
+from cross_resource_scheduler.plugins import GroupDemand, Pipeline
+from cross_resource_scheduler.topology import TopologyModel
+from cross_resource_scheduler.view import CapacityView
+from harness.v1 import common_pb2, diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2, irm_pb2_grpc
+from irm_compute.cost import CostModel
+from irm_compute.store import ComputeStore
+from services.clock import WallClock
+from services.db import Database
+from services.launcher import spawn
+
+
+def _inventory(hosts: int) -> str:
+    return f"""
+generate:
+  - count: {hosts}
+    prefix: h
+    sites: 2
+    racks_per_site: {max(1, hosts // 40)}
+    cores: 16
+    memory_gb: 64
+    frequency_ghz: 2.4
+    traits: [ssd]
+"""
+
+
+def _group(rng: random.Random) -> irm_pb2.ResourceGroup:
+    return irm_pb2.ResourceGroup(name="g", resource_type="vm", count=rng.randint(1, 2), attributes={
+        "cores": common_pb2.AttributeRequest(number=rng.choice([1, 2, 4])),
+        "memory_gb": common_pb2.AttributeRequest(number=rng.choice([1, 2, 4]))})
+
+
+def run_echo(address: str, clients: int, seconds: float) -> float:
+    stop = time.monotonic() + seconds
+    counts = [0] * clients
+
+    def worker(i: int) -> None:
+        stub = diagnostics_pb2_grpc.DiagnosticsStub(grpc.insecure_channel(address))
+        req = diagnostics_pb2.EchoRequest(payload=b"x" * 64)
+        while time.monotonic() < stop:
+            stub.Echo(req, timeout=10)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - t0)
+
+
+def run_clients(address: str, clients: int, per_client: int, retry_share: float) -> dict:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    stats = {"committed": 0, "exhausted": 0, "errors": 0, "retried": 0, "duplicates": 0, "released": 0}
+
+    def worker(i: int) -> None:
+        rng = random.Random(i)
+        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(address))
+        held: list[str] = []
+        local: list[float] = []
+        for n in range(per_client):
+            req = irm_pb2.ReserveRequest(tenant=f"bench-{i % 4}", request_id=f"c{i}-{n}", groups=[_group(rng)])
+            t0 = time.perf_counter()
+            try:
+                res = stub.Reserve(req, timeout=60)
+            except grpc.RpcError as e:
+                with lock:
+                    stats["exhausted" if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "errors"] += 1
+                continue
+            local.append((time.perf_counter() - t0) * 1000)
+            if rng.random() < retry_share:  # a lost reply: the client retries with the same request id
+                again = stub.Reserve(req, timeout=60)
+                with lock:
+                    stats["retried"] += 1
+                    stats["duplicates"] += int(again.id != res.id)
+            held.append(res.id)
+            with lock:
+                stats["committed"] += 1
+            if len(held) > 3:
+                stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(
+                    tenant=req.tenant, reservation_id=held.pop(0)), timeout=60)
+                with lock:
+                    stats["released"] += 1
+        with lock:
+            latencies.extend(local)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats["elapsed_s"] = time.monotonic() - t0
+    stats["latencies"] = latencies
+    return stats
+
+
+def _view(hosts: int, rng: random.Random) -> CapacityView:
+    view = CapacityView()
+    racks = max(1, hosts // 40)
+    for n in range(hosts):
+        used = rng.choice([0, 4, 8, 12, 16])
+        view.upsert("compute", common_pb2.PhysicalResource(
+            id=f"h{n}", resource_type="vm", capacity={"cores": 16, "memory_gb": 64},
+            used={"cores": used, "memory_gb": used * 4}, properties={"frequency_ghz": 2.4}, traits=["ssd"],
+            location=common_pb2.Location(site=f"s{n % 2}", rack=f"r{(n // 2) % racks}", host=f"h{n}"),
+            generation=1))
+    return view
+
+
+def placement_p50_ms(hosts: int, repeats: int, pipeline: Pipeline) -> float:
+    rng = random.Random(hosts)
+    view = _view(hosts, rng)
+    req = PlacementRequest(
+        [GroupDemand("master", "vm", 1, {"cores": 2, "memory_gb": 4}, {}, frozenset({"ssd"})),
+         GroupDemand("workers", "vm", 4, {"cores": 1, "memory_gb": 2})],
+        [cons.parse("hops(master, workers) <= 4"), cons.parse("different_host(workers, workers)")])
+    topo = TopologyModel()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        schedule(req, view, pipeline, topo, rng)
+        times.append((time.perf_counter() - t0) * 1000)
+    return percentile(times, 0.5)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="harness bench crs")
+    p.add_argument("--quick", action="store_true", help="a smaller run (under 60 s)")
+    p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    p.add_argument("--hosts", type=int)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--reservations", type=int, help="per client")
+    p.add_argument("--database", help="SQLAlchemy URL for the compute IRM (default: SQLite)")
+    args = p.parse_args([a for a in argv if a != "--"])
+    hosts = args.hosts or (100 if args.quick else 500)
+    per_client = args.reservations or (60 if args.quick else 250)
+    tmp = Path(tempfile.mkdtemp(prefix="harness-bench-crs-"))
+    procs = []
+    try:
+        (tmp / "inventory.yaml").write_text(_inventory(hosts))
+        crs = spawn("crs", settings={"state_dir": tmp, "heartbeat_interval_s": 1.0})
+        procs.append(crs)
+        crs.wait_ready()
+        compute_db = args.database or f"sqlite:///{tmp}/compute.db"
+        compute = spawn("compute", settings={"state_dir": tmp, "crs_address": crs.address, "database": compute_db,
+                                             "inventory": tmp / "inventory.yaml", "heartbeat_interval_s": 1.0})
+        procs.append(compute)
+        compute.wait_ready()
+        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        deadline = time.monotonic() + 60
+        while len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) < hosts:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the compute IRM's hosts never reached the CRS")
+            time.sleep(0.05)
+
+        echo_rps = run_echo(crs.address, args.clients, 3.0 if args.quick else 8.0)
+        stats = run_clients(crs.address, args.clients, per_client, retry_share=0.1)
+        db = Database(compute_db)
+        overbooked = len(ComputeStore(db, CostModel(), WallClock()).overbooking())
+        db.dispose()
+
+        pipeline = Pipeline.from_names(["traits", "properties", "capacity", "affinity", "distance"],
+                                       {"pack": 1.0, "topology": 2.0})
+        repeats = 100 if args.quick else 400
+        p100 = placement_p50_ms(100, repeats, pipeline)
+        p5000 = placement_p50_ms(5000, repeats, pipeline)
+        committed_per_s = stats["committed"] / stats["elapsed_s"]
+        emit({
+            "benchmark": "crs",
+            "hosts": hosts,
+            "clients": args.clients,
+            "reservations": stats["committed"],
+            "released": stats["released"],
+            "exhausted": stats["exhausted"],
+            "errors": stats["errors"],
+            "committed_per_s": round(committed_per_s, 1),
+            "p50_ms": round(percentile(stats["latencies"], 0.5), 2),
+            "p99_ms": round(percentile(stats["latencies"], 0.99), 2),
+            "echo_rps": round(echo_rps, 1),
+            "echo_ratio": round(committed_per_s / echo_rps, 3),
+            "overbooked": overbooked,
+            "retried": stats["retried"],
+            "duplicates": stats["duplicates"],
+            "placement_p50_ms_100": round(p100, 3),
+            "placement_p50_ms_5000": round(p5000, 3),
+            "latency_ratio_5000_vs_100": round(p5000 / p100, 2),
+            "database": "postgresql" if compute_db.startswith("postgres") else "sqlite",
+        })
+        return 0
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,437 @@
+"""The execution agent of the compute IRM (thesis §5.1.3, the ConPaaS agent).
+
+One agent per physical host serves `harness.v1.ExecutionAgent`: it runs
+tenants' commands inside their VMs' confines and measures them. It learns a
+VM's shape and owner from the compute IRM (`ComputeControl/GetVm`), caches it
+per VM and forgets it when the compute IRM calls `ReleaseVm`.
+
+The back-end is `local` (irm_compute.sandbox): a VM is a confined local
+process tree. Executions live in memory: running ones until they end, finished
+ones (with their samples, for GetExecution and GetVmMetrics) up to
+`max_history`, after which the oldest go, scratch directory included.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, compute_pb2, compute_pb2_grpc
+from irm_compute.sandbox import (
+    CpuAllocator,
+    Event,
+    Exited,
+    LocalExecution,
+    Output,
+    Sample,
+    Started,
+    VmSlot,
+    merge_utilisation,
+)
+from services.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    Violations,
+    owned,
+    require_tenant,
+)
+from services.server import Component
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["ExecutionAgent"].full_name
+
+RELEASED = "vm released"
+AGENT_STOPPED = "agent stopped"
+# How long StopExecution / ReleaseVm / shutdown wait for a killed tree to be reaped.
+_KILL_WAIT_S = 5.0
+# Released VM ids remembered so a late Execute cannot start on one (bounded: ids are never reused).
+_RELEASED_MEMORY = 10_000
+
+
+@dataclass
+class AgentConfig:
+    address: str = "127.0.0.1:50071"
+    # The compute IRM's ComputeControl service, asked for VM shapes.
+    compute_address: str = "127.0.0.1:50061"
+    sample_interval_s: float = 0.5
+    # Scratch directories, one per execution that names no working_dir.
+    work_dir: str = "~/.harness/agent"
+    # Output streamed per execution; beyond it output is read and dropped.
+    max_output_bytes: int = 16 * 1024 * 1024
+    # Finished executions kept in memory (and their scratch directories on disk).
+    max_history: int = 1000
+    # Deadline of the GetVm call to the compute IRM.
+    compute_timeout_s: float = 5.0
+
+
+class ComputeClient:
+    """`ComputeControl/GetVm` with a deadline, its failures as domain errors."""
+
+    def __init__(self, address: str, timeout_s: float = 5.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: compute_pb2_grpc.ComputeControlStub | None = None
+
+    def get_vm(self, vm_id: str) -> compute_pb2.Vm:
+        with self._lock:
+            # Created on first use, not at import or construction: gRPC objects must not cross a fork.
+            if self._stub is None:
+                self._channel = grpc.insecure_channel(self.address)
+                self._stub = compute_pb2_grpc.ComputeControlStub(self._channel)
+            stub = self._stub
+        try:
+            return stub.GetVm(compute_pb2.GetVmRequest(vm_id=vm_id), timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details()  # type: ignore[attr-defined]
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(f"VM {vm_id!r} is unknown to the compute IRM") from None
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidArgument.of("vm_id", details or "rejected by the compute IRM") from None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise Unavailable(
+                    f"compute IRM at {self.address} unreachable ({code.name}) while looking up VM {vm_id!r}; retry later"
+                ) from None
+            raise Unavailable(
+                f"compute IRM at {self.address} failed to describe VM {vm_id!r}: {code.name}: {details}"
+            ) from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = self._stub = None
+
+
+@dataclass(frozen=True)
+class _Vm:
+    tenant: str
+    slot: VmSlot
+
+
+@dataclass
+class _Run:
+    execution: LocalExecution
+    tenant: str
+    vm_id: str
+    scratch: Path | None  # removed with the execution when it leaves the history
+
+
+class Agent:
+    """The agent's state and operations; the servicer below only translates messages."""
+
+    def __init__(
+        self, config: AgentConfig, compute: ComputeClient, allocator: CpuAllocator | None = None
+    ) -> None:
+        self.config = config
+        self.compute = compute
+        self.allocator = allocator or CpuAllocator()
+        self._lock = threading.Lock()
+        self._vms: dict[str, _Vm] = {}
+        self._released: OrderedDict[str, str] = OrderedDict()  # vm_id -> tenant
+        self._runs: dict[str, _Run] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+
+    # --- VMs ------------------------------------------------------------------
+
+    def _vm(self, tenant: str, vm_id: str) -> _Vm:
+        with self._lock:
+            cached = self._vms.get(vm_id)
+            released_owner = self._released.get(vm_id)
+        if released_owner is not None:
+            if released_owner:  # unknown when the VM was released before it ever ran here
+                owned(tenant, released_owner, f"VM {vm_id}")
+            raise FailedPrecondition(f"VM {vm_id} was released")
+        if cached is not None:
+            owned(tenant, cached.tenant, f"VM {vm_id}")
+            return cached
+
+        vm = self.compute.get_vm(vm_id)  # outside the lock: a slow compute IRM must not stall other VMs
+        owned(tenant, vm.tenant, f"VM {vm_id}")
+        if vm.state == compute_pb2.Vm.STATE_RELEASED:
+            raise FailedPrecondition(f"VM {vm_id} was released")
+        if not (vm.cores > 0 and vm.memory_gb > 0):
+            raise FailedPrecondition(
+                f"VM {vm_id} has no usable shape ({vm.cores:g} cores, {vm.memory_gb:g} GB)"
+            )
+        with self._lock:
+            if vm_id in self._released:  # released while we were asking
+                raise FailedPrecondition(f"VM {vm_id} was released")
+            cached = self._vms.get(vm_id)  # another request may have cached it meanwhile
+            if cached is None:
+                slot = self.allocator.slot(vm_id, vm.cores, vm.memory_gb * 1024)
+                cached = self._vms[vm_id] = _Vm(vm.tenant, slot)
+        return cached
+
+    def release_vm(self, vm_id: str) -> int:
+        """Kill the VM's running executions and forget it; returns how many were killed."""
+        if not vm_id:
+            raise InvalidArgument.of("vm_id", "required")
+        with self._lock:
+            vm = self._vms.pop(vm_id, None)
+            self._released[vm_id] = vm.tenant if vm else self._released.get(vm_id, "")
+            self._released.move_to_end(vm_id)
+            while len(self._released) > _RELEASED_MEMORY:
+                self._released.popitem(last=False)
+            running = [r.execution for r in self._runs.values() if r.vm_id == vm_id and r.execution.running]
+        if vm is not None:
+            self.allocator.free(vm.slot)
+        killed = sum(e.kill(RELEASED) for e in running)
+        for e in running:
+            e.wait(_KILL_WAIT_S)
+        log.info("vm released", extra={"vm_id": vm_id, "killed": killed})
+        return killed
+
+    # --- executions -----------------------------------------------------------
+
+    def execute(self, request: agent_pb2.ExecuteRequest) -> _Run:
+        v = Violations()
+        v.check(bool(request.tenant), "tenant", "required: name the calling tenant")
+        v.check(bool(request.vm_id), "vm_id", "required")
+        if v.check(len(request.argv) > 0, "argv", "required: the program and its arguments"):
+            v.check(bool(request.argv[0]), "argv", "argv[0], the program, must not be empty")
+            v.check(all("\0" not in a for a in request.argv), "argv", "must not contain NUL characters")
+        v.check(
+            math.isfinite(request.timeout_s) and request.timeout_s >= 0,
+            "timeout_s",
+            "seconds >= 0 (0: no limit)",
+        )
+        for key, value in request.env.items():
+            v.check(
+                bool(key) and "=" not in key and "\0" not in key + value,
+                f"env[{key!r}]",
+                "not a valid variable",
+            )
+        if request.working_dir:
+            v.check(
+                os.path.isabs(request.working_dir) and os.path.isdir(request.working_dir),
+                "working_dir",
+                "an existing absolute directory on the VM's host (empty for a fresh scratch directory)",
+            )
+        v.raise_if_any()
+        require_tenant(request.tenant)
+        vm = self._vm(request.tenant, request.vm_id)
+
+        execution_id = f"ex-{uuid.uuid4().hex}"
+        scratch = None
+        if not request.working_dir:
+            scratch = Path(self.config.work_dir).expanduser() / execution_id
+            scratch.mkdir(parents=True)
+        execution = LocalExecution(
+            execution_id,
+            vm.slot,
+            list(request.argv),
+            working_dir=request.working_dir or str(scratch),
+            env=dict(request.env),
+            timeout_s=request.timeout_s,
+            sample_interval_s=self.config.sample_interval_s,
+            max_output_bytes=self.config.max_output_bytes,
+            on_exit=self._finished_one,
+        )
+        run = _Run(execution, request.tenant, request.vm_id, scratch)
+        try:
+            # Spawn under the lock: ReleaseVm then either sees this execution and kills it, or
+            # has marked the VM released before we look, so nothing starts on a released VM.
+            with self._lock:
+                if request.vm_id in self._released:
+                    raise FailedPrecondition(f"VM {request.vm_id} was released")
+                execution.start()
+                self._runs[execution_id] = run
+        except FileNotFoundError:
+            self._remove_scratch(scratch)
+            raise InvalidArgument.of(
+                "argv", f"program {request.argv[0]!r} not found on the VM's host"
+            ) from None
+        except PermissionError:
+            self._remove_scratch(scratch)
+            raise InvalidArgument.of("argv", f"program {request.argv[0]!r} is not executable") from None
+        except (OSError, ValueError) as e:  # ValueError: e.g. NUL in env
+            self._remove_scratch(scratch)
+            raise FailedPrecondition(f"could not start {request.argv[0]!r}: {e}") from None
+        except BaseException:
+            self._remove_scratch(scratch)
+            raise
+        log.info(
+            "execution started",
+            extra={"execution_id": execution_id, "vm_id": request.vm_id, "cpus": vm.slot.cpus},
+        )
+        return run
+
+    def _finished_one(self, execution: LocalExecution) -> None:
+        """Keep at most `max_history` finished executions; the oldest go, with their scratch dirs."""
+        evicted: list[_Run] = []
+        with self._lock:
+            self._finished[execution.execution_id] = None
+            while len(self._finished) > self.config.max_history:
+                old, _ = self._finished.popitem(last=False)
+                if (run := self._runs.pop(old, None)) is not None:
+                    evicted.append(run)
+        for run in evicted:
+            self._remove_scratch(run.scratch)
+
+    @staticmethod
+    def _remove_scratch(scratch: Path | None) -> None:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def get(self, tenant: str, execution_id: str) -> _Run:
+        require_tenant(tenant)
+        if not execution_id:
+            raise InvalidArgument.of("execution_id", "required")
+        with self._lock:
+            run = self._runs.get(execution_id)
+        if run is None:
+            raise NotFound(
+                f"execution {execution_id!r} not found (unknown, or dropped from the agent's history)"
+            )
+        owned(tenant, run.tenant, f"execution {execution_id}")
+        return run
+
+    def stop(self, tenant: str, execution_id: str) -> _Run:
+        run = self.get(tenant, execution_id)
+        run.execution.kill()
+        run.execution.wait(_KILL_WAIT_S)
+        return run
+
+    def vm_metrics(self, vm_id: str, since: float) -> list[common_pb2.Series]:
+        if not vm_id:
+            raise InvalidArgument.of("vm_id", "required")
+        with self._lock:
+            runs = [r.execution for r in self._runs.values() if r.vm_id == vm_id]
+        merged = [s for s in merge_utilisation([(e.samples, e.ended_at) for e in runs]) if s.time >= since]
+        return [
+            common_pb2.Series(
+                name="cpu_percent",
+                resource_id=vm_id,
+                samples=[common_pb2.Sample(time=s.time, value=s.cpu_percent) for s in merged],
+            ),
+            common_pb2.Series(
+                name="memory_percent",
+                resource_id=vm_id,
+                samples=[common_pb2.Sample(time=s.time, value=s.memory_percent) for s in merged],
+            ),
+        ]
+
+    def open(self) -> None:
+        """Fail at start-up, not at the first Execute, if scratch space cannot be made."""
+        Path(self.config.work_dir).expanduser().mkdir(parents=True, exist_ok=True)
+
+    def shutdown(self) -> None:
+        """Kill every running execution (the agent's processes must not outlive it)."""
+        with self._lock:
+            running = [r.execution for r in self._runs.values() if r.execution.running]
+        for e in running:
+            e.kill(AGENT_STOPPED)
+        for e in running:
+            e.wait(_KILL_WAIT_S)
+        self.compute.close()
+
+
+# --- messages -------------------------------------------------------------------
+
+
+def _started_pb(s: Started) -> agent_pb2.ExecutionStarted:
+    return agent_pb2.ExecutionStarted(
+        execution_id=s.execution_id,
+        pid=s.pid,
+        cpus=list(s.cpus),
+        memory_limit_mb=s.memory_limit_mb,
+        notes=list(s.notes),
+    )
+
+
+def _sample_pb(s: Sample) -> agent_pb2.UtilisationSample:
+    return agent_pb2.UtilisationSample(
+        time=s.time, cpu_percent=s.cpu_percent, memory_percent=s.memory_percent, memory_mb=s.memory_mb
+    )
+
+
+def _exited_pb(x: Exited) -> agent_pb2.ExecutionExited:
+    return agent_pb2.ExecutionExited(
+        exit_code=x.exit_code,
+        wall_time_s=x.wall_time_s,
+        reason=x.reason,
+        peak_memory_mb=x.peak_memory_mb,
+        mean_cpu_percent=x.mean_cpu_percent,
+    )
+
+
+def _event_pb(event: Event) -> agent_pb2.ExecuteEvent:
+    if isinstance(event, Output):
+        return agent_pb2.ExecuteEvent(**{event.stream: event.data})
+    if isinstance(event, Sample):
+        return agent_pb2.ExecuteEvent(sample=_sample_pb(event))
+    if isinstance(event, Started):
+        return agent_pb2.ExecuteEvent(started=_started_pb(event))
+    return agent_pb2.ExecuteEvent(exited=_exited_pb(event))
+
+
+def _execution_pb(run: _Run) -> agent_pb2.Execution:
+    e = run.execution
+    exited = e.exited
+    out = agent_pb2.Execution(
+        execution_id=e.execution_id,
+        vm_id=run.vm_id,
+        tenant=run.tenant,
+        state=agent_pb2.Execution.STATE_RUNNING if exited is None else agent_pb2.Execution.STATE_EXITED,
+        argv=e.argv,
+        samples=[_sample_pb(s) for s in e.samples],
+    )
+    if e.started is not None:
+        out.started.CopyFrom(_started_pb(e.started))
+    if exited is not None:
+        out.exited.CopyFrom(_exited_pb(exited))
+    return out
+
+
+class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def Execute(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        run = self.agent.execute(request)
+        # A client that cancels leaves the command running (GetExecution / StopExecution reach it);
+        # detaching wakes this handler so the worker thread is not held until the command ends.
+        if not context.add_callback(run.execution.detach):
+            run.execution.detach()
+        for event in run.execution.events():
+            yield _event_pb(event)
+
+    def GetExecution(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        return _execution_pb(self.agent.get(request.tenant, request.execution_id))
+
+    def StopExecution(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        return _execution_pb(self.agent.stop(request.tenant, request.execution_id))
+
+    def ReleaseVm(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        return agent_pb2.ReleaseVmResponse(killed=self.agent.release_vm(request.vm_id))
+
+    def GetVmMetrics(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        return agent_pb2.GetVmMetricsResponse(series=self.agent.vm_metrics(request.vm_id, request.since))
+
+
+def component(config: AgentConfig) -> Component:
+    """The agent as a server component; `stop` kills every running execution."""
+    agent = Agent(config, ComputeClient(config.compute_address, config.compute_timeout_s))
+    servicer = ExecutionAgentServicer(agent)
+    return Component(
+        name="agent",
+        register=lambda server: agent_pb2_grpc.add_ExecutionAgentServicer_to_server(servicer, server),
+        service_names=[SERVICE_NAME],
+        start=agent.open,
+        stop=agent.shutdown,
+        extra={"agent": agent},
+    )

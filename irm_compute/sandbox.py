@@ -1,0 +1,551 @@
+"""The `local` back-end of the execution agent: a VM is a confined local process tree.
+
+A VM of `cores` cores and `memory_mb` MB becomes, on this machine:
+
+* CPU affinity to at most `cores` of the CPUs the agent may use, handed out so
+  that VMs spread over the machine (`CpuAllocator`), and thread-pool variables
+  (OMP_NUM_THREADS, ...) telling numeric libraries how many CPUs they have;
+* a memory allowance, enforced twice: RLIMIT_DATA in the child, so a growing
+  allocation fails inside the program like it would in a full VM, and an RSS
+  watchdog over the whole process tree, which catches what a per-process,
+  address-space limit cannot (several processes, small VMs; see
+  `data_rlimit_bytes`) and kills the tree;
+* utilisation samples (CPU as a percentage of the pinned CPUs, RSS as a
+  percentage of the allowance) every `sample_interval_s`.
+
+`LocalExecution` runs one command and reports through a queue of events
+(`Started`, `Output`, `Sample`, `Exited`) that one consumer drains, while the
+execution itself never depends on that consumer: output is always read (a full
+pipe would stall the program) and the process outlives a consumer that leaves.
+Nothing here knows about gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import resource
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Literal
+
+import psutil
+
+MEMORY_LIMIT_EXCEEDED = "memory limit exceeded"
+TIMEOUT = "timeout"
+STOPPED = "stopped"
+
+# The agent's environment is not the tenant's: only these pass through.
+BASIC_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+)
+# Numeric libraries size their thread pools from these, not from the affinity
+# mask; left alone, OpenBLAS on a 64-core host starts 64 threads in a 1-core VM.
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+# RLIMIT_DATA counts reserved writable address space, not touched memory: every
+# thread stack (8 MB) and OpenBLAS's per-thread buffer (~32 MB) count in full.
+# Measured on CPython 3.11 + numpy 2.4: `import numpy` needs about 10 + 40 MB per
+# OpenBLAS thread of it, and with too little OpenBLAS spins forever rather than
+# failing (128 MB, 2 threads). Below these sizes only the RSS watchdog enforces
+# the allowance, and `Started.notes` says so.
+RLIMIT_FLOOR_MB = 512.0
+RLIMIT_PER_CPU_MB = 64.0
+
+# How long the end of an execution waits for output still in the pipes after
+# the process tree is gone (a daemon that escaped the tree may hold them open).
+_PIPE_DRAIN_S = 2.0
+_READ_CHUNK = 64 * 1024
+_STDERR_TAIL = 8 * 1024
+_MEMORY_ERROR_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
+
+
+@dataclass(frozen=True)
+class VmSlot:
+    """A VM as this machine confines it: its shape and the CPUs it was given."""
+
+    vm_id: str
+    cores: float
+    memory_mb: float
+    cpus: tuple[int, ...]
+    notes: tuple[str, ...] = ()
+
+
+def data_rlimit_bytes(memory_mb: float, ncpus: int) -> int | None:
+    """RLIMIT_DATA for a VM of `memory_mb` on `ncpus` CPUs, or None if only the watchdog applies."""
+    if memory_mb < max(RLIMIT_FLOOR_MB, RLIMIT_PER_CPU_MB * ncpus):
+        return None
+    return int(memory_mb * 1024 * 1024)
+
+
+class CpuAllocator:
+    """Hands out CPUs to VMs: fewest VMs per CPU first, round-robin among equals.
+
+    Two 1-core VMs on a 2-CPU machine get different CPUs; a third shares with
+    the first. CPUs are not exclusive (a host may be oversubscribed), only spread.
+    """
+
+    def __init__(self, cpus: Sequence[int] | None = None) -> None:
+        self._cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+        if not self._cpus:
+            raise ValueError("no CPUs to allocate")
+        self._load = dict.fromkeys(self._cpus, 0)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return tuple(self._cpus)
+
+    def slot(self, vm_id: str, cores: float, memory_mb: float) -> VmSlot:
+        want = max(1, math.ceil(cores - 1e-9))
+        have = len(self._cpus)
+        notes: list[str] = []
+        if want > have:
+            notes.append(f"VM has {cores:g} cores; this machine has {have}: confined to {have} CPUs")
+        n = min(want, have)
+        with self._lock:
+            rotated = self._cpus[self._next :] + self._cpus[: self._next]
+            chosen = sorted(rotated, key=lambda c: self._load[c])[:n]  # stable: ties keep rotation order
+            for c in chosen:
+                self._load[c] += 1
+            self._next = (self._cpus.index(chosen[-1]) + 1) % have
+        if data_rlimit_bytes(memory_mb, n) is None:
+            notes.append(
+                f"memory allowance of {memory_mb:g} MB enforced by the RSS watchdog only "
+                f"(RLIMIT_DATA needs at least {max(RLIMIT_FLOOR_MB, RLIMIT_PER_CPU_MB * n):g} MB on {n} CPUs)"
+            )
+        return VmSlot(vm_id, cores, memory_mb, tuple(sorted(chosen)), tuple(notes))
+
+    def free(self, slot: VmSlot) -> None:
+        with self._lock:
+            for c in slot.cpus:
+                if self._load.get(c, 0) > 0:
+                    self._load[c] -= 1
+
+
+# --- events -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Started:
+    execution_id: str
+    pid: int
+    cpus: tuple[int, ...]
+    memory_limit_mb: float
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Output:
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Sample:
+    time: float  # seconds since the epoch
+    cpu_percent: float  # of the pinned CPUs: 100 = all busy
+    memory_percent: float  # of the memory allowance
+    memory_mb: float  # RSS summed over the process tree
+
+
+@dataclass(frozen=True)
+class Exited:
+    exit_code: int  # -N when killed by signal N
+    wall_time_s: float
+    reason: str
+    peak_memory_mb: float
+    mean_cpu_percent: float
+
+
+Event = Started | Output | Sample | Exited
+
+
+def exit_reason(
+    killed_for: str | None, exit_code: int, peak_mb: float, limit_mb: float, stderr_tail: bytes
+) -> str:
+    """Why an execution ended: the agent's own reason, else a guess at a memory failure, else ''.
+
+    Under RLIMIT_DATA a program that outgrows its VM dies by itself (a Python
+    MemoryError, a failed malloc), so a failure is put down to memory when the
+    program got near its allowance or said it ran out.
+    """
+    if killed_for:
+        return killed_for
+    if exit_code != 0 and (peak_mb >= 0.9 * limit_mb or any(m in stderr_tail for m in _MEMORY_ERROR_MARKERS)):
+        return MEMORY_LIMIT_EXCEEDED
+    return ""
+
+
+def child_env(
+    slot: VmSlot, requested: Mapping[str, str], base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a command in `slot`.
+
+    The thread-pool sizes are defaults a command may override (a manifest asking
+    for one thread); the HARNESS_VM_* facts are not.
+    """
+    base = os.environ if base is None else base
+    env = {k: base[k] for k in BASIC_ENV if k in base}
+    env.update(dict.fromkeys(THREAD_ENV, str(len(slot.cpus))))
+    env.update(requested)
+    env.update(
+        HARNESS_VM_ID=slot.vm_id,
+        HARNESS_VM_CORES=f"{slot.cores:g}",
+        HARNESS_VM_MEMORY_MB=str(round(slot.memory_mb)),
+    )
+    return env
+
+
+def _confine(cpus: tuple[int, ...], data_limit: int | None) -> Callable[[], None]:
+    """The preexec_fn: confinement set before exec is inherited by everything the command starts.
+
+    It runs in the forked child of a multi-threaded server, so it only calls two
+    pre-bound C functions with precomputed arguments: no imports, no locks, no
+    allocation-heavy work (see the preexec_fn warning in the subprocess docs).
+    """
+    setaffinity, setrlimit, rlimit_data = os.sched_setaffinity, resource.setrlimit, resource.RLIMIT_DATA
+    cpuset = frozenset(cpus)
+    if data_limit is not None:
+        hard = resource.getrlimit(rlimit_data)[1]
+        if hard != resource.RLIM_INFINITY:
+            data_limit = min(data_limit, hard)  # an unprivileged child cannot raise its hard limit
+
+    def confine() -> None:
+        setaffinity(0, cpuset)
+        if data_limit is not None:
+            setrlimit(rlimit_data, (data_limit, data_limit))
+
+    return confine
+
+
+_DETACHED = object()
+
+
+class LocalExecution:
+    """One command running in a VM slot: spawn, stream, sample, enforce, reap.
+
+    Threads: one reader per output pipe, a monitor (samples, memory watchdog,
+    timeout) and a reaper that waits for the process and writes the final
+    `Exited`. `start()` returns once the process runs; `events()` yields what
+    happens to one consumer; `wait()` blocks until the end.
+    """
+
+    def __init__(
+        self,
+        execution_id: str,
+        slot: VmSlot,
+        argv: Sequence[str],
+        *,
+        working_dir: str,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 0.0,
+        sample_interval_s: float = 0.5,
+        max_output_bytes: int = 16 * 1024 * 1024,
+        on_exit: Callable[[LocalExecution], None] | None = None,
+    ) -> None:
+        if not argv:
+            raise ValueError("argv is empty")
+        self.execution_id = execution_id
+        self.slot = slot
+        self.argv = list(argv)
+        self.working_dir = working_dir
+        self.env = child_env(slot, env or {})
+        self.timeout_s = timeout_s
+        self.sample_interval_s = sample_interval_s
+        self.max_output_bytes = max_output_bytes
+        self._on_exit = on_exit
+
+        self._lock = threading.Lock()
+        self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._attached = True
+        self._samples: list[Sample] = []
+        self._started: Started | None = None
+        self._exited: Exited | None = None
+        self._done = threading.Event()
+        self._stop_monitor = threading.Event()
+        self._killed_for: str | None = None
+        self._leader_exited = False  # set before reaping: the pid (and group id) is ours until then
+        self._output_bytes = 0
+        self._truncated = False
+        self._stderr_tail = b""
+        self._known: dict[int, psutil.Process] = {}  # every process of the tree seen, to kill escapees
+        self._peak_mb = 0.0
+        self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._t0 = 0.0
+        self.started_at = 0.0  # epoch seconds
+        self.ended_at: float | None = None
+
+    # --- public -----------------------------------------------------------
+
+    def start(self) -> Started:
+        """Spawn the command. OSError (e.g. FileNotFoundError for a missing program) propagates."""
+        cpus = self.slot.cpus
+        popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.working_dir,
+            env=self.env,
+            start_new_session=True,  # its own process group: the whole tree can be killed at once
+            preexec_fn=_confine(cpus, data_rlimit_bytes(self.slot.memory_mb, len(cpus))),
+            bufsize=0,
+        )
+        self._popen = popen
+        self._t0 = time.monotonic()
+        self.started_at = time.time()
+        self._started = Started(self.execution_id, popen.pid, cpus, self.slot.memory_mb, self.slot.notes)
+        self._push(self._started)
+        try:
+            self._known[popen.pid] = psutil.Process(popen.pid)
+        except psutil.Error:
+            pass  # already gone; the reaper still reports it
+        assert popen.stdout is not None and popen.stderr is not None
+        readers = [
+            threading.Thread(
+                target=self._read,
+                args=(popen.stdout, "stdout"),
+                name=f"{self.execution_id}-stdout",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._read,
+                args=(popen.stderr, "stderr"),
+                name=f"{self.execution_id}-stderr",
+                daemon=True,
+            ),
+        ]
+        monitor = threading.Thread(target=self._monitor, name=f"{self.execution_id}-monitor", daemon=True)
+        reaper = threading.Thread(
+            target=self._reap, args=(readers, monitor), name=f"{self.execution_id}-reaper", daemon=True
+        )
+        for t in (*readers, monitor, reaper):
+            t.start()
+        return self._started
+
+    def events(self) -> Iterator[Event]:
+        """`started`, output and samples as they happen, then `exited`; ends early after `detach()`."""
+        while True:
+            event = self._events.get()
+            if event is _DETACHED:
+                return
+            yield event  # type: ignore[misc]
+            if isinstance(event, Exited):
+                return
+
+    def detach(self) -> None:
+        """The consumer left: stop queueing events (the command keeps running)."""
+        with self._lock:
+            self._attached = False
+        self._events.put(_DETACHED)
+
+    def kill(self, reason: str = STOPPED) -> bool:
+        """SIGKILL the process tree; False if it had already exited. The first reason given is kept."""
+        with self._lock:
+            if self._popen is None or self._leader_exited:
+                return False
+            if self._killed_for is None:
+                self._killed_for = reason
+            # Safe from pid reuse: the leader is not reaped while `_leader_exited` is False.
+            _killpg(self._popen.pid)
+        self._kill_known()
+        return True
+
+    def wait(self, timeout: float | None = None) -> Exited | None:
+        self._done.wait(timeout)
+        return self._exited
+
+    @property
+    def running(self) -> bool:
+        return self._popen is not None and self._exited is None
+
+    @property
+    def started(self) -> Started | None:
+        return self._started
+
+    @property
+    def exited(self) -> Exited | None:
+        return self._exited
+
+    @property
+    def samples(self) -> list[Sample]:
+        with self._lock:
+            return list(self._samples)
+
+    # --- threads ----------------------------------------------------------
+
+    def _push(self, event: Event) -> None:
+        with self._lock:
+            if self._attached:
+                self._events.put(event)
+
+    def _read(self, pipe: IO[bytes], stream: Literal["stdout", "stderr"]) -> None:
+        # Popen(bufsize=0) gives unbuffered pipes: read(n) returns whatever is there, at once.
+        with pipe:
+            while chunk := pipe.read(_READ_CHUNK):
+                if stream == "stderr":
+                    self._stderr_tail = (self._stderr_tail + chunk)[-_STDERR_TAIL:]
+                with self._lock:
+                    room = self.max_output_bytes - self._output_bytes
+                    self._output_bytes += min(len(chunk), max(room, 0))
+                    notice = room < len(chunk) and not self._truncated
+                    self._truncated = self._truncated or notice
+                # Keep reading past the cap (a blocked writer would stall the program), drop the bytes.
+                if room > 0:
+                    self._push(Output(stream, chunk[:room]))
+                if notice:
+                    msg = f"\n[harness agent: output beyond {self.max_output_bytes} bytes discarded]\n"
+                    self._push(Output("stderr", msg.encode()))
+
+    def _monitor(self) -> None:
+        """Sample every interval; enforce the memory allowance and the timeout."""
+        deadline = self._t0 + self.timeout_s if self.timeout_s > 0 else math.inf
+        last_t, last_cpu = self._t0, 0.0
+        while True:
+            wait = min(self.sample_interval_s, max(0.0, deadline - time.monotonic()))
+            if self._stop_monitor.wait(wait):
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                self.kill(TIMEOUT)
+                return
+            measured = self._measure()
+            if measured is None:
+                continue
+            cpu_seconds, rss_mb = measured
+            # 100% = every pinned CPU busy for the whole interval.
+            cpu_percent = (
+                max(0.0, cpu_seconds - last_cpu) / max(now - last_t, 1e-6) / len(self.slot.cpus) * 100
+            )
+            last_t, last_cpu = now, cpu_seconds
+            sample = Sample(time.time(), cpu_percent, rss_mb / self.slot.memory_mb * 100, rss_mb)
+            with self._lock:
+                self._samples.append(sample)
+                self._peak_mb = max(self._peak_mb, rss_mb)
+                self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
+            self._push(sample)
+            if rss_mb > self.slot.memory_mb:
+                self.kill(MEMORY_LIMIT_EXCEEDED)
+
+    def _measure(self) -> tuple[float, float] | None:
+        """(cumulative CPU seconds, RSS MB) of the process tree, or None if it is gone."""
+        assert self._popen is not None
+        root = self._known.get(self._popen.pid)
+        if root is None:
+            return None
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return None
+        cpu = rss = 0.0
+        for p in procs:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    rss += p.memory_info().rss
+            except psutil.Error:
+                continue  # exited between listing and reading
+            # children_* hold descendants already reaped, so the total does not drop when one exits.
+            cpu += t.user + t.system + t.children_user + t.children_system
+            self._known.setdefault(p.pid, p)
+        return cpu, rss / (1024 * 1024)
+
+    def _kill_known(self) -> None:
+        """Kill descendants that left the process group (setsid); psutil refuses reused pids."""
+        for p in list(self._known.values()):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+    def _reap(self, readers: list[threading.Thread], monitor: threading.Thread) -> None:
+        assert self._popen is not None
+        pid = self._popen.pid
+        # Wait without reaping, so the group can still be killed by its id without racing pid reuse:
+        # the command's exit ends the execution, and whatever it left running goes with it.
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        with self._lock:
+            _killpg(pid)
+            self._leader_exited = True
+        self._kill_known()
+        _, status, usage = os.wait4(pid, 0)
+        wall = time.monotonic() - self._t0
+        exit_code = os.waitstatus_to_exitcode(status)
+        self._popen.returncode = exit_code  # keep the Popen object consistent; we reaped it ourselves
+        self._stop_monitor.set()
+        monitor.join()
+        for t in readers:
+            t.join(_PIPE_DRAIN_S)
+
+        # Linux reports ru_maxrss in KiB: the true peak of the command (and descendants it waited for),
+        # which catches a spike between two samples.
+        peak = max(self._peak_mb, usage.ru_maxrss / 1024)
+        cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
+        exited = Exited(
+            exit_code=exit_code,
+            wall_time_s=wall,
+            reason=exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail),
+            peak_memory_mb=peak,
+            mean_cpu_percent=cpu_seconds / max(wall, 1e-6) / len(self.slot.cpus) * 100,
+        )
+        with self._lock:
+            self._exited = exited
+            self.ended_at = self.started_at + wall
+        self._push(exited)
+        self._done.set()
+        if self._on_exit is not None:
+            self._on_exit(self)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def merge_utilisation(runs: Sequence[tuple[Sequence[Sample], float | None]]) -> list[Sample]:
+    """One VM-wide series from its executions' `(samples, ended_at)`.
+
+    Executions of one VM share its CPUs and memory, so at each sample time the
+    VM's utilisation is the sum of the latest sample of every execution running
+    then (`ended_at` None: still running). Sequential runs pass through unchanged.
+    """
+    ends = [math.inf if end is None else end for _, end in runs]
+    points = sorted(((s, i) for i, (samples, _) in enumerate(runs) for s in samples), key=lambda p: p[0].time)
+    latest: dict[int, Sample] = {}
+    merged: list[Sample] = []
+    for s, i in points:
+        latest[i] = s
+        live = [x for j, x in latest.items() if j == i or ends[j] >= s.time]
+        merged.append(
+            Sample(
+                time=s.time,
+                cpu_percent=sum(x.cpu_percent for x in live),
+                memory_percent=sum(x.memory_percent for x in live),
+                memory_mb=sum(x.memory_mb for x in live),
+            )
+        )
+    return merged

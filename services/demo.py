@@ -1,0 +1,143 @@
+"""`harness demo`: the suite end to end on embedded defaults.
+
+Starts a private suite (own state directory, free ports), then as a tenant:
+discovers the datacenter, quotes and reserves a master + workers request with
+a topology constraint, runs a real CPU-bound program in the master VM and a
+memory-hungry one in a small worker VM (which fails at the VM's memory limit),
+reads utilisation back through the CRS, releases, and stops the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
+from services import suite
+
+TENANT = "demo-tenant"
+
+CPU_PROGRAM = """
+import os, time
+import numpy as np
+n = int(os.environ.get("DEMO_N", "600"))
+a = np.random.default_rng(0).random((n, n))
+t0 = time.time(); k = 0
+while time.time() - t0 < float(os.environ.get("DEMO_SECONDS", "2")):
+    a = (a @ a) / n; k += 1
+print(f"{k} matrix products of {n}x{n} on {len(os.sched_getaffinity(0))} CPU(s), OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+"""
+
+MEMORY_PROGRAM = """
+import numpy as np
+blocks = []
+for i in range(64):
+    blocks.append(np.ones(32 * 1024 * 1024 // 8))  # 32 MB each, touched
+    print(f"holding {32 * (i + 1)} MB", flush=True)
+"""
+
+
+def _vm(name: str, count: int, cores: int, memory_gb: float) -> irm_pb2.ResourceGroup:
+    return irm_pb2.ResourceGroup(name=name, resource_type="vm", count=count, attributes={
+        "cores": common_pb2.AttributeRequest(number=cores),
+        "memory_gb": common_pb2.AttributeRequest(number=memory_gb)})
+
+
+def _execute(console: Console, vm: irm_pb2.AllocatedResource, argv: list[str], env: dict[str, str]
+             ) -> agent_pb2.ExecutionExited:
+    stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+    exited = agent_pb2.ExecutionExited()
+    samples = 0
+    for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=TENANT, vm_id=vm.id, argv=argv, env=env), timeout=120):
+        kind = ev.WhichOneof("event")
+        if kind == "started":
+            console.print(f"  started pid {ev.started.pid} on CPUs {list(ev.started.cpus)}, "
+                          f"memory limit {ev.started.memory_limit_mb:.0f} MB")
+            for note in ev.started.notes:
+                console.print(f"  [yellow]note:[/] {note}")
+        elif kind == "stdout":
+            for line in ev.stdout.decode(errors="replace").splitlines()[-3:]:
+                console.print(f"  [dim]stdout[/] {line}")
+        elif kind == "sample":
+            samples += 1
+        elif kind == "exited":
+            exited = ev.exited
+    console.print(f"  exit {exited.exit_code} after {exited.wall_time_s:.2f} s; {samples} utilisation samples; "
+                  f"mean CPU {exited.mean_cpu_percent:.0f}%, peak memory {exited.peak_memory_mb:.0f} MB"
+                  + (f"; [red]{exited.reason}[/]" if exited.reason else ""))
+    return exited
+
+
+def run(console: Console, crs_address: str) -> None:
+    crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs_address))
+    deadline = time.monotonic() + 30
+    while True:  # the compute IRM registers itself and streams its capacity in
+        hosts = crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant=TENANT), timeout=5).resources
+        if hosts or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    table = Table(title="Datacenter (discovered through the CRS)")
+    for col in ("host", "site/rack", "cores", "memory GB", "GHz", "traits"):
+        table.add_column(col)
+    for h in sorted(hosts, key=lambda h: h.id):
+        table.add_row(h.id, f"{h.location.site}/{h.location.rack}", f"{h.capacity['cores']:.0f}",
+                      f"{h.capacity['memory_gb']:.0f}", f"{h.properties['frequency_ghz']:.1f}", ",".join(h.traits))
+    console.print(table)
+
+    groups = [_vm("master", 1, 2, 2), _vm("workers", 2, 1, 0.5)]
+    constraints = [irm_pb2.GroupConstraint(expression="hops(master, workers) <= 2"),
+                   irm_pb2.GroupConstraint(expression="different_host(workers, workers)")]
+    quote = crs.QuotePrice(irm_pb2.QuotePriceRequest(tenant=TENANT, groups=groups, constraints=constraints))
+    console.print(f"Quote: {quote.price_per_minute:.4f} per minute (thesis §4.5.1 linear model)")
+    res = crs.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="demo-1", groups=groups,
+                                             constraints=constraints, max_price_per_minute=1.0), timeout=60)
+    table = Table(title=f"Reservation {res.id} ({res.price_per_minute:.4f}/min)")
+    for col in ("group", "vm", "host", "rack", "cores", "memory GB", "agent"):
+        table.add_column(col)
+    for g in res.groups:
+        for r in g.resources:
+            table.add_row(g.name, r.id, r.physical_id, r.location.rack, f"{r.attributes['cores']:.0f}",
+                          f"{r.attributes['memory_gb']:g}", r.address)
+    console.print(table)
+    try:
+        master = next(r for g in res.groups if g.name == "master" for r in g.resources)
+        worker = next(r for g in res.groups if g.name == "workers" for r in g.resources)
+        console.print(f"[bold]Running a CPU-bound numpy program in the master VM ({master.id})[/]")
+        _execute(console, master, [sys.executable, "-c", CPU_PROGRAM], {"DEMO_SECONDS": "2"})
+        console.print(f"[bold]Running a program that wants 2 GB in a 0.5 GB worker VM ({worker.id})[/]")
+        _execute(console, worker, [sys.executable, "-c", MEMORY_PROGRAM], {})
+        metrics = crs.GetMetrics(irm_pb2.GetMetricsRequest(tenant=TENANT, reservation_id=res.id))
+        for s in metrics.series:
+            values = [x.value for x in s.samples]
+            if values:
+                console.print(f"  {s.resource_id} {s.name}: {len(values)} samples, max {max(values):.0f}%")
+    finally:
+        crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=TENANT, reservation_id=res.id))
+        console.print(f"Released {res.id}.")
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console()
+    state_dir = tempfile.mkdtemp(prefix="harness-demo-")
+    console.print(f"[bold]Harness demo[/]: starting the suite (state in {state_dir})")
+    procs = []
+    try:
+        procs = suite.start(state_dir, auto_ports=True,
+                            on_started=lambda p: console.print(f"  [green]started[/] {p.name:8} {p.address}"))
+        run(console, next(p.address for p in procs if p.name == "crs"))
+        console.print("[bold green]Demo complete.[/]")
+        return 0
+    except grpc.RpcError as e:
+        console.print(f"[red]demo failed: {e.code().name}: {e.details()}[/]")
+        return 1
+    finally:
+        suite.stop(procs)
+        if not args.keep:
+            shutil.rmtree(state_dir, ignore_errors=True)

@@ -1,0 +1,79 @@
+"""The whole Harness suite on one machine: which services, in what order, wired how.
+
+`harness up` and `harness demo` start it; each service is its own OS process
+on loopback, exactly as compose.yaml runs them in containers. A later
+service adds itself to `plan()`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.launcher import ServiceProcess, spawn
+
+DEFAULT_PORTS = {"crs": 50051, "compute": 50061, "agent": 50071}
+
+
+@dataclass
+class Planned:
+    name: str
+    service: str
+    address: str
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1") -> list[Planned]:
+    ports = {k: (_free_port() if auto_ports else v) for k, v in DEFAULT_PORTS.items()}
+    addr = {k: f"{host}:{p}" for k, p in ports.items()}
+    return [
+        Planned("crs", "crs", addr["crs"], {"state_dir": state_dir}),
+        Planned("compute", "compute", addr["compute"], {
+            "state_dir": state_dir, "crs_address": addr["crs"], "agent_address": addr["agent"]}),
+        Planned("agent", "agent", addr["agent"], {
+            "compute_address": addr["compute"], "work_dir": str(Path(state_dir) / "agent")}),
+    ]
+
+
+def state_file(state_dir: str) -> Path:
+    return Path(state_dir).expanduser() / "suite.json"
+
+
+def start(state_dir: str, auto_ports: bool = False, config_file: str | None = None,
+          on_started=None) -> list[ServiceProcess]:  # type: ignore[no-untyped-def]
+    state_dir = str(Path(state_dir).expanduser())
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    procs: list[ServiceProcess] = []
+    try:
+        for p in plan(state_dir, auto_ports):
+            proc = spawn(p.service, name=p.name, address=p.address, settings=p.settings, config_file=config_file,
+                         log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"))
+            procs.append(proc)
+            proc.wait_ready()
+            if on_started:
+                on_started(proc)
+    except BaseException:
+        stop(procs)
+        raise
+    state_file(state_dir).write_text(json.dumps({p.name: p.address for p in procs}, indent=2))
+    return procs
+
+
+def stop(procs: list[ServiceProcess]) -> None:
+    for p in reversed(procs):
+        p.stop()
+
+
+def addresses(state_dir: str) -> dict[str, str]:
+    f = state_file(state_dir)
+    if not f.exists():
+        return {}
+    return json.loads(f.read_text())
