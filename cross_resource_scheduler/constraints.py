@@ -10,6 +10,7 @@ tokenizer and a fixed grammar accept only these forms:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -67,7 +68,8 @@ def _tokens(text: str) -> list[tuple[str, str, int]]:
             break
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise ConstraintSyntaxError(f"unexpected {text[pos:].strip()[:10]!r}", pos)
+            at = pos + len(text[pos:]) - len(text[pos:].lstrip())
+            raise ConstraintSyntaxError(f"unexpected {text[at:at + 10]!r}", at)
         start = m.start() + (len(m.group(0)) - len(m.group(0).lstrip()))
         if m.group("num") is not None:
             out.append(("num", m.group("num") + "|" + (m.group("unit") or "").lower(), start))
@@ -96,7 +98,8 @@ def parse(text: str) -> Constraint:
 
     fn = expect("name")
     if fn not in _FUNCTIONS:
-        raise ConstraintSyntaxError(f"unknown function {fn!r}; use one of {', '.join(sorted(_FUNCTIONS))}", 0)
+        raise ConstraintSyntaxError(f"unknown function {fn!r}; use one of {', '.join(sorted(_FUNCTIONS))}",
+                                    toks[0][2])
     kind, op, units = _FUNCTIONS[fn]
     expect("op", "(")
     a = expect("name")
@@ -141,11 +144,11 @@ def from_proto(msgs: list[irm_pb2.GroupConstraint], groups: set[str], v: Violati
             if name not in groups:
                 v.add(f"{path}.{side}", f"no group named {name!r}; groups are {sorted(groups)}")
                 ok = False
-        if c.kind in ("max_hops", "max_latency_ms") and c.value < 0:
-            v.add(f"{path}.value", "must be >= 0")
+        if c.kind in ("max_hops", "max_latency_ms") and not (math.isfinite(c.value) and c.value >= 0):
+            v.add(f"{path}.value", "must be a finite number >= 0")
             ok = False
-        if c.kind == "min_bandwidth_gbps" and c.value <= 0:
-            v.add(f"{path}.value", "must be > 0 Gbit/s")
+        if c.kind == "min_bandwidth_gbps" and not (math.isfinite(c.value) and c.value > 0):
+            v.add(f"{path}.value", "must be a finite number of Gbit/s > 0")
             ok = False
         if c.kind == "same_host" and c.a == c.b:
             pass  # all instances of one group together: valid

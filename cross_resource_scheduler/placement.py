@@ -62,7 +62,7 @@ def _pool(view: CapacityView, ctx: Context) -> list[Node]:
     g, topo = ctx.group, ctx.topology
     pools: list[list[Node]] = []
     for c in ctx.constraints:
-        peers = ctx.placed.get(c.other(g.name), []) if c.a != c.b else ctx.placed.get(g.name, [])
+        peers = ctx.peers(c)
         if not peers:
             continue
         p = peers[0]

@@ -40,6 +40,22 @@ class Context:
     # Judge against total capacity: "could this ever fit?" (unresolvable check).
     ignore_usage: bool = False
 
+    def peers(self, c: Constraint) -> list[Node]:
+        """The placed instances `c` must be checked against for this group's next instance."""
+        me = self.group.name
+        if c.a == c.b:
+            return self.placed.get(me, [])
+        other = self.placed.get(c.other(me))
+        if other:
+            return other
+        # The other group is not placed yet; every one of its instances will have
+        # to be within the bound of every instance of this group. Level distances
+        # form an ultrametric, so that is possible only if this group's own
+        # instances are within the bound of each other: hold them to it now.
+        if c.kind == "different_host":
+            return []
+        return self.placed.get(me, [])
+
     def free(self, node: Node, attribute: str) -> float:
         if self.ignore_usage:
             return node.capacity.get(attribute, 0.0) - self.tentative.get(node.key, {}).get(attribute, 0.0)
@@ -89,9 +105,8 @@ class AffinityFilter(Filter):
     name = "affinity"
 
     def host_passes(self, node: Node, ctx: Context) -> bool:
-        me = ctx.group.name
         for c in ctx.constraints:
-            peers = ctx.placed.get(c.other(me), []) if c.a != c.b else ctx.placed.get(me, [])
+            peers = ctx.peers(c)
             if c.kind == "same_host" and peers and any(p.key != node.key for p in peers):
                 return False
             if c.kind == "different_host" and any(p.key == node.key for p in peers):
@@ -105,12 +120,10 @@ class DistanceFilter(Filter):
     name = "distance"
 
     def host_passes(self, node: Node, ctx: Context) -> bool:
-        me = ctx.group.name
         for c in ctx.constraints:
             if c.kind not in ("max_hops", "max_latency_ms", "min_bandwidth_gbps"):
                 continue
-            peers = ctx.placed.get(c.other(me), []) if c.a != c.b else ctx.placed.get(me, [])
-            for p in peers:
+            for p in ctx.peers(c):
                 d = ctx.topology.distance(node.location, p.location)
                 if c.kind == "max_hops" and d.hops > c.value:
                     return False

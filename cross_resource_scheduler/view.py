@@ -78,6 +78,7 @@ class CapacityView:
                                                                      host=r.location.host), r.generation)
                 self.nodes[key] = node
                 self._index(node)
+                self._recount(node)  # pending assumptions follow the resource
             else:
                 node.capacity, node.used, node.properties = dict(r.capacity), dict(r.used), dict(r.properties)
                 node.traits, node.generation = frozenset(r.traits), r.generation

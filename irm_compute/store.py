@@ -186,20 +186,25 @@ class ComputeStore:
                     f"{g.memory_mb / 1024:g} GB any more (it changed since it was chosen); retry placement")
             return host, usage
         # Not pinned: first fit among the fullest hosts that still have room (packing).
-        candidates = s.scalars(
-            select(Host).where(
-                Host.enabled,
-                Host.cores - Host.used_cores >= g.cores,
-                Host.memory_mb - Host.used_memory_mb >= g.memory_mb,
-                Host.frequency_ghz >= g.freq_min - 1e-9,
-                Host.frequency_ghz <= (g.freq_max + 1e-9 if g.freq_max != float("inf") else 1e9),
-            ).order_by(Host.used_cores.desc(), Host.id).limit(16)
-        ).all()
-        for host in candidates:
-            if g.host_matches(host.frequency_ghz, set(host.traits)):
-                usage = self._cas_take(s, host, g)
-                if usage is not None:
-                    return host, usage
+        # Traits live in JSON, so they are matched here, a page of candidates at a time.
+        query = select(Host).where(
+            Host.enabled,
+            Host.cores - Host.used_cores >= g.cores,
+            Host.memory_mb - Host.used_memory_mb >= g.memory_mb,
+            Host.frequency_ghz >= g.freq_min - 1e-9,
+            Host.frequency_ghz <= (g.freq_max + 1e-9 if g.freq_max != float("inf") else 1e9),
+        ).order_by(Host.used_cores.desc(), Host.id)
+        page, offset = 32, 0
+        while True:
+            candidates = s.scalars(query.offset(offset).limit(page)).all()
+            for host in candidates:
+                if g.host_matches(host.frequency_ghz, set(host.traits)):
+                    usage = self._cas_take(s, host, g)
+                    if usage is not None:
+                        return host, usage
+            if len(candidates) < page:
+                break
+            offset += page
         self._explain_no_room(s, g)
         raise AssertionError("unreachable")
 

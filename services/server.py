@@ -188,9 +188,9 @@ def start(address: str, components: Iterable[Component], **kwargs: Any) -> Runni
     for c in components:
         c.extra["port"] = port
         c.start()
-    for c in components:
-        for name in c.service_names:
-            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    diagnostics = diagnostics_pb2.DESCRIPTOR.services_by_name["Diagnostics"].full_name
+    for name in [diagnostics, *(n for c in components for n in c.service_names)]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     return running
 

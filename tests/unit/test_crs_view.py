@@ -1,0 +1,210 @@
+"""The CRS capacity view: generations, indexes, down managers and assumptions (cross_resource_scheduler.view)."""
+
+from __future__ import annotations
+
+from cross_resource_scheduler.view import CapacityView
+from harness.v1 import common_pb2
+
+
+def res(rid: str, gen: int, *, cores: float = 8, used: float = 0, rtype: str = "vm", site: str = "s1",
+        rack: str = "r1", traits: tuple[str, ...] = (), props: dict[str, float] | None = None
+        ) -> common_pb2.PhysicalResource:
+    return common_pb2.PhysicalResource(
+        id=rid, resource_type=rtype, capacity={"cores": cores}, used={"cores": used},
+        properties=props or {}, traits=list(traits),
+        location=common_pb2.Location(site=site, rack=rack, host=rid), generation=gen)
+
+
+def keys(nodes) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted(n.key for n in nodes)
+
+
+# -- upsert and generations ----------------------------------------------------
+
+def test_upsert_creates_then_updates_in_place() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h1", 1, used=2, traits=("ssd",), props={"frequency_ghz": 2.2}))
+    assert n.key == "m/h1"
+    assert n.free("cores") == 6 and n.traits == frozenset({"ssd"}) and n.properties == {"frequency_ghz": 2.2}
+    n2 = v.upsert("m", res("h1", 2, used=5, traits=("gpu",)))
+    assert n2 is n  # same location and type: updated in place
+    assert n.free("cores") == 3 and n.generation == 2 and n.traits == frozenset({"gpu"})
+    assert keys(v.of_type("vm")) == ["m/h1"]  # not indexed twice
+
+
+def test_stale_event_is_ignored() -> None:
+    v = CapacityView()
+    v.upsert("m", res("h1", 5, used=4))
+    before = v.version
+    n = v.upsert("m", res("h1", 3, used=0))
+    assert n.generation == 5 and n.used["cores"] == 4
+    assert v.version == before  # nothing changed: watchers are not woken
+    # an event of the same generation (e.g. a snapshot of the current state) is applied
+    v.upsert("m", res("h1", 5, used=1))
+    assert v.nodes["m/h1"].used["cores"] == 1
+
+
+def test_version_bumps_on_every_change() -> None:
+    v = CapacityView()
+    v0 = v.version
+    v.upsert("m", res("h1", 1))
+    v.upsert("m", res("h1", 2, used=1))
+    v.set_down("m", True)
+    v.remove("m", "h1")
+    assert v.version == v0 + 4
+    v.remove("m", "nope")  # nothing removed
+    assert v.version == v0 + 4
+
+
+def test_same_id_under_two_managers_are_two_nodes() -> None:
+    v = CapacityView()
+    v.upsert("m1", res("h1", 1))
+    v.upsert("m2", res("h1", 1))
+    assert keys(v.of_type("vm")) == ["m1/h1", "m2/h1"]
+
+
+def test_to_proto_round_trip() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h1", 4, used=3, traits=("b", "a"), props={"f": 1.0}))
+    p = n.to_proto()
+    assert p.id == "h1" and p.manager == "m" and p.generation == 4
+    assert dict(p.capacity) == {"cores": 8} and dict(p.used) == {"cores": 3}
+    assert list(p.traits) == ["a", "b"] and p.location.rack == "r1"
+
+
+# -- indexes -------------------------------------------------------------------
+
+def test_indexes_by_type_rack_and_site() -> None:
+    v = CapacityView()
+    v.upsert("m", res("a", 1, site="s1", rack="r1"))
+    v.upsert("m", res("b", 1, site="s1", rack="r1"))
+    v.upsert("m", res("c", 1, site="s1", rack="r2"))
+    v.upsert("m", res("d", 1, site="s2", rack="r1"))  # same rack name, other site
+    v.upsert("f", res("x", 1, rtype="fpga", site="s1", rack="r1"))
+    assert keys(v.of_type("vm")) == ["m/a", "m/b", "m/c", "m/d"]
+    assert keys(v.of_type("fpga")) == ["f/x"]
+    assert v.of_type("nothing") == []
+    assert keys(v.in_rack("vm", "s1", "r1")) == ["m/a", "m/b"]
+    assert keys(v.in_rack("vm", "s2", "r1")) == ["m/d"]
+    assert keys(v.in_rack("fpga", "s1", "r1")) == ["f/x"]
+    assert keys(v.in_site("vm", "s1")) == ["m/a", "m/b", "m/c"]
+    assert keys(v.in_site("vm", "s2")) == ["m/d"]
+    assert v.resource_types() == ["fpga", "vm"]
+
+
+def test_moving_a_resource_reindexes_it() -> None:
+    v = CapacityView()
+    v.upsert("m", res("a", 1, site="s1", rack="r1"))
+    v.upsert("m", res("a", 2, site="s2", rack="r7"))
+    assert v.in_rack("vm", "s1", "r1") == [] and v.in_site("vm", "s1") == []
+    assert keys(v.in_rack("vm", "s2", "r7")) == ["m/a"]
+    assert keys(v.of_type("vm")) == ["m/a"]
+    v.upsert("m", res("a", 3, rtype="fpga", site="s2", rack="r7"))
+    assert v.of_type("vm") == [] and keys(v.of_type("fpga")) == ["m/a"]
+    assert v.resource_types() == ["fpga"]
+
+
+def test_remove_and_drop_manager_unindex() -> None:
+    v = CapacityView()
+    v.upsert("m1", res("a", 1))
+    v.upsert("m1", res("b", 1, rack="r2"))
+    v.upsert("m2", res("c", 1))
+    v.remove("m1", "a")
+    assert keys(v.of_type("vm")) == ["m1/b", "m2/c"]
+    assert keys(v.in_rack("vm", "s1", "r1")) == ["m2/c"]
+    v.drop_manager("m1")
+    assert keys(v.of_type("vm")) == ["m2/c"] and v.in_rack("vm", "s1", "r2") == []
+    assert set(v.nodes) == {"m2/c"}
+
+
+def test_down_managers_are_excluded_from_every_read() -> None:
+    v = CapacityView()
+    v.upsert("up", res("a", 1))
+    v.upsert("down", res("b", 1))
+    v.set_down("down", True)
+    assert v.is_down("down") and not v.is_down("up")
+    assert keys(v.of_type("vm")) == ["up/a"]
+    assert keys(v.in_rack("vm", "s1", "r1")) == ["up/a"]
+    assert keys(v.in_site("vm", "s1")) == ["up/a"]
+    assert keys(v.up_nodes()) == ["up/a"]
+    # a down manager's nodes are kept (it may come back), just not offered
+    assert "down/b" in v.nodes
+    v.set_down("down", False)
+    assert keys(v.of_type("vm")) == ["down/b", "up/a"]
+    assert keys(v.up_nodes()) == ["down/b", "up/a"]
+
+
+# -- assumptions ---------------------------------------------------------------
+
+def test_assume_reduces_free_capacity_and_accumulates() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=10, used=1))
+    v.assume("t1", n, {"cores": 3})
+    v.assume("t2", n, {"cores": 2})
+    assert n.free("cores") == 10 - 1 - 3 - 2
+
+
+def test_uncommitted_assumption_survives_newer_events() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=10))
+    v.assume("t", n, {"cores": 4})
+    v.upsert("m", res("h", 2, cores=10, used=1))  # some other change; our commit not yet confirmed
+    assert n.free("cores") == 10 - 1 - 4
+
+
+def test_committed_assumption_stays_until_a_newer_generation_then_goes() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=10))
+    v.assume("t", n, {"cores": 4})
+    v.commit("t")
+    assert n.free("cores") == 6  # commit alone does not drop it: the view has not seen the change
+    v.upsert("m", res("h", 1, cores=10))  # same generation again (e.g. a re-sent snapshot)
+    assert n.free("cores") == 6
+    v.upsert("m", res("h", 2, cores=10, used=4))  # the IRM reports the VM: now counted in `used`
+    assert n.free("cores") == 6  # counted once, not twice
+    assert n.assumed == {}
+
+
+def test_commit_after_the_event_already_arrived_settles_at_once() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=10))
+    v.assume("t", n, {"cores": 4})
+    v.upsert("m", res("h", 2, cores=10, used=4))  # the event raced ahead of the commit
+    assert n.free("cores") == 2  # still assumed: not committed yet
+    v.commit("t")
+    assert n.free("cores") == 6
+
+
+def test_forget_removes_only_that_assumption() -> None:
+    v = CapacityView()
+    a = v.upsert("m", res("a", 1, cores=10))
+    b = v.upsert("m", res("b", 1, cores=10))
+    v.assume("t1", a, {"cores": 3})
+    v.assume("t1", b, {"cores": 1})
+    v.assume("t2", a, {"cores": 2})
+    v.forget("t1")
+    assert a.free("cores") == 8 and b.free("cores") == 10
+    v.forget("t1")  # idempotent
+    assert a.free("cores") == 8
+    v.forget("t2")
+    assert a.free("cores") == 10 and a.assumed == {}
+
+
+def test_commit_of_one_token_keeps_the_others() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=10))
+    v.assume("t1", n, {"cores": 3})
+    v.assume("t2", n, {"cores": 2})
+    v.commit("t1")
+    v.upsert("m", res("h", 2, cores=10, used=3))
+    assert n.free("cores") == 10 - 3 - 2  # t2 is still pending
+
+
+def test_assumption_follows_a_resource_that_moved_rack() -> None:
+    # The node object is re-created when its location changes; a pending
+    # (uncommitted) assumption must still count against its capacity.
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=8, rack="r1"))
+    v.assume("t", n, {"cores": 4})
+    moved = v.upsert("m", res("h", 2, cores=8, rack="r2"))
+    assert moved.free("cores") == 4

@@ -1,0 +1,176 @@
+"""Configuration layering and coercion (services.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from services import config as cfg
+from services.config import ConfigError
+
+
+@dataclass
+class Sample:
+    address: str = "127.0.0.1:1"
+    workers: int = 4
+    ratio: float = 0.5
+    debug: bool = False
+    filters: list[str] = field(default_factory=lambda: ["a"])
+    ports: list[int] = field(default_factory=list)
+    weighers: dict[str, float] = field(default_factory=lambda: {"pack": 1.0})
+    labels: dict[str, str] = field(default_factory=dict)
+    limit: float | None = None
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "harness.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_when_nothing_is_given() -> None:
+    assert cfg.load(Sample, "svc", environ={}) == Sample()
+
+
+def test_precedence_defaults_yaml_env_set(tmp_path: Path) -> None:
+    path = write(tmp_path, "svc:\n  workers: 8\n  ratio: 0.75\n  address: yaml:1\nother:\n  anything: 1\n")
+    env = {"HARNESS_SVC_WORKERS": "16", "HARNESS_SVC_ADDRESS": "env:2"}
+    c = cfg.load(Sample, "svc", config_file=path, environ=env, overrides={"address": "flag:3"})
+    assert c.address == "flag:3"   # --set beats env and YAML
+    assert c.workers == 16         # env beats YAML
+    assert c.ratio == 0.75         # YAML beats the default
+    assert c.debug is False        # default
+    # without the flag, env wins; without env, YAML wins
+    assert cfg.load(Sample, "svc", config_file=path, environ=env).address == "env:2"
+    assert cfg.load(Sample, "svc", config_file=path, environ={}).address == "yaml:1"
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "svc:\n  workers: 9\n")
+    assert cfg.load(Sample, "svc", environ={"HARNESS_CONFIG": path}).workers == 9
+
+
+def test_none_override_is_ignored() -> None:
+    c = cfg.load(Sample, "svc", environ={"HARNESS_SVC_WORKERS": "3"}, overrides={"workers": None})
+    assert c.workers == 3
+
+
+def test_other_sections_and_variables_are_ignored(tmp_path: Path) -> None:
+    path = write(tmp_path, "crs:\n  bogus: 1\nsvc:\n")
+    c = cfg.load(Sample, "svc", config_file=path, environ={"HARNESS_CRS_BOGUS": "1", "PATH": "/bin"})
+    assert c == Sample()
+
+
+def test_unknown_yaml_key_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "svc:\n  workrs: 8\n")
+    with pytest.raises(ConfigError) as info:
+        cfg.load(Sample, "svc", config_file=path, environ={})
+    assert "svc.workrs" in str(info.value) and "workers" in str(info.value)
+
+
+def test_unknown_env_key_is_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg.load(Sample, "svc", environ={"HARNESS_SVC_DEBUGG": "1"})
+    assert "HARNESS_SVC_DEBUGG" in str(info.value) and "svc.debugg" in str(info.value)
+
+
+def test_unknown_set_key_is_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg.load(Sample, "svc", environ={}, overrides={"nope": "1"})
+    assert "nope" in str(info.value) and "known" in str(info.value)
+
+
+def test_bad_yaml_shapes(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        cfg.load(Sample, "svc", config_file=write(tmp_path, "- a\n- b\n"), environ={})
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        cfg.load(Sample, "svc", config_file=write(tmp_path, "svc: [1, 2]\n"), environ={})
+    # an empty file is fine
+    assert cfg.load(Sample, "svc", config_file=write(tmp_path, ""), environ={}) == Sample()
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1", True), ("true", True), ("YES", True), (" on ", True),
+    ("0", False), ("false", False), ("No", False), ("off", False),
+])
+def test_bool_coercion_from_strings(text: str, value: bool) -> None:
+    assert cfg.load(Sample, "svc", environ={"HARNESS_SVC_DEBUG": text}).debug is value
+    assert cfg.load(Sample, "svc", environ={}, overrides={"debug": text}).debug is value
+
+
+def test_bool_rejects_other_strings() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg.load(Sample, "svc", environ={"HARNESS_SVC_DEBUG": "maybe"})
+    assert "expected bool" in str(info.value) and "maybe" in str(info.value)
+
+
+def test_yaml_native_types(tmp_path: Path) -> None:
+    path = write(tmp_path, "svc:\n  debug: true\n  filters: [x, y]\n  weighers: {spread: 2, topology: 0.5}\n"
+                           "  ports: ['80', 443]\n  limit: 3\n")
+    c = cfg.load(Sample, "svc", config_file=path, environ={})
+    assert c.debug is True
+    assert c.filters == ["x", "y"]
+    assert c.weighers == {"spread": 2.0, "topology": 0.5}
+    assert all(isinstance(v, float) for v in c.weighers.values())
+    assert c.ports == [80, 443]
+    assert c.limit == 3.0 and isinstance(c.limit, float)
+
+
+def test_list_from_comma_separated_string() -> None:
+    c = cfg.load(Sample, "svc", environ={"HARNESS_SVC_FILTERS": "a, b,,c "},
+                 overrides={"ports": "1,2"})
+    assert c.filters == ["a", "b", "c"]
+    assert c.ports == [1, 2]
+    assert cfg.load(Sample, "svc", environ={}, overrides={"filters": ""}).filters == []
+
+
+def test_dict_from_pairs() -> None:
+    c = cfg.load(Sample, "svc", environ={"HARNESS_SVC_WEIGHERS": "a=1,b=2.5"},
+                 overrides={"labels": "zone = east , tier=gold"})
+    assert c.weighers == {"a": 1.0, "b": 2.5}
+    assert c.labels == {"zone": "east", "tier": "gold"}
+
+
+def test_dict_rejects_a_pair_without_equals() -> None:
+    with pytest.raises(ConfigError, match="name=value"):
+        cfg.load(Sample, "svc", environ={}, overrides={"weighers": "a=1,b"})
+
+
+def test_dict_value_type_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg.load(Sample, "svc", environ={}, overrides={"weighers": "a=x"})
+    assert "weighers.a" in str(info.value) and "expected float" in str(info.value)
+
+
+def test_number_coercion_errors() -> None:
+    with pytest.raises(ConfigError, match="expected int"):
+        cfg.load(Sample, "svc", environ={"HARNESS_SVC_WORKERS": "four"})
+    with pytest.raises(ConfigError, match="expected float"):
+        cfg.load(Sample, "svc", environ={}, overrides={"ratio": "half"})
+    with pytest.raises(ConfigError, match="expected a list"):
+        cfg.load(Sample, "svc", environ={}, overrides={"filters": 5})
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        cfg.load(Sample, "svc", environ={}, overrides={"weighers": ["a"]})
+
+
+def test_optional_fields() -> None:
+    assert cfg.load(Sample, "svc", environ={"HARNESS_SVC_LIMIT": "2.5"}).limit == 2.5
+    assert cfg.load(Sample, "svc", environ={}).limit is None
+
+
+def test_parse_sets() -> None:
+    assert cfg.parse_sets(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
+    with pytest.raises(ConfigError):
+        cfg.parse_sets(["novalue"])
+    with pytest.raises(ConfigError):
+        cfg.parse_sets(["=1"])
+
+
+def test_real_service_config_loads_from_env() -> None:
+    from irm_compute.service import ComputeConfig
+
+    c = cfg.load(ComputeConfig, "compute", environ={"HARNESS_COMPUTE_HEARTBEAT_INTERVAL_S": "0.5",
+                                                    "HARNESS_COMPUTE_NAME": "c2"})
+    assert c.heartbeat_interval_s == 0.5 and c.name == "c2"

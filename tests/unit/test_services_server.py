@@ -1,0 +1,291 @@
+"""The shared server bootstrap: error mapping, health, reflection, diagnostics
+(services.server, services.errors), against a real in-process gRPC server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
+
+from harness.v1 import common_pb2, diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2, irm_pb2_grpc
+from services import errors
+from services.errors import FieldViolation, InvalidArgument, NotFound, Violations
+from services.server import Component, Running, start
+
+RM = irm_pb2.DESCRIPTOR.services_by_name["ResourceManager"].full_name
+DIAG = diagnostics_pb2.DESCRIPTOR.services_by_name["Diagnostics"].full_name
+SECRET = "password=hunter2 at /srv/secret/path.py"
+TIMEOUT = 10.0
+
+DOMAIN = {
+    "invalid": errors.InvalidArgument("bad", [FieldViolation("groups[0].count", "must be >= 1")]),
+    "not_found": errors.NotFound("reservation 'r1' does not exist"),
+    "exhausted": errors.ResourceExhausted("no room"),
+    "precondition": errors.FailedPrecondition("never fits"),
+    "aborted": errors.Aborted("concurrent update"),
+    "denied": errors.PermissionDenied("not yours"),
+    "unavailable": errors.Unavailable("irm down"),
+}
+CODES = {
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "aborted": grpc.StatusCode.ABORTED,
+    "denied": grpc.StatusCode.PERMISSION_DENIED,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
+}
+
+
+class FailingIrm(irm_pb2_grpc.ResourceManagerServicer):
+    """Each method fails in one particular way."""
+
+    def Reserve(self, request, context):  # noqa: N802
+        v = Violations()
+        v.add("request_id", "required: a client-chosen idempotency key")
+        v.check(len(request.groups) > 0, "groups", "at least one group is required")
+        v.check(True, "tenant", "never reported")
+        v.raise_if_any()
+        return irm_pb2.Reservation(id="never")
+
+    def GetReservation(self, request, context):  # noqa: N802
+        if request.reservation_id == "ok":
+            return irm_pb2.Reservation(id="ok", tenant=request.tenant)
+        raise NotFound(f"reservation {request.reservation_id!r} does not exist")
+
+    def ReleaseReservation(self, request, context):  # noqa: N802
+        raise RuntimeError(SECRET)
+
+    def QuotePrice(self, request, context):  # noqa: N802
+        raise DOMAIN[request.tenant]
+
+    def ListReservations(self, request, context):  # noqa: N802
+        {}["missing key " + SECRET]  # a plain bug: KeyError
+        return irm_pb2.ListReservationsResponse()
+
+    def DiscoverResources(self, request, context):  # noqa: N802
+        # A handler that aborts on purpose keeps its own status.
+        context.abort(grpc.StatusCode.OUT_OF_RANGE, "deliberate abort")
+
+    def GetMetrics(self, request, context):  # noqa: N802
+        raise InvalidArgument.of("since", "must be >= 0")
+
+    def WatchCapacity(self, request, context):  # noqa: N802
+        for i in range(2):
+            yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
+                                        resource=common_pb2.PhysicalResource(id=f"h{i}"))
+        if request.resource_type == "domain":
+            raise NotFound("the watched type went away")
+        if request.resource_type == "invalid":
+            raise InvalidArgument.of("resource_type", "unknown type")
+        raise RuntimeError(SECRET)
+
+
+class Server:
+    def __init__(self, running: Running, hooks: list[str]) -> None:
+        self.running = running
+        self.hooks = hooks
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+        self.irm = irm_pb2_grpc.ResourceManagerStub(self.channel)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    hooks: list[str] = []
+    component = Component(
+        name="failing",
+        register=lambda s: irm_pb2_grpc.add_ResourceManagerServicer_to_server(FailingIrm(), s),
+        service_names=[RM],
+        start=lambda: hooks.append("start"),
+        stop=lambda: hooks.append("stop"),
+    )
+    running = start("127.0.0.1:0", [component], max_workers=8)
+    srv = Server(running, hooks)
+    yield srv
+    srv.channel.close()
+    running.stop(grace=0)
+    assert hooks == ["start", "stop"]
+
+
+def _error(call, *args, **kwargs) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, timeout=TIMEOUT, **kwargs)
+    return info.value
+
+
+def test_start_binds_a_port_and_runs_start_hooks(server: Server) -> None:
+    assert server.running.port > 0
+    assert server.hooks == ["start"]
+    ok = server.irm.GetReservation(irm_pb2.GetReservationRequest(tenant="t", reservation_id="ok"), timeout=TIMEOUT)
+    assert ok.id == "ok" and ok.tenant == "t"
+
+
+def test_invalid_argument_carries_every_field_violation(server: Server) -> None:
+    e = _error(server.irm.Reserve, irm_pb2.ReserveRequest(tenant="t"))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert errors.field_violations(e) == [
+        ("request_id", "required: a client-chosen idempotency key"),
+        ("groups", "at least one group is required"),
+    ]
+    assert "request_id: required" in e.details() and "groups: at least one" in e.details()
+    status = rpc_status.from_call(e)
+    assert status is not None and status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+def test_invalid_argument_of_one_field(server: Server) -> None:
+    e = _error(server.irm.GetMetrics, irm_pb2.GetMetricsRequest(tenant="t"))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert errors.field_violations(e) == [("since", "must be >= 0")]
+    assert e.details() == "since: must be >= 0"
+
+
+def test_not_found(server: Server) -> None:
+    e = _error(server.irm.GetReservation, irm_pb2.GetReservationRequest(tenant="t", reservation_id="r9"))
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert e.details() == "reservation 'r9' does not exist"
+    assert errors.field_violations(e) == []
+
+
+@pytest.mark.parametrize("kind", sorted(DOMAIN))
+def test_every_domain_error_maps_to_its_status(server: Server, kind: str) -> None:
+    e = _error(server.irm.QuotePrice, irm_pb2.QuotePriceRequest(tenant=kind))
+    assert e.code() == CODES[kind]
+    assert e.details() == DOMAIN[kind].message
+
+
+@pytest.mark.parametrize("method", ["ReleaseReservation", "ListReservations"])
+def test_plain_exception_is_internal_without_leaking(server: Server, method: str) -> None:
+    request = {"ReleaseReservation": irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id="r"),
+               "ListReservations": irm_pb2.ListReservationsRequest(tenant="t")}[method]
+    e = _error(getattr(server.irm, method), request)
+    assert e.code() == grpc.StatusCode.INTERNAL
+    assert e.code() != grpc.StatusCode.UNKNOWN
+    text = e.details() + repr(e.trailing_metadata())
+    assert "Traceback" not in text and 'File "' not in text
+    assert "hunter2" not in text and "/srv/secret" not in text
+    assert method in e.details()  # says where, so the log line can be found
+
+
+def test_deliberate_abort_keeps_its_status(server: Server) -> None:
+    e = _error(server.irm.DiscoverResources, irm_pb2.DiscoverResourcesRequest(tenant="t"))
+    assert e.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert e.details() == "deliberate abort"
+
+
+@pytest.mark.parametrize(("rtype", "code"), [
+    ("domain", grpc.StatusCode.NOT_FOUND),
+    ("invalid", grpc.StatusCode.INVALID_ARGUMENT),
+    ("plain", grpc.StatusCode.INTERNAL),
+])
+def test_stream_failing_mid_way_delivers_items_then_a_proper_status(server: Server, rtype: str,
+                                                                     code: grpc.StatusCode) -> None:
+    got: list[str] = []
+    with pytest.raises(grpc.RpcError) as info:
+        for ev in server.irm.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="t", resource_type=rtype),
+                                           timeout=TIMEOUT):
+            got.append(ev.resource.id)
+    e = info.value
+    assert got == ["h0", "h1"]
+    assert e.code() == code
+    assert "hunter2" not in (e.details() or "") and "Traceback" not in (e.details() or "")
+    if rtype == "invalid":
+        assert errors.field_violations(e) == [("resource_type", "unknown type")]
+
+
+def test_health_reports_serving_for_the_component_services(server: Server) -> None:
+    health = health_pb2_grpc.HealthStub(server.channel)
+    for name in (RM, ""):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=TIMEOUT)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, name
+    e = _error(health.Check, health_pb2.HealthCheckRequest(service="harness.v1.Nothing"))
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_reports_serving_for_diagnostics(server: Server) -> None:
+    # Diagnostics answers (see below), so health must not call it NOT_SERVING.
+    health = health_pb2_grpc.HealthStub(server.channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service=DIAG), timeout=TIMEOUT)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_the_services(server: Server) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    replies = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                             timeout=TIMEOUT))
+    assert len(replies) == 1
+    names = {s.name for s in replies[0].list_services_response.service}
+    assert {RM, DIAG, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+def test_reflection_serves_the_file_of_a_service(server: Server) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    replies = list(stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=RM)]), timeout=TIMEOUT))
+    assert replies[0].WhichOneof("message_response") == "file_descriptor_response"
+    assert replies[0].file_descriptor_response.file_descriptor_proto
+
+
+def test_diagnostics_echo_names_the_components(server: Server) -> None:
+    stub = diagnostics_pb2_grpc.DiagnosticsStub(server.channel)
+    reply = stub.Echo(diagnostics_pb2.EchoRequest(payload=b"ping"), timeout=TIMEOUT)
+    assert reply.payload == b"ping" and reply.service == "failing"
+
+
+def test_concurrent_failures_are_all_mapped(server: Server) -> None:
+    codes: list[grpc.StatusCode] = []
+    lock = threading.Lock()
+
+    def call(i: int) -> None:
+        try:
+            server.irm.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=str(i)),
+                                          timeout=TIMEOUT)
+        except grpc.RpcError as e:
+            with lock:
+                codes.append(e.code())
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert codes == [grpc.StatusCode.INTERNAL] * 16
+
+
+# -- errors without a server ---------------------------------------------------
+
+def test_to_status_packs_bad_request_details() -> None:
+    err = InvalidArgument("two problems", [FieldViolation("a", "x"), FieldViolation("b.c", "y")])
+    st = errors.to_status(err)
+    assert st.code == 3 and st.message == "two problems" and len(st.details) == 1
+    assert errors.to_status(NotFound("gone")).details == []
+    assert errors.to_status(NotFound("gone")).code == 5
+
+
+def test_violations_collects_and_raises_once() -> None:
+    v = Violations()
+    v.raise_if_any()  # nothing yet
+    assert v.check(True, "a", "fine") is True
+    assert v.check(False, "b", "bad") is False
+    v.add("c", "worse")
+    with pytest.raises(InvalidArgument) as info:
+        v.raise_if_any()
+    assert [(x.field, x.description) for x in info.value.violations] == [("b", "bad"), ("c", "worse")]
+    assert str(info.value) == "b: bad; c: worse"
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_tenant_helpers() -> None:
+    assert errors.require_tenant("acme") == "acme"
+    with pytest.raises(InvalidArgument) as info:
+        errors.require_tenant("")
+    assert info.value.violations[0].field == "tenant"
+    with pytest.raises(InvalidArgument):
+        errors.require_tenant("x" * 129)
+    errors.owned("a", "a", "thing")
+    with pytest.raises(errors.PermissionDenied):
+        errors.owned("a", "b", "thing")
