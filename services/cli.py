@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from services import config as cfg
@@ -23,6 +24,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"harness serve {args.service}: {e}", file=sys.stderr)
         return 2
     logs.setup(args.service)
+    if os.environ.get("HARNESS_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["HARNESS_SWITCH_INTERVAL"]))
     try:
         component = factory(conf)
     except (ValueError, OSError) as e:

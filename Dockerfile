@@ -1,0 +1,11 @@
+FROM python:3.11-slim
+WORKDIR /opt/harness
+COPY pyproject.toml README.md ./
+COPY protos protos
+COPY gen gen
+COPY services services
+COPY irm_compute irm_compute
+COPY cross_resource_scheduler cross_resource_scheduler
+COPY bench bench
+RUN pip install --no-cache-dir .
+ENTRYPOINT ["harness"]

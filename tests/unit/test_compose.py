@@ -1,0 +1,49 @@
+"""compose.yaml is validated statically (no Docker engine here): every service
+runs a real `harness serve` entry, and every HARNESS_* variable is a setting
+that service knows, so a typo fails here rather than at deploy time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from services import config
+from services.catalog import SERVICES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_compose_services_are_real_and_configured_with_known_settings():
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    served = {}
+    for name, svc in compose["services"].items():
+        cmd = svc.get("command")
+        if not cmd:
+            continue
+        assert cmd[0] == "serve", f"{name}: command must be `harness serve ...`"
+        service = cmd[1]
+        assert service in SERVICES, f"{name}: unknown service {service!r}"
+        served[service] = name
+        entry = SERVICES[service]
+        env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+        config_class, _ = entry.load()
+        conf = config.load(config_class, entry.section, environ=env)
+        assert conf is not None
+        assert all(k.startswith(f"HARNESS_{entry.section.upper()}_") for k in env), f"{name}: foreign variables"
+    # Every service the suite runs is deployed.
+    from services.suite import plan
+
+    assert {p.service for p in plan("/tmp/x")} <= set(served)
+
+
+def test_compose_wiring_points_at_services_that_exist():
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    names = set(compose["services"])
+    for name, svc in compose["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            if key.endswith("_ADDRESS"):
+                host = str(value).split(":")[0]
+                assert host in names, f"{name}: {key} points at {host!r}, not a compose service"
+        for dep in svc.get("depends_on") or {}:
+            assert dep in names
