@@ -57,9 +57,11 @@ class Context:
         return self.placed.get(me, [])
 
     def free(self, node: Node, attribute: str) -> float:
+        mine = self.tentative.get(node.key)
+        taken = mine.get(attribute, 0.0) if mine else 0.0
         if self.ignore_usage:
-            return node.capacity.get(attribute, 0.0) - self.tentative.get(node.key, {}).get(attribute, 0.0)
-        return node.free(attribute) - self.tentative.get(node.key, {}).get(attribute, 0.0)
+            return node.capacity.get(attribute, 0.0) - taken
+        return node.free(attribute) - taken
 
 
 class Filter:
@@ -218,10 +220,10 @@ class Pipeline:
     weighers: list[tuple[Weigher, float]]
     # Feasible candidates scored per instance (kube-scheduler samples nodes to
     # score; Placement caps candidates): keeps placement cost flat in cluster size.
-    sample_size: int = 32
+    sample_size: int = 16
 
     @classmethod
-    def from_names(cls, filters: list[str], weighers: dict[str, float], sample_size: int = 32) -> Pipeline:
+    def from_names(cls, filters: list[str], weighers: dict[str, float], sample_size: int = 16) -> Pipeline:
         unknown = [f for f in filters if f not in FILTERS]
         if unknown:
             raise PipelineError(f"unknown filter(s) {unknown}; available: {sorted(FILTERS)}")

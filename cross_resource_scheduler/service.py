@@ -73,7 +73,7 @@ class CrsConfig:
     # Placement pipeline, by plug-in name (an unknown name fails at start-up).
     filters: list[str] = field(default_factory=lambda: ["traits", "properties", "capacity", "affinity", "distance"])
     weighers: dict[str, float] = field(default_factory=lambda: {"pack": 1.0, "topology": 2.0})
-    sample_size: int = 32
+    sample_size: int = 16
     # Placements retried when an IRM refuses because the view was stale.
     place_attempts: int = 3
     irm_timeout_s: float = 10.0
@@ -378,7 +378,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                      released_at=0.0, allocation=b"", notes=[])
         try:
             # The unique (tenant, request_id) index makes the claim the idempotency check.
-            self.db.transact(lambda s: s.connection().execute(_CLAIM, claim))
+            self.db.run(lambda c: c.execute(_CLAIM, claim))
         except IntegrityError:
             existing = self._find(tenant, request.request_id)
             if existing is None:
@@ -387,7 +387,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         try:
             return self._reserve(tenant, res_id, request, req)
         except BaseException:
-            self.db.transact(lambda s: s.connection().execute(_DROP_PENDING, {"rid": res_id}))
+            self.db.run(lambda c: c.execute(_DROP_PENDING, {"rid": res_id}))
             raise
 
     def _find(self, tenant: str, request_id: str) -> Reservation | None:
@@ -429,7 +429,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             allocated.sort(key=lambda g: by_name.get(g.name, 0))
             alloc = irm_pb2.Reservation(groups=allocated)
             alloc.price_per_minute = sum(g.price_per_minute for g in allocated)
-            self.db.transact(lambda s, a=alloc: s.connection().execute(_ACTIVATE, {
+            self.db.run(lambda c, a=alloc: c.execute(_ACTIVATE, {
                 "rid": res_id, "price": a.price_per_minute, "alloc": a.SerializeToString()}))
             claim = Reservation(id=res_id, tenant=tenant, request_id=request.request_id, state="active",
                                 priority=request.priority, price_per_minute=alloc.price_per_minute,
@@ -474,8 +474,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return out
 
     def _get(self, tenant: str, reservation_id: str) -> Reservation:
-        with self.db.read() as s:
-            row = s.connection().execute(_BY_ID, {"rid": reservation_id}).mappings().first()
+        row = self.db.query(lambda c: c.execute(_BY_ID, {"rid": reservation_id}).mappings().first())
         if row is None or row["state"] == "pending":
             raise NotFound(f"reservation {reservation_id!r} does not exist")
         owned(tenant, row["tenant"], f"reservation {reservation_id!r}")
@@ -523,8 +522,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             if not self._release_part(manager, tenant, irm_id):
                 self._undo_or_remember(manager, tenant, f"{r.id}@{manager}")
         now = self.clock.now()
-        self.db.transact(lambda s: s.connection().execute(_RELEASE, {"rid": r.id, "at": now}))
-        return self._to_proto(self._get(tenant, r.id))
+        self.db.run(lambda c: c.execute(_RELEASE, {"rid": r.id, "at": now}))
+        r.state, r.released_at = "released", now
+        return self._to_proto(r)
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

@@ -28,9 +28,10 @@ class Node:
     generation: int = 0
     assumed: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def key(self) -> str:
-        return f"{self.manager}/{self.physical_id}"
+    key: str = ""  # "<manager>/<physical id>", unique across managers
+
+    def __post_init__(self) -> None:
+        self.key = f"{self.manager}/{self.physical_id}"
 
     def free(self, attribute: str) -> float:
         return self.capacity.get(attribute, 0.0) - self.used.get(attribute, 0.0) - self.assumed.get(attribute, 0.0)

@@ -72,5 +72,8 @@ class Vm(Base):
     frequency_ghz: Mapped[float] = mapped_column(Float)
     price_per_minute: Mapped[float] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16), default="active")
+    # Set once the VM's agent asked about it (GetVm): only then can it hold
+    # processes that a release must kill, so only then is the agent told.
+    agent_seen: Mapped[bool] = mapped_column(default=False)
 
     reservation: Mapped[Reservation] = relationship(back_populates="vms")

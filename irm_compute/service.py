@@ -242,7 +242,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             self._publish(outcome.touched)
             for vm in outcome.reservation.vms:
                 agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
-                if agent:
+                if agent and vm.agent_seen:
                     self._release_queue.put((agent, vm.id))
         return outcome.reservation
 
@@ -296,6 +296,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         if not request.vm_id:
             raise InvalidArgument.of("vm_id", "required")
         vm = self.store.vm(request.vm_id)
+        if vm.state == "active" and not vm.agent_seen:
+            self.store.mark_seen(vm.id)
         return compute_pb2.Vm(
             id=vm.id, tenant=vm.reservation.tenant, reservation_id=vm.reservation_id, host=vm.host_id,
             cores=vm.cores, memory_gb=vm.memory_mb / 1024, frequency_ghz=vm.frequency_ghz,

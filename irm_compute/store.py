@@ -13,7 +13,7 @@ import base64
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -47,11 +47,13 @@ _INSERT_RES = insert(_R)
 _INSERT_VMS = insert(_V)
 _SELECT_RES = select(_R).where(_R.c.id == bindparam("rid"))
 _SELECT_VMS = select(_V).where(_V.c.reservation_id == bindparam("rid")).order_by(_V.c.ordinal)
-_RELEASE_VMS = update(_V).where(_V.c.reservation_id == bindparam("rid"), _V.c.state == "active").values(
-    state="released")
-_RELEASE_RES = update(_R).where(_R.c.id == bindparam("rid")).values(state="released",
-                                                                     released_at=bindparam("at"))
-
+_RELEASE_RES = (update(_R)
+                .where(_R.c.id == bindparam("rid"), _R.c.tenant == bindparam("who"), _R.c.state == "active")
+                .values(state="released", released_at=bindparam("at"))
+                .returning(*_R.c))
+_RELEASE_VMS = (update(_V).where(_V.c.reservation_id == bindparam("rid"), _V.c.state == "active")
+                .values(state="released").returning(*_V.c))
+_MARK_SEEN = update(_V).where(_V.c.id == bindparam("vid"), _V.c.agent_seen.is_(False)).values(agent_seen=True)
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:20]}"
@@ -128,7 +130,7 @@ class ComputeStore:
         # No look-up first: the unique (tenant, request_id) index answers "seen before?"
         # inside the transaction, and a retry is the rare case.
         try:
-            return self.db.transact(lambda s: self._reserve(s, tenant, request_id, groups, notes or []))
+            return self.db.run(lambda c: self._reserve(c, tenant, request_id, groups, notes or []))
         except IntegrityError:
             # A retry, or a concurrent request with the same id that won the race: return its result.
             existing = self._by_request(tenant, request_id)
@@ -143,7 +145,7 @@ class ComputeStore:
                 .where(Reservation.tenant == tenant, Reservation.request_id == request_id)
             )
 
-    def _reserve(self, s: Session, tenant: str, request_id: str, groups: list[VmGroup], notes: list[str]) -> Outcome:
+    def _reserve(self, conn: Connection, tenant: str, request_id: str, groups: list[VmGroup], notes: list[str]) -> Outcome:
         # Core statements, not the ORM unit of work: this is the hot path, and
         # a flush costs more than the SQL. The returned objects are transient.
         res = Reservation(id=new_id("res"), tenant=tenant, request_id=request_id, state="active",
@@ -153,15 +155,15 @@ class ComputeStore:
         vms: list[dict] = []
         for g in groups:
             for i in range(g.count):
-                host, usage = self._take(s, g, g.placement[i] if g.placement else None)
+                host, usage = self._take(conn, g, g.placement[i] if g.placement else None)
                 price = self.cost.price_per_minute(g.cores, g.memory_mb / 1024, host.frequency_ghz)
                 vms.append(dict(id=new_id("vm"), reservation_id=res.id, ordinal=len(vms), group=g.name,
                                 host_id=host.id, cores=g.cores, memory_mb=g.memory_mb,
-                                frequency_ghz=host.frequency_ghz, price_per_minute=price, state="active"))
+                                frequency_ghz=host.frequency_ghz, price_per_minute=price, state="active",
+                                agent_seen=False))
                 touched[host.id] = usage
         res.price_per_minute = sum(vm["price_per_minute"] for vm in vms)
         # The unique (tenant, request_id) index fails this insert for a retry, rolling back the takes.
-        conn = s.connection()
         conn.execute(_INSERT_RES, dict(
             id=res.id, tenant=tenant, request_id=request_id, state="active", price_per_minute=res.price_per_minute,
             created_at=res.created_at, released_at=0.0, groups=res.groups, notes=res.notes))
@@ -169,7 +171,7 @@ class ComputeStore:
         res.vms = [Vm(**vm) for vm in vms]
         return Outcome(res, list(touched.values()), True)
 
-    def _take(self, s: Session, g: VmGroup, pinned: str | None) -> tuple[Host, HostUsage]:
+    def _take(self, conn: Connection, g: VmGroup, pinned: str | None) -> tuple[Host, HostUsage]:
         """Take one VM's share of a host, atomically; the host is pinned or chosen here."""
         if pinned is not None:
             host = self._static.get(pinned)  # static facts only; usage is checked by the UPDATE
@@ -179,7 +181,7 @@ class ComputeStore:
                 raise FailedPrecondition(
                     f"group {g.name!r}: host {pinned!r} ({host.frequency_ghz} GHz, traits {sorted(host.traits)}) "
                     "does not match the group's frequency or traits")
-            usage = self._cas_take(s, host, g)
+            usage = self._cas_take(conn, host, g)
             if usage is None:
                 raise ResourceExhausted(
                     f"group {g.name!r}: host {pinned!r} has no room for {g.cores} cores / "
@@ -187,7 +189,7 @@ class ComputeStore:
             return host, usage
         # Not pinned: first fit among the fullest hosts that still have room (packing).
         # Traits live in JSON, so they are matched here, a page of candidates at a time.
-        query = select(Host).where(
+        query = select(_H).where(
             Host.enabled,
             Host.cores - Host.used_cores >= g.cores,
             Host.memory_mb - Host.used_memory_mb >= g.memory_mb,
@@ -196,27 +198,27 @@ class ComputeStore:
         ).order_by(Host.used_cores.desc(), Host.id)
         page, offset = 32, 0
         while True:
-            candidates = s.scalars(query.offset(offset).limit(page)).all()
+            candidates = [Host(**row) for row in conn.execute(query.offset(offset).limit(page)).mappings()]
             for host in candidates:
                 if g.host_matches(host.frequency_ghz, set(host.traits)):
-                    usage = self._cas_take(s, host, g)
+                    usage = self._cas_take(conn, host, g)
                     if usage is not None:
                         return host, usage
             if len(candidates) < page:
                 break
             offset += page
-        self._explain_no_room(s, g)
+        self._explain_no_room(conn, g)
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _cas_take(s: Session, host: Host, g: VmGroup) -> HostUsage | None:
+    def _cas_take(conn: Connection, host: Host, g: VmGroup) -> HostUsage | None:
         """The capacity check and the take in one statement; the row's new usage comes back."""
-        row = s.connection().execute(_TAKE, {"hid": host.id, "c": g.cores, "m": g.memory_mb}).first()
+        row = conn.execute(_TAKE, {"hid": host.id, "c": g.cores, "m": g.memory_mb}).first()
         return None if row is None else HostUsage(host.id, *row)
 
     @staticmethod
-    def _explain_no_room(s: Session, g: VmGroup) -> None:
-        hosts = s.scalars(select(Host).where(Host.enabled)).all()
+    def _explain_no_room(conn: Connection, g: VmGroup) -> None:
+        hosts = [Host(**row) for row in conn.execute(select(_H).where(_H.c.enabled)).mappings()]
         fitting = [h for h in hosts if g.host_matches(h.frequency_ghz, set(h.traits))]
         shape = f"{g.cores} cores / {g.memory_mb / 1024:g} GB"
         if not fitting:
@@ -230,29 +232,30 @@ class ComputeStore:
 
     # -- release ---------------------------------------------------------
     def release(self, tenant: str, reservation_id: str) -> Outcome:
-        def run(s: Session) -> Outcome:
-            conn = s.connection()
-            row = conn.execute(_SELECT_RES, {"rid": reservation_id}).mappings().first()
-            if row is None:
-                raise NotFound(f"reservation {reservation_id!r} does not exist")
-            owned(tenant, row["tenant"], f"reservation {reservation_id!r}")
-            res = Reservation(**row)
-            res.vms = [Vm(**v) for v in conn.execute(_SELECT_VMS, {"rid": reservation_id}).mappings()]
-            if res.state != "active":
+        def run(conn: Connection) -> Outcome:
+            now = self.clock.now()
+            row = conn.execute(_RELEASE_RES, {"rid": reservation_id, "who": tenant, "at": now}).mappings().first()
+            if row is None:  # unknown, another tenant's, or released already: find out which
+                row = conn.execute(_SELECT_RES, {"rid": reservation_id}).mappings().first()
+                if row is None:
+                    raise NotFound(f"reservation {reservation_id!r} does not exist")
+                owned(tenant, row["tenant"], f"reservation {reservation_id!r}")
+                res = Reservation(**row)
+                res.vms = [Vm(**v) for v in conn.execute(_SELECT_VMS, {"rid": reservation_id}).mappings()]
                 return Outcome(res, [], False)
+            res = Reservation(**row)
+            res.vms = sorted((Vm(**v) for v in conn.execute(_RELEASE_VMS, {"rid": reservation_id}).mappings()),
+                             key=lambda vm: vm.ordinal)
             touched: dict[str, HostUsage] = {}
             for vm in res.vms:
-                if vm.state != "active":
-                    continue
                 usage = conn.execute(_GIVE_BACK, {"hid": vm.host_id, "c": vm.cores, "m": vm.memory_mb}).one()
-                vm.state = "released"
                 touched[vm.host_id] = HostUsage(vm.host_id, *usage)
-            res.state, res.released_at = "released", self.clock.now()
-            conn.execute(_RELEASE_VMS, {"rid": reservation_id})
-            conn.execute(_RELEASE_RES, {"rid": reservation_id, "at": res.released_at})
             return Outcome(res, list(touched.values()), True)
 
-        return self.db.transact(run)
+        return self.db.run(run)
+
+    def mark_seen(self, vm_id: str) -> None:
+        self.db.run(lambda c: c.execute(_MARK_SEEN, {"vid": vm_id}))
 
     # -- queries ---------------------------------------------------------
     def get(self, tenant: str, reservation_id: str = "", request_id: str = "") -> Reservation:

@@ -1,12 +1,13 @@
 """initial compute schema
 
-Revision ID: f9dae2845c3f
+Revision ID: 38714fad045a
 Revises: 
 """
-import sqlalchemy as sa
 from alembic import op
+import sqlalchemy as sa
 
-revision = 'f9dae2845c3f'
+
+revision = '38714fad045a'
 down_revision = None
 branch_labels = None
 depends_on = None
@@ -56,6 +57,7 @@ def upgrade() -> None:
     sa.Column('frequency_ghz', sa.Float(), nullable=False),
     sa.Column('price_per_minute', sa.Float(), nullable=False),
     sa.Column('state', sa.String(length=16), nullable=False),
+    sa.Column('agent_seen', sa.Boolean(), nullable=False),
     sa.ForeignKeyConstraint(['host_id'], ['compute_hosts.id'], name=op.f('fk_compute_vms_host_id_compute_hosts')),
     sa.ForeignKeyConstraint(['reservation_id'], ['compute_reservations.id'], name=op.f('fk_compute_vms_reservation_id_compute_reservations')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_compute_vms'))
