@@ -151,17 +151,18 @@ class Agent:
         with self._lock:
             cached = self._vms.get(vm_id)
             released_owner = self._released.get(vm_id)
-        if released_owner is not None:
-            if released_owner:  # unknown when the VM was released before it ever ran here
-                owned(tenant, released_owner, f"VM {vm_id}")
+        if released_owner:
+            owned(tenant, released_owner, f"VM {vm_id}")
             raise FailedPrecondition(f"VM {vm_id} was released")
         if cached is not None:
             owned(tenant, cached.tenant, f"VM {vm_id}")
             return cached
 
-        vm = self.compute.get_vm(vm_id)  # outside the lock: a slow compute IRM must not stall other VMs
+        # Outside the lock: a slow compute IRM must not stall other VMs. Also asked for a VM released
+        # before it ever ran here (owner unknown), so another tenant learns nothing but "not yours".
+        vm = self.compute.get_vm(vm_id)
         owned(tenant, vm.tenant, f"VM {vm_id}")
-        if vm.state == compute_pb2.Vm.STATE_RELEASED:
+        if vm.state == compute_pb2.Vm.STATE_RELEASED or released_owner is not None:
             raise FailedPrecondition(f"VM {vm_id} was released")
         if not (vm.cores > 0 and vm.memory_gb > 0):
             raise FailedPrecondition(

@@ -5,7 +5,7 @@ A VM of `cores` cores and `memory_mb` MB becomes, on this machine:
 * CPU affinity to at most `cores` of the CPUs the agent may use, handed out so
   that VMs spread over the machine (`CpuAllocator`), and thread-pool variables
   (OMP_NUM_THREADS, ...) telling numeric libraries how many CPUs they have;
-* a memory allowance, enforced twice: RLIMIT_DATA in the child, so a growing
+* a memory allowance, enforced twice: RLIMIT_DATA on the child, so a growing
   allocation fails inside the program like it would in a full VM, and an RSS
   watchdog over the whole process tree, which catches what a per-process,
   address-space limit cannot (several processes, small VMs; see
@@ -22,6 +22,7 @@ Nothing here knows about gRPC.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import queue
@@ -31,10 +32,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Literal
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 MEMORY_LIMIT_EXCEEDED = "memory limit exceeded"
 TIMEOUT = "timeout"
@@ -217,26 +221,33 @@ def child_env(
     return env
 
 
-def _confine(cpus: tuple[int, ...], data_limit: int | None) -> Callable[[], None]:
-    """The preexec_fn: confinement set before exec is inherited by everything the command starts.
+@contextmanager
+def _spawning_thread_pinned(cpus: tuple[int, ...]) -> Iterator[None]:
+    """Pin the calling thread to `cpus` while it spawns a process.
 
-    It runs in the forked child of a multi-threaded server, so it only calls two
-    pre-bound C functions with precomputed arguments: no imports, no locks, no
-    allocation-heavy work (see the preexec_fn warning in the subprocess docs).
+    A new process inherits the CPU mask of the thread that creates it, so the
+    command is confined from its first instruction, and everything it starts
+    after it. This replaces a preexec_fn, which would make subprocess fork the
+    whole agent and run Python in the child: the gRPC runtime's mutexes do not
+    survive that (measured: the child aborts or segfaults before exec).
     """
-    setaffinity, setrlimit, rlimit_data = os.sched_setaffinity, resource.setrlimit, resource.RLIMIT_DATA
-    cpuset = frozenset(cpus)
-    if data_limit is not None:
-        hard = resource.getrlimit(rlimit_data)[1]
-        if hard != resource.RLIM_INFINITY:
-            data_limit = min(data_limit, hard)  # an unprivileged child cannot raise its hard limit
+    previous = os.sched_getaffinity(0)  # pid 0 is the calling thread, not the process
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous)
 
-    def confine() -> None:
-        setaffinity(0, cpuset)
-        if data_limit is not None:
-            setrlimit(rlimit_data, (data_limit, data_limit))
 
-    return confine
+def _limit_data(pid: int, limit: int) -> None:
+    """RLIMIT_DATA of a running process (it and what it starts from now on)."""
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)  # raising a hard limit needs privileges the agent should not have
+    try:
+        resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+    except ProcessLookupError:
+        pass  # already gone; the reaper reports it
 
 
 _DETACHED = object()
@@ -292,6 +303,7 @@ class LocalExecution:
         self._known: dict[int, psutil.Process] = {}  # every process of the tree seen, to kill escapees
         self._peak_mb = 0.0
         self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
+        self._sampled_at = 0.0  # monotonic time of the last sample
         self._popen: subprocess.Popen[bytes] | None = None
         self._t0 = 0.0
         self.started_at = 0.0  # epoch seconds
@@ -302,20 +314,23 @@ class LocalExecution:
     def start(self) -> Started:
         """Spawn the command. OSError (e.g. FileNotFoundError for a missing program) propagates."""
         cpus = self.slot.cpus
-        popen = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self.working_dir,
-            env=self.env,
-            start_new_session=True,  # its own process group: the whole tree can be killed at once
-            preexec_fn=_confine(cpus, data_rlimit_bytes(self.slot.memory_mb, len(cpus))),
-            bufsize=0,
-        )
+        self._t0, self.started_at = time.monotonic(), time.time()
+        with _spawning_thread_pinned(cpus):
+            popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.working_dir,
+                env=self.env,
+                start_new_session=True,  # its own process group: the whole tree can be killed at once
+                bufsize=0,
+            )
+        # Popen returns once the program is exec'd, microseconds into its start-up: too early for
+        # it to have allocated much or started anything; whatever slips through, the watchdog sees.
+        if (limit := data_rlimit_bytes(self.slot.memory_mb, len(cpus))) is not None:
+            _limit_data(popen.pid, limit)
         self._popen = popen
-        self._t0 = time.monotonic()
-        self.started_at = time.time()
         self._started = Started(self.execution_id, popen.pid, cpus, self.slot.memory_mb, self.slot.notes)
         self._push(self._started)
         try:
@@ -435,19 +450,18 @@ class LocalExecution:
             if measured is None:
                 continue
             cpu_seconds, rss_mb = measured
-            # 100% = every pinned CPU busy for the whole interval.
-            cpu_percent = (
-                max(0.0, cpu_seconds - last_cpu) / max(now - last_t, 1e-6) / len(self.slot.cpus) * 100
-            )
+            cpu_percent = _cpu_percent(cpu_seconds - last_cpu, now - last_t, len(self.slot.cpus))
             last_t, last_cpu = now, cpu_seconds
             sample = Sample(time.time(), cpu_percent, rss_mb / self.slot.memory_mb * 100, rss_mb)
             with self._lock:
                 self._samples.append(sample)
                 self._peak_mb = max(self._peak_mb, rss_mb)
                 self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
+                self._sampled_at = now
             self._push(sample)
             if rss_mb > self.slot.memory_mb:
                 self.kill(MEMORY_LIMIT_EXCEEDED)
+                return  # a dying tree has nothing more to say; this sample shows why it dies
 
     def _measure(self) -> tuple[float, float] | None:
         """(cumulative CPU seconds, RSS MB) of the process tree, or None if it is gone."""
@@ -456,6 +470,8 @@ class LocalExecution:
         if root is None:
             return None
         try:
+            if root.status() == psutil.STATUS_ZOMBIE:
+                return None  # the command has ended; a sample now would read an empty tree
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return None
@@ -480,6 +496,21 @@ class LocalExecution:
             except psutil.Error:
                 pass
 
+    def _record_death_at_peak(self, peak_mb: float, cpu_seconds: float, end: float) -> None:
+        """A last sample at the exit of a command that ran out of memory.
+
+        Such a command dies at its peak (an allocation failed, or the watchdog
+        caught it over the line), often between two samples: without this the
+        series would miss the very bottleneck that ended the run. Its CPU is
+        measured over the last, partial interval.
+        """
+        since = self._sampled_at or self._t0
+        cpu = _cpu_percent(cpu_seconds - self._cpu_seconds, end - since, len(self.slot.cpus))
+        sample = Sample(time.time(), cpu, peak_mb / self.slot.memory_mb * 100, peak_mb)
+        with self._lock:
+            self._samples.append(sample)
+        self._push(sample)
+
     def _reap(self, readers: list[threading.Thread], monitor: threading.Thread) -> None:
         assert self._popen is not None
         pid = self._popen.pid
@@ -503,20 +534,37 @@ class LocalExecution:
         # which catches a spike between two samples.
         peak = max(self._peak_mb, usage.ru_maxrss / 1024)
         cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
+        reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail)
+        if reason == MEMORY_LIMIT_EXCEEDED and peak > self._peak_mb:
+            self._record_death_at_peak(peak, cpu_seconds, self._t0 + wall)
         exited = Exited(
             exit_code=exit_code,
             wall_time_s=wall,
-            reason=exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail),
+            reason=reason,
             peak_memory_mb=peak,
-            mean_cpu_percent=cpu_seconds / max(wall, 1e-6) / len(self.slot.cpus) * 100,
+            mean_cpu_percent=_cpu_percent(cpu_seconds, wall, len(self.slot.cpus)),
         )
         with self._lock:
             self._exited = exited
             self.ended_at = self.started_at + wall
+        # Owner's bookkeeping first, so whoever sees `exited` sees its effects too.
+        if self._on_exit is not None:
+            try:
+                self._on_exit(self)
+            except Exception:  # noqa: BLE001 - the end must still be reported
+                log.exception("on_exit of %s failed", self.execution_id)
         self._push(exited)
         self._done.set()
-        if self._on_exit is not None:
-            self._on_exit(self)
+
+
+def _cpu_percent(cpu_seconds: float, wall_seconds: float, ncpus: int) -> float:
+    """CPU time over wall time as a share of `ncpus` CPUs: 100 = all of them busy throughout.
+
+    Clamped to [0, 100]: a tree pinned to `ncpus` CPUs cannot use more, so more
+    is measurement noise (/proc counts CPU in 10 ms ticks, which over a short
+    interval is a large error), as is a dip when a process leaves the tree.
+    """
+    return min(100.0, max(0.0, cpu_seconds) / max(wall_seconds, 1e-6) / ncpus * 100)
 
 
 def _killpg(pgid: int) -> None:

@@ -215,18 +215,19 @@ def test_numpy_starts_under_the_rlimit_of_a_512_mb_vm(tmp_path: Path, allocator:
 def test_watchdog_kills_a_tree_over_its_allowance(tmp_path: Path, allocator: CpuAllocator) -> None:
     # 256 MB is under the RLIMIT floor: only the watchdog stands between the child and 600 MB.
     slot = allocator.slot("vm", 1, 256)
-    events, _ = run(tmp_path, slot, GROW.format(total_mb=600))
+    events, _ = run(tmp_path, slot, GROW.format(total_mb=600), timeout_s=20)  # fails, not hangs, if broken
     x = exited(events)
     assert x.reason == MEMORY_LIMIT_EXCEEDED
     assert x.exit_code == -9
     assert "allocated" not in stdout(events)  # killed while growing, not after
     assert 0.9 * 256 <= x.peak_memory_mb < 600
     assert max(s.memory_percent for s in samples(events)) >= 100
+    assert samples(events)[-1].memory_mb == x.peak_memory_mb
 
 
 def test_rlimit_makes_an_oversized_application_fail(tmp_path: Path, allocator: CpuAllocator) -> None:
     slot = allocator.slot("vm", 1, 512)
-    events, _ = run(tmp_path, slot, GROW.format(total_mb=1200))
+    events, _ = run(tmp_path, slot, GROW.format(total_mb=1200), timeout_s=20)
     x = exited(events)
     assert x.reason == MEMORY_LIMIT_EXCEEDED
     assert x.exit_code != 0
@@ -234,7 +235,10 @@ def test_rlimit_makes_an_oversized_application_fail(tmp_path: Path, allocator: C
     # It got to its allowance and no further: the RLIMIT stops it at 512 MB of data, or the
     # watchdog sees the RSS (data plus shared libraries) cross 512 MB first.
     assert 0.9 * 512 <= x.peak_memory_mb <= 512 + 64
-    assert max(s.memory_percent for s in samples(events)) >= 75
+    # It died at its peak, likely between two samples: the series still ends there, so whoever
+    # reads utilisation sees the memory bottleneck that ended the run.
+    last = samples(events)[-1]
+    assert last.memory_mb == x.peak_memory_mb and last.memory_percent >= 90
 
 
 def test_one_huge_allocation_fails_at_once_under_the_rlimit(tmp_path: Path, allocator: CpuAllocator) -> None:
@@ -258,19 +262,29 @@ def test_exit_reason_heuristics() -> None:
 
 
 def test_busy_child_is_sampled_as_busy(tmp_path: Path, allocator: CpuAllocator) -> None:
-    code = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass"
+    # Busy for 1.5 s, then report the CPU time the child itself got: on a shared machine a pinned
+    # loop may get less than its CPU, and the agent must measure what it got, not what it wanted.
+    code = (
+        "import time\n"
+        "t0 = time.monotonic()\n"
+        "while time.monotonic() - t0 < 1.5: pass\n"
+        "print(time.process_time() / (time.monotonic() - t0) * 100)\n"
+    )
     slot = allocator.slot("vm", 1, 1024)
     events, ex = run(tmp_path, slot, code, interval=0.1)
     got = samples(events)
     assert len(got) >= 8
-    assert statistics.median(s.cpu_percent for s in got) > 50
+    assert max(s.cpu_percent for s in got) > 50
+    self_reported = float(stdout(events))
+    assert statistics.mean(s.cpu_percent for s in got[1:]) == pytest.approx(self_reported, abs=15)
     assert all(
         0 < s.memory_mb < 200 and s.memory_percent == pytest.approx(s.memory_mb / 1024 * 100) for s in got
     )
     assert [s.time for s in got] == sorted(s.time for s in got)
     assert ex.samples == got  # kept with the execution as well as streamed
     x = exited(events)
-    assert x.exit_code == 0 and x.mean_cpu_percent > 50
+    assert x.exit_code == 0
+    assert x.mean_cpu_percent == pytest.approx(self_reported, abs=15)
 
 
 def test_idle_child_is_sampled_as_idle(tmp_path: Path, allocator: CpuAllocator) -> None:

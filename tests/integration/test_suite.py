@@ -1,0 +1,166 @@
+"""The whole suite as `harness up` runs it: CRS, compute IRM and agent as processes.
+
+A tenant reserves through the CRS, runs real commands through the agent inside
+the VMs' confines, reads utilisation back through the CRS, and releases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+
+from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2, irm_pb2_grpc
+from services import suite as suite_mod
+from tests.conftest import eventually
+from tests.integration.test_crs_flow import vm_group
+
+TENANT = "acme"
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    state = str(tmp_path_factory.mktemp("suite"))
+    procs = suite_mod.start(state, auto_ports=True)
+    addrs = {p.name: p.address for p in procs}
+    crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(addrs["crs"]))
+    eventually(lambda: len(crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 6,
+               what="the compute IRM's hosts in the CRS")
+    yield {"state": state, "addrs": addrs, "crs": crs, "procs": procs}
+    suite_mod.stop(procs)
+
+
+def execute(vm: irm_pb2.AllocatedResource, argv: list[str], tenant: str = TENANT, **kw) -> dict:
+    stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+    out = {"stdout": b"", "stderr": b"", "samples": [], "started": None, "exited": None}
+    for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=tenant, vm_id=vm.id, argv=argv, **kw), timeout=60):
+        kind = ev.WhichOneof("event")
+        if kind in ("stdout", "stderr"):
+            out[kind] += getattr(ev, kind)
+        elif kind == "sample":
+            out["samples"].append(ev.sample)
+        else:
+            out[kind] = getattr(ev, kind)
+    return out
+
+
+def test_status_reports_every_service_serving(running):
+    r = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json", "--state-dir", running["state"]],
+                       capture_output=True, text=True, timeout=60)
+    status = json.loads(r.stdout)
+    assert r.returncode == 0 and status["ok"] is True
+    assert {s["name"]: s["status"] for s in status["services"]} == {
+        "crs": "SERVING", "compute": "SERVING", "agent": "SERVING"}
+
+
+def test_run_in_vm_confined_and_measured(running):
+    crs = running["crs"]
+    res = crs.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="run-1", groups=[
+        vm_group("master", 1, 1, 0.5), vm_group("small", 1, 1, 0.25)]))
+    vms = {g.name: g.resources[0] for g in res.groups}
+    try:
+        busy = ("import os, time\n"
+                "t = time.time()\n"
+                "while time.time() - t < 1.6: pass\n"
+                "print(sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], os.environ['GREETING'])")
+        r = execute(vms["master"], [sys.executable, "-c", busy], env={"GREETING": "hello"})
+        assert r["exited"].exit_code == 0, r["stderr"]
+        cpus, threads, greeting = r["stdout"].decode().rsplit(" ", 2)
+        assert len(json.loads(cpus)) == 1 and threads == "1" and greeting.strip() == "hello"
+        assert list(r["started"].cpus) == json.loads(cpus)
+        assert len(r["samples"]) >= 2  # every 0.5 s
+        assert max(s.cpu_percent for s in r["samples"]) > 50
+
+        # Needs ~600 MB in a 256 MB VM: it really fails, and memory shows at the limit.
+        hog = ("import numpy as np\nblocks = []\n"
+               "for i in range(40):\n    blocks.append(np.ones(16 * 1024 * 1024 // 8))\n")
+        r = execute(vms["small"], [sys.executable, "-c", hog])
+        assert r["exited"].exit_code != 0
+        assert "memory limit exceeded" in r["exited"].reason
+
+        metrics = crs.GetMetrics(irm_pb2.GetMetricsRequest(tenant=TENANT, reservation_id=res.id))
+        series = {(s.resource_id, s.name): [x.value for x in s.samples] for s in metrics.series}
+        assert max(series[(vms["master"].id, "cpu_percent")]) > 50
+        assert (vms["small"].id, "memory_percent") in series
+
+        with pytest.raises(grpc.RpcError) as e:
+            execute(vms["master"], ["true"], tenant="intruder")
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=TENANT, reservation_id=res.id))
+
+
+def test_release_kills_running_work_and_closes_the_vm(running):
+    crs = running["crs"]
+    res = crs.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="kill-1", groups=[vm_group("g", 1, 1, 0.5)]))
+    vm = res.groups[0].resources[0]
+    started = threading.Event()
+    result: dict = {}
+
+    def run() -> None:
+        stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+        for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=TENANT, vm_id=vm.id,
+                                                        argv=["sleep", "120"]), timeout=60):
+            if ev.WhichOneof("event") == "started":
+                started.set()
+            if ev.WhichOneof("event") == "exited":
+                result["exited"] = ev.exited
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(30)
+    crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=TENANT, reservation_id=res.id))
+    t.join(30)
+    assert not t.is_alive() and result["exited"].exit_code != 0  # killed, long before 120 s
+    with pytest.raises(grpc.RpcError) as e:
+        execute(vm, ["true"])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_harness_up_runs_in_foreground_and_stops_cleanly_on_ctrl_c(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--auto-ports", "--state-dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # type: ignore[union-attr]
+        lines.append(line)
+        if "Harness is up" in line:
+            break
+    assert any("Harness is up" in x for x in lines), "".join(lines)
+    pids = [p for p in _children(proc.pid)]
+    assert len(pids) == 3
+    r = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json", "--state-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert json.loads(r.stdout)["ok"] is True
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0
+    assert all(not _alive(p) for p in pids)
+    assert not (tmp_path / "suite.json").exists()
+
+
+def test_demo_runs_end_to_end():
+    r = subprocess.run([sys.executable, "-m", "services.cli", "demo"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "160"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Demo complete" in r.stdout
+    assert "memory limit exceeded" in r.stdout
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    return [c.pid for c in psutil.Process(pid).children()]
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
