@@ -21,6 +21,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from services.group_commit import GroupCommitter
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -55,6 +57,8 @@ class Database:
             self._install_sqlite_hooks(self.engine)
         self._reader = self.engine.execution_options(harness_read=True)
         self._write_lock: threading.Lock | nullcontext = threading.Lock() if self.is_sqlite else nullcontext()
+        # SQLite has one writer at a time: batch this process's small writes (see group_commit).
+        self._committer = GroupCommitter(self.engine, self._write_lock) if self.is_sqlite else None
 
     @staticmethod
     def _install_sqlite_hooks(engine: Engine) -> None:
@@ -107,7 +111,8 @@ class Database:
 
     def run(self, fn: Callable[[Connection], T], attempts: int = 8) -> T:
         """Like `transact`, on a bare Core connection: for hot paths with prebuilt statements,
-        where the ORM session's bookkeeping would cost more than the SQL."""
+        where the ORM session's bookkeeping would cost more than the SQL. On SQLite the
+        work joins a group commit and runs under its own savepoint."""
 
         @retry(
             retry=retry_if_exception(_is_transient),
@@ -116,7 +121,9 @@ class Database:
             reraise=True,
         )
         def go() -> T:
-            with self._write_lock, self.engine.begin() as conn:
+            if self._committer is not None:
+                return self._committer.submit(fn)
+            with self.engine.begin() as conn:
                 return fn(conn)
 
         return go()
@@ -144,6 +151,8 @@ class Database:
             s.execute(text("SELECT 1"))
 
     def dispose(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
         self.engine.dispose()
 
 
