@@ -54,7 +54,7 @@ _R = Reservation.__table__
 _CLAIM = insert(_R)
 _BY_ID = select(_R).where(_R.c.id == bindparam("rid"))
 _ACTIVATE = update(_R).where(_R.c.id == bindparam("rid")).values(
-    state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"))
+    state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"), notes=bindparam("said"))
 _RELEASE = update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
     state="released", released_at=bindparam("at"))
 _DROP_PENDING = delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending")
@@ -415,7 +415,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         raise FailedPrecondition(
                             f"quoted price {quote.price_per_minute:.4f}/min exceeds max_price_per_minute "
                             f"{request.max_price_per_minute:.4f}; nothing was reserved")
-                allocated = self._delegate(tenant, res_id, pinned)
+                allocated, notes = self._delegate(tenant, res_id, pinned)
             except ResourceExhausted as e:
                 # An IRM saw capacity our view had not caught up with: place again.
                 self.view.forget(token)
@@ -429,11 +429,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             allocated.sort(key=lambda g: by_name.get(g.name, 0))
             alloc = irm_pb2.Reservation(groups=allocated)
             alloc.price_per_minute = sum(g.price_per_minute for g in allocated)
-            self.db.run(lambda c, a=alloc: c.execute(_ACTIVATE, {
-                "rid": res_id, "price": a.price_per_minute, "alloc": a.SerializeToString()}))
+            self.db.run(lambda c, a=alloc, notes=notes: c.execute(_ACTIVATE, {
+                "rid": res_id, "price": a.price_per_minute, "alloc": a.SerializeToString(), "said": notes}))
             claim = Reservation(id=res_id, tenant=tenant, request_id=request.request_id, state="active",
                                 priority=request.priority, price_per_minute=alloc.price_per_minute,
-                                created_at=0.0, released_at=0.0, allocation=b"", notes=[])
+                                created_at=0.0, released_at=0.0, allocation=b"", notes=notes)
             reply = self._to_proto(claim)
             reply.groups.extend(allocated)
             return reply
@@ -441,9 +441,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         raise last_error
 
     def _delegate(self, tenant: str, res_id: str, pinned: dict[str, list[irm_pb2.ResourceGroup]]
-                  ) -> list[irm_pb2.AllocatedGroup]:
+                  ) -> tuple[list[irm_pb2.AllocatedGroup], list[str]]:
         """All-or-nothing: reserve at every manager, or give back everything taken."""
         allocated: list[irm_pb2.AllocatedGroup] = []
+        notes: list[str] = []
         touched: list[str] = []
         try:
             for manager, parts in pinned.items():
@@ -458,11 +459,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 except grpc.RpcError as e:
                     raise _err_from_rpc(manager, e) from None
                 allocated.extend(reply.groups)
+                notes.extend(f"{manager}: {n}" for n in reply.notes)
         except BaseException:
             for manager in touched:
                 self._undo_or_remember(manager, tenant, f"{res_id}@{manager}")
             raise
-        return allocated
+        return allocated, notes
 
     def _to_proto(self, r: Reservation) -> irm_pb2.Reservation:
         state = {"active": irm_pb2.Reservation.STATE_ACTIVE, "released": irm_pb2.Reservation.STATE_RELEASED
