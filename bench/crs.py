@@ -1,9 +1,10 @@
 """`harness bench crs`: reservations per second through the real suite.
 
 Starts a CRS and a compute IRM (separate processes, SQLite by default) over
-a generated datacenter, then runs concurrent clients that reserve and release
-through the CRS; some requests are retried with the same request id, as a
-client does when a reply is lost. In the same run it measures a bare unary
+a generated datacenter, then runs concurrent clients through the CRS in two
+timed phases: every client reserves (committed_per_s, p50_ms, p99_ms), then
+every client releases what it holds (released_per_s); some reserve calls are
+retried with the same request id, as a client does when a reply is lost. In the same run it measures a bare unary
 echo against the same CRS process with the same concurrency, so the figure
 that matters is the ratio (this machine is noisy). Afterwards an independent
 check of the IRM's database counts overbooked hosts, and the duplicates check
@@ -80,14 +81,21 @@ def run_echo(address: str, clients: int, seconds: float) -> float:
 
 
 def run_clients(address: str, clients: int, per_client: int, retry_share: float) -> dict:
+    """Two timed phases with the same clients: all reserve, then all release what they hold.
+
+    Reservations are committed while other clients reserve concurrently; the
+    release phase frees every one of them. A share of reserve calls is retried
+    with the same request id, as a client does when a reply is lost.
+    """
     latencies: list[float] = []
+    release_latencies: list[float] = []
     lock = threading.Lock()
     stats = {"committed": 0, "exhausted": 0, "errors": 0, "retried": 0, "duplicates": 0, "released": 0}
+    held: dict[int, list[tuple[str, str]]] = {i: [] for i in range(clients)}
 
-    def worker(i: int) -> None:
+    def reserver(i: int) -> None:
         rng = random.Random(i)
         stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(address))
-        held: list[str] = []
         local: list[float] = []
         for n in range(per_client):
             req = irm_pb2.ReserveRequest(tenant=f"bench-{i % 4}", request_id=f"c{i}-{n}", groups=[_group(rng)])
@@ -99,30 +107,37 @@ def run_clients(address: str, clients: int, per_client: int, retry_share: float)
                     stats["exhausted" if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "errors"] += 1
                 continue
             local.append((time.perf_counter() - t0) * 1000)
-            if rng.random() < retry_share:  # a lost reply: the client retries with the same request id
+            if rng.random() < retry_share:
                 again = stub.Reserve(req, timeout=60)
                 with lock:
                     stats["retried"] += 1
                     stats["duplicates"] += int(again.id != res.id)
-            held.append(res.id)
-            with lock:
-                stats["committed"] += 1
-            if len(held) > 3:
-                stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(
-                    tenant=req.tenant, reservation_id=held.pop(0)), timeout=60)
-                with lock:
-                    stats["released"] += 1
+            held[i].append((req.tenant, res.id))
         with lock:
+            stats["committed"] += len(held[i])
             latencies.extend(local)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stats["elapsed_s"] = time.monotonic() - t0
+    def releaser(i: int) -> None:
+        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(address))
+        local: list[float] = []
+        for tenant, rid in held[i]:
+            t0 = time.perf_counter()
+            stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=tenant, reservation_id=rid), timeout=60)
+            local.append((time.perf_counter() - t0) * 1000)
+        with lock:
+            stats["released"] += len(local)
+            release_latencies.extend(local)
+
+    for phase, target in (("reserve", reserver), ("release", releaser)):
+        threads = [threading.Thread(target=target, args=(i,)) for i in range(clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats[f"{phase}_s"] = time.monotonic() - t0
     stats["latencies"] = latencies
+    stats["release_latencies"] = release_latencies
     return stats
 
 
@@ -164,8 +179,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--reservations", type=int, help="per client")
     p.add_argument("--database", help="SQLAlchemy URL for the compute IRM (default: SQLite)")
     args = p.parse_args([a for a in argv if a != "--"])
-    hosts = args.hosts or (100 if args.quick else 500)
-    per_client = args.reservations or (60 if args.quick else 250)
+    hosts = args.hosts or (300 if args.quick else 1000)
+    per_client = args.reservations or (50 if args.quick else 150)
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-crs-"))
     procs = []
     try:
@@ -196,18 +211,21 @@ def main(argv: list[str]) -> int:
         repeats = 100 if args.quick else 400
         p100 = placement_p50_ms(100, repeats, pipeline)
         p5000 = placement_p50_ms(5000, repeats, pipeline)
-        committed_per_s = stats["committed"] / stats["elapsed_s"]
+        committed_per_s = stats["committed"] / stats["reserve_s"]
+        released_per_s = stats["released"] / stats["release_s"]
         emit({
             "benchmark": "crs",
             "hosts": hosts,
             "clients": args.clients,
             "reservations": stats["committed"],
-            "released": stats["released"],
             "exhausted": stats["exhausted"],
             "errors": stats["errors"],
             "committed_per_s": round(committed_per_s, 1),
             "p50_ms": round(percentile(stats["latencies"], 0.5), 2),
             "p99_ms": round(percentile(stats["latencies"], 0.99), 2),
+            "released": stats["released"],
+            "released_per_s": round(released_per_s, 1),
+            "release_p50_ms": round(percentile(stats["release_latencies"], 0.5), 2),
             "echo_rps": round(echo_rps, 1),
             "echo_ratio": round(committed_per_s / echo_rps, 3),
             "overbooked": overbooked,

@@ -125,14 +125,17 @@ class CapacityView:
 
     # -- reading ---------------------------------------------------------
     def of_type(self, resource_type: str) -> list[Node]:
-        return [n for n in self._by_type.get(resource_type, []) if n.manager not in self._down] \
-            if self._down else self._by_type.get(resource_type, [])
+        return self._up(self._by_type.get(resource_type, []))
 
     def in_rack(self, resource_type: str, site: str, rack: str) -> list[Node]:
-        return [n for n in self._by_rack.get((resource_type, site, rack), []) if n.manager not in self._down]
+        return self._up(self._by_rack.get((resource_type, site, rack), []))
 
     def in_site(self, resource_type: str, site: str) -> list[Node]:
-        return [n for n in self._by_site.get((resource_type, site), []) if n.manager not in self._down]
+        return self._up(self._by_site.get((resource_type, site), []))
+
+    def _up(self, nodes: list[Node]) -> list[Node]:
+        # Copying only when a manager is down keeps the common case O(1).
+        return [n for n in nodes if n.manager not in self._down] if self._down else nodes
 
     def resource_types(self) -> list[str]:
         return sorted(t for t, nodes in self._by_type.items() if nodes)

@@ -1,22 +1,22 @@
-"""Group commit for SQLite: one writer thread, many small transactions per commit.
+"""Group commit for SQLite: many small transactions per commit, led by a caller.
 
 SQLite admits one writer at a time. With many request threads each taking a
 lock, running a short transaction and committing, the lock holder keeps losing
 the GIL to the waiters and every hand-off costs a thread wake-up, so writes
-crawl long before the disk is busy. Here callers queue their work; a single
-writer thread takes everything queued, runs each piece under its own
-SAVEPOINT inside one BEGIN IMMEDIATE ... COMMIT, and answers each caller only
-after the commit (durability as before). A piece that fails rolls back to its
-savepoint and fails alone.
+crawl long before the disk is busy. Here each caller queues its work; if no
+commit is under way the caller leads one itself (no hand-off when the
+database is idle), running everything queued, each piece under its own
+SAVEPOINT inside one BEGIN IMMEDIATE ... COMMIT, and then passes the lead to
+the oldest caller still waiting. Every caller gets its answer only after the
+commit that holds its work (durability as before); a piece that fails rolls
+back to its savepoint and fails alone.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -27,58 +27,71 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 64
 
 
+class _Slot:
+    __slots__ = ("fn", "wake", "lead", "done", "ok", "value")
+
+    def __init__(self, fn: Callable[[Connection], Any]) -> None:
+        self.fn = fn
+        self.wake = threading.Event()
+        self.lead = False
+        self.done = False
+        self.ok = False
+        self.value: Any = None
+
+
 class GroupCommitter:
     def __init__(self, engine: Engine, lock: AbstractContextManager[Any]) -> None:
         self.engine = engine
         self.lock = lock
-        self._queue: queue.SimpleQueue[tuple[Callable[[Connection], Any], Future] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self._mutex = threading.Lock()
+        self._pending: list[_Slot] = []
+        self._busy = False
 
     def submit(self, fn: Callable[[Connection], Any]) -> Any:
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name="group-commit", daemon=True)
-                    self._thread.start()
-        fut: Future = Future()
-        self._queue.put((fn, fut))
-        return fut.result()
+        slot = _Slot(fn)
+        with self._mutex:
+            self._pending.append(slot)
+            if not self._busy:
+                self._busy = slot.lead = True
+        while not slot.done:
+            if slot.lead:
+                self._lead()
+            else:
+                slot.wake.wait()
+                slot.wake.clear()
+        if slot.ok:
+            return slot.value
+        raise slot.value
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        return None
 
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < MAX_BATCH:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
+    def _lead(self) -> None:
+        with self._mutex:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+        try:
             self._commit(batch)
-            if stop:
-                return
+        finally:
+            with self._mutex:
+                if self._pending:
+                    nxt = self._pending[0]
+                    nxt.lead = True
+                    nxt.wake.set()
+                else:
+                    self._busy = False
+            for slot in batch:
+                slot.lead = False
+                slot.done = True
+                slot.wake.set()
 
-    def _commit(self, batch: list) -> None:  # type: ignore[type-arg]
+    def _commit(self, batch: list[_Slot]) -> None:
         outcomes: list[tuple[bool, Any]] = []
         try:
             with self.lock, self.engine.begin() as conn:
-                for fn, _ in batch:
+                for slot in batch:
                     sp = conn.begin_nested()
                     try:
-                        value = fn(conn)
+                        value = slot.fn(conn)
                     except BaseException as e:  # noqa: BLE001 - handed to its caller
                         sp.rollback()
                         outcomes.append((False, e))
@@ -87,11 +100,6 @@ class GroupCommitter:
                         outcomes.append((True, value))
         except BaseException as e:  # noqa: BLE001 - the commit itself failed: nobody's work stands
             log.warning("group commit failed", extra={"batch": len(batch), "error": repr(e)})
-            for _, fut in batch:
-                fut.set_exception(e)
-            return
-        for (_, fut), (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
+            outcomes = [(False, e)] * len(batch)
+        for slot, (ok, value) in zip(batch, outcomes, strict=True):
+            slot.ok, slot.value = ok, value
