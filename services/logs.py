@@ -38,3 +38,5 @@ def setup(service: str, level: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.Formatter.converter = time.gmtime
+    # Migrations announce every plug-in at INFO: keep start-up logs about the service.
+    logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -1,0 +1,195 @@
+"""A virtual FPGA for Python programs: one FPGA group, however many devices and servers.
+
+    fpga = VirtualFpga.attach(orchestrator_address, tenant, group_id)
+    future = fpga.submit({"spot": 100.0, "strike": 95.0, ...})
+    result = future.result()          # TaskOutcome: value, queue_time_s, device_time_s, ...
+    fpga.close()
+
+Tasks first go to an unbounded wait queue; at most `max_in_flight` are in
+flight at once (thesis §3.2.3). A sender thread per server part takes what
+waits, in batches of up to `batch_size`, and sends them over one Execute
+stream; results come back on the same stream and complete the futures.
+Parts get tasks in proportion to their devices. `lock()`/`unlock()` send the
+pseudo-tasks that give this client one device exclusively (thesis §3.2.4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from harness.v1 import fpga_pb2, fpga_pb2_grpc
+from irm_fpga.wire import from_map, to_map
+
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    id: int
+    value: dict[str, Any]
+    queue_time_s: float
+    device_time_s: float
+    device: int
+    server: str
+    kind: int
+
+
+class TaskFailed(RuntimeError):
+    pass
+
+
+class _Part:
+    def __init__(self, owner: VirtualFpga, part: fpga_pb2.AttachedPart) -> None:
+        self.owner = owner
+        self.part = part
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.channel = grpc.insecure_channel(part.address)
+        self.stub = fpga_pb2_grpc.FpgaServerStub(self.channel)
+        self.call = self.stub.Execute(self._batches())
+        self.receiver = threading.Thread(target=self._receive, name=f"fpga-recv-{part.server}", daemon=True)
+        self.receiver.start()
+
+    def _batches(self) -> Iterator[fpga_pb2.TaskBatch]:
+        o = self.owner
+        first = True
+        while True:
+            item = self.outbox.get()
+            if item is _STOP:
+                return
+            items = [item]
+            while len(items) < o.batch_size:
+                try:
+                    more = self.outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    self.outbox.put(_STOP)
+                    break
+                items.append(more)
+            batch = fpga_pb2.TaskBatch(tasks=[t for t, _ in items])
+            if first:
+                batch.client_id, batch.group_id, batch.token = o.client_id, o.group_id, o.token
+                first = False
+            yield batch
+
+    def _receive(self) -> None:
+        try:
+            for rb in self.call:
+                for r in rb.results:
+                    self.owner._complete(r)
+        except grpc.RpcError as e:
+            self.owner._fail_all(f"{self.part.server}: {e.code().name}: {e.details()}")
+
+    def close(self) -> None:
+        self.outbox.put(_STOP)
+        self.receiver.join(timeout=30)
+        self.channel.close()
+
+
+class VirtualFpga:
+    def __init__(self, attachment: fpga_pb2.Attachment, *, max_in_flight: int = 4096, batch_size: int = 300,
+                 orchestrator: fpga_pb2_grpc.FpgaOrchestratorStub | None = None, tenant: str = "") -> None:
+        self.client_id = attachment.client_id
+        self.group_id = attachment.group_id
+        self.token = attachment.token
+        self.design = attachment.design
+        self.batch_size = batch_size
+        self._orchestrator = orchestrator
+        self._tenant = tenant
+        self._ids = itertools.count(1)
+        self._futures: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(max_in_flight)
+        self._parts = [_Part(self, p) for p in attachment.parts if p.devices > 0]
+        if not self._parts:
+            raise RuntimeError(f"group {self.group_id} has no devices to send tasks to")
+        weights = [p.part.devices for p in self._parts]
+        self._cycle = itertools.cycle([p for p, w in zip(self._parts, weights, strict=True) for _ in range(w)])
+        self._locked: _Part | None = None
+
+    @classmethod
+    def attach(cls, orchestrator_address: str, tenant: str, group_id: str, **kw: Any) -> VirtualFpga:
+        stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orchestrator_address))
+        att = stub.AttachClient(fpga_pb2.AttachClientRequest(tenant=tenant, group_id=group_id), timeout=30)
+        return cls(att, orchestrator=stub, tenant=tenant, **kw)
+
+    # -- submitting ------------------------------------------------------
+    def submit(self, params: Mapping[str, Any] | None = None, kind: int = fpga_pb2.Task.KIND_RUN) -> Future:
+        """Queue one task; the future resolves to a TaskOutcome (or raises TaskFailed)."""
+        task_id = next(self._ids)
+        task = fpga_pb2.Task(id=task_id, kind=kind)
+        to_map(params, task.params)
+        fut: Future = Future()
+        with self._lock:
+            self._futures[task_id] = fut
+        self._slots.acquire()  # bounded in flight; the caller waits here, the rest is unbounded
+        part = self._locked or next(self._cycle)
+        part.outbox.put((task, fut))
+        return fut
+
+    def map(self, params_list: list[Mapping[str, Any]]) -> list[TaskOutcome]:
+        futures = [self.submit(p) for p in params_list]
+        return [f.result() for f in futures]
+
+    def lock(self) -> TaskOutcome:
+        """Exclusive use of one device until unlock(); later tasks run on it."""
+        if self._locked is not None:
+            raise RuntimeError("already locked")
+        self._locked = self._parts[0]
+        return self.submit(None, fpga_pb2.Task.KIND_LOCK).result()
+
+    def unlock(self) -> TaskOutcome:
+        if self._locked is None:
+            raise RuntimeError("not locked")
+        out = self.submit(None, fpga_pb2.Task.KIND_UNLOCK).result()
+        self._locked = None
+        return out
+
+    # -- completion ------------------------------------------------------
+    def _complete(self, r: fpga_pb2.TaskResult) -> None:
+        with self._lock:
+            fut = self._futures.pop(r.id, None)
+        if fut is None:
+            return
+        self._slots.release()
+        if r.error:
+            fut.set_exception(TaskFailed(r.error))
+        else:
+            fut.set_result(TaskOutcome(r.id, from_map(r.value, "value"), r.queue_time_s, r.device_time_s,
+                                       r.device, r.server, r.kind))
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            futures, self._futures = self._futures, {}
+        for fut in futures.values():
+            if not fut.done():
+                self._slots.release()
+                fut.set_exception(TaskFailed(why))
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._futures)
+
+    def close(self, detach: bool = True) -> None:
+        for p in self._parts:
+            p.close()
+        if detach and self._orchestrator is not None:
+            try:
+                self._orchestrator.DetachClient(fpga_pb2.ClientRequest(
+                    tenant=self._tenant, group_id=self.group_id, client_id=self.client_id), timeout=10)
+            except grpc.RpcError:
+                pass
+
+    def __enter__(self) -> VirtualFpga:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

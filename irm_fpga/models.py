@@ -1,0 +1,61 @@
+"""Orchestrator state: FPGA groups, their clients, and IRM-API reservations."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Float, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    })
+
+
+class Group(Base):
+    __tablename__ = "fpga_groups"
+    __table_args__ = (UniqueConstraint("tenant", "request_id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    request_id: Mapped[str] = mapped_column(String(256))
+    design: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(Integer)
+    min_size: Mapped[int] = mapped_column(Integer)
+    max_size: Mapped[int] = mapped_column(Integer)
+    shared: Mapped[bool] = mapped_column(default=False)
+    elastic: Mapped[bool] = mapped_column(default=False)
+    # server name -> devices of the group there
+    parts: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    deleted: Mapped[bool] = mapped_column(default=False)
+    # The IRM-API reservation that created it, if any.
+    reservation_id: Mapped[str] = mapped_column(String(64), default="", index=True)
+
+
+class Client(Base):
+    __tablename__ = "fpga_clients"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    group_id: Mapped[str] = mapped_column(String(64), index=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    token: Mapped[str] = mapped_column(String(128))
+    # attached | detached | revoked
+    state: Mapped[str] = mapped_column(String(16), default="attached")
+
+
+class Reservation(Base):
+    __tablename__ = "fpga_reservations"
+    __table_args__ = (UniqueConstraint("tenant", "request_id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    request_id: Mapped[str] = mapped_column(String(256))
+    state: Mapped[str] = mapped_column(String(16), default="active")
+    price_per_minute: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[float] = mapped_column(Float)
+    released_at: Mapped[float] = mapped_column(Float, default=0.0)
+    # [{"name": group name, "groups": [fpga group ids], "server": ...}]
+    groups: Mapped[list] = mapped_column(JSON, default=list)

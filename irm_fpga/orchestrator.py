@@ -1,0 +1,709 @@
+"""The Orchestrator: FPGA groups over one or more emulated FPGA-servers (thesis §3.2, §5.2).
+
+It keeps reservation state in the database and tells servers to create,
+resize and delete group parts; a group may span several servers (the thesis
+left this "under development"): the client library spreads tasks over the
+parts. It is never on the data path, so groups keep serving while it is down;
+a restarted Orchestrator re-asserts its groups and attachments on the servers.
+
+It also implements the IRM API (resource type "vfpga") so the CRS reserves
+virtual FPGAs like any other resource, and runs the autoscaler for elastic
+groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from sqlalchemy import select
+
+from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
+from irm_fpga import designs as design_lib
+from irm_fpga.models import Client, Group, Reservation
+from services import client as rpc
+from services.clock import Clock, WallClock
+from services.db import Database, default_url
+from services.errors import (
+    FailedPrecondition,
+    HarnessError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    Violations,
+    owned,
+    require_tenant,
+)
+from services.registration import Membership
+from services.server import Component
+from services.watch import Broadcaster
+
+log = logging.getLogger(__name__)
+MIGRATIONS = Path(__file__).parent / "migrations"
+VFPGA = "vfpga"
+
+
+@dataclass
+class OrchestratorConfig:
+    address: str = "127.0.0.1:50091"
+    name: str = "fpga"
+    database: str = ""
+    state_dir: str = "~/.harness"
+    # FPGA-server addresses (comma-separated in env/--set).
+    servers: list[str] = field(default_factory=lambda: ["127.0.0.1:50081"])
+    site: str = "site-a"
+    rack: str = "rack-fpga"
+    crs_address: str = ""
+    advertise_address: str = ""
+    heartbeat_interval_s: float = 2.0
+    # Price of one device per minute (an FPGA-equipped instance, roughly).
+    price_per_device_minute: float = 0.05
+    # Autoscaler for elastic groups: a policy name from irm_fpga.autoscaler, or "none".
+    autoscaler: str = "none"
+    autoscaler_interval_s: float = 10.0
+    server_timeout_s: float = 10.0
+
+
+@dataclass
+class ServerHandle:
+    name: str
+    address: str
+
+    def stub(self) -> fpga_pb2_grpc.FpgaServerStub:
+        return fpga_pb2_grpc.FpgaServerStub(rpc.channel(self.address))
+
+
+def _rpc_error(server: str, e: grpc.RpcError) -> HarnessError:
+    code = e.code()
+    text = f"FPGA-server {server!r}: {e.details()}"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(text)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(text)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFound(text)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(f"FPGA-server {server!r} is unreachable")
+    return FailedPrecondition(text)
+
+
+class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.ResourceManagerServicer):
+    def __init__(self, config: OrchestratorConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        self.db = Database(config.database or default_url(config.state_dir, f"fpga-{config.name}"))
+        self.db.migrate(MIGRATIONS, "alembic_version_fpga")
+        self.servers: dict[str, ServerHandle] = {}
+        self.lock = threading.RLock()  # placement decisions over servers are serialised
+        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
+        self.memberships: list[Membership] = []
+        self._stop = threading.Event()
+        self.policy = None
+        if config.autoscaler != "none":
+            from irm_fpga import autoscaler
+
+            self.policy = autoscaler.get_policy(config.autoscaler)
+        self._scaler = threading.Thread(target=self._autoscale_loop, name="autoscaler", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self, port: int) -> None:
+        self._discover_servers()
+        self._reassert()
+        host = self.config.address.rsplit(":", 1)[0]
+        advertise = self.config.advertise_address or f"{host}:{port}"
+        for crs in [a.strip() for a in self.config.crs_address.split(",") if a.strip()]:
+            m = Membership(crs, self.config.name, advertise, [VFPGA], self.config.heartbeat_interval_s)
+            m.start()
+            self.memberships.append(m)
+        if self.policy is not None:
+            self._scaler.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for m in self.memberships:
+            m.stop()
+        self.watchers.close()
+        self.db.dispose()
+
+    def _discover_servers(self) -> None:
+        for address in self.config.servers:
+            try:
+                info = ServerHandle("?", address).stub().GetServer(fpga_pb2.GetServerRequest(),
+                                                                   timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                raise OSError(f"FPGA-server at {address} is unreachable ({e.code().name})") from None
+            self.servers[info.name] = ServerHandle(info.name, address)
+
+    def _reassert(self) -> None:
+        """After a restart: make every server hold what the database says (all calls idempotent)."""
+        with self.db.read() as s:
+            groups = list(s.scalars(select(Group).where(Group.deleted.is_(False))))
+            clients = list(s.scalars(select(Client).where(Client.state == "attached")))
+        for g in groups:
+            for server, n in g.parts.items():
+                h = self.servers.get(server)
+                if h is None:
+                    continue
+                try:
+                    h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design=g.design, size=n),
+                                             timeout=self.config.server_timeout_s)
+                except grpc.RpcError as e:
+                    log.warning("could not re-assert a group part", extra={"group": g.id, "server": server,
+                                                                          "code": e.code().name})
+        by_group = {g.id: g for g in groups}
+        for c in clients:
+            g = by_group.get(c.group_id)
+            if g is None:
+                continue
+            for server in g.parts:
+                h = self.servers.get(server)
+                if h is not None:
+                    try:
+                        h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=c.id,
+                                                                           token=c.token),
+                                              timeout=self.config.server_timeout_s)
+                    except grpc.RpcError:
+                        pass
+
+    # -- servers ---------------------------------------------------------
+    def _server_infos(self) -> dict[str, fpga_pb2.ServerInfo]:
+        out = {}
+        for name, h in self.servers.items():
+            try:
+                out[name] = h.stub().GetServer(fpga_pb2.GetServerRequest(), timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                log.warning("FPGA-server unreachable", extra={"server": name, "code": e.code().name})
+        return out
+
+    @staticmethod
+    def _free(info: fpga_pb2.ServerInfo) -> int:
+        usable = sum(1 for d in info.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
+        return usable - sum(g.target for g in info.groups)
+
+    def _spread(self, size: int, current: dict[str, int], pinned: list[str] | None = None) -> dict[str, int]:
+        """Devices per server for a group of `size`: keep what it has, grow where room is, shrink the largest."""
+        infos = self._server_infos()
+        parts = dict(current)
+        total = sum(parts.values())
+        if size > total:
+            need = size - total
+            order = sorted(infos, key=lambda n: (n not in parts, -self._free(infos[n])))
+            if pinned:
+                order = [n for n in pinned if n in infos] + [n for n in order if n not in pinned]
+            for name in order:
+                take = min(need, max(0, self._free(infos[name])))
+                if take:
+                    parts[name] = parts.get(name, 0) + take
+                    need -= take
+                if need == 0:
+                    break
+            if need:
+                free = sum(max(0, self._free(i)) for i in infos.values())
+                raise ResourceExhausted(f"{size - total} more device(s) needed; {free} free on "
+                                        f"{len(infos)} reachable FPGA-server(s)")
+        elif size < total:
+            cut = total - size
+            for name in sorted(parts, key=lambda n: -parts[n]):
+                take = min(cut, parts[name])
+                parts[name] -= take
+                cut -= take
+                if cut == 0:
+                    break
+        return parts
+
+    def _apply(self, g: Group, parts: dict[str, int]) -> None:
+        for name, n in parts.items():
+            h = self.servers[name]
+            try:
+                if name in g.parts:
+                    if n != g.parts[name]:
+                        h.stub().ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id=g.id, size=n),
+                                                 timeout=self.config.server_timeout_s)
+                else:
+                    h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design=g.design, size=n),
+                                             timeout=self.config.server_timeout_s)
+                    with self.db.read() as s:
+                        clients = list(s.scalars(select(Client).where(Client.group_id == g.id,
+                                                                      Client.state == "attached")))
+                    for c in clients:
+                        h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=c.id,
+                                                                           token=c.token),
+                                              timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                raise _rpc_error(name, e) from None
+        self._publish()
+
+    def _publish(self) -> None:
+        infos = self._server_infos()
+        self.watchers.publish(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
+                                                    resource=self._physical(i)) for i in infos.values())
+
+    # -- groups ----------------------------------------------------------
+    def _to_proto(self, g: Group) -> fpga_pb2.FpgaGroup:
+        with self.db.read() as s:
+            clients = [c.id for c in s.scalars(select(Client).where(Client.group_id == g.id,
+                                                                    Client.state == "attached"))]
+        return fpga_pb2.FpgaGroup(
+            id=g.id, tenant=g.tenant, design=g.design, size=g.size, min_size=g.min_size, max_size=g.max_size,
+            sharing=fpga_pb2.FpgaGroup.SHARING_SHARED if g.shared else fpga_pb2.FpgaGroup.SHARING_PRIVATE,
+            scaling=fpga_pb2.FpgaGroup.SCALING_ELASTIC if g.elastic else fpga_pb2.FpgaGroup.SCALING_STATIC,
+            parts={k: v for k, v in g.parts.items() if v}, active=sum(g.parts.values()), clients=clients,
+            created_at=g.created_at, deleted=g.deleted)
+
+    def _group(self, group_id: str) -> Group:
+        with self.db.read() as s:
+            g = s.get(Group, group_id)
+        if g is None or g.deleted:
+            raise NotFound(f"FPGA group {group_id!r} does not exist")
+        return g
+
+    def _validate_group(self, design: str, size: int, min_size: int, max_size: int, v: Violations,
+                        prefix: str = "") -> tuple[int, int]:
+        total = sum(self._free_total_capacity().values()) or 0
+        v.check(design in design_lib.DESIGNS, f"{prefix}design",
+                f"unknown design {design!r}; available: {sorted(design_lib.DESIGNS)}")
+        mx = max_size or total
+        mn = min_size if min_size else min(1, size)
+        v.check(size >= 1, f"{prefix}size", "at least 1 device")
+        v.check(0 <= mn <= size, f"{prefix}min_size", f"must be between 0 and size ({size})")
+        v.check(size <= mx, f"{prefix}max_size", f"must be >= size ({size})")
+        v.check(mx <= total, f"{prefix}max_size", f"the FPGA-servers have {total} usable devices in all")
+        return mn, mx
+
+    def _free_total_capacity(self) -> dict[str, int]:
+        return {n: sum(1 for d in i.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
+                for n, i in self._server_infos().items()}
+
+    def create_group(self, tenant: str, request_id: str, design: str, size: int, min_size: int = 0,
+                     max_size: int = 0, shared: bool = False, elastic: bool = False,
+                     pinned: list[str] | None = None, reservation_id: str = "") -> Group:
+        v = Violations()
+        v.check(bool(request_id) and len(request_id) <= 256, "request_id", "required: an idempotency key")
+        mn, mx = self._validate_group(design, size, min_size, max_size, v)
+        v.raise_if_any()
+        with self.db.read() as s:
+            existing = s.scalar(select(Group).where(Group.tenant == tenant, Group.request_id == request_id))
+        if existing is not None:
+            return existing
+        with self.lock:
+            parts = self._spread(size, {}, pinned)
+            g = Group(id=f"fg-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request_id, design=design,
+                      size=size, min_size=mn, max_size=mx, shared=shared, elastic=elastic, parts={},
+                      created_at=self.clock.now(), deleted=False, reservation_id=reservation_id)
+            self.db.transact(lambda s: s.add(Group(**{c.name: getattr(g, c.name) for c in Group.__table__.c})))
+            try:
+                self._apply(g, parts)
+            except HarnessError:
+                self._delete_parts(g, parts)
+                self.db.transact(lambda s: setattr(s.get(Group, g.id), "deleted", True))
+                raise
+            g.parts = parts
+            self.db.transact(lambda s: setattr(s.get(Group, g.id), "parts", dict(parts)))
+        return g
+
+    def resize(self, g: Group, size: int) -> Group:
+        if not g.min_size <= size <= g.max_size:
+            raise FailedPrecondition(f"size {size} is outside the group's [{g.min_size}, {g.max_size}]")
+        with self.lock:
+            g = self._group(g.id)
+            parts = self._spread(size, g.parts)
+            self._apply(g, parts)
+
+            def save(s):  # type: ignore[no-untyped-def]
+                row = s.get(Group, g.id)
+                row.size, row.parts = size, dict(parts)
+                return row
+            return self.db.transact(save)
+
+    def _delete_parts(self, g: Group, parts: dict[str, int]) -> None:
+        for name in parts:
+            h = self.servers.get(name)
+            if h is None:
+                continue
+            try:
+                h.stub().DeleteGroupPart(fpga_pb2.DeleteGroupPartRequest(group_id=g.id),
+                                         timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                log.warning("could not delete a group part", extra={"group": g.id, "server": name,
+                                                                    "code": e.code().name})
+
+    def delete(self, g: Group) -> Group:
+        with self.lock:
+            self._delete_parts(g, g.parts)
+
+            def save(s):  # type: ignore[no-untyped-def]
+                row = s.get(Group, g.id)
+                row.deleted = True
+                for c in s.scalars(select(Client).where(Client.group_id == g.id, Client.state == "attached")):
+                    c.state = "revoked"
+                return row
+            row = self.db.transact(save)
+        self._publish()
+        return row
+
+    # -- FpgaOrchestrator API -------------------------------------------
+    def CreateGroup(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        g = self.create_group(tenant, request.request_id, request.design, request.size, request.min_size,
+                              request.max_size, request.sharing == fpga_pb2.FpgaGroup.SHARING_SHARED,
+                              request.scaling == fpga_pb2.FpgaGroup.SCALING_ELASTIC)
+        return self._to_proto(g)
+
+    def GetGroup(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        g = self._group(request.group_id)
+        if not g.shared:
+            owned(tenant, g.tenant, f"FPGA group {g.id!r}")
+        return self._to_proto(g)
+
+    def ListGroups(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        with self.db.read() as s:
+            rows = list(s.scalars(select(Group).where(Group.tenant == tenant, Group.deleted.is_(False))
+                                  .order_by(Group.created_at)))
+        return fpga_pb2.ListGroupsResponse(groups=[self._to_proto(g) for g in rows])
+
+    def ResizeGroup(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        g = self._group(request.group_id)
+        owned(tenant, g.tenant, f"FPGA group {g.id!r}")
+        if request.size < 1:
+            raise InvalidArgument.of("size", "at least 1 device")
+        return self._to_proto(self.resize(g, request.size))
+
+    def DeleteGroup(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        with self.db.read() as s:
+            g = s.get(Group, request.group_id)
+        if g is None:
+            raise NotFound(f"FPGA group {request.group_id!r} does not exist")
+        owned(tenant, g.tenant, f"FPGA group {g.id!r}")
+        if g.deleted:
+            return self._to_proto(g)
+        return self._to_proto(self.delete(g))
+
+    def AttachClient(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        g = self._group(request.group_id)
+        if not g.shared:
+            owned(tenant, g.tenant, f"FPGA group {g.id!r} (private)")
+        client_id = request.client_id or f"fc-{uuid.uuid4().hex[:16]}"
+        with self.db.read() as s:
+            existing = s.get(Client, client_id)
+        if existing is not None:
+            owned(tenant, existing.tenant, f"client {client_id!r}")
+            if existing.state != "attached" or existing.group_id != g.id:
+                raise FailedPrecondition(f"client {client_id!r} was {existing.state} or belongs to another group; "
+                                         "attach under a new client id")
+            token = existing.token
+        else:
+            token = secrets.token_hex(16)
+            self.db.transact(lambda s: s.add(Client(id=client_id, group_id=g.id, tenant=tenant, token=token,
+                                                    state="attached")))
+        parts = []
+        for name, n in g.parts.items():
+            if n <= 0:
+                continue
+            h = self.servers[name]
+            try:
+                h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=client_id, token=token),
+                                      timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                raise _rpc_error(name, e) from None
+            parts.append(fpga_pb2.AttachedPart(server=name, address=h.address, devices=n))
+        return fpga_pb2.Attachment(client_id=client_id, group_id=g.id, token=token, parts=parts, design=g.design)
+
+    def _client(self, tenant: str, request: fpga_pb2.ClientRequest) -> tuple[Group, Client]:
+        g = self._group(request.group_id)
+        with self.db.read() as s:
+            c = s.get(Client, request.client_id)
+        if c is None or c.group_id != g.id:
+            raise NotFound(f"client {request.client_id!r} is not attached to {g.id!r}")
+        return g, c
+
+    def _to_servers(self, g: Group, method: str, client_id: str) -> int:
+        total = 0
+        for name in g.parts:
+            h = self.servers.get(name)
+            if h is None:
+                continue
+            try:
+                reply = getattr(h.stub(), method)(fpga_pb2.ServerClientRequest(client_id=client_id),
+                                                  timeout=self.config.server_timeout_s)
+                total += reply.cancelled
+            except grpc.RpcError as e:
+                raise _rpc_error(name, e) from None
+        return total
+
+    def DetachClient(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        g, c = self._client(tenant, request)
+        owned(tenant, c.tenant, f"client {c.id!r}")
+        self._to_servers(g, "DetachClient", c.id)
+        self.db.transact(lambda s: setattr(s.get(Client, c.id), "state", "detached"))
+        return fpga_pb2.ClientResponse()
+
+    def RevokeClient(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        g, c = self._client(tenant, request)
+        owned(tenant, g.tenant, f"FPGA group {g.id!r} (only its owner revokes clients)")
+        cancelled = self._to_servers(g, "RevokeClient", c.id)
+        self.db.transact(lambda s: setattr(s.get(Client, c.id), "state", "revoked"))
+        return fpga_pb2.ClientResponse(cancelled=cancelled)
+
+    def ListDevices(self, request, context):  # noqa: N802
+        return fpga_pb2.ListDevicesResponse(servers=list(self._server_infos().values()))
+
+    # -- IRM API (resource type "vfpga") ---------------------------------
+    def _physical(self, info: fpga_pb2.ServerInfo) -> common_pb2.PhysicalResource:
+        usable = sum(1 for d in info.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
+        used = sum(g.target for g in info.groups)
+        return common_pb2.PhysicalResource(
+            id=info.name, resource_type=VFPGA, capacity={"devices": usable}, used={"devices": used},
+            properties={"reconfiguration_s": info.reconfiguration_s}, traits=["fpga", *info.designs],
+            location=common_pb2.Location(site=self.config.site, rack=self.config.rack, host=info.name),
+            manager=self.config.name, generation=int(self.clock.now() * 1000))
+
+    def DescribeAllocationSpec(self, request, context):  # noqa: N802
+        total = sum(self._free_total_capacity().values())
+        return irm_pb2.DescribeAllocationSpecResponse(resource_types=[irm_pb2.ResourceTypeSpec(
+            name=VFPGA, manager=self.config.name,
+            description="A virtual FPGA: an FPGA group of devices configured with one design (thesis §3.2).",
+            metrics=["completed", "queued", "busy_device_s"],
+            attributes=[
+                irm_pb2.AttributeSpec(name="devices", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="devices",
+                                      domain=common_pb2.Range(min=1, max=max(1, total)), consumable=True,
+                                      description="Devices backing the virtual FPGA."),
+                irm_pb2.AttributeSpec(name="design", kind=irm_pb2.AttributeSpec.KIND_TEXT,
+                                      allowed_values=sorted(design_lib.DESIGNS),
+                                      description="The design every device of the group is configured with."),
+            ])])
+
+    def DiscoverResources(self, request, context):  # noqa: N802
+        if request.resource_type and request.resource_type != VFPGA:
+            return irm_pb2.DiscoverResourcesResponse()
+        return irm_pb2.DiscoverResourcesResponse(resources=[self._physical(i) for i in self._server_infos().values()])
+
+    def _parse(self, groups: list[irm_pb2.ResourceGroup]) -> list[tuple[irm_pb2.ResourceGroup, str, int]]:
+        v = Violations()
+        out = []
+        v.check(len(groups) > 0, "groups", "at least one group is required")
+        for i, g in enumerate(groups):
+            p = f"groups[{i}]"
+            v.check(bool(g.name), f"{p}.name", "required")
+            v.check(g.resource_type == VFPGA, f"{p}.resource_type", f"this manager provides {VFPGA!r}")
+            v.check(1 <= g.count <= 64, f"{p}.count", "between 1 and 64 virtual FPGAs")
+            design = g.attributes["design"].text if "design" in g.attributes else ""
+            v.check(design in design_lib.DESIGNS, f"{p}.attributes[design]",
+                    f"required: one of {sorted(design_lib.DESIGNS)}")
+            devices = g.attributes["devices"].number if "devices" in g.attributes else 1
+            v.check(devices >= 1 and devices == int(devices), f"{p}.attributes[devices]", "a whole number >= 1")
+            for key in g.attributes:
+                v.check(key in ("design", "devices"), f"{p}.attributes[{key}]", "unknown; use design, devices")
+            if g.placement:
+                v.check(len(g.placement) == g.count, f"{p}.placement", "one FPGA-server per instance, or none")
+            out.append((g, design, int(devices) if devices >= 1 else 1))
+        v.raise_if_any()
+        return out
+
+    def QuotePrice(self, request, context):  # noqa: N802
+        require_tenant(request.tenant)
+        quotes = [irm_pb2.GroupQuote(name=g.name, manager=self.config.name,
+                                     price_per_minute=g.count * n * self.config.price_per_device_minute)
+                  for g, _, n in self._parse(list(request.groups))]
+        return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
+
+    def _reservation(self, r: Reservation) -> irm_pb2.Reservation:
+        groups = []
+        for entry in r.groups:
+            resources = []
+            for gid in entry["groups"]:
+                with self.db.read() as s:
+                    g = s.get(Group, gid)
+                if g is None:
+                    continue
+                resources.append(irm_pb2.AllocatedResource(
+                    id=g.id, physical_id=",".join(sorted(g.parts)), address=self._advertised(),
+                    attributes={"devices": g.size},
+                    location=common_pb2.Location(site=self.config.site, rack=self.config.rack,
+                                                 host=",".join(sorted(g.parts))),
+                    notes=[f"design {g.design}; attach with harness.v1.FpgaOrchestrator/AttachClient"]))
+            groups.append(irm_pb2.AllocatedGroup(name=entry["name"], resource_type=VFPGA, manager=self.config.name,
+                                                 manager_reservation_id=r.id, resources=resources,
+                                                 price_per_minute=entry.get("price", 0.0)))
+        state = {"active": irm_pb2.Reservation.STATE_ACTIVE, "released": irm_pb2.Reservation.STATE_RELEASED
+                 }.get(r.state, irm_pb2.Reservation.STATE_FAILED)
+        return irm_pb2.Reservation(id=r.id, tenant=r.tenant, request_id=r.request_id, state=state, groups=groups,
+                                   price_per_minute=r.price_per_minute, created_at=r.created_at,
+                                   released_at=r.released_at)
+
+    def _advertised(self) -> str:
+        return self.config.advertise_address or self._bound
+
+    _bound = ""
+
+    def Reserve(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        if not request.request_id:
+            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
+        parsed = self._parse(list(request.groups))
+        with self.db.read() as s:
+            existing = s.scalar(select(Reservation).where(Reservation.tenant == tenant,
+                                                          Reservation.request_id == request.request_id))
+        if existing is not None:
+            return self._reservation(existing)
+        rid = f"fres-{uuid.uuid4().hex[:16]}"
+        made: list[Group] = []
+        entries = []
+        try:
+            for g, design, devices in parsed:
+                ids = []
+                for i in range(g.count):
+                    pinned = [g.placement[i]] if g.placement else None
+                    grp = self.create_group(tenant, f"{rid}/{g.name}/{i}", design, devices, min_size=devices,
+                                            max_size=devices, pinned=pinned, reservation_id=rid)
+                    made.append(grp)
+                    ids.append(grp.id)
+                entries.append({"name": g.name, "groups": ids,
+                                "price": g.count * devices * self.config.price_per_device_minute})
+        except HarnessError:
+            for grp in made:
+                self.delete(grp)
+            raise
+        price = sum(e["price"] for e in entries)
+        row = Reservation(id=rid, tenant=tenant, request_id=request.request_id, state="active",
+                          price_per_minute=price, created_at=self.clock.now(), released_at=0.0, groups=entries)
+        self.db.transact(lambda s: s.add(Reservation(**{c.name: getattr(row, c.name)
+                                                        for c in Reservation.__table__.c})))
+        return self._reservation(row)
+
+    def _get_reservation(self, tenant: str, reservation_id: str = "", request_id: str = "") -> Reservation:
+        with self.db.read() as s:
+            if reservation_id:
+                r = s.get(Reservation, reservation_id)
+            else:
+                r = s.scalar(select(Reservation).where(Reservation.tenant == tenant,
+                                                       Reservation.request_id == request_id))
+        if r is None:
+            raise NotFound(f"reservation {reservation_id or request_id!r} does not exist")
+        owned(tenant, r.tenant, f"reservation {r.id!r}")
+        return r
+
+    def GetReservation(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        return self._reservation(self._get_reservation(tenant, request.reservation_id, request.request_id))
+
+    def ListReservations(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        with self.db.read() as s:
+            q = select(Reservation).where(Reservation.tenant == tenant)
+            if not request.include_released:
+                q = q.where(Reservation.state == "active")
+            rows = list(s.scalars(q.order_by(Reservation.created_at)))
+        return irm_pb2.ListReservationsResponse(reservations=[self._reservation(r) for r in rows])
+
+    def ReleaseReservation(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        r = self._get_reservation(tenant, request.reservation_id)
+        if r.state == "active":
+            for entry in r.groups:
+                for gid in entry["groups"]:
+                    with self.db.read() as s:
+                        g = s.get(Group, gid)
+                    if g is not None and not g.deleted:
+                        self.delete(g)
+
+            def mark(s):  # type: ignore[no-untyped-def]
+                row = s.get(Reservation, r.id)
+                row.state, row.released_at = "released", self.clock.now()
+                return row
+            r = self.db.transact(mark)
+        return self._reservation(r)
+
+    def GetMetrics(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        r = self._get_reservation(tenant, request.reservation_id)
+        ids = {gid for e in r.groups for gid in e["groups"]}
+        now = self.clock.now()
+        series = []
+        for name, h in self.servers.items():
+            try:
+                m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(), timeout=self.config.server_timeout_s)
+            except grpc.RpcError:
+                continue
+            for g in m.groups:
+                if g.group_id in ids:
+                    for metric, value in (("completed", g.completed), ("queued", g.queued),
+                                          ("busy_device_s", g.busy_device_s)):
+                        series.append(common_pb2.Series(name=metric, resource_id=f"{g.group_id}@{name}",
+                                                        samples=[common_pb2.Sample(time=now, value=value)]))
+        return irm_pb2.GetMetricsResponse(series=series)
+
+    def WatchCapacity(self, request, context):  # noqa: N802
+        def snapshot():
+            if request.resource_type in ("", VFPGA):
+                for info in self._server_infos().values():
+                    yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(info))
+            yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
+
+        yield from self.watchers.stream(snapshot, context.is_active)
+
+    # -- autoscaler ------------------------------------------------------
+    def _autoscale_loop(self) -> None:
+        while not self._stop.wait(self.config.autoscaler_interval_s):
+            try:
+                self.autoscale_once()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad round
+                log.exception("autoscaler round failed")
+
+    def autoscale_once(self) -> dict[str, int]:
+        """One autoscaler round over every server's elastic groups (pure policy; see irm_fpga.autoscaler)."""
+        from irm_fpga import autoscaler
+
+        with self.db.read() as s:
+            elastic = {g.id: g for g in s.scalars(select(Group).where(Group.elastic.is_(True),
+                                                                      Group.deleted.is_(False)))}
+        if not elastic or self.policy is None:
+            return {}
+        decided: dict[str, int] = {}
+        for name, h in self.servers.items():
+            try:
+                m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(), timeout=self.config.server_timeout_s)
+            except grpc.RpcError:
+                continue
+            sizes = autoscaler.decide_for_server(self.policy, name, m, elastic)
+            decided.update(sizes)
+        for gid, size in decided.items():
+            g = elastic[gid]
+            if size != g.size:
+                try:
+                    self.resize(g, max(g.min_size, min(g.max_size, size)))
+                except HarnessError as e:
+                    log.info("autoscaler resize refused", extra={"group": gid, "reason": str(e)})
+        return decided
+
+
+def component(config: OrchestratorConfig, clock: Clock | None = None) -> Component:
+    orch = Orchestrator(config, clock)
+
+    def register(server: grpc.Server) -> None:
+        fpga_pb2_grpc.add_FpgaOrchestratorServicer_to_server(orch, server)
+        irm_pb2_grpc.add_ResourceManagerServicer_to_server(orch, server)
+
+    comp = Component(name=f"fpga:{config.name}", register=register,
+                     service_names=["harness.v1.FpgaOrchestrator", "harness.v1.ResourceManager"],
+                     stop=orch.stop, extra={"orchestrator": orch})
+
+    def start() -> None:
+        host = config.address.rsplit(":", 1)[0]
+        orch._bound = f"{host}:{comp.extra['port']}"
+        orch.start(comp.extra["port"])
+
+    comp.start = start
+    return comp

@@ -1,0 +1,433 @@
+"""The emulated FPGA-server as a gRPC service: the engine on the wall clock.
+
+Results are handed out when the clock reaches their completion time. Whoever
+waits for results drives the engine: a RunBatch handler advances it itself
+(so a lone client pays no thread hand-off per task), and a dispatcher thread
+does so when nobody else is waiting, for Execute streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from harness.v1 import fpga_pb2, fpga_pb2_grpc
+from irm_fpga import designs as design_lib
+from irm_fpga import engine as eng
+from irm_fpga.wire import KIND_TO_ENGINE, KIND_TO_WIRE, WireError, from_map, to_map
+from services.clock import Clock, WallClock
+from services.errors import (
+    FailedPrecondition,
+    HarnessError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+from services.server import Component
+
+log = logging.getLogger(__name__)
+
+STATE = {
+    eng.UNASSIGNED: fpga_pb2.DeviceInfo.STATE_FREE,
+    eng.RECONFIGURING: fpga_pb2.DeviceInfo.STATE_RECONFIGURING,
+    eng.IDLE: fpga_pb2.DeviceInfo.STATE_IDLE,
+    eng.BUSY: fpga_pb2.DeviceInfo.STATE_BUSY,
+    "held": fpga_pb2.DeviceInfo.STATE_BUSY,
+    "blacklisted": fpga_pb2.DeviceInfo.STATE_BLACKLISTED,
+}
+
+
+@dataclass
+class FpgaServerConfig:
+    address: str = "127.0.0.1:50081"
+    name: str = "fpga-0"
+    devices: int = 8
+    reconfig_mean_s: float = 3.78
+    reconfig_std_s: float = 0.13
+    reconfig_failure_rate: float = 0.0
+    blacklist_after: int = 3
+    seed: int = 0
+
+
+def domain_error(e: Exception) -> HarnessError:
+    if isinstance(e, eng.NotFoundError):
+        return NotFound(str(e))
+    if isinstance(e, eng.CapacityError):
+        return ResourceExhausted(str(e))
+    if isinstance(e, eng.AlreadyExistsError | eng.PreconditionError):
+        return FailedPrecondition(str(e))
+    return InvalidArgument(str(e))
+
+
+class _Sink:
+    """Where one caller's results go: a RunBatch waiting for its ids, or a stream's queue."""
+
+    def __init__(self, expect: set[Any] | None = None) -> None:
+        self.expect = expect
+        self.results: list[eng.Result] = []
+        self.done = threading.Event()
+        self.q: queue.SimpleQueue[list[eng.Result] | None] = queue.SimpleQueue()
+
+    def deliver(self, results: list[eng.Result]) -> None:
+        if self.expect is None:
+            self.q.put(results)
+            return
+        self.results.extend(results)
+        for r in results:
+            self.expect.discard(r.task_id)
+        if not self.expect:
+            self.done.set()
+
+
+class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
+    def __init__(self, config: FpgaServerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        self.engine = eng.Engine(self.clock, eng.EngineConfig(
+            devices=config.devices, reconfig_mean_s=config.reconfig_mean_s, reconfig_std_s=config.reconfig_std_s,
+            reconfig_failure_rate=config.reconfig_failure_rate, blacklist_after=config.blacklist_after,
+            seed=config.seed))
+        self.tokens: dict[str, tuple[str, str]] = {}  # client -> (group, token)
+        self.sinks: dict[str, list[_Sink]] = {}
+        self.lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.waiting_handlers = 0
+        self.events: list[str] = []
+        self._stop = threading.Event()
+        self._dispatcher = threading.Thread(target=self._dispatch, name="fpga-dispatch", daemon=True)
+        self.direct_designs: dict[int, str] = {}
+        self.direct_lock = threading.Lock()
+
+    # -- driving the engine ---------------------------------------------
+    def _advance(self) -> None:
+        results = self.engine.advance()
+        for ev in self.engine.drain_events():
+            if ev.kind in ("reconfiguration_failed", "blacklisted"):
+                text = f"device {ev.device}: {ev.kind} ({ev.detail})" if ev.detail else f"device {ev.device}: {ev.kind}"
+                self.events.append(text)
+                log.warning("device event", extra={"device": ev.device, "event": ev.kind, "group": ev.group_id})
+        if not results:
+            return
+        by_client: dict[str, list[eng.Result]] = {}
+        for r in results:
+            by_client.setdefault(r.client_id, []).append(r)
+        with self.lock:
+            routes = {c: list(self.sinks.get(c, [])) for c in by_client}
+        for client, rs in by_client.items():
+            for sink in routes[client]:
+                mine = [r for r in rs if sink.expect is None or r.task_id in sink.expect]
+                if mine:
+                    sink.deliver(mine)
+
+    def _kick(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def _dispatch(self) -> None:
+        while not self._stop.is_set():
+            nxt = self.engine.next_event_time()
+            with self.cond:
+                timeout = 0.5 if nxt is None else max(0.0, nxt - self.clock.now())
+                if timeout > 0:
+                    self.cond.wait(timeout)
+                busy = self.waiting_handlers > 0
+            if not busy:
+                self._advance()
+
+    def _wait(self, sink: _Sink, deadline: float | None) -> None:
+        """Drive the engine until the sink has everything (a RunBatch handler)."""
+        with self.cond:
+            self.waiting_handlers += 1
+        try:
+            while not sink.done.is_set():
+                nxt = self.engine.next_event_time()
+                now = self.clock.now()
+                if nxt is not None and nxt <= now:
+                    self._advance()
+                    continue
+                timeout = 0.05 if nxt is None else nxt - now
+                if deadline is not None:
+                    if time.monotonic() > deadline:
+                        raise FailedPrecondition("the batch did not finish before the call's deadline")
+                sink.done.wait(timeout)
+        finally:
+            with self.cond:
+                self.waiting_handlers -= 1
+                self.cond.notify_all()
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        self._dispatcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick()
+        with self.lock:
+            sinks = [s for lst in self.sinks.values() for s in lst]
+        for s in sinks:
+            s.q.put(None)
+            s.done.set()
+
+    # -- control plane (called by the Orchestrator) ----------------------
+    def _part(self, g: eng.GroupInfo) -> fpga_pb2.GroupPart:
+        return fpga_pb2.GroupPart(group_id=g.group_id, design=g.design, target=g.target, active=g.size,
+                                  min_size=g.min_size, max_size=g.max_size, clients=list(g.clients),
+                                  server=self.config.name)
+
+    def GetServer(self, request, context):  # noqa: N802
+        devices = [fpga_pb2.DeviceInfo(index=d.index, state=STATE.get("blacklisted" if d.blacklisted else d.state,
+                                                                      fpga_pb2.DeviceInfo.STATE_UNSPECIFIED),
+                                       design=d.design or "", group_id=d.group_id or "", failures=d.failures)
+                   for d in self.engine.device_states()]
+        return fpga_pb2.ServerInfo(name=self.config.name, devices=devices,
+                                   groups=[self._part(g) for g in self.engine.groups()],
+                                   designs=sorted(design_lib.DESIGNS), reconfiguration_s=self.config.reconfig_mean_s,
+                                   events=list(self.events))
+
+    def _engine_call(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            out = fn(*args, **kwargs)
+        except (eng.EngineError, ValueError) as e:
+            raise domain_error(e) from None
+        self._kick()
+        return out
+
+    def CreateGroupPart(self, request, context):  # noqa: N802
+        if not request.group_id:
+            raise InvalidArgument.of("group_id", "required")
+        if request.design not in design_lib.DESIGNS:
+            raise InvalidArgument.of("design", f"unknown design {request.design!r}; "
+                                               f"available: {sorted(design_lib.DESIGNS)}")
+        existing = {g.group_id: g for g in self.engine.groups()}
+        if request.group_id in existing:  # idempotent for the Orchestrator's retries
+            return self._part(existing[request.group_id])
+        # Group-level limits are the Orchestrator's; a part may shrink to 0 devices.
+        info = self._engine_call(self.engine.create_group, request.group_id, request.design, request.size,
+                                 min_size=0, max_size=None)
+        return self._part(info)
+
+    def ResizeGroupPart(self, request, context):  # noqa: N802
+        return self._part(self._engine_call(self.engine.resize_group, request.group_id, request.size))
+
+    def _has(self, group_id: str) -> bool:
+        return any(g.group_id == group_id for g in self.engine.groups())
+
+    def DeleteGroupPart(self, request, context):  # noqa: N802
+        if self._has(request.group_id):
+            self._engine_call(self.engine.delete_group, request.group_id)  # revokes its clients
+        with self.lock:
+            for c, (g, _) in list(self.tokens.items()):
+                if g == request.group_id:
+                    self.tokens.pop(c)
+        return fpga_pb2.DeleteGroupPartResponse()
+
+    def AttachClient(self, request, context):  # noqa: N802
+        if not request.token:
+            raise InvalidArgument.of("token", "required")
+        with self.lock:
+            known = self.tokens.get(request.client_id)
+        if known is None:
+            self._engine_call(self.engine.attach_client, request.group_id, request.client_id)
+        elif known[0] != request.group_id:
+            raise FailedPrecondition(f"client {request.client_id!r} is attached to another group")
+        with self.lock:
+            self.tokens[request.client_id] = (request.group_id, request.token)
+        return fpga_pb2.ServerAttachResponse()
+
+    def DetachClient(self, request, context):  # noqa: N802
+        with self.lock:
+            self.tokens.pop(request.client_id, None)
+        try:
+            self.engine.detach_client(request.client_id)
+        except eng.NotFoundError:
+            pass
+        self._kick()
+        return fpga_pb2.ServerClientResponse()
+
+    def RevokeClient(self, request, context):  # noqa: N802
+        with self.lock:
+            self.tokens.pop(request.client_id, None)
+        try:
+            cancelled = self.engine.revoke_client(request.client_id)
+        except eng.NotFoundError:
+            cancelled = 0
+        self._kick()
+        self._advance()  # hand the cancelled tasks' results out now
+        return fpga_pb2.ServerClientResponse(cancelled=cancelled)
+
+    def GetMeasurements(self, request, context):  # noqa: N802
+        m = self.engine.measurements()
+        return fpga_pb2.ServerMeasurements(
+            time=m.time, usable_devices=m.usable, reconfigurations=m.reconfigurations,
+            groups=[fpga_pb2.GroupCounters(
+                group_id=g.group_id, active=g.size, submitted=g.executed + g.waiting + g.running,
+                completed=g.executed, queued=g.waiting + g.running, busy_device_s=g.busy_s,
+                clients=[fpga_pb2.ClientCounters(client_id=c.client_id, completed=c.executed,
+                                                 queued=c.waiting + c.running,
+                                                 submitted=c.executed + c.waiting + c.running)
+                         for c in g.clients]) for g in m.groups])
+
+    def InjectFault(self, request, context):  # noqa: N802
+        self._engine_call(self.engine.inject_reconfiguration_failures, request.device, request.count)
+        return fpga_pb2.InjectFaultResponse()
+
+    # -- data plane ------------------------------------------------------
+    def _authorise(self, batch: fpga_pb2.TaskBatch) -> str:
+        with self.lock:
+            known = self.tokens.get(batch.client_id)
+        if known is None:
+            raise PermissionDenied(f"client {batch.client_id!r} is not attached here (or was revoked); "
+                                   "attach through the Orchestrator")
+        if known[1] != batch.token or (batch.group_id and batch.group_id != known[0]):
+            raise PermissionDenied("token or group does not match the client's attachment")
+        return batch.client_id
+
+    @staticmethod
+    def _tasks(batch: fpga_pb2.TaskBatch) -> list[eng.Task]:
+        try:
+            shared = from_map(batch.shared_params, "shared_params")
+            tasks = []
+            for i, t in enumerate(batch.tasks):
+                params = shared if not t.params else {**shared, **from_map(t.params, f"tasks[{i}].params")}
+                tasks.append(eng.Task(t.id, params, KIND_TO_ENGINE.get(t.kind, eng.RUN)))
+        except WireError as e:
+            raise InvalidArgument.of("tasks", str(e)) from None
+        return tasks
+
+    def _result(self, r: eng.Result) -> fpga_pb2.TaskResult:
+        out = fpga_pb2.TaskResult(id=r.task_id, kind=KIND_TO_WIRE.get(r.kind, fpga_pb2.Task.KIND_RUN),
+                                  error=r.error or "", queue_time_s=r.queue_time, device_time_s=r.device_time,
+                                  device=r.device, server=self.config.name)
+        if isinstance(r.value, dict):
+            to_map(r.value, out.value)
+        elif r.value is not None:
+            to_map({"value": r.value}, out.value)
+        return out
+
+    def _add_sink(self, client: str, sink: _Sink) -> None:
+        with self.lock:
+            self.sinks.setdefault(client, []).append(sink)
+
+    def _drop_sink(self, client: str, sink: _Sink) -> None:
+        with self.lock:
+            lst = self.sinks.get(client, [])
+            if sink in lst:
+                lst.remove(sink)
+            if not lst:
+                self.sinks.pop(client, None)
+
+    def RunBatch(self, request, context):  # noqa: N802
+        client = self._authorise(request)
+        tasks = self._tasks(request)
+        sink = _Sink({t.task_id for t in tasks})
+        if len(sink.expect or ()) != len(tasks):
+            raise InvalidArgument.of("tasks", "task ids must be unique within a batch")
+        self._add_sink(client, sink)
+        try:
+            self._engine_call(self.engine.submit, client, tasks)
+            remaining = context.time_remaining() if context is not None else None
+            self._wait(sink, None if remaining is None else time.monotonic() + remaining)
+        finally:
+            self._drop_sink(client, sink)
+        return fpga_pb2.ResultBatch(results=[self._result(r) for r in sink.results])
+
+    def Execute(self, request_iterator, context):  # noqa: N802
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        client = self._authorise(first)
+        sink = _Sink()
+        self._add_sink(client, sink)
+        pending = {"n": 0, "closed": False}
+        plock = threading.Lock()
+        failure: list[HarnessError] = []
+
+        def submit(batch: fpga_pb2.TaskBatch) -> None:
+            tasks = self._tasks(batch)
+            with plock:
+                pending["n"] += len(tasks)
+            self._engine_call(self.engine.submit, client, tasks)
+
+        def read() -> None:
+            try:
+                submit(first)
+                for batch in request_iterator:
+                    submit(batch)
+            except HarnessError as e:
+                failure.append(e)
+            except grpc.RpcError:
+                pass
+            finally:
+                with plock:
+                    pending["closed"] = True
+                sink.q.put([])  # wake the writer to re-check
+
+        reader = threading.Thread(target=read, name=f"exec-{client}", daemon=True)
+        reader.start()
+        try:
+            while True:
+                with plock:
+                    if failure or (pending["closed"] and pending["n"] <= 0):
+                        break
+                try:
+                    got = sink.q.get(timeout=1.0)
+                except queue.Empty:
+                    if not context.is_active():
+                        break
+                    continue
+                if got is None:
+                    break
+                if got:
+                    with plock:
+                        pending["n"] -= len(got)
+                    yield fpga_pb2.ResultBatch(results=[self._result(r) for r in got])
+            if failure:
+                raise failure[0]
+        finally:
+            self._drop_sink(client, sink)
+
+    def RunDirect(self, request, context):  # noqa: N802
+        """One task on one free device, no group, no queues: the baseline of thesis Fig. 3.4."""
+        states = {d.index: d for d in self.engine.device_states()}
+        dev = states.get(request.device)
+        if dev is None:
+            raise NotFound(f"device {request.device} does not exist")
+        if dev.state != eng.UNASSIGNED or dev.blacklisted:
+            raise FailedPrecondition(f"device {request.device} belongs to a group or is unusable")
+        design = design_lib.DESIGNS.get(request.design)
+        if design is None:
+            raise InvalidArgument.of("design", f"unknown design {request.design!r}")
+        try:
+            params = from_map(request.task.params, "task.params")
+            value, seconds = design.run(params)
+        except (WireError, ValueError) as e:
+            raise InvalidArgument.of("task.params", str(e)) from None
+        with self.direct_lock:
+            start = self.clock.now()
+            if self.direct_designs.get(request.device) != request.design:
+                seconds += self.config.reconfig_mean_s
+                self.direct_designs[request.device] = request.design
+            end = start + seconds
+            while self.clock.now() < end:  # the device is busy until then
+                threading.Event().wait(end - self.clock.now())
+        r = eng.Result(request.task.id, "", "", eng.RUN, value, None, start, start, end, seconds, request.device)
+        return self._result(r)
+
+
+def component(config: FpgaServerConfig, clock: Clock | None = None) -> Component:
+    svc = FpgaServerService(config, clock)
+
+    def register(server: grpc.Server) -> None:
+        fpga_pb2_grpc.add_FpgaServerServicer_to_server(svc, server)
+
+    return Component(name=f"fpga-server:{config.name}", register=register,
+                     service_names=["harness.v1.FpgaServer"], start=svc.start, stop=svc.stop,
+                     extra={"server": svc})
+

@@ -1,0 +1,80 @@
+"""Task parameters and results between Python values and harness.v1 messages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from harness.v1 import fpga_pb2
+from irm_fpga.engine import LOCK, RUN, UNLOCK
+
+KIND_TO_ENGINE = {
+    fpga_pb2.Task.KIND_UNSPECIFIED: RUN,
+    fpga_pb2.Task.KIND_RUN: RUN,
+    fpga_pb2.Task.KIND_LOCK: LOCK,
+    fpga_pb2.Task.KIND_UNLOCK: UNLOCK,
+}
+KIND_TO_WIRE = {RUN: fpga_pb2.Task.KIND_RUN, LOCK: fpga_pb2.Task.KIND_LOCK, UNLOCK: fpga_pb2.Task.KIND_UNLOCK}
+
+
+class WireError(ValueError):
+    pass
+
+
+def to_value(v: Any, out: fpga_pb2.Value | None = None) -> fpga_pb2.Value:
+    out = fpga_pb2.Value() if out is None else out
+    if isinstance(v, bool | np.bool_):
+        out.flag = bool(v)
+    elif isinstance(v, int | float | np.integer | np.floating):
+        out.number = float(v)
+    elif isinstance(v, str):
+        out.text = v
+    elif isinstance(v, np.ndarray | list | tuple):
+        a = np.ascontiguousarray(np.asarray(v))
+        if a.dtype == object:
+            raise WireError("arrays must be numeric")
+        out.array.dtype = a.dtype.str
+        out.array.shape[:] = a.shape
+        out.array.data = a.tobytes()
+    elif isinstance(v, complex | np.complexfloating):
+        return to_value(np.asarray([v]), out)
+    else:
+        raise WireError(f"cannot send a {type(v).__name__}")
+    return out
+
+
+def from_value(v: fpga_pb2.Value, where: str = "value") -> Any:
+    kind = v.WhichOneof("kind")
+    if kind == "number":
+        return v.number
+    if kind == "flag":
+        return v.flag
+    if kind == "text":
+        return v.text
+    if kind == "array":
+        try:
+            dtype = np.dtype(v.array.dtype)
+        except TypeError:
+            raise WireError(f"{where}: unknown dtype {v.array.dtype!r}") from None
+        if dtype.kind not in "biufc":
+            raise WireError(f"{where}: dtype {v.array.dtype!r} is not numeric")
+        shape = tuple(v.array.shape)
+        count = int(np.prod(shape)) if shape else 1
+        if count * dtype.itemsize != len(v.array.data):
+            raise WireError(f"{where}: {len(v.array.data)} bytes do not fit shape {list(shape)} of {dtype.str}")
+        return np.frombuffer(v.array.data, dtype=dtype).reshape(shape)
+    raise WireError(f"{where}: empty value")
+
+
+def to_map(values: Mapping[str, Any] | None, out: Any) -> None:
+    """Fill a protobuf map<string, Value> from a dict (None: leave empty)."""
+    if not values:
+        return
+    for k, v in values.items():
+        to_value(v, out[k])
+
+
+def from_map(m: Any, where: str) -> dict[str, Any]:
+    return {k: from_value(v, f"{where}[{k}]") for k, v in m.items()}
