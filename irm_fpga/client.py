@@ -96,7 +96,8 @@ class _Part:
 
 class VirtualFpga:
     def __init__(self, attachment: fpga_pb2.Attachment, *, max_in_flight: int = 4096, batch_size: int = 300,
-                 orchestrator: fpga_pb2_grpc.FpgaOrchestratorStub | None = None, tenant: str = "") -> None:
+                 orchestrator: fpga_pb2_grpc.FpgaOrchestratorStub | None = None, tenant: str = "",
+                 refresh_s: float = 1.0) -> None:
         self.client_id = attachment.client_id
         self.group_id = attachment.group_id
         self.token = attachment.token
@@ -108,12 +109,42 @@ class VirtualFpga:
         self._futures: dict[int, Future] = {}
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(max_in_flight)
-        self._parts = [_Part(self, p) for p in attachment.parts if p.devices > 0]
-        if not self._parts:
-            raise RuntimeError(f"group {self.group_id} has no devices to send tasks to")
-        weights = [p.part.devices for p in self._parts]
-        self._cycle = itertools.cycle([p for p, w in zip(self._parts, weights, strict=True) for _ in range(w)])
+        self._all: dict[str, _Part] = {}
+        self._parts: list[_Part] = []
+        self._cycle: Iterator[_Part] = iter(())
+        self._use(attachment)
         self._locked: _Part | None = None
+        self._closing = threading.Event()
+        if refresh_s > 0 and orchestrator is not None:
+            threading.Thread(target=self._refresh_loop, args=(refresh_s,), name="fpga-refresh", daemon=True).start()
+
+    def _use(self, attachment: fpga_pb2.Attachment) -> None:
+        """Send to the parts that have devices now (a group may grow onto, or shrink off, servers)."""
+        for p in attachment.parts:
+            if p.server not in self._all and p.devices > 0:
+                self._all[p.server] = _Part(self, p)
+            if p.server in self._all:
+                self._all[p.server].part = p
+        live = [self._all[p.server] for p in attachment.parts if p.devices > 0 and p.server in self._all]
+        if not live:
+            raise RuntimeError(f"group {self.group_id} has no devices to send tasks to")
+        self._parts = live
+        self._cycle = itertools.cycle([p for p in live for _ in range(p.part.devices)])
+
+    def refresh(self) -> None:
+        """Ask the Orchestrator where the group's devices are now."""
+        assert self._orchestrator is not None
+        att = self._orchestrator.AttachClient(fpga_pb2.AttachClientRequest(
+            tenant=self._tenant, group_id=self.group_id, client_id=self.client_id), timeout=10)
+        with self._lock:
+            self._use(att)
+
+    def _refresh_loop(self, every: float) -> None:
+        while not self._closing.wait(every):
+            try:
+                self.refresh()
+            except (grpc.RpcError, RuntimeError):
+                continue  # the Orchestrator may be down: the data plane goes on as it is
 
     @classmethod
     def attach(cls, orchestrator_address: str, tenant: str, group_id: str, **kw: Any) -> VirtualFpga:
@@ -131,7 +162,8 @@ class VirtualFpga:
         with self._lock:
             self._futures[task_id] = fut
         self._slots.acquire()  # bounded in flight; the caller waits here, the rest is unbounded
-        part = self._locked or next(self._cycle)
+        with self._lock:
+            part = self._locked or next(self._cycle)
         part.outbox.put((task, fut))
         return fut
 
@@ -179,7 +211,8 @@ class VirtualFpga:
             return len(self._futures)
 
     def close(self, detach: bool = True) -> None:
-        for p in self._parts:
+        self._closing.set()
+        for p in self._all.values():
             p.close()
         if detach and self._orchestrator is not None:
             try:

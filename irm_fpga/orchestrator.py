@@ -208,13 +208,17 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 raise ResourceExhausted(f"{size - total} more device(s) needed; {free} free on "
                                         f"{len(infos)} reachable FPGA-server(s)")
         elif size < total:
+            # Every part keeps a device while it can: a part shrunk to nothing would
+            # strand the tasks clients already queued there. Below one device per
+            # part, the smallest parts go first.
             cut = total - size
-            for name in sorted(parts, key=lambda n: -parts[n]):
-                take = min(cut, parts[name])
-                parts[name] -= take
-                cut -= take
-                if cut == 0:
-                    break
+            for floor in (1, 0):
+                for name in sorted(parts, key=lambda n: (-parts[n], n) if floor else (parts[n], n)):
+                    take = min(cut, max(0, parts[name] - floor))
+                    parts[name] -= take
+                    cut -= take
+                    if cut == 0:
+                        return parts
         return parts
 
     def _apply(self, g: Group, parts: dict[str, int]) -> None:

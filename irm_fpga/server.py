@@ -350,10 +350,16 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         failure: list[HarnessError] = []
 
         def submit(batch: fpga_pb2.TaskBatch) -> None:
-            tasks = self._tasks(batch)
-            with plock:
-                pending["n"] += len(tasks)
-            self._engine_call(self.engine.submit, client, tasks)
+            try:
+                tasks = self._tasks(batch)
+                with plock:
+                    pending["n"] += len(tasks)
+                self._engine_call(self.engine.submit, client, tasks)
+            except InvalidArgument as e:
+                # A bad task fails its batch's tasks, not the stream: answer them with the reason.
+                now = self.clock.now()
+                sink.deliver([eng.Result(t.id, client, "", KIND_TO_ENGINE.get(t.kind, eng.RUN), None, str(e),
+                                         now, now, now, 0.0, -1) for t in batch.tasks])
 
         def read() -> None:
             try:

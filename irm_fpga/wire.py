@@ -27,7 +27,9 @@ def to_value(v: Any, out: fpga_pb2.Value | None = None) -> fpga_pb2.Value:
     out = fpga_pb2.Value() if out is None else out
     if isinstance(v, bool | np.bool_):
         out.flag = bool(v)
-    elif isinstance(v, int | float | np.integer | np.floating):
+    elif isinstance(v, int | np.integer):
+        out.integer = int(v)
+    elif isinstance(v, float | np.floating):
         out.number = float(v)
     elif isinstance(v, str):
         out.text = v
@@ -49,6 +51,8 @@ def from_value(v: fpga_pb2.Value, where: str = "value") -> Any:
     kind = v.WhichOneof("kind")
     if kind == "number":
         return v.number
+    if kind == "integer":
+        return v.integer
     if kind == "flag":
         return v.flag
     if kind == "text":

@@ -32,12 +32,17 @@ class Suite:
         self.procs: list[ServiceProcess] = []
 
     def start(self, service: str, name: str | None = None, **settings: Any) -> ServiceProcess:
-        if service == "agent":
-            settings.setdefault("work_dir", os.path.join(self.tmp, "agent"))
-        else:
+        import dataclasses
+
+        from services.catalog import SERVICES
+
+        fields = {f.name for f in dataclasses.fields(SERVICES[service].load()[0])}
+        if "work_dir" in fields:
+            settings.setdefault("work_dir", os.path.join(self.tmp, f"{name or service}-work"))
+        if "state_dir" in fields:
             settings.setdefault("state_dir", self.tmp)
-        if service == "compute" and name:
-            settings.setdefault("name", name)  # the name it registers under
+        if name and "name" in fields and service in ("compute", "fpga-server"):
+            settings.setdefault("name", name)  # the name it registers / reports under
         p = spawn(service, name=name, settings=settings,
                   log_path=os.path.join(self.tmp, f"{name or service}.log"))
         self.procs.append(p)

@@ -233,18 +233,20 @@ class PerformanceModel(_message.Message):
     def __init__(self, application_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., frontier: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., extrapolation: _Optional[_Union[Extrapolation, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[ProfilingSession, _Mapping]]] = ..., updated_at: _Optional[float] = ...) -> None: ...
 
 class ExecuteApplicationRequest(_message.Message):
-    __slots__ = ("tenant", "application_id", "slo_json", "request_id", "timeout_s")
+    __slots__ = ("tenant", "application_id", "slo_json", "request_id", "timeout_s", "online")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     SLO_JSON_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     application_id: str
     slo_json: str
     request_id: str
     timeout_s: float
-    def __init__(self, tenant: _Optional[str] = ..., application_id: _Optional[str] = ..., slo_json: _Optional[str] = ..., request_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    online: bool
+    def __init__(self, tenant: _Optional[str] = ..., application_id: _Optional[str] = ..., slo_json: _Optional[str] = ..., request_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., online: _Optional[bool] = ...) -> None: ...
 
 class ApplicationExecution(_message.Message):
     __slots__ = ("id", "application_id", "tenant", "state", "configuration", "predicted_time_s", "predicted_cost", "measured_time_s", "measured_cost", "slo_met", "error", "output_tail", "reservation_id", "started_at", "ended_at", "slo")

@@ -18,16 +18,18 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Value(_message.Message):
-    __slots__ = ("number", "flag", "array", "text")
+    __slots__ = ("number", "flag", "array", "text", "integer")
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     FLAG_FIELD_NUMBER: _ClassVar[int]
     ARRAY_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELD_NUMBER: _ClassVar[int]
     number: float
     flag: bool
     array: Tensor
     text: str
-    def __init__(self, number: _Optional[float] = ..., flag: _Optional[bool] = ..., array: _Optional[_Union[Tensor, _Mapping]] = ..., text: _Optional[str] = ...) -> None: ...
+    integer: int
+    def __init__(self, number: _Optional[float] = ..., flag: _Optional[bool] = ..., array: _Optional[_Union[Tensor, _Mapping]] = ..., text: _Optional[str] = ..., integer: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("id", "kind", "params")
