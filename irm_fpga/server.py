@@ -132,14 +132,17 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
 
     def _dispatch(self) -> None:
         while not self._stop.is_set():
-            nxt = self.engine.next_event_time()
             with self.cond:
-                timeout = 0.5 if nxt is None else max(0.0, nxt - self.clock.now())
+                if self.waiting_handlers > 0:
+                    # A RunBatch handler drives the engine; wait until it is done.
+                    self.cond.wait(0.5)
+                    continue
+                nxt = self.engine.next_event_time()
+                timeout = 0.5 if nxt is None else nxt - self.clock.now()
                 if timeout > 0:
                     self.cond.wait(timeout)
-                busy = self.waiting_handlers > 0
-            if not busy:
-                self._advance()
+                    continue
+            self._advance()
 
     def _wait(self, sink: _Sink, deadline: float | None) -> None:
         """Drive the engine until the sink has everything (a RunBatch handler)."""

@@ -1,0 +1,132 @@
+"""`harness bench fpga-overhead`: what an FPGA group adds to a task (thesis Fig. 3.4).
+
+One emulated FPGA-server process. In one run:
+
+* direct: single 0.33 ms tasks, one at a time, sent straight to one device
+  (`RunDirect`: no group, no queues) -- the baseline;
+* group: the same tasks, one at a time, through a one-device group
+  (`RunBatch` of one task: client queues, shortest-queue dispatch, device
+  locking) -- `added_ms_per_task` = group - direct is what groups cost;
+* client: the same through the client library (`VirtualFpga.submit().result()`
+  over an Execute stream), for reference;
+* batched: 1 ms tasks in batches of 300 through the client library into a
+  one-device group: `batched_overhead_us_per_task` = wall time per task minus
+  the task's device time (the device is the bottleneck; anything above it is
+  overhead), and the same for an 8-device group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import grpc
+
+from bench._common import emit
+from harness.v1 import fpga_pb2, fpga_pb2_grpc
+from irm_fpga.client import VirtualFpga
+from services.launcher import spawn
+
+TASK_S = 0.00033
+
+
+def _one_task(task_id: int, duration: float) -> fpga_pb2.Task:
+    t = fpga_pb2.Task(id=task_id, kind=fpga_pb2.Task.KIND_RUN)
+    t.params["duration"].number = duration
+    return t
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="harness bench fpga-overhead")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args([a for a in argv if a != "--"])
+    singles = 300 if args.quick else 2000
+    batched = 6000 if args.quick else 30000
+
+    server = spawn("fpga-server", settings={"reconfig_mean_s": 0.01, "reconfig_std_s": 0.0, "devices": 8})
+    try:
+        server.wait_ready()
+        stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
+
+        # direct: device 7 stays outside every group
+        stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(0, TASK_S)))
+        direct = []
+        for i in range(singles):
+            t0 = time.perf_counter()
+            stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(i, TASK_S)))
+            direct.append(time.perf_counter() - t0)
+
+        # group of one device, one task per RunBatch
+        stub.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="one", design="sleep", size=1))
+        stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="one", client_id="c1", token="t"))
+        wait_group_ready(stub, "one", 1)
+        group = []
+        for i in range(singles):
+            batch = fpga_pb2.TaskBatch(client_id="c1", group_id="one", token="t", tasks=[_one_task(i, TASK_S)])
+            t0 = time.perf_counter()
+            stub.RunBatch(batch)
+            group.append(time.perf_counter() - t0)
+
+        # the client library, one at a time, then batched
+        att = fpga_pb2.Attachment(client_id="c2", group_id="one", token="t2", design="sleep",
+                                  parts=[fpga_pb2.AttachedPart(server="fpga-0", address=server.address, devices=1)])
+        stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="one", client_id="c2", token="t2"))
+        fpga = VirtualFpga(att, batch_size=300)
+        client = []
+        for _ in range(min(singles, 300)):
+            t0 = time.perf_counter()
+            fpga.submit({"duration": TASK_S}).result()
+            client.append(time.perf_counter() - t0)
+        fpga.map([{"duration": 0.001}] * 300)  # warm the stream
+        t0 = time.perf_counter()
+        fpga.map([{"duration": 0.001}] * batched)
+        one_dev_wall = time.perf_counter() - t0
+        fpga.close(detach=False)
+
+        stub.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="eight", design="sleep", size=6))
+        stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="eight", client_id="c3", token="t3"))
+        wait_group_ready(stub, "eight", 6)
+        att8 = fpga_pb2.Attachment(client_id="c3", group_id="eight", token="t3", design="sleep",
+                                   parts=[fpga_pb2.AttachedPart(server="fpga-0", address=server.address, devices=6)])
+        fpga8 = VirtualFpga(att8, batch_size=300)
+        fpga8.map([{"duration": 0.001}] * 600)
+        t0 = time.perf_counter()
+        fpga8.map([{"duration": 0.001}] * batched)
+        six_dev_wall = time.perf_counter() - t0
+        fpga8.close(detach=False)
+    finally:
+        server.stop()
+
+    direct_ms = statistics.mean(direct) * 1000
+    group_ms = statistics.mean(group) * 1000
+    emit({
+        "benchmark": "fpga-overhead",
+        "task_ms": TASK_S * 1000,
+        "tasks_single": singles,
+        "direct_ms": round(direct_ms, 3),
+        "group_ms": round(group_ms, 3),
+        "added_ms_per_task": round(group_ms - direct_ms, 3),
+        "direct_p50_ms": round(statistics.median(direct) * 1000, 3),
+        "group_p50_ms": round(statistics.median(group) * 1000, 3),
+        "client_library_ms": round(statistics.mean(client) * 1000, 3),
+        "batched_tasks": batched,
+        "batched_tasks_per_s": round(batched / one_dev_wall, 1),
+        "batched_overhead_us_per_task": round((one_dev_wall / batched - 0.001) * 1e6, 2),
+        "batched_6_devices_tasks_per_s": round(batched / six_dev_wall, 1),
+        "batched_6_devices_overhead_us_per_task": round((six_dev_wall / batched - 0.001 / 6) * 1e6, 2),
+        "targets": {"added_ms_per_task<=0.09": group_ms - direct_ms <= 0.09,
+                    "batched_overhead_us_per_task<=20": (one_dev_wall / batched - 0.001) * 1e6 <= 20},
+    })
+    return 0
+
+
+def wait_group_ready(stub: fpga_pb2_grpc.FpgaServerStub, group_id: str, size: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = stub.GetServer(fpga_pb2.GetServerRequest())
+        if any(g.group_id == group_id and g.active >= size for g in info.groups):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"group {group_id} never reached {size} devices")
