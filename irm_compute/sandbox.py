@@ -22,11 +22,13 @@ Nothing here knows about gRPC.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 import queue
 import resource
+import shutil
 import signal
 import subprocess
 import threading
@@ -239,11 +241,29 @@ def _spawning_thread_pinned(cpus: tuple[int, ...]) -> Iterator[None]:
         os.sched_setaffinity(0, previous)
 
 
-def _limit_data(pid: int, limit: int) -> None:
-    """RLIMIT_DATA of a running process (it and what it starts from now on)."""
+_PRLIMIT = shutil.which("prlimit")
+
+
+def _require_program(prog: str, cwd: str | None, path: str | None) -> None:
+    """Raise as Popen would for a missing program (prlimit would only exit non-zero later)."""
+    if os.sep in prog:
+        found: str | None = prog if os.path.isabs(prog) else os.path.join(cwd or os.getcwd(), prog)
+    else:
+        found = shutil.which(prog, path=path)
+    if not found or not os.access(found, os.X_OK):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), prog)
+
+
+def _capped(limit: int) -> int:
     hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)  # raising a hard limit needs privileges the agent should not have
+    return limit
+
+
+def _limit_data(pid: int, limit: int) -> None:
+    """RLIMIT_DATA of a running process (it and what it starts from now on)."""
+    limit = _capped(limit)
     try:
         resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
     except ProcessLookupError:
@@ -315,9 +335,16 @@ class LocalExecution:
         """Spawn the command. OSError (e.g. FileNotFoundError for a missing program) propagates."""
         cpus = self.slot.cpus
         self._t0, self.started_at = time.monotonic(), time.time()
+        limit = data_rlimit_bytes(self.slot.memory_mb, len(cpus))
+        argv = list(self.argv)
+        if limit is not None and _PRLIMIT:
+            _require_program(argv[0], self.working_dir, self.env.get("PATH"))
+            # util-linux's prlimit sets the limit on itself, then execs the program: the limit
+            # holds from the program's first instruction (no preexec_fn: unsafe beside gRPC threads).
+            argv = [_PRLIMIT, f"--data={_capped(limit)}", "--", *argv]
         with _spawning_thread_pinned(cpus):
             popen = subprocess.Popen(
-                self.argv,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -326,9 +353,9 @@ class LocalExecution:
                 start_new_session=True,  # its own process group: the whole tree can be killed at once
                 bufsize=0,
             )
-        # Popen returns once the program is exec'd, microseconds into its start-up: too early for
-        # it to have allocated much or started anything; whatever slips through, the watchdog sees.
-        if (limit := data_rlimit_bytes(self.slot.memory_mb, len(cpus))) is not None:
+        # Without prlimit: set it right after the exec, microseconds into the program's start-up;
+        # whatever slips through before that, the watchdog sees.
+        if limit is not None and not _PRLIMIT:
             _limit_data(popen.pid, limit)
         self._popen = popen
         self._started = Started(self.execution_id, popen.pid, cpus, self.slot.memory_mb, self.slot.notes)

@@ -31,7 +31,7 @@ SERVICES: dict[str, ServiceEntry] = {
         ServiceEntry("compute", "compute", "irm_compute.service", "ComputeConfig"),
         ServiceEntry("agent", "agent", "irm_compute.agent", "AgentConfig"),
         ServiceEntry("fpga-server", "fpga_server", "irm_fpga.server", "FpgaServerConfig"),
-        ServiceEntry("fpga", "fpga", "irm_fpga.orchestrator", "OrchestratorConfig"),
+        ServiceEntry("fpga", "orchestrator", "irm_fpga.orchestrator", "OrchestratorConfig"),
         ServiceEntry("am", "am", "application_manager.service", "AppManagerConfig"),
     ]
 }

@@ -329,7 +329,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("bench", help="run a benchmark (prints JSON): crs, ...")
+    from application_manager import cli as am_cli
+
+    am_cli.add_commands(sub)
+
+    p = sub.add_parser("bench", help="run a benchmark (prints JSON): crs, fpga-overhead, fpga-elasticity, "
+                                     "autoscaler, profilers")
     p.add_argument("name")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags, e.g. --quick --json")
     p.set_defaults(func=cmd_bench)

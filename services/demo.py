@@ -79,7 +79,8 @@ def run(console: Console, crs_address: str) -> None:
     crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs_address))
     deadline = time.monotonic() + 30
     while True:  # the compute IRM registers itself and streams its capacity in
-        hosts = crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant=TENANT), timeout=5).resources
+        hosts = crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant=TENANT, resource_type="vm"),
+                                      timeout=5).resources
         if hosts or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -131,7 +132,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         procs = suite.start(state_dir, auto_ports=True,
                             on_started=lambda p: console.print(f"  [green]started[/] {p.name:8} {p.address}"))
-        run(console, next(p.address for p in procs if p.name == "crs"))
+        addrs = {p.name: p.address for p in procs}
+        run(console, addrs["crs"])
+        from application_manager import demo as am_demo
+
+        console.print("[bold]Application Manager: profile a real application, build its Pareto frontier, "
+                      "execute it under an SLO[/]")
+        am_demo.run(console, addrs["crs"], addrs["am"])
         console.print("[bold green]Demo complete.[/]")
         return 0
     except grpc.RpcError as e:

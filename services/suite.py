@@ -14,7 +14,7 @@ from pathlib import Path
 
 from services.launcher import ServiceProcess, spawn
 
-DEFAULT_PORTS = {"crs": 50051, "compute": 50061, "agent": 50071}
+DEFAULT_PORTS = {"crs": 50051, "compute": 50061, "agent": 50071, "fpga-server": 50081, "fpga": 50091, "am": 50101}
 
 
 @dataclass
@@ -40,6 +40,10 @@ def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1") -> l
             "state_dir": state_dir, "crs_address": addr["crs"], "agent_address": addr["agent"]}),
         Planned("agent", "agent", addr["agent"], {
             "compute_address": addr["compute"], "work_dir": str(Path(state_dir) / "agent")}),
+        Planned("fpga-server", "fpga-server", addr["fpga-server"], {"name": "fpga-0"}),
+        Planned("fpga", "fpga", addr["fpga"], {
+            "state_dir": state_dir, "servers": addr["fpga-server"], "crs_address": addr["crs"]}),
+        Planned("am", "am", addr["am"], {"state_dir": state_dir, "crs_address": addr["crs"]}),
     ]
 
 

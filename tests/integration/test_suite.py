@@ -30,8 +30,8 @@ def running(tmp_path_factory):
     procs = suite_mod.start(state, auto_ports=True)
     addrs = {p.name: p.address for p in procs}
     crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(addrs["crs"]))
-    eventually(lambda: len(crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 6,
-               what="the compute IRM's hosts in the CRS")
+    eventually(lambda: len(crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(resource_type="vm")).resources)
+               == 6, what="the compute IRM's hosts in the CRS")
     yield {"state": state, "addrs": addrs, "crs": crs, "procs": procs}
     suite_mod.stop(procs)
 
@@ -56,7 +56,8 @@ def test_status_reports_every_service_serving(running):
     status = json.loads(r.stdout)
     assert r.returncode == 0 and status["ok"] is True
     assert {s["name"]: s["status"] for s in status["services"]} == {
-        "crs": "SERVING", "compute": "SERVING", "agent": "SERVING"}
+        p.name: "SERVING" for p in suite_mod.plan(running["state"])}
+    assert {"crs", "compute", "agent", "fpga-server", "fpga"} <= {s["name"] for s in status["services"]}
 
 
 def test_run_in_vm_confined_and_measured(running):
@@ -133,7 +134,7 @@ def test_harness_up_runs_in_foreground_and_stops_cleanly_on_ctrl_c(tmp_path):
             break
     assert any("Harness is up" in x for x in lines), "".join(lines)
     pids = [p for p in _children(proc.pid)]
-    assert len(pids) == 3
+    assert len(pids) == len(suite_mod.plan(str(tmp_path)))
     r = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json", "--state-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert json.loads(r.stdout)["ok"] is True

@@ -1,0 +1,203 @@
+"""`harness app ...`: the Application Manager from the command line.
+
+    harness app submit examples/rtm/manifest.json [--slo examples/rtm/slo.json] [--app-dir DIR]
+    harness app profile APP_ID [--profiler bo] [--runs 10] [--budget C] [--duration S] [--seed N] [--warm]
+    harness app model APP_ID [--json] [--plot frontier.png]
+    harness app execute APP_ID [--slo FILE] [--online]
+    harness app executions [APP_ID]
+    harness app list
+
+services.commands adds these with `application_manager.cli.add_commands(sub)`. The AM's
+address comes from --am, HARNESS_AM_ADDRESS, the running suite's suite.json, or :50081.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import grpc
+
+DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
+
+
+def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from harness.v1 import application_manager_pb2_grpc as pb_grpc
+    from services import suite
+
+    addr = args.am or os.environ.get("HARNESS_AM_ADDRESS") or suite.addresses(args.state_dir).get("am") \
+        or "127.0.0.1:50081"
+    return pb_grpc.ApplicationManagerStub(grpc.insecure_channel(addr))
+
+
+def _fail(e: grpc.RpcError) -> int:
+    from services.errors import field_violations
+
+    print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+    for f, d in field_violations(e):
+        print(f"  {f}: {d}", file=sys.stderr)
+    return 1
+
+
+def _print(msg) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from google.protobuf import json_format
+
+    print(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2))
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from harness.v1 import application_manager_pb2 as pb
+
+    manifest = Path(args.manifest)
+    slo = Path(args.slo) if args.slo else manifest.with_name("slo.json")
+    try:
+        app = _stub(args).SubmitApplication(pb.SubmitApplicationRequest(
+            tenant=args.tenant, manifest_json=manifest.read_text(), slo_json=slo.read_text() if slo.exists() else "",
+            app_dir=args.app_dir or str(manifest.resolve().parent)), timeout=60)
+    except grpc.RpcError as e:
+        return _fail(e)
+    _print(app)
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from harness.v1 import application_manager_pb2 as pb
+
+    console = Console(stderr=True)
+    req = pb.StartProfilingRequest(tenant=args.tenant, application_id=args.app, profiler=args.profiler,
+                                   max_runs=args.runs, max_cost=args.budget, max_duration_s=args.duration,
+                                   seed=args.seed, warm_start=args.warm)
+    final = None
+    try:
+        with Progress(TextColumn("[bold]profiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
+                      console=console) as progress:
+            task = progress.add_task("p", total=args.runs, last="")
+            for ev in _stub(args).StartProfiling(req, timeout=None):
+                if ev.HasField("run"):
+                    r = ev.run
+                    progress.update(task, advance=1, last=f"{r.configuration.summary}: "
+                                    f"{r.execution_time_s:.2f} s, {r.cost:.5f}" + ("" if r.ok else f" ({r.error})"))
+                final = ev.session
+    except grpc.RpcError as e:
+        return _fail(e)
+    if final is not None:
+        _print(final)
+    return 0
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from harness.v1 import application_manager_pb2 as pb
+
+    try:
+        model = _stub(args).GetModel(pb.GetModelRequest(tenant=args.tenant, application_id=args.app), timeout=30)
+    except grpc.RpcError as e:
+        return _fail(e)
+    if args.plot:
+        from application_manager.demo import plot
+
+        print(f"plot written to {plot(model, args.plot, args.app)}", file=sys.stderr)
+    if args.json:
+        _print(model)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Pareto frontier of {args.app} ({len(model.runs)} runs)")
+    for col in ("configuration", "time s", "cost", "predicted"):
+        table.add_column(col)
+    for p in model.frontier:
+        table.add_row(p.configuration.summary, f"{p.execution_time_s:.3f}", f"{p.cost:.5f}", "yes" if p.predicted else "")
+    Console().print(table)
+    return 0
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    from harness.v1 import application_manager_pb2 as pb
+
+    try:
+        ex = _stub(args).ExecuteApplication(pb.ExecuteApplicationRequest(
+            tenant=args.tenant, application_id=args.app, slo_json=Path(args.slo).read_text() if args.slo else "",
+            online=args.online), timeout=None)
+    except grpc.RpcError as e:
+        return _fail(e)
+    _print(ex)
+    return 0 if ex.state == pb.ApplicationExecution.STATE_SUCCEEDED else 1
+
+
+def cmd_executions(args: argparse.Namespace) -> int:
+    from harness.v1 import application_manager_pb2 as pb
+
+    try:
+        _print(_stub(args).ListExecutions(pb.ListExecutionsRequest(tenant=args.tenant, application_id=args.app or ""),
+                                          timeout=30))
+    except grpc.RpcError as e:
+        return _fail(e)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from harness.v1 import application_manager_pb2 as pb
+
+    try:
+        _print(_stub(args).ListApplications(pb.ListApplicationsRequest(tenant=args.tenant), timeout=30))
+    except grpc.RpcError as e:
+        return _fail(e)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    app = sub.add_parser("app", help="the Application Manager: submit, profile, model, execute under an SLO")
+    verbs = app.add_subparsers(dest="verb", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--state-dir", default=DEFAULT_STATE)
+        p.add_argument("--am", help="Application Manager address (default: from the running suite)")
+        p.add_argument("--tenant", default=os.environ.get("HARNESS_TENANT", "demo"))
+
+    p = verbs.add_parser("submit", help="submit a manifest (and its SLO; default: slo.json beside it)")
+    common(p)
+    p.add_argument("manifest")
+    p.add_argument("--slo")
+    p.add_argument("--app-dir", help="what %%app_dir stands for (default: the manifest's directory)")
+    p.set_defaults(func=cmd_submit)
+
+    p = verbs.add_parser("profile", help="profile an application, with a progress bar")
+    common(p)
+    p.add_argument("app")
+    p.add_argument("--profiler", default="bo", help="uniform, sa, utilisation, directed-sa, extrapolated, bo")
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--budget", type=float, default=0.0)
+    p.add_argument("--duration", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm", action="store_true", help="learn from the tenant's other applications")
+    p.set_defaults(func=cmd_profile)
+
+    p = verbs.add_parser("model", help="the performance model (Pareto frontier)")
+    common(p)
+    p.add_argument("app")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", help="write a PNG of the runs and the frontier here")
+    p.set_defaults(func=cmd_model)
+
+    p = verbs.add_parser("execute", help="run under the SLO (the submitted one, or --slo FILE)")
+    common(p)
+    p.add_argument("app")
+    p.add_argument("--slo")
+    p.add_argument("--online", action="store_true", help="online profiling when nothing meets the SLO yet")
+    p.set_defaults(func=cmd_execute)
+
+    p = verbs.add_parser("executions", help="past executions")
+    common(p)
+    p.add_argument("app", nargs="?")
+    p.set_defaults(func=cmd_executions)
+
+    p = verbs.add_parser("list", help="the tenant's applications")
+    common(p)
+    p.set_defaults(func=cmd_list)

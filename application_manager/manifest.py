@@ -1,0 +1,492 @@
+"""Application manifests in the appendix-A JSON format (thesis §4.2.1, appendix A), validated.
+
+A manifest names the application, its modules, each module's input parameters and
+implementations (one chosen per run, e.g. a CPU and an FPGA implementation), and per
+implementation: resource groups (GroupID, Role, Type, NumInstances as a Value or a Var
+with Values/Range, Attributes with Value/Values/Range), Distances between groups,
+GlobalConstraints (parsed by application_manager.expr), EnvironmentVars and arguments with
+`%var` substitution. Instead of a Tarball URL, an implementation gives its `Command` (a
+command line or an argv list; `%python` and `%app_dir` are provided by the manager).
+
+Every problem is reported at once, each naming its field (e.g.
+`manifest.Modules[0].Implementations[1].Resources.Groups[0].Attributes.Memory.Values`) and
+saying what is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from application_manager import expr
+from services.errors import Violations
+
+# Resource types a manifest group may name, and the CRS resource type each maps to.
+GROUP_TYPES = {"machine": "vm", "vm": "vm", "fpga": "vfpga", "vfpga": "vfpga"}
+# Attribute names (case-insensitive) of a Machine group and the CRS attribute each maps to,
+# with the factor from manifest units (Memory in MB as in appendix A) to CRS units.
+MACHINE_ATTRIBUTES = {"cores": ("cores", 1.0), "memory": ("memory_gb", 1 / 1024),
+                      "frequency": ("frequency_ghz", 1.0)}
+# Utilisation a dimension responds to (the whitebox model of thesis §4.4.2).
+RESOURCE_KIND = {"cores": "cpu", "memory": "memory", "frequency": "cpu", "instances": "cpu"}
+BUILTIN_VARS = ("%python", "%app_dir")
+MAX_VALUES = 4096
+_VAR = re.compile(r"%[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A manifest value that is either fixed or chosen by the manager from a domain."""
+
+    var: str  # "" when fixed
+    values: tuple[Any, ...]  # one value when fixed
+    kind: str = ""  # "cpu" | "memory" | "" : what utilisation says about it
+
+
+@dataclass(frozen=True)
+class Group:
+    id: str
+    role: str
+    type: str  # CRS resource type: "vm" or "vfpga" (the FPGA IRM's virtual FPGA)
+    instances: Choice
+    attributes: dict[str, Choice]  # manifest attribute name -> choice
+
+
+@dataclass(frozen=True)
+class Distance:
+    source: str
+    target: str
+    constraints: tuple[str, ...]  # CRS constraint expressions
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    groups: tuple[Group, ...]
+    distances: tuple[Distance, ...]
+    global_constraints: tuple[tuple[str, expr.Node], ...]
+    env: dict[str, str]
+    command: tuple[str, ...]
+    deployment_args: str
+    execution_args: str
+
+    def choices(self) -> dict[str, Choice]:
+        """Every variable the manager chooses for this implementation, by name."""
+        out: dict[str, Choice] = {}
+        for g in self.groups:
+            for c in [g.instances, *g.attributes.values()]:
+                if c.var and len(c.values) > 0:
+                    out.setdefault(c.var, c)
+        return out
+
+    def fixed(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for g in self.groups:
+            for c in [g.instances, *g.attributes.values()]:
+                if c.var and len(c.values) == 1:
+                    out[c.var] = c.values[0]
+        return out
+
+    def master(self) -> Group:
+        for g in self.groups:
+            if g.role.upper() == "MASTER":
+                return g
+        return self.groups[0]
+
+
+@dataclass(frozen=True)
+class Parameter:
+    var: str
+    name: str
+    type: str
+    values: tuple[Any, ...]
+    default: Any
+    # Optional: the small "benchmarking" value of an input-size parameter (thesis §4.4.3).
+    benchmark: Any = None
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    parameters: tuple[Parameter, ...]
+    implementations: tuple[Implementation, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    author: str
+    modules: tuple[Module, ...]
+    raw: dict = field(compare=False, default_factory=dict)
+
+    @property
+    def module(self) -> Module:
+        return self.modules[0]
+
+    def parameter(self, var_or_name: str) -> Parameter | None:
+        for p in self.module.parameters:
+            if var_or_name in (p.var, p.name):
+                return p
+        return None
+
+
+def _get(obj: dict, key: str) -> Any:
+    """Keys are matched case-insensitively (the appendix mixes styles)."""
+    if key in obj:
+        return obj[key]
+    low = key.lower()
+    for k, v in obj.items():
+        if isinstance(k, str) and k.lower() == low:
+            return v
+    return None
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _var(value: Any, path: str, v: Violations) -> str:
+    if value is None:
+        return ""
+    if not (isinstance(value, str) and re.fullmatch(r"%[A-Za-z_][A-Za-z0-9_]*", value)):
+        v.add(path, f"expected a variable name such as \"%master_cores\" ('%' then letters, digits, _), got {value!r}")
+        return ""
+    if value in BUILTIN_VARS:
+        v.add(path, f"{value} is provided by the manager; choose another name")
+        return ""
+    return value
+
+
+def _choice(spec: Any, path: str, v: Violations, *, numeric: bool, integer: bool = False, kind: str = "") -> Choice | None:
+    """{"Value": x} | {"Var": "%x", "Values": [...]} | {"Var": "%x", "Range": [lo, hi]}."""
+    if _is_number(spec) or isinstance(spec, str):
+        spec = {"Value": spec}
+    if not isinstance(spec, dict):
+        v.add(path, "expected an object with \"Value\", or \"Var\" and \"Values\" or \"Range\"")
+        return None
+    var = _var(_get(spec, "Var"), f"{path}.Var", v)
+    given = [k for k in ("Value", "Values", "Range") if _get(spec, k) is not None]
+    if len(given) != 1:
+        v.add(path, "give exactly one of \"Value\", \"Values\" or \"Range\"" + (f" (got {', '.join(given)})" if given else ""))
+        return None
+    key = given[0]
+    raw = _get(spec, key)
+    if key == "Value":
+        values: list[Any] = [raw]
+    elif key == "Values":
+        if not isinstance(raw, list) or not raw:
+            v.add(f"{path}.Values", "expected a non-empty list of values")
+            return None
+        values = list(raw)
+    else:
+        if not (isinstance(raw, list) and len(raw) == 2 and all(_is_number(x) for x in raw)):
+            v.add(f"{path}.Range", "expected [lowest, highest], two numbers")
+            return None
+        lo, hi = raw
+        if lo != int(lo) or hi != int(hi):
+            v.add(f"{path}.Range", "a Range enumerates whole numbers; give Values for other steps")
+            return None
+        if lo > hi:
+            v.add(f"{path}.Range", f"lowest {lo} is above highest {hi}")
+            return None
+        if hi - lo + 1 > MAX_VALUES:
+            v.add(f"{path}.Range", f"at most {MAX_VALUES} values")
+            return None
+        values = list(range(int(lo), int(hi) + 1))
+    if numeric:
+        for i, x in enumerate(values):
+            where = f"{path}.{key}" + (f"[{i}]" if key == "Values" else "")
+            if not _is_number(x):
+                v.add(where, f"expected a number, got {x!r}")
+                return None
+            if x <= 0 or (integer and x != int(x)):
+                v.add(where, f"expected a {'whole ' if integer else ''}number > 0, got {x!r}")
+                return None
+        values = [int(x) if integer or x == int(x) else float(x) for x in values]
+        values = sorted(set(values))
+    elif len(set(map(str, values))) != len(values):
+        v.add(f"{path}.{key}", "values must be distinct")
+        return None
+    if len(values) > 1 and not var:
+        v.add(f"{path}.Var", "required when several values are given: the variable the manager chooses")
+        return None
+    return Choice(var, tuple(values), kind)
+
+
+_DIST = re.compile(r"^\s*(hops|latency_ms|latency|bandwidth_gbps|bandwidth)\s*(<=|<|>=|>|==)\s*([0-9.]+)\s*(\w*)\s*$")
+
+
+def _distance_constraint(text: Any, src: str, dst: str, path: str, v: Violations) -> str | None:
+    """"hops < 1" between two groups -> the CRS form "hops(src, dst) <= 0"."""
+    if not isinstance(text, str):
+        v.add(path, "expected a string such as \"hops < 1\"")
+        return None
+    low = text.strip().lower()
+    if low in ("same_host", "different_host"):
+        return f"{low}({src}, {dst})"
+    m = _DIST.match(low)
+    if not m:
+        v.add(path, f"expected same_host, different_host, or hops/latency_ms/bandwidth_gbps compared to a number, got {text!r}")
+        return None
+    what, op, num, unit = m.groups()
+    n = float(num)
+    if what == "hops":
+        if op not in ("<", "<="):
+            v.add(path, "hops take an upper bound: hops < N or hops <= N")
+            return None
+        bound = int(n) - 1 if op == "<" else int(n)
+        if bound < 0:
+            v.add(path, "hops < 0 can never hold")
+            return None
+        return f"hops({src}, {dst}) <= {bound}"
+    if what.startswith("latency"):
+        if op not in ("<", "<="):
+            v.add(path, "latency takes an upper bound")
+            return None
+        return f"latency_ms({src}, {dst}) <= {n:g}"
+    if op not in (">", ">="):
+        v.add(path, "bandwidth takes a lower bound")
+        return None
+    return f"bandwidth_gbps({src}, {dst}) >= {n:g}{unit and ''}"
+
+
+def _command(spec: Any, path: str, v: Violations) -> tuple[str, ...]:
+    if isinstance(spec, str):
+        try:
+            argv = shlex.split(spec)
+        except ValueError as e:
+            v.add(path, f"not a valid command line: {e}")
+            return ()
+    elif isinstance(spec, list) and all(isinstance(x, str) for x in spec):
+        argv = list(spec)
+    else:
+        v.add(path, "required: the command line that runs this implementation (a string or a list of strings), "
+                    "e.g. [\"%python\", \"%app_dir/app.py\", \"%arg1\"]")
+        return ()
+    if not argv:
+        v.add(path, "must not be empty")
+    return tuple(argv)
+
+
+def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str]) -> Implementation | None:
+    if not isinstance(spec, dict):
+        v.add(path, "expected an object")
+        return None
+    name = _get(spec, "ImplementationName")
+    if not (isinstance(name, str) and name.strip()):
+        v.add(f"{path}.ImplementationName", "required: a non-empty name")
+        name = "?"
+    res = _get(spec, "Resources")
+    if not isinstance(res, dict):
+        v.add(f"{path}.Resources", "required: an object with \"Groups\"")
+        return None
+    raw_groups = _get(res, "Groups")
+    if not (isinstance(raw_groups, list) and raw_groups):
+        v.add(f"{path}.Resources.Groups", "required: a non-empty list of resource groups")
+        return None
+    groups: list[Group] = []
+    ids: set[str] = set()
+    for i, g in enumerate(raw_groups):
+        gp = f"{path}.Resources.Groups[{i}]"
+        if not isinstance(g, dict):
+            v.add(gp, "expected an object")
+            continue
+        gid = _get(g, "GroupID")
+        if not (isinstance(gid, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,62}", gid or "")):
+            v.add(f"{gp}.GroupID", "required: a name (letter, then letters, digits, - or _)")
+            continue
+        if gid in ids:
+            v.add(f"{gp}.GroupID", f"duplicate group id {gid!r}")
+        ids.add(gid)
+        role = _get(g, "Role") or "None"
+        if not isinstance(role, str):
+            v.add(f"{gp}.Role", "expected a string such as \"MASTER\"")
+            role = "None"
+        gtype = _get(g, "Type")
+        rtype = GROUP_TYPES.get(str(gtype).lower()) if isinstance(gtype, str) else None
+        if rtype is None:
+            v.add(f"{gp}.Type", f"expected one of {sorted({'Machine', 'FPGA'})}, got {gtype!r}")
+            continue
+        n = _get(g, "NumInstances")
+        inst = _choice(n if n is not None else {"Value": 1}, f"{gp}.NumInstances", v, numeric=True, integer=True,
+                       kind="cpu")
+        attrs: dict[str, Choice] = {}
+        raw_attrs = _get(g, "Attributes") or {}
+        if not isinstance(raw_attrs, dict):
+            v.add(f"{gp}.Attributes", "expected an object of attribute name -> {Value | Var + Values/Range}")
+            raw_attrs = {}
+        for aname, aspec in raw_attrs.items():
+            ap = f"{gp}.Attributes.{aname}"
+            if rtype == "vm":
+                if aname.lower() not in MACHINE_ATTRIBUTES:
+                    v.add(ap, f"unknown attribute of a Machine; known: {', '.join(k.title() for k in MACHINE_ATTRIBUTES)}")
+                    continue
+                c = _choice(aspec, ap, v, numeric=True, integer=aname.lower() == "cores",
+                            kind=RESOURCE_KIND.get(aname.lower(), ""))
+            else:  # FPGA (and later types): attributes go to the IRM as they are
+                c = _choice(aspec, ap, v, numeric=False)
+            if c is not None:
+                attrs[aname] = c
+        if rtype == "vm":
+            for need in ("Cores", "Memory"):
+                if not any(k.lower() == need.lower() for k in attrs) and not any(
+                        k.lower() == need.lower() for k in raw_attrs):
+                    v.add(f"{gp}.Attributes.{need}", f"required for a Machine: {need} "
+                                                     f"({'whole cores' if need == 'Cores' else 'MB'})")
+        if inst is not None:
+            groups.append(Group(gid, role, rtype, inst, attrs))
+    distances: list[Distance] = []
+    for i, d in enumerate(_get(res, "Distances") or _get(spec, "Distances") or []):
+        dp = f"{path}.Resources.Distances[{i}]"
+        if not isinstance(d, dict):
+            v.add(dp, "expected an object with Source, Target, Constraints")
+            continue
+        src, dst = _get(d, "Source"), _get(d, "Target")
+        ok = True
+        for key, val in (("Source", src), ("Target", dst)):
+            if val not in ids:
+                v.add(f"{dp}.{key}", f"expected a GroupID of this implementation ({', '.join(sorted(ids))}), got {val!r}")
+                ok = False
+        cons = _get(d, "Constraints") or []
+        if not isinstance(cons, list):
+            v.add(f"{dp}.Constraints", "expected a list such as [\"hops < 1\"]")
+            continue
+        parsed = [_distance_constraint(c, src, dst, f"{dp}.Constraints[{j}]", v) for j, c in enumerate(cons)] if ok else []
+        distances.append(Distance(src, dst, tuple(c for c in parsed if c)))
+    if _get(res, "Constraints"):
+        v.add(f"{path}.Resources.Constraints", "give placement constraints as Distances between groups")
+
+    chosen = {c.var for g in groups for c in [g.instances, *g.attributes.values()] if c.var}
+    scope = chosen | known_vars
+    gcs: list[tuple[str, expr.Node]] = []
+    raw_gc = _get(spec, "GlobalConstraints") or []
+    if not isinstance(raw_gc, list):
+        v.add(f"{path}.GlobalConstraints", "expected a list of expressions such as \"%master_ram > 1024 * %master_cores\"")
+        raw_gc = []
+    for i, text in enumerate(raw_gc):
+        cp = f"{path}.GlobalConstraints[{i}]"
+        try:
+            node = expr.parse(text)
+        except expr.ExprError as e:
+            v.add(cp, f"not a valid constraint: {e}")
+            continue
+        if not expr.is_boolean(node):
+            v.add(cp, "expected a comparison such as \"%master_ram > 1024 * %master_cores\"")
+            continue
+        unknown = sorted(expr.variables(node) - scope)
+        if unknown:
+            v.add(cp, f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(sorted(scope)) or 'none'}")
+            continue
+        gcs.append((text, node))
+    env = _get(spec, "EnvironmentVars") or {}
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(x, str | int | float) for k, x in env.items())):
+        v.add(f"{path}.EnvironmentVars", "expected an object of NAME -> string")
+        env = {}
+    cmd_spec = _get(spec, "Command")
+    if cmd_spec is None and _get(spec, "Tarball"):
+        v.add(f"{path}.Command", "required: Harness runs a local command line instead of downloading a Tarball")
+        command: tuple[str, ...] = ()
+    else:
+        command = _command(cmd_spec, f"{path}.Command", v)
+    args = {}
+    for key in ("DeploymentArgs", "ExecutionArgs"):
+        val = _get(spec, key) or ""
+        if not isinstance(val, str):
+            v.add(f"{path}.{key}", "expected a string (use %var to refer to parameters)")
+            val = ""
+        args[key] = val
+    all_vars = scope | set(BUILTIN_VARS) | {f"%{g.id}_address" for g in groups}
+    texts = [*command, args["DeploymentArgs"], args["ExecutionArgs"], *map(str, env.values())]
+    for t in texts:
+        for m in _VAR.findall(t):
+            if m not in all_vars:
+                v.add(f"{path}", f"{m} is used but never defined; known: {', '.join(sorted(all_vars))}")
+    return Implementation(name, tuple(groups), tuple(distances), tuple(gcs),
+                          {k: str(x) for k, x in env.items()}, command, args["DeploymentArgs"], args["ExecutionArgs"])
+
+
+def _parameter(spec: Any, path: str, v: Violations) -> Parameter | None:
+    if not isinstance(spec, dict):
+        v.add(path, "expected an object with Var, Name and Values")
+        return None
+    var = _var(_get(spec, "Var"), f"{path}.Var", v)
+    if not var:
+        if _get(spec, "Var") is None:
+            v.add(f"{path}.Var", "required: the variable, e.g. \"%arg1\"")
+        return None
+    name = _get(spec, "Name") or var[1:]
+    ptype = str(_get(spec, "Type") or "STR").upper()
+    if ptype not in ("STR", "INT", "FLOAT"):
+        v.add(f"{path}.Type", f"expected STR, INT or FLOAT, got {ptype!r}")
+        return None
+    values = _get(spec, "Values")
+    if not (isinstance(values, list) and values):
+        v.add(f"{path}.Values", "required: a non-empty list of acceptable values")
+        return None
+    if ptype != "STR" and not all(_is_number(x) for x in values):
+        v.add(f"{path}.Values", f"a {ptype} parameter takes numbers")
+        return None
+    default = _get(spec, "Default")
+    if default is None:
+        default = values[0]
+    elif default not in values:
+        v.add(f"{path}.Default", f"must be one of Values, got {default!r}")
+    bench = _get(spec, "Benchmark")
+    if bench is not None and bench not in values:
+        v.add(f"{path}.Benchmark", f"the benchmarking input must be one of Values, got {bench!r}")
+        bench = None
+    return Parameter(var, str(name), ptype, tuple(values), default, bench)
+
+
+def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
+    """Parse JSON text or a decoded object; raises services.errors.InvalidArgument listing every problem."""
+    v = Violations()
+    if isinstance(data, str | bytes):
+        try:
+            data = json.loads(data)
+        except ValueError as e:
+            v.add(field_prefix, f"not valid JSON: {e}")
+            v.raise_if_any()
+    if not isinstance(data, dict):
+        v.add(field_prefix, "expected a JSON object with Name and Modules")
+        v.raise_if_any()
+    name = _get(data, "Name")
+    if not (isinstance(name, str) and name.strip()):
+        v.add(f"{field_prefix}.Name", "required: the application's name")
+        name = ""
+    modules_raw = _get(data, "Modules")
+    modules: list[Module] = []
+    if not (isinstance(modules_raw, list) and modules_raw):
+        v.add(f"{field_prefix}.Modules", "required: a non-empty list of modules")
+        modules_raw = []
+    if len(modules_raw) > 1:
+        v.add(f"{field_prefix}.Modules", "this manager runs applications of one module; give one module "
+                                         "(several implementations of it are fine)")
+    for mi, m in enumerate(modules_raw[:1]):
+        mp = f"{field_prefix}.Modules[{mi}]"
+        if not isinstance(m, dict):
+            v.add(mp, "expected an object")
+            continue
+        params = [p for i, ps in enumerate(_get(m, "Parameters") or [])
+                  if (p := _parameter(ps, f"{mp}.Parameters[{i}]", v)) is not None]
+        known = {p.var for p in params}
+        impls_raw = _get(m, "Implementations")
+        if not (isinstance(impls_raw, list) and impls_raw):
+            v.add(f"{mp}.Implementations", "required: a non-empty list of implementations")
+            impls_raw = []
+        impls = [im for i, s in enumerate(impls_raw)
+                 if (im := _implementation(s, f"{mp}.Implementations[{i}]", v, known)) is not None]
+        names = [im.name for im in impls]
+        if len(set(names)) != len(names):
+            v.add(f"{mp}.Implementations", "implementation names must be distinct")
+        modules.append(Module(str(_get(m, "ModuleName") or "Main"), tuple(params), tuple(impls)))
+    v.raise_if_any()
+    return Manifest(name, str(_get(data, "Author") or ""), tuple(modules), raw=data)
+
+
+def substitute(text: str, env: dict[str, Any]) -> str:
+    """Replace whole `%name` tokens (so %arg1 never clobbers %arg10); unknown ones stay."""
+    return _VAR.sub(lambda m: str(env[m.group()]) if m.group() in env else m.group(), text)

@@ -1,0 +1,101 @@
+"""Application Manager state (SQLAlchemy 2.0 typed ORM): applications, profiling sessions,
+runs, the performance model and executions. Everything the model needs survives a restart."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    })
+
+
+class Application(Base):
+    __tablename__ = "am_applications"
+    __table_args__ = (UniqueConstraint("tenant", "request_id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    name: Mapped[str] = mapped_column(String(256))
+    manifest: Mapped[str] = mapped_column(Text)
+    slo: Mapped[str] = mapped_column(Text)
+    app_dir: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Session(Base):
+    __tablename__ = "am_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    application_id: Mapped[str] = mapped_column(ForeignKey("am_applications.id"), index=True)
+    profiler: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))  # running | done | stopped | failed
+    runs: Mapped[int] = mapped_column(Integer, default=0)
+    max_runs: Mapped[int] = mapped_column(Integer)
+    spent: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str] = mapped_column(Text, default="")
+    params: Mapped[dict] = mapped_column(JSON)
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Run(Base):
+    __tablename__ = "am_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    application_id: Mapped[str] = mapped_column(ForeignKey("am_applications.id"), index=True)
+    session_id: Mapped[str] = mapped_column(String(64))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict] = mapped_column(JSON)
+    input: Mapped[str] = mapped_column(String(16))
+    ok: Mapped[bool] = mapped_column(Boolean)
+    error: Mapped[str] = mapped_column(Text, default="")
+    time_s: Mapped[float] = mapped_column(Float)
+    cost: Mapped[float] = mapped_column(Float)
+    cpu_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Model(Base):
+    __tablename__ = "am_models"
+
+    application_id: Mapped[str] = mapped_column(ForeignKey("am_applications.id"), primary_key=True)
+    # [{"config": {...}, "time_s", "cost", "predicted"}], fastest first.
+    frontier: Mapped[list] = mapped_column(JSON)
+    # Predicted points of extrapolated profiling: same shape as frontier entries.
+    predictions: Mapped[list] = mapped_column(JSON)
+    extrapolation: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Execution(Base):
+    __tablename__ = "am_executions"
+    __table_args__ = (UniqueConstraint("tenant", "request_id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    application_id: Mapped[str] = mapped_column(ForeignKey("am_applications.id"), index=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # running | succeeded | failed
+    config: Mapped[dict] = mapped_column(JSON)
+    slo: Mapped[str] = mapped_column(Text)
+    predicted_time_s: Mapped[float] = mapped_column(Float)
+    predicted_cost: Mapped[float] = mapped_column(Float)
+    measured_time_s: Mapped[float] = mapped_column(Float, default=0.0)
+    measured_cost: Mapped[float] = mapped_column(Float, default=0.0)
+    slo_met: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str] = mapped_column(Text, default="")
+    output_tail: Mapped[str] = mapped_column(Text, default="")
+    reservation_id: Mapped[str] = mapped_column(String(64), default="")
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float] = mapped_column(Float, default=0.0)

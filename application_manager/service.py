@@ -1,0 +1,593 @@
+"""The Application Manager service (harness.v1.ApplicationManager; thesis ch. 4, §5.3).
+
+Controller (submit: manifest + SLO validated, search space built against the resource
+types the CRS offers), Profiler (a session thread drives a pure profiler through
+application_manager.runner on the `local` back-end), performance model (runs, Pareto
+frontier and extrapolation in the database, so it survives restarts), Configuration
+Designer (selection under the SLO) and Execution Manager (the chosen configuration run for
+real; predicted vs measured recorded, and the measurement joins the model: online
+profiling, §4.3.5).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from sqlalchemy import select as sql_select
+
+from application_manager import models as m
+from application_manager.local import LocalBackend
+from application_manager.manifest import Manifest, parse_manifest
+from application_manager.model import Point, pareto, select
+from application_manager.profilers import BENCHMARK, PRODUCTION, PROFILERS, History, Observation, Proposal
+from application_manager.runner import StopRules, profile
+from application_manager.slo import Slo, parse_slo
+from application_manager.space import Space, from_manifest
+from harness.v1 import application_manager_pb2 as pb
+from harness.v1 import application_manager_pb2_grpc as pb_grpc
+from harness.v1 import irm_pb2, irm_pb2_grpc
+from services import client
+from services.clock import Clock, WallClock
+from services.db import Database, default_url
+from services.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    Violations,
+    owned,
+    require_tenant,
+)
+from services.server import Component
+
+log = logging.getLogger(__name__)
+MIGRATIONS = Path(__file__).parent / "migrations"
+MAX_RUNS = 200
+_SESSION_STATE = {"running": pb.ProfilingSession.STATE_RUNNING, "done": pb.ProfilingSession.STATE_DONE,
+                  "stopped": pb.ProfilingSession.STATE_STOPPED, "failed": pb.ProfilingSession.STATE_FAILED}
+_EXEC_STATE = {"running": pb.ApplicationExecution.STATE_RUNNING,
+               "succeeded": pb.ApplicationExecution.STATE_SUCCEEDED,
+               "failed": pb.ApplicationExecution.STATE_FAILED}
+
+
+@dataclass
+class AppManagerConfig:
+    address: str = "127.0.0.1:50081"
+    # SQLAlchemy URL; empty: a SQLite file in state_dir.
+    database: str = ""
+    state_dir: str = "~/.harness"
+    # The CRS that reserves configurations (and quotes their prices).
+    crs_address: str = "127.0.0.1:50051"
+    # Execution back-end: "local" (real runs through the CRS and the agents).
+    backend: str = "local"
+    # Interpreter that `%python` stands for in manifests; empty: the one running this service.
+    python: str = ""
+    # A profiling or execution run is killed after this many seconds unless the request says otherwise.
+    run_timeout_s: float = 600.0
+
+
+@dataclass
+class Loaded:
+    app: m.Application
+    manifest: Manifest
+    slo: Slo
+    space: Space
+
+
+class SessionRunner:
+    """One profiling session: a thread, a stop flag, and the streams following it."""
+
+    def __init__(self, session_id: str) -> None:
+        self.id = session_id
+        self.stop = threading.Event()
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.followers: list[queue.Queue] = []
+        self.thread: threading.Thread | None = None
+
+    def follow(self) -> queue.Queue:
+        q: queue.Queue = queue.Queue()
+        with self.lock:
+            self.followers.append(q)
+        return q
+
+    def publish(self, event: pb.ProfilingEvent, final: bool = False) -> None:
+        with self.lock:
+            for q in self.followers:
+                q.put((event, final))
+
+
+def _config_pb(space: Space, config: dict[str, Any]) -> pb.Configuration:
+    return pb.Configuration(
+        implementation=str(config.get("implementation", "")),
+        values={k: str(v) for k, v in config.items() if k != "implementation" and v is not None},
+        summary=", ".join(f"{k}={v}" for k, v in config.items() if v is not None),
+    )
+
+
+class ApplicationManager(pb_grpc.ApplicationManagerServicer):
+    def __init__(self, config: AppManagerConfig, clock: Clock | None = None) -> None:
+        if config.backend != "local":
+            raise ValueError(f"backend {config.backend!r}: the service runs the 'local' back-end "
+                             "(the replay back-end is for `harness bench profilers`)")
+        self.config = config
+        self.clock = clock or WallClock()
+        self.db = Database(config.database or default_url(config.state_dir, "application-manager"))
+        self.db.migrate(MIGRATIONS, "alembic_version_am")
+        self.crs = irm_pb2_grpc.ResourceManagerStub(client.channel(config.crs_address))
+        self.python = config.python or sys.executable
+        self._loaded: dict[str, Loaded] = {}
+        self._lock = threading.Lock()
+        self._sessions: dict[str, SessionRunner] = {}
+        self._busy: dict[str, str] = {}  # application id -> running session id
+        self._prices: dict[str, np.ndarray] = {}
+        self._interrupted()
+
+    def _interrupted(self) -> None:
+        """Sessions left running by a previous process ended with it."""
+        def fix(s) -> None:  # type: ignore[no-untyped-def]
+            for row in s.scalars(sql_select(m.Session).where(m.Session.state == "running")):
+                row.state, row.message, row.ended_at = "failed", "interrupted: the service restarted", self.clock.now()
+            for row in s.scalars(sql_select(m.Execution).where(m.Execution.state == "running")):
+                row.state, row.error, row.ended_at = "failed", "interrupted: the service restarted", self.clock.now()
+        self.db.transact(fix)
+
+    def stop(self) -> None:
+        for r in list(self._sessions.values()):
+            r.stop.set()
+        for r in list(self._sessions.values()):
+            if r.thread:
+                r.thread.join(timeout=30)
+        self.db.dispose()
+
+    # -- loading ---------------------------------------------------------------
+    def _offered_types(self) -> set[str]:
+        try:
+            spec = self.crs.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(), timeout=10)
+        except grpc.RpcError as e:
+            raise Unavailable(f"the CRS at {self.config.crs_address} did not answer: {e.code().name}") from None
+        return {t.name for t in spec.resource_types}
+
+    def _load(self, tenant: str, application_id: str) -> Loaded:
+        if not application_id:
+            raise InvalidArgument.of("application_id", "required")
+        with self._lock:
+            hit = self._loaded.get(application_id)
+        if hit is not None:
+            owned(tenant, hit.app.tenant, f"application {application_id}")
+            return hit
+        with self.db.read() as s:
+            app = s.get(m.Application, application_id)
+        if app is None:
+            raise NotFound(f"no application {application_id}")
+        owned(tenant, app.tenant, f"application {application_id}")
+        manifest = parse_manifest(app.manifest, "manifest_json")
+        slo = parse_slo(app.slo or "{}", manifest, "slo_json")
+        space = from_manifest(manifest, slo.parameters, self._offered_types())
+        loaded = Loaded(app, manifest, slo, space)
+        with self._lock:
+            self._loaded[application_id] = loaded
+        return loaded
+
+    def _backend(self, loaded: Loaded, slo: Slo | None = None) -> LocalBackend:
+        slo = slo or loaded.slo
+        return LocalBackend(self.config.crs_address, loaded.app.tenant, loaded.manifest, loaded.space, slo.parameters,
+                            loaded.app.app_dir, self.python, self.config.run_timeout_s)
+
+    def _application_pb(self, loaded: Loaded) -> pb.Application:
+        a = loaded.app
+        return pb.Application(id=a.id, tenant=a.tenant, name=a.name, manifest_json=a.manifest, slo_json=a.slo,
+                              app_dir=a.app_dir, configurations=len(loaded.space),
+                              dimensions=[d.name for d in loaded.space.dims], notes=loaded.space.notes,
+                              created_at=a.created_at)
+
+    # -- applications ------------------------------------------------------------
+    def SubmitApplication(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        if request.request_id:
+            with self.db.read() as s:
+                prior = s.scalar(sql_select(m.Application).where(m.Application.tenant == tenant,
+                                                                 m.Application.request_id == request.request_id))
+            if prior is not None:
+                return self._application_pb(self._load(tenant, prior.id))
+        if not request.manifest_json.strip():
+            raise InvalidArgument.of("manifest_json", "required: the application manifest (JSON, thesis appendix A)")
+        manifest = parse_manifest(request.manifest_json, "manifest_json")
+        slo = parse_slo(request.slo_json or "{}", manifest, "slo_json")
+        v = Violations()
+        v.check(len(request.app_dir) <= 1024, "app_dir", "at most 1024 characters")
+        v.check(len(request.request_id) <= 128, "request_id", "at most 128 characters")
+        v.raise_if_any()
+        space = from_manifest(manifest, slo.parameters, self._offered_types())
+        app = m.Application(id=f"app-{uuid.uuid4().hex[:12]}", tenant=tenant, request_id=request.request_id or None,
+                            name=manifest.name, manifest=request.manifest_json, slo=request.slo_json or "{}",
+                            app_dir=request.app_dir, created_at=self.clock.now())
+
+        def add(s) -> None:  # type: ignore[no-untyped-def]
+            s.add(app)
+            s.add(m.Model(application_id=app.id, frontier=[], predictions=[], extrapolation=None,
+                          updated_at=self.clock.now()))
+        self.db.transact(add)
+        loaded = Loaded(app, manifest, slo, space)
+        with self._lock:
+            self._loaded[app.id] = loaded
+        log.info("application submitted", extra={"application": app.id, "configurations": len(space)})
+        return self._application_pb(loaded)
+
+    def GetApplication(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        return self._application_pb(self._load(tenant, request.application_id))
+
+    def ListApplications(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        with self.db.read() as s:
+            ids = list(s.scalars(sql_select(m.Application.id).where(m.Application.tenant == tenant)
+                                 .order_by(m.Application.created_at)))
+        return pb.ListApplicationsResponse(applications=[self._application_pb(self._load(tenant, i)) for i in ids])
+
+    # -- the model -------------------------------------------------------------------
+    def _observations(self, loaded: Loaded) -> list[Observation]:
+        with self.db.read() as s:
+            rows = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id).order_by(m.Run.id)))
+        out = []
+        for r in rows:
+            i = loaded.space.index(r.config)
+            if i is not None:
+                out.append(Observation(i, r.ok, r.time_s, r.cost, r.input, r.cpu_percent, r.memory_percent, r.error))
+        return out
+
+    def _points(self, loaded: Loaded, predictions: list[dict]) -> list[Point]:
+        """Measured production points (repeated configurations averaged) plus predictions of the rest."""
+        with self.db.read() as s:
+            rows = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id,
+                                                          m.Run.input == PRODUCTION)))
+        by_key: dict[str, list[m.Run]] = {}
+        for r in rows:
+            by_key.setdefault(json.dumps(r.config, sort_keys=True), []).append(r)
+        points = []
+        for key, runs in by_key.items():
+            ok = [r for r in runs if r.ok]
+            use = ok or runs
+            points.append(Point(use[0].config, sum(r.time_s for r in use) / len(use),
+                                sum(r.cost for r in use) / len(use), bool(ok), key=key))
+        measured = set(by_key)
+        for p in predictions:
+            key = json.dumps(p["config"], sort_keys=True)
+            if key not in measured:
+                points.append(Point(p["config"], p["time_s"], p["cost"], True, predicted=True, key=key))
+        return points
+
+    def _refresh_model(self, loaded: Loaded, predictions: list[dict] | None = None,
+                       extrapolation: dict | None = None) -> list[Point]:
+        def go(s) -> list[Point]:  # type: ignore[no-untyped-def]
+            row = s.get(m.Model, loaded.app.id)
+            preds = predictions if predictions is not None else list(row.predictions or [])
+            front = pareto(self._points(loaded, preds))
+            row.frontier = [{"config": p.config, "time_s": p.time_s, "cost": p.cost, "predicted": p.predicted}
+                            for p in front]
+            if predictions is not None:
+                row.predictions = predictions
+            if extrapolation is not None:
+                row.extrapolation = extrapolation
+            row.updated_at = self.clock.now()
+            return front
+        return self.db.transact(go)
+
+    def _run_pb(self, loaded: Loaded, r: m.Run) -> pb.ProfileRun:
+        return pb.ProfileRun(
+            ordinal=r.ordinal, configuration=_config_pb(loaded.space, r.config),
+            input=pb.ProfileRun.INPUT_BENCHMARK if r.input == BENCHMARK else pb.ProfileRun.INPUT_PRODUCTION,
+            ok=r.ok, error=r.error, execution_time_s=r.time_s, cost=r.cost, cpu_percent=r.cpu_percent or 0.0,
+            memory_percent=r.memory_percent or 0.0, session_id=r.session_id, reason=r.reason)
+
+    def _session_pb(self, s: m.Session) -> pb.ProfilingSession:
+        return pb.ProfilingSession(id=s.id, application_id=s.application_id, profiler=s.profiler,
+                                   state=_SESSION_STATE[s.state], runs=s.runs, max_runs=s.max_runs, spent=s.spent,
+                                   message=s.message, started_at=s.started_at, ended_at=s.ended_at)
+
+    def GetModel(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        loaded = self._load(tenant, request.application_id)
+        with self.db.read() as s:
+            runs = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id).order_by(m.Run.id)))
+            model = s.get(m.Model, loaded.app.id)
+            sessions = list(s.scalars(sql_select(m.Session).where(m.Session.application_id == loaded.app.id)
+                                      .order_by(m.Session.started_at)))
+        out = pb.PerformanceModel(application_id=loaded.app.id, runs=[self._run_pb(loaded, r) for r in runs],
+                                  sessions=[self._session_pb(x) for x in sessions],
+                                  updated_at=model.updated_at if model else 0.0)
+        for p in (model.frontier if model else []):
+            out.frontier.append(pb.ProfileRun(configuration=_config_pb(loaded.space, p["config"]), ok=True,
+                                              input=pb.ProfileRun.INPUT_PRODUCTION, execution_time_s=p["time_s"],
+                                              cost=p["cost"], predicted=p["predicted"]))
+        if model and model.extrapolation:
+            x = model.extrapolation
+            out.extrapolation.CopyFrom(pb.Extrapolation(family=x["family"], params=x["params"], r2=x["r2"],
+                                                        points=x["points"], constraints=x.get("constraints", [])))
+        return out
+
+    # -- profiling -------------------------------------------------------------------
+    def _history(self, loaded: Loaded) -> History | None:
+        """Other applications of the tenant with the same dimensions, aligned to this space."""
+        dims = [d.name for d in loaded.space.dims]
+        with self.db.read() as s:
+            others = [a.id for a in s.scalars(sql_select(m.Application).where(
+                m.Application.tenant == loaded.app.tenant, m.Application.id != loaded.app.id))]
+        rows_lt, rows_f = [], []
+        for oid in others:
+            other = self._load(loaded.app.tenant, oid)
+            if [d.name for d in other.space.dims] != dims:
+                continue
+            lt = np.full(len(loaded.space), np.nan)
+            fl = np.full(len(loaded.space), np.nan)
+            for o in self._observations(other):
+                if o.input != PRODUCTION:
+                    continue
+                i = loaded.space.index(other.space.configs[o.config])
+                if i is not None and o.time_s > 0:
+                    lt[i], fl[i] = math.log(o.time_s), 0.0 if o.ok else 1.0
+            if np.isfinite(lt).any():
+                rows_lt.append(lt)
+                rows_f.append(fl)
+        if not rows_lt:
+            return None
+        return History(np.array(rows_lt), np.array(rows_f))
+
+    def StartProfiling(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        v = Violations()
+        name = request.profiler or "bo"
+        v.check(name in PROFILERS, "profiler", f"expected one of {', '.join(PROFILERS)}, got {name!r}")
+        max_runs = request.max_runs or 10
+        v.check(1 <= max_runs <= MAX_RUNS, "max_runs", f"between 1 and {MAX_RUNS}")
+        v.check(request.max_cost >= 0 and math.isfinite(request.max_cost), "max_cost", "a cost >= 0 (0: no budget)")
+        v.check(request.max_duration_s >= 0 and math.isfinite(request.max_duration_s), "max_duration_s",
+                "seconds >= 0 (0: no limit)")
+        v.check(request.run_timeout_s >= 0, "run_timeout_s", "seconds >= 0")
+        v.raise_if_any()
+        loaded = self._load(tenant, request.application_id)
+        sid = f"prof-{uuid.uuid4().hex[:12]}"
+        with self._lock:
+            if loaded.app.id in self._busy:
+                raise FailedPrecondition(f"application {loaded.app.id} is being profiled by session "
+                                         f"{self._busy[loaded.app.id]}; stop it first")
+            self._busy[loaded.app.id] = sid
+        runner = SessionRunner(sid)
+        follower = runner.follow()
+        try:
+            row = m.Session(id=sid, application_id=loaded.app.id, profiler=name, state="running", runs=0,
+                            max_runs=max_runs, spent=0.0, message="",
+                            params={"max_cost": request.max_cost, "max_duration_s": request.max_duration_s,
+                                    "seed": request.seed, "warm_start": request.warm_start},
+                            started_at=self.clock.now(), ended_at=0.0)
+            self.db.transact(lambda s: s.add(row))
+            self._sessions[sid] = runner
+            runner.thread = threading.Thread(target=self._profile, name=f"profile-{sid}", daemon=True,
+                                             args=(loaded, row, request, runner))
+            runner.thread.start()
+        except BaseException:
+            with self._lock:
+                self._busy.pop(loaded.app.id, None)
+            raise
+        yield pb.ProfilingEvent(session=self._session_pb(row))
+        while True:
+            try:
+                event, final = follower.get(timeout=1.0)
+            except queue.Empty:
+                if not context.is_active():
+                    return
+                continue
+            yield event
+            if final:
+                return
+
+    def _profile(self, loaded: Loaded, row: m.Session, request, runner: SessionRunner) -> None:  # type: ignore[no-untyped-def]
+        sid = row.id
+        state, message, frontier_size = "failed", "", 0
+        try:
+            backend = self._backend(loaded)
+            key = loaded.app.id
+            if key not in self._prices:
+                self._prices[key] = backend.prices()
+            prices = self._prices[key]
+            history = self._history(loaded) if request.warm_start else None
+            prof = PROFILERS[row.profiler](loaded.space, np.random.default_rng(request.seed), prices=prices,
+                                           history=history, max_runs=row.max_runs,
+                                           has_benchmark=backend.has_benchmark)
+            before = self._observations(loaded)
+            offset = len(before)
+            timeout = request.run_timeout_s or self.config.run_timeout_s
+            reasons: dict[int, str] = {}
+
+            def execute(p: Proposal) -> Observation:
+                reasons[p.config] = p.why
+                return backend.run(p, timeout_s=timeout).observation
+
+            def on_run(p: Proposal, o: Observation, obs: list[Observation]) -> None:
+                nonlocal frontier_size
+                cfg = loaded.space.configs[o.config]
+                run = m.Run(application_id=loaded.app.id, session_id=sid, ordinal=len(obs), config=cfg, input=o.input,
+                            ok=o.ok, error=o.error, time_s=o.time_s, cost=o.cost, cpu_percent=o.cpu_percent,
+                            memory_percent=o.memory_percent, reason=p.why, created_at=self.clock.now())
+
+                def save(s) -> m.Session:  # type: ignore[no-untyped-def]
+                    s.add(run)
+                    srow = s.get(m.Session, sid)
+                    srow.runs += 1
+                    srow.spent += o.cost
+                    return srow
+                srow = self.db.transact(save)
+                front = self._refresh_model(loaded)
+                frontier_size = len(front)
+                runner.publish(pb.ProfilingEvent(session=self._session_pb(srow), run=self._run_pb(loaded, run),
+                                                 frontier_size=frontier_size))
+
+            obs, why = profile(prof, execute, StopRules(row.max_runs, request.max_cost, request.max_duration_s),
+                               clock=self.clock, stopped=runner.stop.is_set, on_run=on_run, observed=before)
+            preds = [{"config": loaded.space.configs[c], "time_s": t, "cost": k}
+                     for c, t, k in prof.predictions(obs)]
+            fit = getattr(prof, "fit", None)
+            if preds or fit:
+                frontier_size = len(self._refresh_model(loaded, preds, fit))
+            state = "stopped" if why == "stopped" else "done"
+            message = why
+            log.info("profiling ended", extra={"session": sid, "why": why, "runs": len(obs) - offset})
+        except Exception as e:  # noqa: BLE001 - the session records the failure; the service goes on
+            log.exception("profiling failed", extra={"session": sid})
+            message = f"{type(e).__name__}: {e}"
+        finally:
+            def end(s) -> m.Session:  # type: ignore[no-untyped-def]
+                srow = s.get(m.Session, sid)
+                srow.state, srow.message, srow.ended_at = state, message, self.clock.now()
+                return srow
+            srow = self.db.transact(end)
+            with self._lock:
+                self._busy.pop(loaded.app.id, None)
+            runner.done.set()
+            runner.publish(pb.ProfilingEvent(session=self._session_pb(srow), frontier_size=frontier_size), final=True)
+
+    def StopProfiling(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        if not request.session_id:
+            raise InvalidArgument.of("session_id", "required")
+        with self.db.read() as s:
+            row = s.get(m.Session, request.session_id)
+            app = s.get(m.Application, row.application_id) if row else None
+        if row is None or app is None:
+            raise NotFound(f"no profiling session {request.session_id}")
+        owned(tenant, app.tenant, f"session {request.session_id}")
+        runner = self._sessions.get(row.id)
+        if runner is not None:
+            runner.stop.set()
+            runner.done.wait(timeout=self.config.run_timeout_s + 60)
+        with self.db.read() as s:
+            return self._session_pb(s.get(m.Session, request.session_id))
+
+    # -- execution -------------------------------------------------------------------
+    def _execution_pb(self, loaded: Loaded, e: m.Execution) -> pb.ApplicationExecution:
+        return pb.ApplicationExecution(
+            id=e.id, application_id=e.application_id, tenant=e.tenant, state=_EXEC_STATE[e.state],
+            configuration=_config_pb(loaded.space, e.config), predicted_time_s=e.predicted_time_s,
+            predicted_cost=e.predicted_cost, measured_time_s=e.measured_time_s, measured_cost=e.measured_cost,
+            slo_met=e.slo_met, error=e.error, output_tail=e.output_tail, reservation_id=e.reservation_id,
+            started_at=e.started_at, ended_at=e.ended_at, slo=e.slo)
+
+    def ExecuteApplication(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        loaded = self._load(tenant, request.application_id)
+        v = Violations()
+        v.check(request.timeout_s >= 0, "timeout_s", "seconds >= 0")
+        v.check(len(request.request_id) <= 128, "request_id", "at most 128 characters")
+        v.raise_if_any()
+        if request.request_id:
+            with self.db.read() as s:
+                prior = s.scalar(sql_select(m.Execution).where(m.Execution.tenant == tenant,
+                                                               m.Execution.request_id == request.request_id))
+            if prior is not None:
+                return self._execution_pb(loaded, prior)
+        slo = parse_slo(request.slo_json, loaded.manifest, "slo_json") if request.slo_json else loaded.slo
+        with self.db.read() as s:
+            model = s.get(m.Model, loaded.app.id)
+        front = [Point(p["config"], p["time_s"], p["cost"], True, p["predicted"]) for p in (model.frontier or [])]
+        try:
+            chosen = select(front, slo)
+        except FailedPrecondition:
+            if not request.online:
+                raise
+            chosen = self._explore(loaded)
+        i = loaded.space.index(chosen.config)
+        if i is None:
+            raise FailedPrecondition("the model's configuration is no longer in the search space; profile again")
+        row = m.Execution(id=f"exec-{uuid.uuid4().hex[:12]}", application_id=loaded.app.id, tenant=tenant,
+                          request_id=request.request_id or None, state="running", config=chosen.config,
+                          slo=slo.describe(), predicted_time_s=chosen.time_s, predicted_cost=chosen.cost,
+                          started_at=self.clock.now())
+        self.db.transact(lambda s: s.add(row))
+        detail = self._backend(loaded, slo).run(Proposal(i), timeout_s=request.timeout_s or self.config.run_timeout_s)
+        o = detail.observation
+
+        def finish(s) -> m.Execution:  # type: ignore[no-untyped-def]
+            e = s.get(m.Execution, row.id)
+            e.state = "succeeded" if o.ok else "failed"
+            e.measured_time_s, e.measured_cost = o.time_s, o.cost
+            e.slo_met = o.ok and slo.holds(o.time_s, o.cost)
+            e.error, e.output_tail, e.reservation_id = o.error, detail.output_tail, detail.reservation_id
+            e.ended_at = self.clock.now()
+            # Online profiling (§4.3.5): the real execution is one more measurement of the model.
+            s.add(m.Run(application_id=loaded.app.id, session_id=f"execution:{row.id}", ordinal=0,
+                        config=chosen.config, input=PRODUCTION, ok=o.ok, error=o.error, time_s=o.time_s, cost=o.cost,
+                        cpu_percent=o.cpu_percent, memory_percent=o.memory_percent, reason="execution under the SLO",
+                        created_at=self.clock.now()))
+            return e
+        e = self.db.transact(finish)
+        self._refresh_model(loaded)
+        return self._execution_pb(loaded, e)
+
+    def _explore(self, loaded: Loaded) -> Point:
+        """Online profiling: the next configuration the model-based profiler would try."""
+        key = loaded.app.id
+        if key not in self._prices:
+            self._prices[key] = self._backend(loaded).prices()
+        prof = PROFILERS["bo"](loaded.space, np.random.default_rng(0), prices=self._prices[key], max_runs=MAX_RUNS)
+        proposal = prof.propose(self._observations(loaded))
+        if proposal is None:
+            raise FailedPrecondition("every configuration has been run and none satisfies the SLO")
+        return Point(loaded.space.configs[proposal.config], 0.0, 0.0, True)
+
+    def ListExecutions(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        q = sql_select(m.Execution).where(m.Execution.tenant == tenant).order_by(m.Execution.started_at)
+        if request.application_id:
+            self._load(tenant, request.application_id)
+            q = q.where(m.Execution.application_id == request.application_id)
+        with self.db.read() as s:
+            rows = list(s.scalars(q))
+        return pb.ListExecutionsResponse(executions=[self._execution_pb(self._load(tenant, r.application_id), r)
+                                                     for r in rows])
+
+
+def component(config: AppManagerConfig, clock: Clock | None = None) -> Component:
+    am = ApplicationManager(config, clock)
+
+    def register(server: grpc.Server) -> None:
+        pb_grpc.add_ApplicationManagerServicer_to_server(am, server)
+
+    return Component(name="application-manager", register=register,
+                     service_names=["harness.v1.ApplicationManager"], stop=am.stop, extra={"am": am})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m application_manager.service [--address A] [--config F] [--set k=v] [--port-file F]`."""
+    import argparse
+
+    from services import config as cfg
+    from services import logs, server
+
+    p = argparse.ArgumentParser(prog="application_manager.service")
+    p.add_argument("--address")
+    p.add_argument("--config")
+    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--port-file")
+    args = p.parse_args(argv)
+    overrides = cfg.parse_sets(args.set)
+    if args.address:
+        overrides["address"] = args.address
+    conf = cfg.load(AppManagerConfig, "am", config_file=args.config, overrides=overrides)
+    logs.setup("am")
+    server.serve(conf.address, [component(conf)], port_file=args.port_file)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""The search space of an application (thesis §4.3.2) with every dimension on [0, 1] (§4.3.3).
+
+Each dimension (a manifest variable such as `%master_cores`, the implementation, or a
+dataset column) gets a step function that gives every discrete value an equal share of
+[0, 1]: value k of n covers [k/n, (k+1)/n) and is represented by its centre (k+0.5)/n.
+Categorical dimensions (implementation, instance family) are mapped the same way, so
+search algorithms move through [0, 1]^d without knowing the parameters' types; `snap`
+maps any point back to the nearest feasible configuration.
+
+The configurations themselves are enumerated: the cartesian product of each
+implementation's choices, filtered by its GlobalConstraints (or, for a dataset, the
+configurations it measured). A variable that an implementation does not have is None.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from application_manager import expr
+from application_manager.manifest import Manifest
+from services.errors import InvalidArgument
+
+IMPLEMENTATION = "implementation"
+MAX_CONFIGURATIONS = 200_000
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    values: tuple[Any, ...]  # sorted; None (not applicable) first when present
+    categorical: bool
+    kind: str = ""  # "cpu" | "memory" | "": what utilisation says about this dimension
+
+    def position(self, value: Any) -> float:
+        k = self.values.index(value)
+        return (k + 0.5) / len(self.values)
+
+    def index_at(self, u: float) -> int:
+        n = len(self.values)
+        return min(n - 1, max(0, int(math.floor(u * n))))
+
+
+def _sort_key(x: Any) -> tuple:
+    if x is None:
+        return (0, 0, "")
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return (1, float(x), "")
+    return (2, 0, str(x))
+
+
+@dataclass
+class Space:
+    dims: list[Dimension]
+    configs: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.configs:
+            raise ValueError("empty search space")
+        self.units = np.array([[d.position(c.get(d.name)) for d in self.dims] for c in self.configs], dtype=float)
+        if not self.dims:
+            self.units = np.zeros((len(self.configs), 0))
+        self._index = {self.key(c): i for i, c in enumerate(self.configs)}
+        feats = []
+        for d in self.dims:
+            col = [c.get(d.name) for c in self.configs]
+            if d.categorical:
+                for val in d.values:
+                    feats.append([1.0 if x == val else 0.0 for x in col])
+            else:
+                feats.append([d.position(x) for x in col])
+        self.features = np.array(feats, dtype=float).T if feats else np.zeros((len(self.configs), 0))
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def key(self, config: dict[str, Any]) -> tuple:
+        return tuple(config.get(d.name) for d in self.dims)
+
+    def index(self, config: dict[str, Any]) -> int | None:
+        return self._index.get(self.key(config))
+
+    def dim(self, name: str) -> Dimension:
+        return next(d for d in self.dims if d.name == name)
+
+    def snap(self, point: Sequence[float], exclude: Iterable[int] = ()) -> int | None:
+        """The feasible configuration nearest to `point` in [0, 1]^d, skipping `exclude`."""
+        p = np.clip(np.asarray(point, dtype=float), 0.0, 1.0)
+        d2 = ((self.units - p) ** 2).sum(axis=1)
+        ex = list(set(exclude))
+        if ex:
+            d2[ex] = np.inf
+        i = int(np.argmin(d2))
+        return None if not np.isfinite(d2[i]) else i
+
+    def step(self, i: int, dim: str, direction: int, exclude: Iterable[int] = ()) -> int | None:
+        """The configuration with the next (direction=+1) or previous value of `dim`, others as close as can be."""
+        d = self.dim(dim)
+        j = self.dims.index(d)
+        cur = self.configs[i].get(dim)
+        if cur is None:
+            return None
+        k = d.values.index(cur)
+        ex = set(exclude)
+        while True:
+            k += direction
+            if not 0 <= k < len(d.values) or d.values[k] is None:
+                return None
+            target = self.units[i].copy()
+            target[j] = d.position(d.values[k])
+            cands = [c for c in range(len(self.configs))
+                     if self.configs[c].get(dim) == d.values[k] and c not in ex]
+            if cands:
+                dist = ((self.units[cands] - target) ** 2).sum(axis=1)
+                return cands[int(np.argmin(dist))]
+
+    def describe(self, i: int) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.configs[i].items() if v is not None)
+
+
+def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
+                  offered_types: set[str] | None = None) -> Space:
+    """Enumerate the configurations of every implementation whose resource types are offered."""
+    params = {k: v for k, v in (parameters or {}).items() if isinstance(v, int | float)}
+    configs: list[dict[str, Any]] = []
+    notes: list[str] = []
+    var_values: dict[str, set] = {}
+    var_kind: dict[str, str] = {}
+    impls = manifest.module.implementations
+    for impl in impls:
+        types = {g.type for g in impl.groups}
+        if offered_types is not None and not types <= offered_types:
+            missing = sorted(types - offered_types)
+            notes.append(f"implementation {impl.name!r} needs resource type(s) {', '.join(missing)}, "
+                         f"which the infrastructure does not offer: left out of the search space")
+            continue
+        choices = impl.choices()
+        fixed = impl.fixed()
+        names = sorted(choices)
+        total = math.prod(len(choices[n].values) for n in names)
+        if total > MAX_CONFIGURATIONS:
+            raise InvalidArgument.of("manifest", f"implementation {impl.name!r} has {total} configurations; "
+                                                 f"at most {MAX_CONFIGURATIONS} can be enumerated")
+        kept = 0
+        for combo in itertools.product(*(choices[n].values for n in names)):
+            cfg = dict(zip(names, combo, strict=True))
+            env = {**params, **fixed, **{k: v for k, v in cfg.items() if isinstance(v, int | float)}}
+            try:
+                if not all(expr.holds(node, env) for _, node in impl.global_constraints):
+                    continue
+            except KeyError:
+                continue
+            kept += 1
+            configs.append({IMPLEMENTATION: impl.name, **cfg})
+            for n, val in cfg.items():
+                var_values.setdefault(n, set()).add(val)
+                var_kind[n] = choices[n].kind
+        if kept == 0:
+            notes.append(f"implementation {impl.name!r}: no configuration satisfies its GlobalConstraints")
+    if not configs:
+        raise InvalidArgument.of("manifest", "the search space is empty: " + ("; ".join(notes) or
+                                 "no implementation has a configuration"))
+    dims: list[Dimension] = []
+    impl_names = tuple(sorted({c[IMPLEMENTATION] for c in configs}))
+    if len(impl_names) > 1:
+        dims.append(Dimension(IMPLEMENTATION, impl_names, True, ""))
+    for n in sorted(var_values):
+        vals = set(var_values[n])
+        if any(n not in c for c in configs):
+            vals.add(None)
+        categorical = not all(isinstance(x, int | float) for x in vals if x is not None)
+        dims.append(Dimension(n, tuple(sorted(vals, key=_sort_key)), categorical, var_kind.get(n, "")))
+    if len(impl_names) <= 1:
+        for c in configs:
+            c.setdefault(IMPLEMENTATION, impl_names[0])
+    return Space(dims, configs, notes)
+
+
+def guess_kind(name: str) -> str:
+    low = name.lower()
+    if any(w in low for w in ("mem", "ram")):
+        return "memory"
+    if any(w in low for w in ("core", "cpu", "node", "instance", "worker")):
+        return "cpu"
+    return ""
+
+
+def from_records(names: list[str], rows: list[dict[str, Any]]) -> Space:
+    """A space from measured configurations (dataset columns), duplicates merged."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        cfg = {n: r.get(n) for n in names}
+        seen.setdefault(tuple(cfg[n] for n in names), cfg)
+    configs = list(seen.values())
+    dims = []
+    for n in names:
+        vals = {c[n] for c in configs}
+        categorical = not all(isinstance(x, int | float) for x in vals if x is not None)
+        dims.append(Dimension(n, tuple(sorted(vals, key=_sort_key)), categorical, guess_kind(n)))
+    return Space(dims, configs)

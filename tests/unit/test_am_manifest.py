@@ -1,0 +1,157 @@
+"""Manifest, SLO, expression grammar and search space: hand-checkable cases."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from application_manager import expr
+from application_manager.manifest import parse_manifest, substitute
+from application_manager.slo import parse_slo
+from application_manager.space import from_manifest
+from services.errors import InvalidArgument
+
+TEMPLATE = {
+    "Name": "Hello", "Author": "User",
+    "Modules": [{
+        "ModuleName": "Main",
+        "Parameters": [{"Var": "%arg1", "Name": "input", "Type": "INT", "Values": [10, 100], "Default": 100,
+                        "Benchmark": 10}],
+        "Implementations": [{
+            "ImplementationName": "CPU",
+            "Resources": {
+                "Groups": [
+                    {"GroupID": "id0", "Role": "MASTER", "Type": "Machine", "NumInstances": {"Value": 1},
+                     "Attributes": {"Memory": {"Var": "%master_ram", "Values": [1024, 2048, 4096, 8192]},
+                                    "Cores": {"Var": "%master_cores", "Range": [1, 7]}}},
+                    {"GroupID": "id1", "Role": "SLAVE", "Type": "Machine",
+                     "NumInstances": {"Var": "%slaves", "Values": [1, 2]},
+                     "Attributes": {"Memory": {"Value": 512}, "Cores": {"Value": 1}}}],
+                "Distances": [{"Source": "id0", "Target": "id1", "Constraints": ["hops < 1"]}]},
+            "GlobalConstraints": ["%master_ram > 1024 * %master_cores"],
+            "EnvironmentVars": {"THREADS": "%master_cores"},
+            "Command": ["%python", "%app_dir/app.py", "%arg1"],
+            "ExecutionArgs": "%arg1"}]}]}
+
+
+def violations(exc: pytest.ExceptionInfo) -> dict[str, str]:
+    return {v.field: v.description for v in exc.value.violations}
+
+
+def test_expression_grammar_parses_and_evaluates_without_eval():
+    node = expr.parse("%master_ram > 1024 * %master_cores")
+    assert expr.variables(node) == {"%master_ram", "%master_cores"}
+    assert expr.holds(node, {"%master_ram": 4096, "%master_cores": 3})
+    assert not expr.holds(node, {"%master_ram": 4096, "%master_cores": 4})
+    assert expr.evaluate(expr.parse("-(2 + 3) * 4 / 2"), {}) == -10
+    assert expr.holds(expr.parse("%a >= 2 and not %b == 1 or false"), {"%a": 2, "%b": 0})
+    assert expr.evaluate(expr.parse("7 % 4"), {}) == 3
+    assert expr.holds(expr.parse("%x != 1 && %x < 3"), {"%x": 2})
+
+
+@pytest.mark.parametrize("text,where", [
+    ("%a > ", 5), ("__import__('os')", 0), ("%a < 1 < 2", 7), ("(1 + 2", 6), ("1 $ 2", 2), ("", 0)])
+def test_expression_errors_say_where(text, where):
+    with pytest.raises(expr.ExprError) as e:
+        expr.parse(text)
+    assert e.value.position == where
+
+
+def test_manifest_parses_appendix_a_shape():
+    m = parse_manifest(TEMPLATE)
+    impl = m.module.implementations[0]
+    assert [g.id for g in impl.groups] == ["id0", "id1"]
+    assert impl.groups[0].attributes["Cores"].values == tuple(range(1, 8))
+    assert impl.distances[0].constraints == ("hops(id0, id1) <= 0",)
+    assert m.parameter("%arg1").benchmark == 10
+    assert set(impl.choices()) == {"%master_ram", "%master_cores", "%slaves"}
+    assert substitute("%arg1 %arg10 %arg1x", {"%arg1": "A", "%arg10": "B"}) == "A B %arg1x"
+
+
+def test_manifest_errors_name_every_field():
+    bad = copy.deepcopy(TEMPLATE)
+    impl = bad["Modules"][0]["Implementations"][0]
+    impl["Resources"]["Groups"][0]["Attributes"]["Memory"] = {"Var": "%master_ram", "Values": [1024, "lots"]}
+    impl["Resources"]["Groups"][0]["Attributes"]["Cores"]["Range"] = [8, 2]
+    impl["Resources"]["Groups"][1]["Type"] = "Toaster"
+    impl["GlobalConstraints"] = ["%master_ram > 1024 * %gpus"]
+    impl["Resources"]["Distances"][0]["Target"] = "id9"
+    del impl["Command"]
+    with pytest.raises(InvalidArgument) as e:
+        parse_manifest(bad)
+    v = violations(e)
+    p = "manifest.Modules[0].Implementations[0]"
+    assert "expected a number" in v[f"{p}.Resources.Groups[0].Attributes.Memory.Values[1]"]
+    assert "above highest" in v[f"{p}.Resources.Groups[0].Attributes.Cores.Range"]
+    assert "Machine" in v[f"{p}.Resources.Groups[1].Type"]
+    assert "%gpus" in v[f"{p}.GlobalConstraints[0]"]
+    assert "id9" in v[f"{p}.Resources.Distances[0].Target"]
+    assert "command line" in v[f"{p}.Command"]
+
+
+def test_manifest_not_json_and_missing_modules():
+    with pytest.raises(InvalidArgument) as e:
+        parse_manifest("{nope")
+    assert "not valid JSON" in violations(e)["manifest"]
+    with pytest.raises(InvalidArgument) as e:
+        parse_manifest({"Name": "x"})
+    assert "manifest.Modules" in violations(e)
+
+
+def test_search_space_is_filtered_product_mapped_on_unit_interval():
+    m = parse_manifest(TEMPLATE)
+    space = from_manifest(m, {"%arg1": 100})
+    # ram > 1024 * cores: ram 2048 -> cores 1; 4096 -> 1..3; 8192 -> 1..7 (1024 allows none); x 2 slave counts.
+    assert len(space) == (1 + 3 + 7) * 2
+    assert all(c["%master_ram"] > 1024 * c["%master_cores"] for c in space.configs)
+    ram = space.dim("%master_ram")
+    assert ram.values == (2048, 4096, 8192)  # 1024 never satisfies the constraint
+    assert ram.position(2048) == pytest.approx(1 / 6) and ram.position(8192) == pytest.approx(5 / 6)
+    assert ram.index_at(0.0) == 0 and ram.index_at(0.999) == 2
+    i = space.snap([1.0, 1.0, 1.0])
+    cfg = space.configs[i]
+    assert cfg["%master_ram"] == 8192 and cfg["%master_cores"] == 7 and cfg["%slaves"] == 2
+    j = space.step(i, "%master_ram", -1)
+    assert space.configs[j]["%master_ram"] == 4096 and space.configs[j]["%master_cores"] == 3
+    assert space.step(i, "%master_ram", +1) is None
+    assert np.all((space.units > 0) & (space.units < 1))
+
+
+def test_categorical_implementation_dimension_and_unoffered_types():
+    m = copy.deepcopy(TEMPLATE)
+    fpga = copy.deepcopy(m["Modules"][0]["Implementations"][0])
+    fpga["ImplementationName"] = "FPGA"
+    fpga["Resources"]["Groups"].append({"GroupID": "dfe", "Role": "ACCEL", "Type": "FPGA",
+                                        "Attributes": {"Design": {"Value": "black_scholes"}}})
+    m["Modules"][0]["Implementations"].append(fpga)
+    manifest = parse_manifest(m)
+    both = from_manifest(manifest)
+    assert both.dims[0].name == "implementation" and both.dims[0].categorical
+    assert {c["implementation"] for c in both.configs} == {"CPU", "FPGA"}
+    vm_only = from_manifest(manifest, offered_types={"vm"})
+    assert {c["implementation"] for c in vm_only.configs} == {"CPU"}
+    assert "FPGA" in vm_only.notes[0] and "fpga" in vm_only.notes[0]
+
+
+def test_slo_parses_bounds_and_names_bad_fields():
+    m = parse_manifest(TEMPLATE)
+    s = parse_slo({"Manifest": "Hello", "Parameters": {"%arg1": 10},
+                   "Objective": {"Constraints": ["%cost <= 0.30"], "Optimize": "%execution_time"}}, m)
+    assert s.cost_bound == 0.30 and s.time_bound is None and s.parameters == {"%arg1": 10}
+    assert s.holds(100, 0.3) and not s.holds(1, 0.31)
+    s2 = parse_slo({"Objective": {"Constraints": ["60 >= %execution_time"]}}, m)
+    assert s2.time_bound == 60 and s2.optimize == "%cost" and s2.parameters == {"%arg1": 100}
+    with pytest.raises(InvalidArgument) as e:
+        parse_slo({"Manifest": "Other", "Parameters": {"%arg1": 5, "%zz": 1},
+                   "Objective": {"Constraints": ["%cost >= 1", "%energy <= 3", "%cost <= %execution_time"],
+                                 "Optimize": "%fun"}}, m)
+    v = violations(e)
+    assert "Hello" in v["slo.Manifest"]
+    assert "expected one of [10, 100]" in v["slo.Parameters.%arg1"]
+    assert "not a parameter" in v["slo.Parameters.%zz"]
+    assert "upper bound" in v["slo.Objective.Constraints[0]"]
+    assert "unknown metric" in v["slo.Objective.Constraints[1]"]
+    assert "expected" in v["slo.Objective.Constraints[2]"]
+    assert "%fun" in v["slo.Objective.Optimize"]
