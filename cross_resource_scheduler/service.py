@@ -42,6 +42,7 @@ from services.errors import (
     ResourceExhausted,
     Unavailable,
     Violations,
+    from_rpc_error,
     owned,
     require_tenant,
 )
@@ -83,17 +84,7 @@ class CrsConfig:
 
 
 def _err_from_rpc(manager: str, e: grpc.RpcError) -> HarnessError:
-    code, detail = e.code(), e.details() or ""
-    text = f"manager {manager!r}: {detail}"
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ResourceExhausted(text)
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return FailedPrecondition(text)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgument(text)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-        return Unavailable(f"manager {manager!r} did not answer ({code.name}); nothing was reserved, retry")
-    return Aborted(f"{text} ({code.name}); nothing was reserved")
+    return from_rpc_error(f"manager {manager!r}", e, "nothing was reserved")
 
 
 class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistryServicer):

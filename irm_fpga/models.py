@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Float, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy import JSON, Float, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.db import metadata as db_metadata
 
 
 class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention={
-        "ix": "ix_%(column_0_label)s",
-        "uq": "uq_%(table_name)s_%(column_0_name)s",
-        "pk": "pk_%(table_name)s",
-    })
+    metadata = db_metadata()
 
 
 class Group(Base):

@@ -35,8 +35,8 @@ from services.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
-    Unavailable,
     Violations,
+    from_rpc_error,
     owned,
     require_tenant,
 )
@@ -80,17 +80,7 @@ class ServerHandle:
 
 
 def _rpc_error(server: str, e: grpc.RpcError) -> HarnessError:
-    code = e.code()
-    text = f"FPGA-server {server!r}: {e.details()}"
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ResourceExhausted(text)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgument(text)
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFound(text)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return Unavailable(f"FPGA-server {server!r} is unreachable")
-    return FailedPrecondition(text)
+    return from_rpc_error(f"FPGA-server {server!r}", e)
 
 
 class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.ResourceManagerServicer):

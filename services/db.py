@@ -33,6 +33,30 @@ def default_url(state_dir: str | Path, name: str) -> str:
     return f"sqlite:///{path / name}.db"
 
 
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def metadata() -> MetaData:
+    """A service's MetaData: named constraints, so Alembic migrations can alter them on any database."""
+    return MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _retrying(attempts: int):  # type: ignore[no-untyped-def]
+    """Retry transient conflicts (lock contention, serialisation failures), bounded and jittered."""
+    return retry(
+        retry=retry_if_exception(_is_transient),
+        stop=stop_after_attempt(attempts),
+        wait=wait_random_exponential(multiplier=0.005, max=0.2),
+        reraise=True,
+    )
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Lock contention (SQLite) or a serialisation failure/deadlock (PostgreSQL)."""
     if isinstance(exc, OperationalError) and "locked" in str(exc).lower():
@@ -97,12 +121,7 @@ class Database:
     def transact(self, fn: Callable[[Session], T], attempts: int = 8) -> T:
         """Run `fn` in a write transaction, retrying transient conflicts."""
 
-        @retry(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(attempts),
-            wait=wait_random_exponential(multiplier=0.005, max=0.2),
-            reraise=True,
-        )
+        @_retrying(attempts)
         def run() -> T:
             with self.write() as session:
                 return fn(session)
@@ -114,12 +133,7 @@ class Database:
         where the ORM session's bookkeeping would cost more than the SQL. On SQLite the
         work joins a group commit and runs under its own savepoint."""
 
-        @retry(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(attempts),
-            wait=wait_random_exponential(multiplier=0.005, max=0.2),
-            reraise=True,
-        )
+        @_retrying(attempts)
         def go() -> T:
             if self._committer is not None:
                 return self._committer.submit(fn)

@@ -146,3 +146,26 @@ def require_tenant(tenant: str) -> str:
     if len(tenant) > 128:
         raise InvalidArgument.of("tenant", "at most 128 characters")
     return tenant
+
+
+def from_rpc_error(peer: str, e: grpc.RpcError, consequence: str = "") -> HarnessError:
+    """A peer's failure, passed on to our caller as the matching domain error.
+
+    `peer` names who failed (e.g. "manager 'compute-a'"); `consequence` says
+    what it means for the caller (e.g. "nothing was reserved").
+    """
+    code, detail = e.code(), e.details() or ""
+    tail = f"; {consequence}" if consequence else ""
+    text = f"{peer}: {detail}{tail}"
+    by_code = {
+        grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+        grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+        grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+        grpc.StatusCode.NOT_FOUND: NotFound,
+        grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    }
+    if code in by_code:
+        return by_code[code](text)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return Unavailable(f"{peer} did not answer ({code.name}){tail}, retry")
+    return Aborted(f"{text} ({code.name})")

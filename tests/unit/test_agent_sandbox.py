@@ -246,7 +246,7 @@ def test_one_huge_allocation_fails_at_once_under_the_rlimit(tmp_path: Path, allo
     x = exited(events)
     assert "MemoryError" in stderr(events)
     assert (x.exit_code, x.reason) == (1, MEMORY_LIMIT_EXCEEDED)
-    assert x.peak_memory_mb < 100  # the watchdog never saw it: the limit did its job in the child
+    assert x.peak_memory_mb < 0.5 * 512  # far below the allowance: the limit did its job, not the watchdog
 
 
 def test_exit_reason_heuristics() -> None:
