@@ -1,0 +1,299 @@
+"""Discrete-event simulations of the QoS policies on virtual time.
+
+Two models, each the one its paper's experiments are defined on:
+
+* `run_allocation` (seed 000 §IV): a fluid model of jobs made of many small,
+  independent actions, time advanced in fixed ticks of a `VirtualClock`. A job
+  holding n devices completes n / action_time actions per second (times a
+  seeded per-period noise factor); completed actions are the floor of the
+  work done. Seed 000 measures its deadline runs without reconfiguration
+  overhead and with actions short against the job, which is what this model
+  is; it does not drive `irm_fpga.engine.Engine` (that engine emulates every
+  action as a task, which the policies do not need, and it is being changed
+  concurrently). The same policy functions run live: only the progress
+  source differs.
+* `run_hydrogen` (seed 001 §VI, itself a discrete-event simulation): jobs
+  arrive (Poisson, seeded), wait in a ready queue, are dispatched
+  non-preemptively on r devices for `true_cost(job, r)` seconds; the
+  scheduler decides on every arrival and completion with the algorithm's own
+  cost model (eq. 1 or the learned one, fed with the measured executions).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from irm_fpga.qos import hydrogen as hy
+from irm_fpga.qos.edf import edf_allocate
+from irm_fpga.qos.jobs import DEADLINE, JobProgress, QosJob
+from irm_fpga.qos.throughput import DEFAULT_ALPHA, admit, initial_state, throughput_decide
+from services.clock import VirtualClock
+
+
+@dataclass
+class JobTrace:
+    job_id: str
+    finished_at: float | None = None
+    allocations: list[tuple[float, int]] = field(default_factory=list)    # (time, devices) changes
+    requests: list[tuple[float, int]] = field(default_factory=list)       # controller requests (throughput)
+    window_throughput: list[tuple[float, float]] = field(default_factory=list)  # per control period
+
+
+@dataclass
+class AllocationRun:
+    traces: dict[str, JobTrace]
+    busy_device_seconds: float
+    makespan: float
+    devices: int
+
+    @property
+    def utilisation(self) -> float:
+        return self.busy_device_seconds / (self.devices * self.makespan) if self.makespan > 0 else 0.0
+
+
+def run_allocation(jobs: Sequence[QosJob], policy: str, *, devices: int = 8, action_time: float = 0.1,
+                   period: float = 2.0, tick: float = 0.05, alpha: float = DEFAULT_ALPHA,
+                   static: dict[str, int] | None = None, noise: float = 0.0, seed: int = 0,
+                   sizes: dict[str, int] | None = None, horizon: float = 1000.0,
+                   blacklisted: int = 0) -> AllocationRun:
+    """Run `jobs` (submitted at their `submitted_at`) under `edf`, `throughput` or `static`.
+
+    `sizes` gives the actions of throughput jobs (deadline jobs carry `size`).
+    """
+    clock = VirtualClock()
+    rng = random.Random(seed)
+    usable = devices - blacklisted
+    size = {j.job_id: (j.size if j.goal == DEADLINE else (sizes or {}).get(j.job_id, 10**9)) for j in jobs}
+    pending = sorted(jobs, key=lambda j: (j.submitted_at, j.job_id))
+    active: list[QosJob] = []
+    work = {j.job_id: 0.0 for j in jobs}
+    alloc: dict[str, int] = {}
+    states = {}
+    traces = {j.job_id: JobTrace(j.job_id) for j in jobs}
+    last_actions = {j.job_id: 0 for j in jobs}
+    factor = {j.job_id: 1.0 for j in jobs}
+    busy = 0.0
+    next_control = period
+    last_end = 0.0
+
+    def set_alloc(new: dict[str, int]) -> None:
+        for jid, n in new.items():
+            if alloc.get(jid) != n:
+                traces[jid].allocations.append((clock.now(), n))
+        alloc.clear()
+        alloc.update(new)
+
+    while (pending or active) and clock.now() < horizon:
+        now = clock.now()
+        changed = False
+        while pending and pending[0].submitted_at <= now + 1e-9:
+            j = pending.pop(0)
+            active.append(j)
+            changed = True
+            if policy == "throughput":
+                reqs = {a: states[a].request for a in alloc}
+                new = admit(j, alloc, reqs, usable)
+                if new is None:
+                    active.remove(j)
+                    continue
+                set_alloc(new)
+                states[j.job_id] = initial_state(j, now, 0, alloc[j.job_id])
+        if policy == "static" and changed:
+            set_alloc({j.job_id: static[j.job_id] for j in active})
+        if policy == "edf" and changed:
+            set_alloc(edf_allocate(active, usable))
+        if policy == "throughput" and now >= next_control - 1e-9:
+            next_control += period
+            obs = {j.job_id: JobProgress(now, int(work[j.job_id]), alloc.get(j.job_id, 0)) for j in active}
+            for j in active:
+                traces[j.job_id].window_throughput.append(
+                    (now, (obs[j.job_id].actions - last_actions[j.job_id]) / (now - states[j.job_id].last_time)))
+                last_actions[j.job_id] = obs[j.job_id].actions
+            new, states_new, _ = throughput_decide(active, states, obs, usable, alpha=alpha)
+            states.update(states_new)
+            for j in active:
+                traces[j.job_id].requests.append((now, states_new[j.job_id].request))
+            set_alloc(new)
+            if noise:
+                for j in active:
+                    factor[j.job_id] = max(0.0, 1.0 + rng.uniform(-noise, noise))
+        # advance one tick
+        for j in list(active):
+            n = alloc.get(j.job_id, 0)
+            rate = n / action_time * factor[j.job_id]
+            left = size[j.job_id] - work[j.job_id]
+            if rate > 0 and left <= rate * tick:
+                dt = left / rate
+                work[j.job_id] = size[j.job_id]
+                busy += n * dt
+                traces[j.job_id].finished_at = now + dt
+                last_end = max(last_end, now + dt)
+                active.remove(j)
+                alloc.pop(j.job_id, None)
+                if policy == "edf":
+                    set_alloc(edf_allocate(active, usable))
+            else:
+                work[j.job_id] += rate * tick
+                busy += n * tick
+        clock.advance(tick)
+    return AllocationRun(traces, busy, last_end or clock.now(), devices)
+
+
+# -- Hydrogen -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobType:
+    name: str
+    default_time: float
+    min_devices: int
+    max_devices: int
+    share: float              # fraction of arrivals
+    priority: float = 1.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    types: tuple[JobType, ...]
+    rate: float               # arrivals per second
+    duration: float
+    strategy: str
+    pool: int = 4
+    overhead: float = 0.044   # serial fraction: Table II's speedup 3.53 on 4 FPGAs
+
+
+def true_cost(job: hy.HJob, devices: int, overhead: float) -> float:
+    return job.default_time * (overhead + (1.0 - overhead) / devices)
+
+
+@dataclass
+class HydrogenMetrics:
+    W_T: float
+    S_T: float
+    U_c: float
+    N_C: int
+    N_L: int
+    chosen: dict[str, int]
+
+
+def arrivals(sc: Scenario, seed: int) -> list[hy.HJob]:
+    rng = random.Random(seed)
+    t, out, i = 0.0, [], 0
+    weights = [ty.share for ty in sc.types]
+    while True:
+        t += rng.expovariate(sc.rate)
+        if t >= sc.duration:
+            return out
+        ty = rng.choices(sc.types, weights)[0]
+        out.append(hy.HJob(f"{ty.name}{i}", t, ty.default_time, ty.min_devices, ty.max_devices, ty.priority,
+                           design=ty.name))
+        i += 1
+
+
+def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = True,
+                 late_after: float = hy.LATE_AFTER_S) -> HydrogenMetrics:
+    jobs = arrivals(sc, seed)
+    model: Callable = hy.LearnedCostModel() if learned else hy.linear_cost
+    alg = hy.ALGORITHMS.get(algorithm)
+    if alg is None and algorithm != "managed":
+        raise KeyError(f"unknown algorithm {algorithm!r}")
+    events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival, seq, payload)
+    seq = 0
+    for j in jobs:
+        heapq.heappush(events, (j.arrival, 1, seq, j))
+        seq += 1
+    queue: list[hy.HJob] = []
+    running: dict[str, tuple[float, int]] = {}
+    waits: list[float] = []
+    services: list[float] = []
+    busy = 0.0
+    done = 0
+    chosen: dict[str, int] = {}
+    now = 0.0
+    while events:
+        now, kind, _, payload = heapq.heappop(events)
+        if now > sc.duration:
+            break
+        if kind == 0:
+            job, n, took = payload
+            running.pop(job.job_id)
+            done += 1
+            services.append(took)
+            if learned:
+                model.observe(job, n, took)
+        else:
+            queue.append(payload)
+        free = sc.pool - sum(n for _, n in running.values())
+        if not queue or free <= 0:
+            continue
+        if alg is not None:
+            decision = alg(queue, free, window, model)
+        else:
+            decision, name = hy.managed(queue, free, window, model, now=now,
+                                        running_ends=list(running.values()), pool=sc.pool, strategy=sc.strategy)
+            if decision:
+                chosen[name] = chosen.get(name, 0) + 1
+        picked = dict(decision)
+        for job in [q for q in queue if q.job_id in picked]:
+            n = picked[job.job_id]
+            took = true_cost(job, n, sc.overhead)
+            waits.append(now - job.arrival)
+            end = now + took
+            busy += n * (min(end, sc.duration) - now)
+            running[job.job_id] = (end, n)
+            heapq.heappush(events, (end, 0, seq, (job, n, took)))
+            seq += 1
+        queue = [q for q in queue if q.job_id not in picked]
+    late = sum(1 for w in waits if w > late_after) + sum(1 for q in queue if sc.duration - q.arrival > late_after)
+    return HydrogenMetrics(W_T=sum(waits) / len(waits) if waits else 0.0,
+                           S_T=sum(services) / len(services) if services else 0.0,
+                           U_c=busy / (sc.pool * sc.duration), N_C=done, N_L=late, chosen=chosen)
+
+
+def mean_metrics(runs: Sequence[HydrogenMetrics]) -> dict[str, float]:
+    n = len(runs)
+    return {k: round(sum(getattr(r, k) for r in runs) / n, 4) for k in ("W_T", "S_T", "U_c", "N_C", "N_L")}
+
+
+# -- Table III --------------------------------------------------------------------------------
+
+TABLE3 = (  # paths (1e6), target s, expected s, jloMetric, pool, decision -- seed 001 Table III
+    (1, 5.0, 5.91, -0.91, 1, hy.SCALE_UP), (1, 5.0, 2.96, 2.05, 2, hy.PRESERVE),
+    (2, 5.5, 5.89, -0.39, 2, hy.SCALE_UP), (2, 5.5, 3.93, 1.57, 3, hy.PRESERVE),
+    (3, 9.0, 17.71, -8.71, 3, hy.SCALE_UP), (3, 9.0, 8.86, 0.14, 4, hy.PRESERVE),
+    (2, 5.5, 2.95, 2.55, 4, hy.SCALE_DOWN), (2, 5.5, 3.93, 1.57, 3, hy.PRESERVE),
+    (1, 5.0, 1.97, 3.03, 3, hy.SCALE_DOWN), (1, 5.0, 2.96, 2.04, 2, hy.PRESERVE),
+)
+TABLE2_ONE_FPGA = {1: 5.91, 2: 11.78, 3: 17.71}    # seed 001 Table II, measured on 1 FPGA
+
+
+def replay_table3(beta: float = 2.5, lo: int = 1, hi: int = 4) -> list[dict]:
+    """Replay Table III through the elasticity manager with eq. 1 on Table II's 1-FPGA times.
+
+    The pool evolves by our decisions only. The devices each request gets are
+    read off the table's Expected column (1-FPGA time / expected): equal to
+    the pool except in rows 5-6, where the table's expected times are those
+    of 1 and 2 FPGAs with pools of 3 and 4.
+    """
+    pool = lo
+    rows = []
+    for paths, target, expected, jlo, table_pool, table_decision in TABLE3:
+        job = hy.HJob(f"paths{paths}e6", 0.0, TABLE2_ONE_FPGA[paths], 1, hi, target=target)
+        devices = round(TABLE2_ONE_FPGA[paths] / expected)
+        d = hy.elasticity_decide([(job, devices)], beta)
+        full = hy.elasticity_decide([(job, pool)], beta)
+        rows.append({"paths_1e6": paths, "target_s": target, "pool": pool, "table_pool": table_pool,
+                     "devices": devices, "expected_s": round(hy.linear_cost(job, devices), 3),
+                     "jlo": round(d.jlo_pos + d.jlo_neg, 3), "table_jlo": jlo,
+                     "decision": d.decision, "table_decision": table_decision,
+                     "decision_if_whole_pool": full.decision})
+        pool = hy.resize_pool(pool, d.decision, lo, hi)
+    return rows
+
+
+def ceil_devices(goal: float, action_time: float) -> int:
+    return math.ceil(goal * action_time - 1e-9)

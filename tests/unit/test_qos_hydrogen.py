@@ -1,0 +1,100 @@
+import pytest
+
+from irm_fpga.qos import get_policy
+from irm_fpga.qos.hydrogen import (
+    COMPLETION_TIME,
+    FAIRNESS,
+    PRESERVE,
+    SCALE_DOWN,
+    SCALE_UP,
+    HJob,
+    LearnedCostModel,
+    elasticity_decide,
+    fcfs_amap,
+    fcfs_max,
+    fcfs_min,
+    jlo_metric,
+    linear_cost,
+    managed,
+    priority,
+    resize_pool,
+    sjtf,
+)
+
+# Seed 001 Table III: (paths 1e6, target s, expected s, pool, decision); expected from Table II.
+TABLE3 = [(1, 5, 5.91, 1, SCALE_UP), (1, 5, 2.96, 2, PRESERVE), (2, 5.5, 5.89, 2, SCALE_UP),
+          (2, 5.5, 3.93, 3, PRESERVE), (3, 9, 17.71, 3, SCALE_UP), (3, 9, 8.86, 4, PRESERVE),
+          (2, 5.5, 2.95, 4, SCALE_DOWN), (2, 5.5, 3.93, 3, PRESERVE), (1, 5, 1.97, 3, SCALE_DOWN),
+          (1, 5, 2.96, 2, PRESERVE)]
+ONE_FPGA = {1: 5.91, 2: 11.78, 3: 17.71}
+
+
+def test_table3_decisions_and_pool_sequence_with_beta_2_5():
+    pool = 1
+    for paths, target, expected, table_pool, decision in TABLE3:
+        job = HJob(f"p{paths}", 0.0, ONE_FPGA[paths], 1, 4, target=target)
+        devices = round(ONE_FPGA[paths] / expected)
+        d = elasticity_decide([(job, devices)], beta=2.5)
+        assert pool == table_pool
+        assert d.decision == decision
+        assert d.jlo_pos + d.jlo_neg == pytest.approx(target - expected, abs=0.01)
+        pool = resize_pool(pool, d.decision, 1, 4)
+
+
+def test_jlo_aggregate_and_pool_bounds():
+    assert jlo_metric([2.0, 1.0], 2.5) == 0.0          # as written it never exceeds the negative sum
+    assert jlo_metric([2.0, -0.4], 2.5) == pytest.approx(-0.4)
+    assert resize_pool(4, SCALE_UP, 1, 4) == 4 and resize_pool(1, SCALE_DOWN, 1, 4) == 1
+
+
+def q():
+    return [HJob("a", 0.0, 8.0, 1, 4), HJob("b", 1.0, 2.0, 2, 3), HJob("c", 2.0, 1.0, 1, 1)]
+
+
+def test_fcfs_variants_on_a_hand_case():
+    assert fcfs_max(q(), 4, 30) == [("a", 4)]
+    assert fcfs_max(q(), 3, 30) == [("b", 3)]           # a does not fit at its max; b does
+    assert fcfs_min(q(), 4, 30) == [("a", 1), ("b", 2), ("c", 1)]
+    assert fcfs_amap(q(), 4, 30) == [("a", 4)]
+    assert fcfs_amap(q(), 6, 30) == [("a", 4), ("b", 2)]
+    assert fcfs_min(q(), 4, 1) == [("a", 1)]            # the window bounds the decision
+
+
+def test_sjtf_and_priority_stop_at_first_job_that_does_not_fit():
+    assert sjtf(q(), 4, 30) == [("b", 2), ("c", 1), ("a", 1)]   # costs at min: b 2/2=1 (earlier), c 1, a 8
+    assert sjtf(q(), 1, 30) == []                                # b needs 2: stop, c is not tried
+    jobs = [HJob("lo", 0.0, 1.0, 1, 1, priority=1), HJob("hi", 1.0, 1.0, 3, 3, priority=5)]
+    assert priority(jobs, 4, 30) == [("hi", 3), ("lo", 1)]
+    assert priority(jobs, 2, 30) == []
+
+
+def test_linear_and_learned_cost():
+    j = HJob("a", 0.0, 12.0, 1, 4)
+    assert linear_cost(j, 4) == 3.0
+    m = LearnedCostModel()
+    m.observe(j, 1, 12.0)
+    assert m(j, 4) == 3.0                       # one size seen: eq. 1
+    for r in (1, 2, 4):                         # t = 12 * (0.2 + 0.8 / r)
+        m.observe(j, r, 12.0 * (0.2 + 0.8 / r))
+    a, b = m.coefficients(j.design)
+    assert a == pytest.approx(0.1, abs=0.15) and m(j, 3) > linear_cost(j, 3)
+    m2 = LearnedCostModel()
+    for r in (1, 2, 4):
+        m2.observe(j, r, 12.0 * (0.2 + 0.8 / r))
+    assert m2.coefficients(j.design) == pytest.approx((0.2, 0.8))
+
+
+def test_managed_mode_picks_by_strategy():
+    # Idle pool of 4, one job: spreading it (AMAP/Max) minimises the makespan.
+    one = [HJob("a", 0.0, 8.0, 1, 4)]
+    alloc, name = managed(one, 4, 30, now=0.0, strategy=COMPLETION_TIME)
+    assert alloc == [("a", 4)] and name == "fcfs_max"
+    # Eight queued unit jobs on 4 devices: at min every job starts by t=1 (none late); at max (serial,
+    # 0.25 s each) j5..j7 would wait more than 1 s. Same makespan (2 s): fairness decides.
+    eight = [HJob(f"j{i}", 0.0, 1.0, 1, 4) for i in range(8)]
+    alloc, name = managed(eight, 4, 30, now=0.0, strategy=FAIRNESS)
+    assert sorted(alloc) == [("j0", 1), ("j1", 1), ("j2", 1), ("j3", 1)] and name == "fcfs_min"
+    assert managed(eight, 4, 30, now=0.0, strategy=COMPLETION_TIME)[1] == "fcfs_max"   # tie: first listed
+    with pytest.raises(ValueError):
+        managed(one, 4, 30, strategy="cheapest")
+    assert get_policy("managed") is managed

@@ -1,0 +1,82 @@
+import math
+
+import pytest
+
+from irm_fpga.qos import JobProgress, QosJob
+from irm_fpga.qos.throughput import (
+    BrokerJob,
+    ControllerState,
+    admit,
+    allocate_not_fit,
+    broker_max,
+    controller_step,
+    resource_broker,
+    throughput_goal,
+)
+
+
+def tjob(goal=30.0, mn=0, mx=None):
+    return QosJob("t", goal="throughput", throughput=goal, min_devices=mn, max_devices=mx)
+
+
+def test_deadline_turned_into_time_varying_goal():
+    j = QosJob("d", deadline=200.0, size=3000)
+    assert throughput_goal(j, 0.0, 0) == pytest.approx(15.0)
+    assert throughput_goal(j, 100.0, 2000) == pytest.approx(10.0)      # (3000-2000)/(200-100)
+    assert throughput_goal(j, 250.0, 2000) == math.inf
+    assert throughput_goal(j, 150.0, 3000) == 0.0
+
+
+def test_controller_equations_1_to_4():
+    s = ControllerState(last_time=0.0, last_actions=0, a_hat=0.1)
+    s2 = controller_step(tjob(30.0), s, JobProgress(time=2.0, actions=40, allocation=2), alpha=0.5)
+    assert s2.throughput == pytest.approx(20.0)                 # eq. 1: 40 actions / 2 s
+    assert s2.a_hat == pytest.approx(0.5 * 2 / 20 + 0.5 * 0.1)  # eq. 2: 0.1
+    assert s2.request == 3                                      # eq. 3: ceil(0.1 * 30)
+    assert s2.performance == pytest.approx(20 / 30)             # eq. 4
+    s3 = controller_step(tjob(30.0), s2, JobProgress(time=4.0, actions=100, allocation=3), alpha=0.25)
+    assert s3.a_hat == pytest.approx(0.25 * 3 / 30 + 0.75 * 0.1)
+    assert s3.performance == pytest.approx(1.0)
+
+
+def test_controller_keeps_estimate_without_progress_and_clamps_to_min_max():
+    s = ControllerState(last_time=0.0, last_actions=0, a_hat=0.5)
+    s2 = controller_step(tjob(30.0, mn=1, mx=4), s, JobProgress(2.0, 0, 0))
+    assert s2.a_hat == 0.5 and s2.request == 4                  # ceil(15) clamped to max 4
+    s3 = controller_step(tjob(0.5, mn=2), s, JobProgress(2.0, 0, 0))
+    assert s3.request == 2                                      # ceil(0.25) = 1 raised to min 2
+
+
+def test_broker_fit_branch_gives_slack_to_deadline_jobs_worst_first():
+    jobs = [BrokerJob("thr", 2, 1.0, False), BrokerJob("d1", 1, 0.9, True), BrokerJob("d2", 0, 0.5, True)]
+    alloc, fit = resource_broker(jobs, 8)
+    assert fit
+    # slack 5: paused d2 gets 1, then round-robin d2, d1, d2, d1; throughput job keeps its request
+    assert alloc == {"thr": 2, "d1": 3, "d2": 3}
+
+
+def test_broker_fit_respects_max():
+    alloc, fit = resource_broker([BrokerJob("d1", 1, 0.5, True, max_devices=2), BrokerJob("d2", 1, 0.9, True)], 8)
+    assert fit and alloc == {"d1": 2, "d2": 6}
+
+
+def test_broker_not_fit_branch_algorithm_3():
+    jobs = [BrokerJob("a", 3, 0.5, True), BrokerJob("b", 3, 1.2, False)]
+    alloc, fit = resource_broker(jobs, 4)
+    # entries a: .5 .375 .28125, b: 1.2 .9 .675 ascending -> a,a,a then b(.675)
+    assert not fit and alloc == {"a": 3, "b": 1}
+    assert allocate_not_fit([BrokerJob("a", 2, 1.0, True), BrokerJob("b", 2, 1.0, True)], 2) == {"a": 1, "b": 1}
+
+
+def test_broker_max_excludes_blacklisted_and_reserved():
+    assert broker_max(8, blacklisted=2, reserved=1) == 5
+    alloc, fit = resource_broker([BrokerJob("a", 6, 1.0, False)], broker_max(8, blacklisted=2))
+    assert not fit and alloc == {"a": 6} or alloc == {"a": 6}
+    assert sum(resource_broker([BrokerJob("a", 8, 1.0, False)], broker_max(8, 3))[0].values()) == 5
+
+
+def test_admission_takes_free_devices_then_surplus_then_rejects():
+    j = QosJob("n", goal="throughput", throughput=5.0, min_devices=2)
+    assert admit(j, {"a": 3}, {"a": 3}, 8) == {"a": 3, "n": 5}
+    assert admit(j, {"a": 6, "b": 2}, {"a": 3, "b": 2}, 8) == {"a": 4, "b": 2, "n": 2}
+    assert admit(j, {"a": 6, "b": 2}, {"a": 6, "b": 2}, 8) is None
