@@ -192,6 +192,8 @@ class VirtualFpga:
         if fut is None:
             return
         self._slots.release()
+        if fut.cancelled():  # the caller gave up on it; the device ran it anyway
+            return
         if r.error:
             fut.set_exception(TaskFailed(r.error))
         else:

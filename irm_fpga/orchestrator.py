@@ -24,7 +24,9 @@ import grpc
 from sqlalchemy import select
 
 from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
+from irm_fpga import autoscaler
 from irm_fpga import designs as design_lib
+from irm_fpga import engine as eng
 from irm_fpga.models import Client, Group, Reservation
 from services import client as rpc
 from services.clock import Clock, WallClock
@@ -64,8 +66,9 @@ class OrchestratorConfig:
     heartbeat_interval_s: float = 2.0
     # Price of one device per minute (an FPGA-equipped instance, roughly).
     price_per_device_minute: float = 0.05
-    # Autoscaler for elastic groups: a policy name from irm_fpga.autoscaler, or "none".
-    autoscaler: str = "none"
+    # Autoscaler for elastic groups: a policy name from irm_fpga.autoscaler
+    # ("thesis", "improved", "static"), or "none".
+    autoscaler: str = "improved"
     autoscaler_interval_s: float = 10.0
     server_timeout_s: float = 10.0
 
@@ -94,11 +97,14 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
         self.memberships: list[Membership] = []
         self._stop = threading.Event()
-        self.policy = None
+        # One Autoscaler per server (it keeps that server's recent intervals); the
+        # policy is built here so an unknown name fails at start-up.
+        self._scalers: dict[str, autoscaler.Autoscaler] = {}
         if config.autoscaler != "none":
-            from irm_fpga import autoscaler
-
-            self.policy = autoscaler.get_policy(config.autoscaler)
+            try:
+                autoscaler.make_policy(config.autoscaler)
+            except ValueError as e:
+                raise ValueError(f"orchestrator configuration: {e}") from None
         self._scaler = threading.Thread(target=self._autoscale_loop, name="autoscaler", daemon=True)
 
     # -- lifecycle -------------------------------------------------------
@@ -111,7 +117,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             m = Membership(crs, self.config.name, advertise, [VFPGA], self.config.heartbeat_interval_s)
             m.start()
             self.memberships.append(m)
-        if self.policy is not None:
+        if self.config.autoscaler != "none":
             self._scaler.start()
 
     def stop(self) -> None:
@@ -657,30 +663,56 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 log.exception("autoscaler round failed")
 
     def autoscale_once(self) -> dict[str, int]:
-        """One autoscaler round over every server's elastic groups (pure policy; see irm_fpga.autoscaler)."""
-        from irm_fpga import autoscaler
+        """One autoscaler round: per server, the policy resizes the elastic groups living there.
 
-        with self.db.read() as s:
-            elastic = {g.id: g for g in s.scalars(select(Group).where(Group.elastic.is_(True),
-                                                                      Group.deleted.is_(False)))}
-        if not elastic or self.policy is None:
+        The policy sees the server's groups with their limits: an elastic group
+        that lives on this server alone keeps its own min/max; every other group
+        (static, or spread over servers) is pinned to its size for the policy.
+        """
+        if self.config.autoscaler == "none":
             return {}
+        with self.db.read() as s:
+            groups = {g.id: g for g in s.scalars(select(Group).where(Group.deleted.is_(False)))}
         decided: dict[str, int] = {}
         for name, h in self.servers.items():
             try:
                 m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(), timeout=self.config.server_timeout_s)
             except grpc.RpcError:
                 continue
-            sizes = autoscaler.decide_for_server(self.policy, name, m, elastic)
-            decided.update(sizes)
+            scaler = self._scalers.get(name) or self._scalers.setdefault(name, self._new_scaler(h))
+            for gid, size in scaler.step(self._engine_view(m, groups)).items():
+                decided[gid] = size
         for gid, size in decided.items():
-            g = elastic[gid]
-            if size != g.size:
-                try:
-                    self.resize(g, max(g.min_size, min(g.max_size, size)))
-                except HarnessError as e:
-                    log.info("autoscaler resize refused", extra={"group": gid, "reason": str(e)})
+            g = groups.get(gid)
+            if g is None or not g.elastic or size == g.size:
+                continue
+            try:
+                self.resize(g, max(g.min_size, min(g.max_size, size)))
+            except HarnessError as e:
+                log.info("autoscaler resize refused", extra={"group": gid, "reason": str(e)})
         return decided
+
+    def _new_scaler(self, h: ServerHandle) -> autoscaler.Autoscaler:
+        """A policy that knows what a reconfiguration costs on this server (when it weighs that)."""
+        info = h.stub().GetServer(fpga_pb2.GetServerRequest(), timeout=self.config.server_timeout_s)
+        try:
+            return autoscaler.Autoscaler(self.config.autoscaler, reconfig_s=info.reconfiguration_s)
+        except ValueError:
+            return autoscaler.Autoscaler(self.config.autoscaler)
+
+    @staticmethod
+    def _engine_view(m: fpga_pb2.ServerMeasurements, groups: dict[str, Group]) -> eng.ServerMeasurements:
+        out = []
+        for c in m.groups:
+            g = groups.get(c.group_id)
+            movable = g is not None and g.elastic and len([n for n in g.parts.values() if n]) <= 1
+            lo, hi = (g.min_size, g.max_size) if movable else (c.target, c.target)  # type: ignore[union-attr]
+            out.append(eng.GroupMeasurement(
+                c.group_id, c.design, c.active, c.target, c.joining, c.draining, min(lo, c.target),
+                max(hi, c.target), c.completed, c.busy_device_s, c.waiting, c.running,
+                tuple(eng.ClientMeasurement(k.client_id, k.completed, k.waiting, k.running) for k in c.clients)))
+        return eng.ServerMeasurements(m.time, m.devices, m.usable_devices, m.reconfigurations,
+                                      m.reconfiguration_failures, tuple(out))
 
 
 def component(config: OrchestratorConfig, clock: Clock | None = None) -> Component:

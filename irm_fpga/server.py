@@ -268,12 +268,14 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
     def GetMeasurements(self, request, context):  # noqa: N802
         m = self.engine.measurements()
         return fpga_pb2.ServerMeasurements(
-            time=m.time, usable_devices=m.usable, reconfigurations=m.reconfigurations,
+            time=m.time, usable_devices=m.usable, reconfigurations=m.reconfigurations, devices=m.devices,
+            reconfiguration_failures=m.reconfiguration_failures,
             groups=[fpga_pb2.GroupCounters(
-                group_id=g.group_id, active=g.size, submitted=g.executed + g.waiting + g.running,
-                completed=g.executed, queued=g.waiting + g.running, busy_device_s=g.busy_s,
+                group_id=g.group_id, design=g.design, active=g.size, target=g.target, joining=g.joining,
+                draining=g.draining, submitted=g.executed + g.waiting + g.running, completed=g.executed,
+                queued=g.waiting + g.running, waiting=g.waiting, running=g.running, busy_device_s=g.busy_s,
                 clients=[fpga_pb2.ClientCounters(client_id=c.client_id, completed=c.executed,
-                                                 queued=c.waiting + c.running,
+                                                 queued=c.waiting + c.running, waiting=c.waiting, running=c.running,
                                                  submitted=c.executed + c.waiting + c.running)
                          for c in g.clients]) for g in m.groups])
 

@@ -196,3 +196,23 @@ def test_reserve_a_virtual_fpga_through_the_crs(suite):
     o = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
     assert o.ListGroups(fpga_pb2.ListGroupsRequest(tenant="alice")).groups == []
     threading.Event().wait(0)  # nothing left running on our side
+
+
+@pytest.mark.parametrize("policy", ["thesis", "improved"])
+def test_autoscaler_grows_a_loaded_elastic_group(suite, policy):
+    server = suite.start("fpga-server", devices=4, **FAST)
+    orch = suite.start("fpga", servers=server.address, autoscaler=policy, autoscaler_interval_s=0.3)
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
+    busy = create(stub, design="sleep", size=1, min_size=1, max_size=3, scaling=fpga_pb2.FpgaGroup.SCALING_ELASTIC)
+    idle = create(stub, design="fft", size=1, min_size=1, max_size=3, scaling=fpga_pb2.FpgaGroup.SCALING_ELASTIC)
+    fixed = create(stub, design="black_scholes", size=1)  # static: never resized
+    with VirtualFpga.attach(orch.address, "alice", busy.id) as f:
+        futures = [f.submit({"duration": 0.01}) for _ in range(1500)]  # 15 s of work for one device
+        grown = eventually(lambda: (lambda g: g if g.size > 1 else None)(
+            stub.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=busy.id))), timeout=30,
+            what="the loaded elastic group to grow")
+        assert grown.size <= 3
+        for fu in futures:
+            fu.cancel()
+    assert stub.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=fixed.id)).size == 1
+    assert stub.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=idle.id)).size >= 1

@@ -243,19 +243,23 @@ class GetMeasurementsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClientCounters(_message.Message):
-    __slots__ = ("client_id", "submitted", "completed", "queued")
+    __slots__ = ("client_id", "submitted", "completed", "queued", "waiting", "running")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     submitted: int
     completed: int
     queued: int
-    def __init__(self, client_id: _Optional[str] = ..., submitted: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
+    waiting: int
+    running: int
+    def __init__(self, client_id: _Optional[str] = ..., submitted: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
 
 class GroupCounters(_message.Message):
-    __slots__ = ("group_id", "active", "submitted", "completed", "queued", "busy_device_s", "clients")
+    __slots__ = ("group_id", "active", "submitted", "completed", "queued", "busy_device_s", "clients", "design", "target", "joining", "draining", "waiting", "running")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +267,12 @@ class GroupCounters(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     BUSY_DEVICE_S_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    DESIGN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    JOINING_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     active: int
     submitted: int
@@ -270,19 +280,29 @@ class GroupCounters(_message.Message):
     queued: int
     busy_device_s: float
     clients: _containers.RepeatedCompositeFieldContainer[ClientCounters]
-    def __init__(self, group_id: _Optional[str] = ..., active: _Optional[int] = ..., submitted: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., busy_device_s: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientCounters, _Mapping]]] = ...) -> None: ...
+    design: str
+    target: int
+    joining: int
+    draining: int
+    waiting: int
+    running: int
+    def __init__(self, group_id: _Optional[str] = ..., active: _Optional[int] = ..., submitted: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., busy_device_s: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientCounters, _Mapping]]] = ..., design: _Optional[str] = ..., target: _Optional[int] = ..., joining: _Optional[int] = ..., draining: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
 
 class ServerMeasurements(_message.Message):
-    __slots__ = ("time", "groups", "usable_devices", "reconfigurations")
+    __slots__ = ("time", "groups", "usable_devices", "reconfigurations", "devices", "reconfiguration_failures")
     TIME_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     USABLE_DEVICES_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURATIONS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    RECONFIGURATION_FAILURES_FIELD_NUMBER: _ClassVar[int]
     time: float
     groups: _containers.RepeatedCompositeFieldContainer[GroupCounters]
     usable_devices: int
     reconfigurations: int
-    def __init__(self, time: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupCounters, _Mapping]]] = ..., usable_devices: _Optional[int] = ..., reconfigurations: _Optional[int] = ...) -> None: ...
+    devices: int
+    reconfiguration_failures: int
+    def __init__(self, time: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupCounters, _Mapping]]] = ..., usable_devices: _Optional[int] = ..., reconfigurations: _Optional[int] = ..., devices: _Optional[int] = ..., reconfiguration_failures: _Optional[int] = ...) -> None: ...
 
 class RunDirectRequest(_message.Message):
     __slots__ = ("device", "design", "task")
