@@ -31,19 +31,24 @@ parameter raises `ValueError`):
   its minimum; the devices are shared in proportion to R (line 10 of
   Algorithm 1), within min/max, rounded by largest remainder.
 * `improved` -- ours. The thesis notes that its autoscaler over-reacts and pays
-  3.78 s reconfigurations for nothing under light load. This policy:
+  3.78 s reconfigurations for nothing under light load; Algorithm 1 also
+  sizes groups by the backlog seen at one instant, which under batch
+  arrivals swings from interval to interval. This policy:
   - estimates task runtimes the same way, but against the measured busy time
     (an unsaturated group does not look slow);
-  - estimates each group's offered load (device-seconds arriving per second:
-    work done plus backlog growth), rising at once but falling only as the
-    average of the last `memory` intervals (hysteresis), and its need
-    n = load / target_utilisation + backlog / drain_horizon_s;
-  - never takes a device from a group that is not needed elsewhere (idle
-    groups keep their devices: no reconfiguration for nothing), gives free
-    devices only to groups short of capacity, and moves a device from a donor
-    to a recipient only if the recipient's shortfall over the horizon exceeds
-    the reconfiguration time it costs and the move still leaves the donor
-    less loaded than the recipient was (so moves never oscillate).
+  - measures each group's offered load (device-seconds arriving per second:
+    work done plus growth of the backlog) and its need,
+    n = load + backlog / drain_horizon_s (keep up, and clear the backlog);
+  - resizes only for a real shortfall: a group gets a device only if
+    (n - size) x period exceeds the reconfiguration time the move costs (so
+    light load never reconfigures anything, and idle groups keep their
+    devices instead of shrinking to the minimum for nothing);
+  - takes a device first from a group that stays comfortable without it
+    (size - 1 covers its need and its recent peak load / target_utilisation);
+    otherwise, in contention, only from a group whose claim (its need, or its
+    mean load over the last `memory` intervals: hysteresis) per remaining
+    device is below the recipient's need per device by a `margin`, so a
+    device does not bounce back and forth between two groups.
 """
 
 from __future__ import annotations
@@ -286,15 +291,31 @@ class ThesisPolicy(Policy):
 
 
 @dataclass(frozen=True)
+class Demand:
+    """What the improved policy knows about one group."""
+
+    need: float         # devices to keep up with the current load and clear the backlog within the horizon
+    keep: float         # devices the group should keep: its recent peak load with headroom
+    load: float         # device-seconds arriving per second in the last interval
+    backlog_s: float    # device-seconds waiting now
+    recent: float = 0.0  # mean load of the last `memory` intervals
+
+    @property
+    def claim(self) -> float:
+        """Devices' worth a donor defends: its need, or its recent mean load (hysteresis)."""
+        return max(self.need, self.recent)
+
+
+@dataclass(frozen=True)
 class ImprovedPolicy(Policy):
     """Load- and cost-aware sizing with hysteresis (see the module docstring)."""
 
     window: int = 6
-    memory: int = 3                 # intervals over which a falling load is averaged
+    memory: int = 3                 # intervals a group keeps what its recent peak load needs
     target_utilisation: float = 0.8
-    drain_horizon_s: float = 10.0   # backlog should clear within this long
+    drain_horizon_s: float = 5.0    # backlog should clear within this long
     reconfig_s: float = 3.78        # what moving a device costs (it computes nothing meanwhile)
-    margin: float = 0.1             # a move must leave the donor this much less loaded than the recipient
+    margin: float = 0.25            # in contention, the donor must end up this much less loaded
     name = "improved"
 
     def __post_init__(self) -> None:
@@ -305,12 +326,12 @@ class ImprovedPolicy(Policy):
         if self.window < 1 or self.memory < 1:
             raise ValueError("window and memory must be >= 1")
 
-    def needs(self, history: Sequence[Interval]) -> dict[str, float | None]:
-        """Devices each elastic group needs (None: unknown yet)."""
+    def demands(self, history: Sequence[Interval]) -> dict[str, Demand | None]:
+        """Each elastic group's demand (None while its task runtimes are unknown)."""
         hist = list(history)[-self.window:]
         last = hist[-1]
         elastic, _ = _elastic(last)
-        out: dict[str, float | None] = {}
+        out: dict[str, Demand | None] = {}
         for g in elastic:
             gid = g.group_id
             t = estimate_task_times(_rows(hist, gid, "busy"))
@@ -318,20 +339,22 @@ class ImprovedPolicy(Policy):
             if backlog is None:
                 out[gid] = None
                 continue
+            # offered load per interval: work done plus growth of the backlog
             loads = []
-            prev_backlog: float | None = None
+            prev: float | None = None
             for iv in hist:
                 w = iv.groups.get(gid)
                 if w is None:
-                    prev_backlog = None
+                    prev = None
                     continue
                 b_end = _pending_work(w, t) or 0.0
-                arrived = w.busy_s + (b_end - prev_backlog if prev_backlog is not None else 0.0)
+                arrived = w.busy_s + (b_end - prev if prev is not None else 0.0)
                 loads.append(max(0.0, arrived) / iv.length if iv.length > 0 else 0.0)
-                prev_backlog = b_end
-            recent = loads[-self.memory:]
-            load = max(loads[-1], sum(recent) / len(recent)) if loads else 0.0
-            out[gid] = load / self.target_utilisation + backlog / self.drain_horizon_s
+                prev = b_end
+            load = loads[-1] if loads else 0.0
+            recent = loads[-self.memory:] or [0.0]
+            out[gid] = Demand(load + backlog / self.drain_horizon_s, max(recent) / self.target_utilisation, load,
+                              backlog, sum(recent) / len(recent))
         return out
 
     def decide(self, history: Sequence[Interval]) -> dict[str, int]:
@@ -340,42 +363,42 @@ class ImprovedPolicy(Policy):
         last = history[-1]
         elastic, devices = _elastic(last)
         out = {gid: g.target for gid, g in last.groups.items()}
-        need = self.needs(history)
-        size = {g.group_id: g.target for g in elastic}
-        known = {gid: n for gid, n in need.items() if n is not None}
-        lo = {gid: last.groups[gid].min_size for gid in size}
-        hi = {gid: last.groups[gid].max_size for gid in size}
-        # groups below their minimum (e.g. after a limit change) get it first
-        for gid in size:
-            size[gid] = max(lo[gid], min(hi[gid], size[gid]))
+        dem = {gid: d for gid, d in self.demands(history).items() if d is not None}
+        lo = {g.group_id: g.min_size for g in elastic}
+        hi = {g.group_id: g.max_size for g in elastic}
+        size = {g.group_id: max(lo[g.group_id], min(hi[g.group_id], g.target)) for g in elastic}
         free = devices - sum(size.values())
+        # A device moved now serves at least until the next decision, one period away: a move pays
+        # when the recipient's shortfall over that period exceeds the reconfiguration time.
+        period = last.length if last.length > 0 else 10.0
+        worth = self.reconfig_s / period
 
         def pressure(gid: str, n: int) -> float:
-            return known[gid] / n if n > 0 else (math.inf if known[gid] > 0 else 0.0)
-
-        def short(gid: str) -> bool:
-            # worth a device: over the horizon the shortfall exceeds what the move costs
-            return size[gid] < hi[gid] and (known[gid] - size[gid]) * self.drain_horizon_s > self.reconfig_s
+            need = dem[gid].need
+            return need / n if n > 0 else (math.inf if need > 0 else 0.0)
 
         for _ in range(4 * max(1, devices)):
-            recipients = sorted((g for g in known if short(g)), key=lambda g: (-pressure(g, size[g]), g))
-            if not recipients:
+            short = [g for g in dem if size[g] < hi[g] and dem[g].need - size[g] > worth]
+            if not short:
                 break
-            r = recipients[0]
+            r = max(short, key=lambda g: (pressure(g, size[g]), g))
             if free > 0:
                 size[r] += 1
                 free -= 1
                 continue
-            best = None
-            for d in known:         # a group whose need is unknown is left alone
-                if d == r or size[d] <= lo[d]:
-                    continue
-                after = pressure(d, size[d] - 1)
-                if after * (1 + self.margin) < pressure(r, size[r]) and (best is None or after < best[0]):
-                    best = (after, d)
-            if best is None:
-                break
-            size[best[1]] -= 1
+            # a donor that stays comfortable loses nothing ...
+            spare = [d for d in dem if d != r and size[d] > lo[d]
+                     and size[d] - 1 >= max(dem[d].keep, dem[d].need)]
+            if spare:
+                d = max(spare, key=lambda g: (size[g] - max(dem[g].keep, dem[g].need), g))
+            else:
+                # ... otherwise, in contention, only a clearly less loaded one gives a device up
+                cands = [(dem[d].claim / (size[d] - 1), d) for d in dem if d != r and size[d] > lo[d]]
+                cands = [(p, d) for p, d in cands if p * (1 + self.margin) < pressure(r, size[r])]
+                if not cands:
+                    break
+                d = min(cands)[1]
+            size[d] -= 1
             size[r] += 1
         out.update(size)
         return out
@@ -397,11 +420,12 @@ def make_policy(name: str, **params: Any) -> Policy:
 class Autoscaler:
     """Keeps the recent intervals and asks the policy for sizes; call `step` every period."""
 
-    def __init__(self, policy: str | Policy = "thesis", *, window: int = 12, **params: Any) -> None:
+    def __init__(self, policy: str | Policy = "thesis", *, history: int = 12, **params: Any) -> None:
+        """`policy`: a name from POLICIES (with its `params`) or a Policy; `history`: intervals kept."""
         self.policy = make_policy(policy, **params) if isinstance(policy, str) else policy
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        self.history: deque[Interval] = deque(maxlen=window)
+        if history < 1:
+            raise ValueError(f"history must be >= 1, got {history}")
+        self.history: deque[Interval] = deque(maxlen=history)
         self._last: ServerMeasurements | None = None
 
     def step(self, measurements: ServerMeasurements) -> dict[str, int]:

@@ -152,6 +152,11 @@ class Sleep(Design):
     name = "sleep"
     parameters = ("duration",)
 
+    def __init__(self, name: str = "sleep") -> None:
+        # Simulations give each synthetic application its own sleep design (its own bitstream), so
+        # moving a device between their groups costs a reconfiguration as it would on hardware.
+        self.name = name
+
     def prepare(self, params: Mapping[str, Any]) -> tuple[Any, float]:
         # Hot path of the simulations: a task is {"duration": float}.
         if type(params) is dict and len(params) == 1:

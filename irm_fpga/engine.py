@@ -65,6 +65,14 @@ Every mutator first processes the events due up to `clock.now()`, so nothing
 starts before it was submitted. Errors: `ValueError` (bad argument),
 `NotFoundError`, `AlreadyExistsError`, `CapacityError` (not enough usable
 devices), `PreconditionError` (e.g. a detaching client submits).
+
+A task is a `Task(task_id, params, kind)` or any (task_id, params, kind)
+triple; task ids are the client's and come back in the `Result`. Consecutive
+tasks passing the same params object are validated once (do not mutate it
+after submitting). A design's `compute` runs when its task ends, inside
+`advance`, on the caller's thread. A group whose `min_size == max_size` is
+static for the autoscaler. Live use: call `advance()` when
+`next_event_time()` comes (or on every incoming batch) and send the results.
 """
 
 from __future__ import annotations
@@ -75,8 +83,11 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from irm_fpga.designs import DESIGNS, Design
 from services.clock import Clock
@@ -266,6 +277,7 @@ class _Device:
 
 
 _BY_N = attrgetter("n")
+_UNSET = object()
 _tnew = tuple.__new__
 _push = heapq.heappush
 
@@ -406,16 +418,12 @@ class Engine:
             if not tasks:
                 return 0
             last = c.arrivals[-1][4] if c.arrivals else now
-            prev = last
-            ts = [float(x) for x in times]
-            for i, x in enumerate(ts):
-                if not x >= prev:
-                    raise ValueError(f"arrival time {i} ({x}) is before {prev}: times must be non-decreasing "
-                                     "and not in the past")
-                prev = x
-            recs = self._prepare(c, tasks, None, ts)
-            if any(r[1] is not RUN for r in recs):
-                raise ValueError("only run tasks can be scheduled; submit lock/unlock tasks")
+            arr = np.asarray(times, dtype=np.float64)
+            if arr.ndim != 1 or not np.isfinite(arr).all():
+                raise ValueError("arrival times must be a flat sequence of finite numbers")
+            if arr[0] < last or (arr.size > 1 and (np.diff(arr) < 0).any()):
+                raise ValueError(f"arrival times must be non-decreasing and not before {last}")
+            recs = self._prepare(c, tasks, None, arr.tolist(), run_only=True)
             c.arrivals.extend(recs)
             c.outstanding += len(recs)
             if not c.armed:
@@ -433,37 +441,43 @@ class Engine:
         return c
 
     def _prepare(self, c: _Client, tasks: Sequence[Task], t: float | None,
-                 times: Sequence[float] | None) -> list[tuple]:
+                 times: Sequence[float] | None, run_only: bool = False) -> list[tuple]:
+        """Validate tasks into internal records (task_id, kind, inputs, device_s, submitted_at).
+
+        Consecutive tasks sharing one params object are validated once.
+        """
         prepare = c.group.design.prepare
-        recs = []
+        recs: list[tuple] = []
+        append = recs.append
         pending = c.lock_pending
-        last_params: Any = None
-        last_prep: tuple[Any, float] = (None, 0.0)
-        for i, task in enumerate(tasks):
-            kind = task.kind
-            at = t if times is None else times[i]
+        last_params: Any = _UNSET
+        inputs: Any = None
+        dt = 0.0
+        for i, (task, at) in enumerate(zip(tasks, repeat(t) if times is None else times, strict=False)):
+            tid, p, kind = task
             if kind == RUN:
-                p = task.params
-                if p is not last_params or i == 0:
+                if p is not last_params:
                     try:
-                        last_prep = prepare(p if p is not None else {})
+                        inputs, dt = prepare(p if p is not None else {})
                     except ValueError as e:
-                        raise ValueError(f"task {i} ({task.task_id!r}): {e}") from None
+                        raise ValueError(f"task {i} ({tid!r}): {e}") from None
                     last_params = p
-                recs.append((task.task_id, RUN, last_prep[0], last_prep[1], at))
+                append((tid, RUN, inputs, dt, at))
+            elif run_only:
+                raise ValueError(f"task {i} ({tid!r}): only run tasks can be scheduled; submit lock/unlock")
             elif kind == LOCK:
                 if pending:
-                    raise PreconditionError(f"task {i} ({task.task_id!r}): client {c.id!r} already holds or "
+                    raise PreconditionError(f"task {i} ({tid!r}): client {c.id!r} already holds or "
                                             "awaits a lock; unlock first")
                 pending = True
-                recs.append((task.task_id, LOCK, None, 0.0, at))
+                append((tid, LOCK, None, 0.0, at))
             elif kind == UNLOCK:
                 if not pending:
-                    raise PreconditionError(f"task {i} ({task.task_id!r}): unlock without a lock")
+                    raise PreconditionError(f"task {i} ({tid!r}): unlock without a lock")
                 pending = False
-                recs.append((task.task_id, UNLOCK, None, 0.0, at))
+                append((tid, UNLOCK, None, 0.0, at))
             else:
-                raise ValueError(f"task {i} ({task.task_id!r}): unknown kind {kind!r}; "
+                raise ValueError(f"task {i} ({tid!r}): unknown kind {kind!r}; "
                                  f"expected {RUN!r}, {LOCK!r} or {UNLOCK!r}")
         return recs
 
@@ -861,7 +875,7 @@ class Engine:
         excess = have - size
         if excess > 0:
             # 1. cancel joins in progress (latest to finish first)
-            for dev in sorted(g.joining, key=lambda d: -self._reconf_end(d)):
+            for dev in sorted(g.joining, key=lambda d: (-self._reconf_end(d), d.index)):
                 if excess == 0:
                     break
                 g.joining.discard(dev)
@@ -874,7 +888,7 @@ class Engine:
                 excess -= 1
             # 3. busy members, earliest to finish first; 4. held (locked) ones
             busy = [d for d in g.members if not d.draining]
-            busy.sort(key=lambda d: (d.locked_by is not None, d.start + d.task[3] if d.task else t))
+            busy.sort(key=lambda d: (d.locked_by is not None, d.start + d.task[3] if d.task else t, d.index))
             for dev in busy[:excess]:
                 dev.draining = True
             if g in self._wanting:
@@ -882,7 +896,7 @@ class Engine:
             self._allocate()
         elif excess < 0:
             # members still finishing a task before leaving simply stay
-            for dev in g.members:
+            for dev in sorted(g.members, key=lambda d: d.index):
                 if excess < 0 and dev.draining:
                     dev.draining = False
                     excess += 1

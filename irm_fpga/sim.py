@@ -13,30 +13,40 @@ seconds to a group of `size` devices; every task is followed to its end
 arrival to result; queueing is arrival to start.
 
 Autoscaling (thesis §3.4.3, Figs. 3.6 and 3.7): `autoscaling_run(trace, policy)`:
-one 8-device server, three groups A, B, C (design `sleep`) starting at 2/4/2
-devices, the autoscaler called every 10 s, reconfiguration N(3.78 s, 0.13 s).
-Application A sends batches of 300 tasks of 0.33 ms, B batches of 300 x 1 ms,
-C batches of 3 x 100 ms. Batch latency is from a batch's arrival to the end of
-its last task. Utilisation is the device time spent on tasks inside the
-300 s window over 8 x 300 device-seconds.
+one 8-device server, three groups A, B, C starting at 2/4/2 devices, the
+autoscaler called every 10 s, reconfiguration N(3.78 s, 0.13 s). Like the
+thesis, the applications are sleep functions, but each has its own design
+(`sleep_A`, ...), as distinct bitstreams would: moving a device between
+groups costs a reconfiguration. Application A sends batches of 300 tasks of
+0.33 ms, B batches of 300 x 1 ms, C batches of 3 x 100 ms. Batch latency is
+from a batch's arrival to the end of its last task. The run lasts until the
+last batch is done (at least the trace's 300 s); utilisation is the device
+time spent on tasks over 8 devices x that span, so work a static split
+leaves queued at the end of the trace lengthens its run and lowers it.
 
 Traces (`make_trace(kind, seed)`): each application's offered load, in
 devices' worth of work (device-seconds per second), is piecewise constant;
-batches arrive as a Poisson process at load / (work per batch). The high
-trace's skeleton, before the seeded jitter (levels x U(0.85, 1.15), phase
-boundaries +/- 4 s, then each application rescaled to its total):
+batches arrive as a Poisson process at load / (work per batch). Skeletons
+before the seeded jitter (every level x U(0.85, 1.15), inner phase boundaries
++/- 4 s), after which each application is rescaled to its total:
 
-    time (s)     0-35   35-95   95-150  150-200  200-300
-    A            0.32   3.6 (40-90, else 0.32)  0.32   2.8  0.32
-    B            2.8    0       2.8     4.7      2.8
-    C            1.0 / 1.6, alternating every 30 s
+    high    0-150 s   150-190 s   190-240 s   240-245 s   245-300 s
+    A       0.1       2.6         0.1         0.1         4.8
+    B       2.84      5.6         2.84        0           0
+    C       1.0 and 1.6, alternating every 30 s
 
-Totals per application are in the ratio 1 : 2 : 1 (A 384, B 768, C 384
-device-seconds: 1536 of 2400, 64 %), the ratio the static 2/4/2 split is
-proportional to (thesis §3.4.3). A's peak (3.6 devices) is beyond its static
-share of 2 while B is idle; between 150 s and 200 s A and B together ask for
-7.5 devices and, with C, exceed the server. The low trace is the same trace
-at half the load (32 %).
+    low     A: 0.5 (0-60 s), 1.5 (60-120), 0.4 (120-200), 1.2 (200-260), 0.4
+            B: 1.6 (0-100 s), 0.6 (100-160), 1.4 (160-300)
+            C: 0.5 and 0.8, alternating every 30 s
+
+Totals are in the ratio 1 : 2 : 1 (the ratio the static 2/4/2 split is
+proportional to, thesis §3.4.3): high A 384, B 768, C 384 device-seconds
+(64 % of 8 x 300), low exactly half (32 %). In the high trace A peaks at
+4.8 devices, far beyond its static share of 2, while B is idle (from 240 s
+to the end, so a static A carries its backlog past the trace), and between
+150 s and 190 s A and B together ask for 8.2 devices, more than the server.
+In the low trace every application stays within its static share: nothing
+needs resizing.
 """
 
 from __future__ import annotations
@@ -51,7 +61,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from irm_fpga.autoscaler import Autoscaler
-from irm_fpga.engine import Engine, EngineConfig, Task
+from irm_fpga.designs import DESIGNS, Sleep
+from irm_fpga.engine import RUN, Engine, EngineConfig, Task
 
 
 class SimClock:
@@ -124,7 +135,7 @@ def elasticity_cell(rate: float, size: int, *, duration: float = 300.0, task_s: 
             hi = min(t + chunk, end)
             k = rng.poisson(rate * (hi - t))
             times = np.sort(rng.uniform(t, hi, size=k)).tolist()
-            engine.schedule("c", [Task(n + i, params) for i in range(k)], times)
+            engine.schedule("c", [(n + i, params, RUN) for i in range(k)], times)
             n += k
             clock.advance_to(hi)
             res = engine.advance()
@@ -186,11 +197,19 @@ class Trace:
         return {a: sum((e - s) * lv for s, e, lv in segs) for a, segs in self.segments.items()}
 
 
-def _skeleton() -> dict[str, list[tuple[float, float, float]]]:
-    c = [(float(s), float(s + 30), 1.0 if (s // 30) % 2 == 0 else 1.6) for s in range(0, 300, 30)]
+def _skeleton(kind: str) -> dict[str, list[tuple[float, float, float]]]:
+    """Offered load per application, (start, end, devices' worth), before jitter and rescaling."""
+    if kind == "high":
+        c = [(float(s), float(s + 30), 1.0 if (s // 30) % 2 == 0 else 1.6) for s in range(0, 300, 30)]
+        return {
+            "A": [(0, 150, 0.1), (150, 190, 2.6), (190, 245, 0.1), (245, 300, 4.8)],
+            "B": [(0, 150, 2.84), (150, 190, 5.6), (190, 240, 2.84), (240, 300, 0.0)],
+            "C": c,
+        }
+    c = [(float(s), float(s + 30), 0.5 if (s // 30) % 2 == 0 else 0.8) for s in range(0, 300, 30)]
     return {
-        "A": [(0, 40, 0.32), (40, 90, 3.6), (90, 150, 0.32), (150, 200, 2.8), (200, 300, 0.32)],
-        "B": [(0, 35, 2.8), (35, 95, 0.0), (95, 150, 2.8), (150, 200, 4.7), (200, 300, 2.8)],
+        "A": [(0, 60, 0.5), (60, 120, 1.5), (120, 200, 0.4), (200, 260, 1.2), (260, 300, 0.4)],
+        "B": [(0, 100, 1.6), (100, 160, 0.6), (160, 300, 1.4)],
         "C": c,
     }
 
@@ -202,14 +221,14 @@ def make_trace(kind: str, seed: int = 7, *, apps: Sequence[App] = APPS, duration
     rng = random.Random(seed)
     scale = duration / 300.0
     segments: dict[str, list[tuple[float, float, float]]] = {}
-    for app, segs in _skeleton().items():
+    for app, segs in _skeleton(kind).items():
         cuts = [segs[0][0]] + [e for _, e, _ in segs]
         # jitter the inner boundaries (same for both traces: drawn before the kind matters)
         for i in range(1, len(cuts) - 1):
             cuts[i] = min(max(cuts[i] + rng.uniform(-4, 4), cuts[i - 1] + 1), cuts[i + 1] - 1)
         levels = [lv * rng.uniform(0.85, 1.15) for _, _, lv in segs]
         total = sum((cuts[i + 1] - cuts[i]) * levels[i] for i in range(len(levels)))
-        k = TOTALS_HIGH[app] / total * (0.5 if kind == "low" else 1.0)
+        k = TOTALS_HIGH[app] / total * (0.5 if kind == "low" else 1.0)     # low: half the work
         segments[app] = [(cuts[i] * scale, cuts[i + 1] * scale, levels[i] * k) for i in range(len(levels))]
     arr_rng = np.random.default_rng(seed * 1000 + (1 if kind == "low" else 2))
     arrivals = {}
@@ -236,6 +255,7 @@ class AutoscaleResult:
     batches: int
     per_app_latency_s: dict[str, float]
     max_batch_latency_s: float
+    span_s: float                   # from the trace's start to the end of the last batch
     size_timeline: list[tuple[float, dict[str, int]]]
     seconds: float
 
@@ -246,10 +266,11 @@ def autoscaling_run(trace: Trace, policy: str, *, apps: Sequence[App] = APPS, ta
     """Run one trace under one policy. `task_scale` > 1 merges that many tasks into one (quick runs)."""
     wall = time.perf_counter()
     clock = SimClock()
+    designs = {**DESIGNS, **{f"sleep_{a.name}": Sleep(f"sleep_{a.name}") for a in apps}}
     engine = Engine(clock, EngineConfig(devices=devices, reconfig_mean_s=reconfig_mean_s,
-                                        reconfig_std_s=reconfig_std_s, seed=seed))
+                                        reconfig_std_s=reconfig_std_s, seed=seed), designs)
     for name, n in STATIC_SIZES.items():
-        engine.create_group(name, "sleep", n, min_size=1, max_size=devices)
+        engine.create_group(name, f"sleep_{name}", n, min_size=1, max_size=devices)
     params = {"static": {"sizes": dict(STATIC_SIZES)}, "improved": {"reconfig_s": reconfig_mean_s}}
     scaler = Autoscaler(policy, **params.get(policy, {}))
     warm = 10.0                      # initial configuration of the 8 devices
@@ -317,7 +338,9 @@ def autoscaling_run(trace: Trace, policy: str, *, apps: Sequence[App] = APPS, ta
     idv = np.concatenate(ids)
     st = np.concatenate(starts)
     fi = np.concatenate(fins)
-    busy = np.clip(np.minimum(fi, end) - np.maximum(st, warm), 0.0, None).sum()
+    # the run lasts until its last batch is done (at least the trace's length)
+    span = max(trace.duration, float(fi.max()) - warm)
+    busy = float((fi - st).sum())
     nb = len(batch_at)
     bfin = np.full(nb, -np.inf)
     np.maximum.at(bfin, idv >> 9, fi)
@@ -327,8 +350,8 @@ def autoscaling_run(trace: Trace, policy: str, *, apps: Sequence[App] = APPS, ta
     app_idx = np.array(batch_app)
     per_app_lat = {a.name: float(lat[app_idx == i].mean()) if (app_idx == i).any() else 0.0
                    for i, a in enumerate(apps)}
-    return AutoscaleResult(trace.kind, policy, float(busy / (devices * trace.duration)), float(lat.mean()),
-                           int(reconfigs), nb, per_app_lat, float(lat.max()), timeline,
+    return AutoscaleResult(trace.kind, policy, busy / (devices * span), float(lat.mean()),
+                           int(reconfigs), nb, per_app_lat, float(lat.max()), span, timeline,
                            time.perf_counter() - wall)
 
 
@@ -336,7 +359,8 @@ def summary(r: AutoscaleResult) -> dict[str, object]:
     return {"utilisation": round(r.utilisation, 4), "mean_batch_latency_s": round(r.mean_batch_latency_s, 4),
             "reconfigurations": r.reconfigurations, "batches": r.batches,
             "per_app_latency_s": {k: round(v, 4) for k, v in r.per_app_latency_s.items()},
-            "max_batch_latency_s": round(r.max_batch_latency_s, 3), "seconds": round(r.seconds, 2)}
+            "max_batch_latency_s": round(r.max_batch_latency_s, 3), "span_s": round(r.span_s, 2),
+            "seconds": round(r.seconds, 2)}
 
 
 def sizes_at(timeline: list[tuple[float, dict[str, int]]], t: float) -> dict[str, int]:

@@ -23,12 +23,27 @@ devices are >= what it gets.
 
 `managed` (Algorithm 1) runs every algorithm, projects the window's schedule
 each one leads to (the algorithm keeps dispatching the window's jobs as
-running jobs end, on the scheduler's cost model) and keeps the best score:
-"completion time" maximises the window jobs completed by the earliest
-projected makespan among the candidates, then minimises the makespan;
-"fairness" minimises the priority-weighted number of projected late jobs
-(waiting more than `late_after` s in the ready queue, §VI), then the makespan.
+running jobs end, on the scheduler's cost model) and keeps the best score.
+Both strategies are lateness-aware: a job is late when it would wait more
+than `late_after` s in the ready queue (§VI's N_L), weighted by its priority.
+
+* "completion time" (§IV-A: maximise the jobs completed while minimising the
+  makespan): (fewest projected late jobs, most jobs completed by the
+  earliest projected makespan among the candidates, shortest makespan);
+* "fairness" (§IV-A: minimise the priority-weighted number of late jobs):
+  (fewest projected late jobs, shortest makespan).
+
 Ties go to the earlier algorithm in `ALGORITHMS` order.
+
+Beyond the paper (its Algorithm 1 scores the queue as it is): the projection
+also carries *expected arrivals* (`forecast_arrivals`: the observed arrival
+rate and job mix of the recent past, planned for a burst at `burst` times
+that rate), so an allocation that would hog the pool when the next jobs come
+(FCFSMax giving every job its max under load) is seen to make them late;
+and "completion time" counts late jobs first, because a schedule that
+completes one more job by the horizon by starving an arrival is not what a
+job-level objective allows. Without expected arrivals and without projected
+late jobs both scores reduce to the paper's.
 
 Cost functions: `linear_cost` is eq. 1 (defaultTime / devices);
 `LearnedCostModel` fits t(r) = a + b / r per design by least squares from
@@ -48,7 +63,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -197,10 +212,46 @@ class Projection:
     makespan: float
 
 
+FORECAST_SPAN_S = 30.0
+FORECAST_BURST = 1.5
+
+
+def forecast_arrivals(history: Sequence[HJob], now: float, count: int, *, span: float = FORECAST_SPAN_S,
+                      burst: float = FORECAST_BURST) -> list[HJob]:
+    """`count` expected arrivals after `now`, from the jobs that arrived in the last `span` s.
+
+    The rate is the number of those arrivals over the observed span (at most
+    `span`), times `burst` (> 1 plans for the bursts of a Poisson stream
+    rather than its mean); the k-th expected job arrives at now + k / rate and
+    is shaped like the k-th most recent arrival (cycling), so the forecast
+    keeps the observed job mix. Needs two arrivals in the span; otherwise
+    nothing is expected. Ids are "~k" (never a real job's). Not in the paper.
+    """
+    recent = [j for j in history if now - span <= j.arrival <= now]
+    if count <= 0 or len(recent) < 2:
+        return []
+    observed = min(span, now - min(j.arrival for j in recent))
+    if observed <= 0:
+        return []
+    rate = burst * len(recent) / observed
+    recent.sort(key=lambda j: (-j.arrival, j.job_id))
+    return [replace(recent[k % len(recent)], job_id=f"~{k}", arrival=now + (k + 1) / rate)
+            for k in range(count)]
+
+
 def project(alg: Callable[..., Allocation], name: str, queue: Sequence[HJob], now: float,
-            running_ends: Sequence[tuple[float, int]], pool: int, window: int, cost: Cost) -> Projection:
-    """Schedule of the first `window` queued jobs if `alg` keeps deciding (no new arrivals)."""
+            running_ends: Sequence[tuple[float, int]], pool: int, window: int, cost: Cost,
+            expected: Sequence[HJob] = (), available: int | None = None) -> Projection:
+    """Schedule of the first `window` queued jobs, and of `expected` arrivals, if `alg` keeps deciding.
+
+    Events are the running jobs' ends and the expected arrivals; an expected
+    job joins the ready queue (after the queued ones) when it arrives.
+    `available` (default: pool minus the running jobs) caps the decision now
+    (the allocation returned); the projection then goes on from the same
+    instant with every device not running a job.
+    """
     pending = list(queue[:window])
+    future = sorted(expected, key=lambda j: (j.arrival, j.job_id))
     busy = list(running_ends)
     heapq.heapify(busy)
     t = now
@@ -210,8 +261,13 @@ def project(alg: Callable[..., Allocation], name: str, queue: Sequence[HJob], no
     while True:
         while busy and busy[0][0] <= t + 1e-12:
             heapq.heappop(busy)
-        available = pool - sum(n for _, n in busy)
-        decision = alg(pending, available, window, cost) if pending and available > 0 else []
+        while future and future[0].arrival <= t + 1e-12:
+            pending.append(future.pop(0))
+        free = pool - sum(n for _, n in busy)
+        capped = first is None and available is not None and available < free
+        if capped:
+            free = available
+        decision = alg(pending, free, window, cost) if pending and free > 0 else []
         if first is None:
             first = decision
         if decision:
@@ -223,28 +279,30 @@ def project(alg: Callable[..., Allocation], name: str, queue: Sequence[HJob], no
                     finishes[job.job_id] = t + cost(job, n)
                     heapq.heappush(busy, (finishes[job.job_id], n))
             pending = [j for j in pending if j.job_id not in chosen]
-        if not pending:
+        if not pending and not future:
             break
-        if not busy:          # nothing running and nothing fits: the rest cannot be placed
+        if capped:                    # devices of jobs ending now: the projection may use them at once
+            continue
+        if not busy and not future:   # nothing running, nothing coming, nothing fits: the rest cannot start
             break
-        t = busy[0][0]
+        t = min(busy[0][0] if busy else math.inf, future[0].arrival if future else math.inf)
     makespan = max(finishes.values(), default=now) - now
     return Projection(name, first or [], starts, finishes, makespan)
 
 
+def late_weight(proj: Projection, jobs: Sequence[HJob], late_after: float = LATE_AFTER_S) -> float:
+    """Priority-weighted number of `jobs` that would wait more than `late_after` s (never started: late)."""
+    return sum(j.priority for j in jobs if proj.starts.get(j.job_id, math.inf) - j.arrival > late_after + 1e-9)
+
+
 def score(proj: Projection, queue: Sequence[HJob], strategy: str, horizon: float, now: float,
           late_after: float = LATE_AFTER_S) -> tuple[float, ...]:
-    """Higher is better."""
-    window = {j.job_id: j for j in queue}
+    """Higher is better. `queue`: the jobs whose lateness counts (window and expected arrivals)."""
+    late = late_weight(proj, queue, late_after)
     if strategy == COMPLETION_TIME:
         done = sum(1 for f in proj.finishes.values() if f - now <= horizon + 1e-9)
-        return (done, -proj.makespan)
+        return (-late, done, -proj.makespan)
     if strategy == FAIRNESS:
-        late = 0.0
-        for jid, job in window.items():
-            start = proj.starts.get(jid, math.inf)
-            if start - job.arrival > late_after:
-                late += job.priority
         return (-late, -proj.makespan)
     raise ValueError(f"unknown scoring strategy {strategy!r}; known: {COMPLETION_TIME!r}, {FAIRNESS!r}")
 
@@ -252,15 +310,23 @@ def score(proj: Projection, queue: Sequence[HJob], strategy: str, horizon: float
 def managed(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
             now: float = 0.0, running_ends: Sequence[tuple[float, int]] = (), pool: int | None = None,
             strategy: str = COMPLETION_TIME, algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
-            ) -> tuple[Allocation, str]:
-    """Seed 001 Algorithm 1: the allocation of the best-scoring algorithm, and its name."""
+            expected: Sequence[HJob] = (), late_after: float = LATE_AFTER_S) -> tuple[Allocation, str]:
+    """Seed 001 Algorithm 1: the allocation of the best-scoring algorithm, and its name.
+
+    `expected`: forecast arrivals (`forecast_arrivals`), projected and scored
+    with the window's jobs; the caller sizes it (e.g. to fill the window).
+    """
+    if strategy not in (COMPLETION_TIME, FAIRNESS):
+        raise ValueError(f"unknown scoring strategy {strategy!r}; known: {COMPLETION_TIME!r}, {FAIRNESS!r}")
     algs = ALGORITHMS if algorithms is None else algorithms
     if pool is None:
         pool = available + sum(n for _, n in running_ends)
     head = list(queue[:window])
-    projs = [project(alg, name, head, now, running_ends, pool, window, cost) for name, alg in algs.items()]
+    projs = [project(alg, name, head, now, running_ends, pool, window, cost, expected, available)
+             for name, alg in algs.items()]
     horizon = min(p.makespan for p in projs)
-    best = max(projs, key=lambda p: score(p, head, strategy, horizon, now))
+    counted = head + list(expected)
+    best = max(projs, key=lambda p: score(p, counted, strategy, horizon, now, late_after))
     return best.allocation, best.algorithm
 
 

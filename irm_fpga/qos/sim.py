@@ -195,7 +195,14 @@ def arrivals(sc: Scenario, seed: int) -> list[hy.HJob]:
 
 
 def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = True,
-                 late_after: float = hy.LATE_AFTER_S) -> HydrogenMetrics:
+                 late_after: float = hy.LATE_AFTER_S, forecast: bool = True) -> HydrogenMetrics:
+    """One run of `algorithm` (or "managed") on `sc`.
+
+    Events at one instant (ends and arrivals) are all applied before the
+    scheduler decides. Managed mode is given expected arrivals
+    (`hy.forecast_arrivals` over the arrivals seen so far, filling the window)
+    unless `forecast` is false.
+    """
     jobs = arrivals(sc, seed)
     model: Callable = hy.LearnedCostModel() if learned else hy.linear_cost
     alg = hy.ALGORITHMS.get(algorithm)
@@ -207,6 +214,7 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
         heapq.heappush(events, (j.arrival, 1, seq, j))
         seq += 1
     queue: list[hy.HJob] = []
+    seen: list[hy.HJob] = []
     running: dict[str, tuple[float, int]] = {}
     waits: list[float] = []
     services: list[float] = []
@@ -214,27 +222,30 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     done = 0
     chosen: dict[str, int] = {}
     now = 0.0
-    while events:
-        now, kind, _, payload = heapq.heappop(events)
-        if now > sc.duration:
-            break
-        if kind == 0:
-            job, n, took = payload
-            running.pop(job.job_id)
-            done += 1
-            services.append(took)
-            if learned:
-                model.observe(job, n, took)
-        else:
-            queue.append(payload)
+    while events and events[0][0] <= sc.duration:
+        now = events[0][0]
+        while events and events[0][0] <= now:
+            _, kind, _, payload = heapq.heappop(events)
+            if kind == 0:
+                job, n, took = payload
+                running.pop(job.job_id)
+                done += 1
+                services.append(took)
+                if learned:
+                    model.observe(job, n, took)
+            else:
+                queue.append(payload)
+                seen.append(payload)
         free = sc.pool - sum(n for _, n in running.values())
         if not queue or free <= 0:
             continue
         if alg is not None:
             decision = alg(queue, free, window, model)
         else:
-            decision, name = hy.managed(queue, free, window, model, now=now,
-                                        running_ends=list(running.values()), pool=sc.pool, strategy=sc.strategy)
+            expected = hy.forecast_arrivals(seen, now, window - min(window, len(queue))) if forecast else []
+            decision, name = hy.managed(queue, free, window, model, now=now, running_ends=list(running.values()),
+                                        pool=sc.pool, strategy=sc.strategy, expected=expected,
+                                        late_after=late_after)
             if decision:
                 chosen[name] = chosen.get(name, 0) + 1
         picked = dict(decision)
