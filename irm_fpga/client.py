@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -108,7 +109,10 @@ class VirtualFpga:
         self._ids = itertools.count(1)
         self._futures: dict[int, Future] = {}
         self._lock = threading.Lock()
-        self._slots = threading.Semaphore(max_in_flight)
+        self._max_in_flight = max(1, max_in_flight)
+        self._in_flight = 0
+        # Unbounded: submit never blocks; the pump moves tasks on as in-flight slots free up.
+        self._waiting: deque[tuple[fpga_pb2.Task, Future, _Part | None]] = deque()
         self._all: dict[str, _Part] = {}
         self._parts: list[_Part] = []
         self._cycle: Iterator[_Part] = iter(())
@@ -161,11 +165,20 @@ class VirtualFpga:
         fut: Future = Future()
         with self._lock:
             self._futures[task_id] = fut
-        self._slots.acquire()  # bounded in flight; the caller waits here, the rest is unbounded
-        with self._lock:
-            part = self._locked or next(self._cycle)
-        part.outbox.put((task, fut))
+            self._waiting.append((task, fut, self._locked))
+        self._pump()
         return fut
+
+    def _pump(self) -> None:
+        """Send waiting tasks while fewer than max_in_flight are out (thesis §3.2.3)."""
+        sends = []
+        with self._lock:
+            while self._waiting and self._in_flight < self._max_in_flight:
+                task, fut, pinned = self._waiting.popleft()
+                self._in_flight += 1
+                sends.append((pinned or next(self._cycle), task, fut))
+        for part, task, fut in sends:
+            part.outbox.put((task, fut))
 
     def map(self, params_list: list[Mapping[str, Any]]) -> list[TaskOutcome]:
         futures = [self.submit(p) for p in params_list]
@@ -189,9 +202,11 @@ class VirtualFpga:
     def _complete(self, r: fpga_pb2.TaskResult) -> None:
         with self._lock:
             fut = self._futures.pop(r.id, None)
+            if fut is not None:
+                self._in_flight -= 1
         if fut is None:
             return
-        self._slots.release()
+        self._pump()
         if fut.cancelled():  # the caller gave up on it; the device ran it anyway
             return
         if r.error:
@@ -203,14 +218,20 @@ class VirtualFpga:
     def _fail_all(self, why: str) -> None:
         with self._lock:
             futures, self._futures = self._futures, {}
+            self._waiting.clear()
+            self._in_flight = 0
         for fut in futures.values():
             if not fut.done():
-                self._slots.release()
                 fut.set_exception(TaskFailed(why))
 
     def pending(self) -> int:
+        """Tasks submitted and not yet answered (waiting or in flight)."""
         with self._lock:
             return len(self._futures)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
 
     def close(self, detach: bool = True) -> None:
         self._closing.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import wait
 
 import grpc
 import numpy as np
@@ -216,3 +217,20 @@ def test_autoscaler_grows_a_loaded_elastic_group(suite, policy):
             fu.cancel()
     assert stub.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=fixed.id)).size == 1
     assert stub.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=idle.id)).size >= 1
+
+
+def test_in_flight_is_bounded_and_waiting_is_not(fpga):
+    g = create(fpga["stub"], design="sleep", size=1)
+    att = fpga["stub"].AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id))
+    f = VirtualFpga(att, max_in_flight=10, batch_size=5)
+    try:
+        futures = [f.submit({"duration": 0.005}) for _ in range(200)]  # returns at once: nothing blocks
+        assert f.pending() > 100  # most wait: 200 x 5 ms on one device
+        peak = 0
+        while not all(fu.done() for fu in futures):
+            peak = max(peak, f.in_flight())
+            wait([futures[-1]], timeout=0.02)
+        assert 0 < peak <= 10
+        assert len({fu.result().id for fu in futures}) == 200
+    finally:
+        f.close()
