@@ -528,12 +528,17 @@ class LocalExecution:
 
         Such a command dies at its peak (an allocation failed, or the watchdog
         caught it over the line), often between two samples: without this the
-        series would miss the very bottleneck that ended the run. Its CPU is
-        measured over the last, partial interval.
+        series would miss the very bottleneck that ended the run. Under the
+        rlimit the failing allocation is refused before it is resident, so the
+        measured RSS understates the demand; the demand did reach the
+        allowance, and that is what this sample reports (the Exited record
+        keeps the measured RSS peak). Its CPU is measured over the last,
+        partial interval.
         """
         since = self._sampled_at or self._t0
         cpu = _cpu_percent(cpu_seconds - self._cpu_seconds, end - since, len(self.slot.cpus))
-        sample = Sample(time.time(), cpu, peak_mb / self.slot.memory_mb * 100, peak_mb)
+        at = max(peak_mb, self.slot.memory_mb)
+        sample = Sample(time.time(), cpu, at / self.slot.memory_mb * 100, at)
         with self._lock:
             self._samples.append(sample)
         self._push(sample)
@@ -562,7 +567,7 @@ class LocalExecution:
         peak = max(self._peak_mb, usage.ru_maxrss / 1024)
         cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
         reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail)
-        if reason == MEMORY_LIMIT_EXCEEDED and peak > self._peak_mb:
+        if reason == MEMORY_LIMIT_EXCEEDED:
             self._record_death_at_peak(peak, cpu_seconds, self._t0 + wall)
         exited = Exited(
             exit_code=exit_code,
