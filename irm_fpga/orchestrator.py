@@ -71,6 +71,10 @@ class OrchestratorConfig:
     autoscaler: str = "improved"
     autoscaler_interval_s: float = 10.0
     server_timeout_s: float = 10.0
+    # QoS job manager (harness.v1.FpgaJobs): "edf" | "throughput" (seed 000 §III).
+    jobs_policy: str = "edf"
+    jobs_control_period_s: float = 1.0
+    jobs_alpha: float = 0.5
 
 
 @dataclass
@@ -716,20 +720,29 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
 
 def component(config: OrchestratorConfig, clock: Clock | None = None) -> Component:
+    from irm_fpga.jobs import job_component_parts
+
     orch = Orchestrator(config, clock)
+    jobs_register, jobs_services, jobs_start, jobs_stop = job_component_parts(orch, config)
 
     def register(server: grpc.Server) -> None:
         fpga_pb2_grpc.add_FpgaOrchestratorServicer_to_server(orch, server)
         irm_pb2_grpc.add_ResourceManagerServicer_to_server(orch, server)
+        jobs_register(server)
+
+    def stop() -> None:
+        jobs_stop()
+        orch.stop()
 
     comp = Component(name=f"fpga:{config.name}", register=register,
-                     service_names=["harness.v1.FpgaOrchestrator", "harness.v1.ResourceManager"],
-                     stop=orch.stop, extra={"orchestrator": orch})
+                     service_names=["harness.v1.FpgaOrchestrator", "harness.v1.ResourceManager", *jobs_services],
+                     stop=stop, extra={"orchestrator": orch})
 
     def start() -> None:
         host = config.address.rsplit(":", 1)[0]
         orch._bound = f"{host}:{comp.extra['port']}"
         orch.start(comp.extra["port"])
+        jobs_start()
 
     comp.start = start
     return comp

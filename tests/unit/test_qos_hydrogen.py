@@ -13,10 +13,13 @@ from irm_fpga.qos.hydrogen import (
     fcfs_amap,
     fcfs_max,
     fcfs_min,
+    forecast_arrivals,
     jlo_metric,
+    late_weight,
     linear_cost,
     managed,
     priority,
+    project,
     resize_pool,
     sjtf,
 )
@@ -94,7 +97,47 @@ def test_managed_mode_picks_by_strategy():
     eight = [HJob(f"j{i}", 0.0, 1.0, 1, 4) for i in range(8)]
     alloc, name = managed(eight, 4, 30, now=0.0, strategy=FAIRNESS)
     assert sorted(alloc) == [("j0", 1), ("j1", 1), ("j2", 1), ("j3", 1)] and name == "fcfs_min"
-    assert managed(eight, 4, 30, now=0.0, strategy=COMPLETION_TIME)[1] == "fcfs_max"   # tie: first listed
+    # "completion time" counts projected late jobs first: FCFSMax (makespan 2 s as well) makes j5..j7 late.
+    assert managed(eight, 4, 30, now=0.0, strategy=COMPLETION_TIME)[1] == "fcfs_min"
+    # No late job either way (two unit jobs): equal lateness, the makespan decides; ties: first listed.
+    two = eight[:2]
+    assert managed(two, 4, 30, now=0.0, strategy=COMPLETION_TIME) == ([("j0", 4)], "fcfs_max")
     with pytest.raises(ValueError):
         managed(one, 4, 30, strategy="cheapest")
     assert get_policy("managed") is managed
+
+
+def test_forecast_arrivals_keeps_rate_and_mix():
+    seen = [HJob("a", 0.0, 1.0, design="x"), HJob("b", 1.0, 3.0, 1, 4, design="y"), HJob("c", 2.0, 1.0, design="x")]
+    # 3 arrivals over 2 s: 1.5/s; burst 1 -> every 2/3 s, shaped like c, b, c (most recent first).
+    f = forecast_arrivals(seen, 2.0, 3, burst=1.0)
+    assert [j.job_id for j in f] == ["~0", "~1", "~2"]
+    assert [round(j.arrival, 3) for j in f] == [2.667, 3.333, 4.0]
+    assert [j.design for j in f] == ["x", "y", "x"] and f[1].max_devices == 4
+    assert [round(j.arrival, 3) for j in forecast_arrivals(seen, 2.0, 2, burst=2.0)] == [2.333, 2.667]
+    assert forecast_arrivals(seen, 40.0, 3) == []          # nothing in the last 30 s
+    assert forecast_arrivals(seen[:1], 2.0, 3) == []       # one arrival: no rate
+    assert forecast_arrivals(seen, 2.0, 0) == []
+
+
+def test_managed_mode_sees_expected_arrivals():
+    # One 8 s job (1..4 devices) on an idle pool of 4. Alone, FCFSMax (4 devices, 2 s) has the best makespan.
+    a = [HJob("a", 0.0, 8.0, 1, 4)]
+    assert managed(a, 4, 30, now=0.0) == ([("a", 4)], "fcfs_max")
+    # Three unit jobs are expected at 0.1, 0.2, 0.3 s: under FCFSMax they wait until t=2 (1.9, 1.8, 1.7 s: late);
+    # at its min a leaves 3 devices and none waits. FCFSMin, SJTF and Priority tie: the first listed wins.
+    units = [HJob(f"~{k}", 0.1 * (k + 1), 1.0) for k in range(3)]
+    p = project(fcfs_max, "fcfs_max", a, 0.0, [], 4, 30, linear_cost, units)
+    assert p.starts == {"a": 0.0, "~0": 2.0, "~1": 2.0, "~2": 2.0} and p.makespan == 3.0
+    assert late_weight(p, a + units) == 3
+    assert managed(a, 4, 30, now=0.0, expected=units) == ([("a", 1)], "fcfs_min")
+    assert managed(a, 4, 30, now=0.0, expected=units, strategy=FAIRNESS) == ([("a", 1)], "fcfs_min")
+
+
+def test_managed_decision_never_exceeds_available_devices():
+    # Two devices are still held by a job that ends now: the decision may use 2, the projection then 4.
+    a = [HJob("a", 0.0, 8.0, 1, 4), HJob("b", 0.0, 8.0, 1, 4)]
+    alloc, name = managed(a, 2, 30, now=0.0, running_ends=[(0.0, 2)], pool=4)
+    assert sum(n for _, n in alloc) <= 2
+    p = project(fcfs_max, "fcfs_max", a, 0.0, [(0.0, 2)], 4, 30, linear_cost, available=2)
+    assert p.allocation == [] and p.starts == {"a": 0.0, "b": 2.0}   # a at once on the freed devices

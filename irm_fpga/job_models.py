@@ -1,0 +1,39 @@
+"""Job-manager state (issue 5): FPGA jobs with QoS goals, on the Orchestrator's `Base` and database."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Float, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from irm_fpga.models import Base
+
+
+class FpgaJob(Base):
+    __tablename__ = "fpga_jobs"
+    __table_args__ = (UniqueConstraint("tenant", "request_id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    request_id: Mapped[str] = mapped_column(String(256))
+    design: Mapped[str] = mapped_column(String(64))
+    group_id: Mapped[str] = mapped_column(String(64), default="")
+    policy: Mapped[str] = mapped_column(String(32))
+    # "deadline" | "throughput" (irm_fpga.qos.jobs)
+    goal: Mapped[str] = mapped_column(String(16))
+    deadline_s: Mapped[float] = mapped_column(Float, default=0.0)      # relative, as registered
+    deadline_at: Mapped[float] = mapped_column(Float, default=0.0)     # absolute, manager's clock
+    size_actions: Mapped[int] = mapped_column(Integer, default=0)
+    throughput_goal: Mapped[float] = mapped_column(Float, default=0.0)
+    min_devices: Mapped[int] = mapped_column(Integer, default=1)
+    max_devices: Mapped[int] = mapped_column(Integer, default=0)       # 0: no limit
+    priority: Mapped[float] = mapped_column(Float, default=1.0)
+    # active | retired
+    state: Mapped[str] = mapped_column(String(16), default="active")
+    devices: Mapped[int] = mapped_column(Integer, default=0)
+    observed_actions: Mapped[int] = mapped_column(Integer, default=0)
+    reported_actions: Mapped[int] = mapped_column(Integer, default=0)
+    achieved_throughput: Mapped[float] = mapped_column(Float, default=0.0)
+    # [[time, devices], ...]
+    allocations: Mapped[list] = mapped_column(JSON, default=list)
+    registered_at: Mapped[float] = mapped_column(Float)
+    retired_at: Mapped[float] = mapped_column(Float, default=0.0)

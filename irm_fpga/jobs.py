@@ -1,0 +1,425 @@
+"""The job manager of the FPGA IRM (issue 5): FPGA jobs with QoS goals (seed 000, seed 001).
+
+An application registers a job (design, a deadline with the job size in
+actions or a throughput goal in actions/s, min/max devices, priority) and
+gets a private FPGA group; it attaches to it with `VirtualFpga.attach` and
+sends its tasks straight to the FPGA-servers. The manager is passive on the
+data path (seed 000 §III): it only resizes each job's group, through the
+Orchestrator (`create_group`, `resize`, `delete`), under one policy chosen
+by name (`irm_fpga.qos.registry`):
+
+* "edf" (seed 000 §III-A): `edf_allocate` on events only, a job registered or
+  retired; deadline goals only.
+* "throughput" (seed 000 §III-B): `admit` on registration, then every
+  control period (`control_period_s`, default 1 s) the job controllers and
+  the resource broker (`throughput_decide`) from the measured progress;
+  deadline goals become time-varying throughput goals.
+
+Progress is the cumulative `completed` counter of the job's group on every
+FPGA-server (GetMeasurements), summed and kept monotone across part
+re-creations; a job may also report its completed actions, and the larger
+count is used. Decisions are pure calls into `irm_fpga.qos`; every time stamp
+comes from the injected clock (the control loop's period is a wall-clock
+wait). The policy's `max` (the pool) is the FPGA-servers' usable devices
+(blacklisted ones excluded) minus the devices of groups that are not jobs'.
+
+Every job's group holds at least one device (an FPGA group cannot be empty),
+so a job's minimum is at least 1. State lives in the Orchestrator's database
+(table `fpga_jobs`, `irm_fpga.job_models`); controller estimates are kept in
+memory and start afresh after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from sqlalchemy import select
+
+from harness.v1 import fpga_jobs_pb2, fpga_jobs_pb2_grpc, fpga_pb2
+from irm_fpga import designs as design_lib
+from irm_fpga.job_models import FpgaJob
+from irm_fpga.models import Group
+from irm_fpga.qos.edf import edf_allocate
+from irm_fpga.qos.jobs import DEADLINE, THROUGHPUT, JobProgress, QosJob
+from irm_fpga.qos.registry import ALLOCATION_POLICIES
+from irm_fpga.qos.throughput import (
+    DEFAULT_ALPHA,
+    ControllerState,
+    admit,
+    broker_max,
+    initial_state,
+    throughput_decide,
+)
+from services.clock import Clock
+from services.errors import (
+    FailedPrecondition,
+    HarnessError,
+    NotFound,
+    ResourceExhausted,
+    Violations,
+    owned,
+    require_tenant,
+)
+
+log = logging.getLogger(__name__)
+ACTIVE, RETIRED = "active", "retired"
+SERVICE = "harness.v1.FpgaJobs"
+
+
+@dataclass
+class JobsConfig:
+    policy: str = "edf"                # "edf" | "throughput"
+    control_period_s: float = 1.0      # throughput policy: control period; both: progress sampling
+    alpha: float = DEFAULT_ALPHA       # EMA factor of the job controllers (seed 000 eq. 2)
+
+    @classmethod
+    def of(cls, config: Any) -> JobsConfig:
+        """A JobsConfig, or one read from `jobs_policy`/`jobs_control_period_s`/`jobs_alpha` of another config."""
+        if isinstance(config, JobsConfig):
+            return config
+        d = cls()
+        return cls(policy=getattr(config, "jobs_policy", d.policy),
+                   control_period_s=getattr(config, "jobs_control_period_s", d.control_period_s),
+                   alpha=getattr(config, "jobs_alpha", d.alpha))
+
+
+class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
+    def __init__(self, orchestrator: Any, config: JobsConfig | None = None, clock: Clock | None = None) -> None:
+        self.config = config or JobsConfig()
+        if self.config.policy not in ALLOCATION_POLICIES:
+            raise ValueError(f"job manager configuration: unknown policy {self.config.policy!r}; "
+                             f"known: {', '.join(sorted(ALLOCATION_POLICIES))}")
+        if not self.config.control_period_s > 0:
+            raise ValueError("job manager configuration: control_period_s must be > 0")
+        if not 0.0 <= self.config.alpha <= 1.0:
+            raise ValueError("job manager configuration: alpha must be in [0, 1]")
+        self.orch = orchestrator
+        self.db = orchestrator.db
+        self.clock: Clock = clock or orchestrator.clock
+        self.lock = threading.RLock()          # one decision at a time
+        self._states: dict[str, ControllerState] = {}
+        self._seen: dict[str, dict[str, int]] = {}           # job -> server -> last `completed` counter
+        self._last: dict[str, tuple[float, int]] = {}        # job -> (time, actions) at the last sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        now = self.clock.now()
+        for row in self._active():
+            actions = max(row.observed_actions, row.reported_actions)
+            self._states[row.id] = initial_state(self._qos(row), now, actions, row.devices)
+            self._last[row.id] = (now, actions)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.control_period_s):
+            try:
+                self.control_once()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad round
+                log.exception("job control round failed")
+
+    # -- state -------------------------------------------------------------
+    def _active(self) -> list[FpgaJob]:
+        with self.db.read() as s:
+            return list(s.scalars(select(FpgaJob).where(FpgaJob.state == ACTIVE)
+                                  .order_by(FpgaJob.registered_at, FpgaJob.id)))
+
+    def _job(self, tenant: str, job_id: str) -> FpgaJob:
+        with self.db.read() as s:
+            row = s.get(FpgaJob, job_id)
+        if row is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        owned(tenant, row.tenant, f"job {job_id!r}")
+        return row
+
+    def _update(self, job_id: str, **fields: Any) -> FpgaJob:
+        def save(s):  # type: ignore[no-untyped-def]
+            row = s.get(FpgaJob, job_id)
+            for k, v in fields.items():
+                setattr(row, k, v)
+            return row
+        return self.db.transact(save)
+
+    @staticmethod
+    def _qos(row: FpgaJob) -> QosJob:
+        deadline = row.goal == DEADLINE
+        return QosJob(row.id, design=row.design, goal=row.goal,
+                      deadline=row.deadline_at if deadline else None, size=row.size_actions if deadline else None,
+                      throughput=None if deadline else row.throughput_goal, min_devices=row.min_devices,
+                      max_devices=row.max_devices or None, priority=row.priority, submitted_at=row.registered_at)
+
+    def _usable(self) -> int:
+        return sum(self.orch._free_total_capacity().values())
+
+    def _pool(self, active: list[FpgaJob]) -> int:
+        """The broker's max: usable devices minus those of groups that are not active jobs' (seed 000 §III-B)."""
+        mine = {r.group_id for r in active}
+        with self.db.read() as s:
+            others = sum(g.size for g in s.scalars(select(Group).where(Group.deleted.is_(False)))
+                         if g.id not in mine)
+        return broker_max(self._usable(), reserved=others)
+
+    # -- applying decisions ------------------------------------------------
+    def _resize(self, row: FpgaJob, n: int, now: float) -> FpgaJob:
+        n = max(1, n)
+        if n == row.devices:
+            return row
+        try:
+            self.orch.resize(self.orch._group(row.group_id), n)
+        except HarnessError as e:
+            log.warning("job resize refused", extra={"job": row.id, "devices": n, "reason": str(e)})
+            return row
+        return self._update(row.id, devices=n, allocations=[*row.allocations, [now, n]])
+
+    def _apply(self, alloc: dict[str, int], rows: list[FpgaJob], now: float) -> None:
+        """Shrinks first, so the devices they free are there for the grows."""
+        ordered = sorted((r for r in rows if r.id in alloc), key=lambda r: alloc[r.id] - r.devices)
+        for row in ordered:
+            self._resize(row, alloc[row.id], now)
+
+    # -- decisions -----------------------------------------------------------
+    def _observe(self, rows: list[FpgaJob]) -> dict[str, int]:
+        """Completed actions per job: the servers' group counters (monotone) or the reports, the larger."""
+        by_group = {r.group_id: r for r in rows}
+        for name, h in list(self.orch.servers.items()):
+            try:
+                m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(),
+                                             timeout=self.orch.config.server_timeout_s)
+            except grpc.RpcError:
+                continue
+            for g in m.groups:
+                row = by_group.get(g.group_id)
+                if row is None:
+                    continue
+                seen = self._seen.setdefault(row.id, {})
+                last = seen.get(name, 0)
+                delta = g.completed - last if g.completed >= last else g.completed   # a re-created part restarts at 0
+                seen[name] = g.completed
+                if delta:
+                    row.observed_actions += delta
+                    self._update(row.id, observed_actions=row.observed_actions)
+        return {r.id: max(r.observed_actions, r.reported_actions) for r in rows}
+
+    def control_once(self) -> dict[str, int]:
+        """One period: sample progress; under "throughput", run the controllers and the broker."""
+        with self.lock:
+            now = self.clock.now()
+            rows = self._active()
+            if not rows:
+                return {}
+            actions = self._observe(rows)
+            for r in rows:
+                t0, a0 = self._last.get(r.id, (r.registered_at, 0))
+                if now > t0:
+                    self._update(r.id, achieved_throughput=(actions[r.id] - a0) / (now - t0))
+                    self._last[r.id] = (now, actions[r.id])
+            if self.config.policy != THROUGHPUT:
+                return {r.id: r.devices for r in rows}
+            jobs, obs = [], {}
+            for r in rows:
+                st = self._states.get(r.id)
+                if st is None:
+                    st = self._states[r.id] = initial_state(self._qos(r), r.registered_at, 0, r.devices)
+                if now > st.last_time:
+                    jobs.append(self._qos(r))
+                    obs[r.id] = JobProgress(now, actions[r.id], r.devices)
+            if not jobs:
+                return {}
+            alloc, states, _ = throughput_decide(jobs, {j.job_id: self._states[j.job_id] for j in jobs}, obs,
+                                                 self._pool(rows), alpha=self.config.alpha)
+            self._states.update(states)
+            self._apply(alloc, [r for r in rows if r.id in alloc], now)
+            return alloc
+
+    # -- API ---------------------------------------------------------------
+    def _validate(self, request: fpga_jobs_pb2.RegisterJobRequest, usable: int) -> None:
+        v = Violations()
+        v.check(bool(request.request_id) and len(request.request_id) <= 200, "request_id",
+                "required: an idempotency key of at most 200 characters")
+        v.check(request.design in design_lib.DESIGNS, "design",
+                f"unknown design {request.design!r}; available: {sorted(design_lib.DESIGNS)}")
+        goal = request.WhichOneof("goal")
+        if goal is None:
+            v.add("goal", "required: a deadline (deadline_s and size_actions) or a throughput (actions_per_s)")
+        elif goal == "deadline":
+            d = request.deadline
+            v.check(math.isfinite(d.deadline_s) and d.deadline_s > 0, "deadline.deadline_s",
+                    "must be > 0 seconds from registration")
+            v.check(d.size_actions >= 1, "deadline.size_actions", "the job's size: at least 1 action")
+        else:
+            g = request.throughput.actions_per_s
+            v.check(math.isfinite(g) and g > 0, "throughput.actions_per_s", "must be > 0 actions/s")
+            v.check(self.config.policy == THROUGHPUT, "throughput",
+                    f"the job manager runs {self.config.policy!r}, which takes deadline goals only")
+        mn, mx = request.min_devices, request.max_devices
+        v.check(mn >= 0, "min_devices", "must be >= 0")
+        v.check(mx >= 0, "max_devices", "must be >= 0 (0: no limit)")
+        v.check(mx == 0 or mx >= max(1, mn), "max_devices", f"must be >= min_devices and >= 1 (got {mx})")
+        v.check(max(1, mn) <= usable, "min_devices", f"the FPGA-servers have {usable} usable devices in all")
+        v.check(mx <= usable, "max_devices", f"the FPGA-servers have {usable} usable devices in all")
+        v.check(math.isfinite(request.priority) and request.priority >= 0, "priority", "must be >= 0")
+        v.raise_if_any()
+
+    def register(self, request: fpga_jobs_pb2.RegisterJobRequest) -> FpgaJob:
+        tenant = require_tenant(request.tenant)
+        usable = self._usable()
+        self._validate(request, usable)
+        with self.db.read() as s:
+            existing = s.scalar(select(FpgaJob).where(FpgaJob.tenant == tenant,
+                                                      FpgaJob.request_id == request.request_id))
+        if existing is not None:
+            return existing
+        with self.lock:
+            now = self.clock.now()
+            deadline = request.WhichOneof("goal") == "deadline"
+            row = FpgaJob(id=f"job-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request.request_id,
+                          design=request.design, group_id="", policy=self.config.policy,
+                          goal=DEADLINE if deadline else THROUGHPUT,
+                          deadline_s=request.deadline.deadline_s if deadline else 0.0,
+                          deadline_at=now + request.deadline.deadline_s if deadline else 0.0,
+                          size_actions=request.deadline.size_actions if deadline else 0,
+                          throughput_goal=0.0 if deadline else request.throughput.actions_per_s,
+                          min_devices=max(1, request.min_devices), max_devices=request.max_devices,
+                          priority=request.priority or 1.0, state=ACTIVE, devices=0, observed_actions=0,
+                          reported_actions=0, achieved_throughput=0.0, allocations=[], registered_at=now,
+                          retired_at=0.0)
+            job = self._qos(row)
+            rows = self._active()
+            pool = self._pool(rows)
+            if self.config.policy == THROUGHPUT:
+                reqs = {r.id: self._states[r.id].request if r.id in self._states else r.devices for r in rows}
+                alloc = admit(job, {r.id: r.devices for r in rows}, reqs, pool)
+            else:
+                alloc = edf_allocate([*(self._qos(r) for r in rows), job], pool)
+            n = (alloc or {}).get(row.id, 0)
+            if n < 1:
+                raise ResourceExhausted(f"no device for the job's minimum ({row.min_devices}) under "
+                                        f"{self.config.policy!r}: {pool} device(s) in the pool")
+            self._apply({k: v for k, v in alloc.items() if k != row.id}, [r for r in rows if alloc[r.id] < r.devices],
+                        now)
+            try:
+                g = self.orch.create_group(tenant, f"job:{row.id}", row.design, n, min_size=row.min_devices,
+                                           max_size=row.max_devices or usable)
+            except HarnessError:
+                self._rebalance(now)     # give the shrunk jobs their devices back
+                raise
+            row.group_id, row.devices, row.allocations = g.id, n, [[now, n]]
+            self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name)
+                                                        for c in FpgaJob.__table__.c})))
+            self._apply(alloc, [r for r in self._active() if r.id != row.id], now)
+            if self.config.policy == THROUGHPUT:
+                self._states[row.id] = initial_state(job, now, 0, n)
+            self._last[row.id] = (now, 0)
+            return self._job(tenant, row.id)
+
+    def _rebalance(self, now: float) -> None:
+        """EDF's event: the allocation of the active jobs now (throughput waits for its next period)."""
+        if self.config.policy != "edf":
+            return
+        rows = self._active()
+        if rows:
+            self._apply(edf_allocate([self._qos(r) for r in rows], self._pool(rows)), rows, now)
+
+    def retire(self, tenant: str, job_id: str) -> FpgaJob:
+        tenant = require_tenant(tenant)
+        row = self._job(tenant, job_id)
+        if row.state == RETIRED:
+            return row
+        with self.lock:
+            now = self.clock.now()
+            self._observe([row])
+            row = self._job(tenant, job_id)
+            try:
+                self.orch.delete(self.orch._group(row.group_id))
+            except NotFound:
+                pass
+            end = max(row.observed_actions, row.reported_actions)
+            t0, a0 = self._last.get(row.id, (row.registered_at, 0))
+            fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
+                                      "allocations": [*row.allocations, [now, 0]]}
+            if now > t0:
+                fields["achieved_throughput"] = (end - a0) / (now - t0)
+            row = self._update(row.id, **fields)
+            for d in (self._states, self._seen, self._last):
+                d.pop(job_id, None)
+            self._rebalance(now)
+            return row
+
+    def report(self, tenant: str, job_id: str, completed: int) -> FpgaJob:
+        tenant = require_tenant(tenant)
+        v = Violations()
+        v.check(completed >= 0, "completed_actions", "must be >= 0")
+        v.raise_if_any()
+        row = self._job(tenant, job_id)
+        if row.state == RETIRED:
+            raise FailedPrecondition(f"job {job_id!r} is retired")
+        return self._update(job_id, reported_actions=max(row.reported_actions, completed))
+
+    def to_proto(self, row: FpgaJob) -> fpga_jobs_pb2.Job:
+        actions = max(row.observed_actions, row.reported_actions)
+        end = row.retired_at if row.state == RETIRED else self.clock.now()
+        job = fpga_jobs_pb2.Job(
+            id=row.id, tenant=row.tenant, request_id=row.request_id, design=row.design, group_id=row.group_id,
+            state=fpga_jobs_pb2.Job.STATE_ACTIVE if row.state == ACTIVE else fpga_jobs_pb2.Job.STATE_RETIRED,
+            min_devices=row.min_devices, max_devices=row.max_devices, priority=row.priority, policy=row.policy,
+            devices=row.devices, completed_actions=actions, achieved_throughput=row.achieved_throughput,
+            mean_throughput=actions / (end - row.registered_at) if end > row.registered_at else 0.0,
+            allocations=[fpga_jobs_pb2.AllocationChange(time=t, devices=n) for t, n in row.allocations],
+            registered_at=row.registered_at, deadline_at=row.deadline_at, retired_at=row.retired_at)
+        if row.goal == DEADLINE:
+            job.deadline.CopyFrom(fpga_jobs_pb2.DeadlineGoal(deadline_s=row.deadline_s,
+                                                             size_actions=row.size_actions))
+        else:
+            job.throughput.CopyFrom(fpga_jobs_pb2.ThroughputGoal(actions_per_s=row.throughput_goal))
+        return job
+
+    # -- FpgaJobs servicer ---------------------------------------------------
+    def RegisterJob(self, request, context):  # noqa: N802
+        return self.to_proto(self.register(request))
+
+    def RetireJob(self, request, context):  # noqa: N802
+        return self.to_proto(self.retire(request.tenant, request.job_id))
+
+    def ReportProgress(self, request, context):  # noqa: N802
+        return self.to_proto(self.report(request.tenant, request.job_id, request.completed_actions))
+
+    def GetJob(self, request, context):  # noqa: N802
+        return self.to_proto(self._job(require_tenant(request.tenant), request.job_id))
+
+    def ListJobs(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        with self.db.read() as s:
+            q = select(FpgaJob).where(FpgaJob.tenant == tenant)
+            if request.active_only:
+                q = q.where(FpgaJob.state == ACTIVE)
+            rows = list(s.scalars(q.order_by(FpgaJob.registered_at, FpgaJob.id)))
+        return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows])
+
+
+def job_component_parts(orchestrator: Any, config: Any = None
+                        ) -> tuple[Callable[[grpc.Server], None], list[str], Callable[[], None], Callable[[], None]]:
+    """(register, service names, start, stop) of the FpgaJobs service over `orchestrator`.
+
+    `config`: a `JobsConfig`, or a config with `jobs_policy`, `jobs_control_period_s`,
+    `jobs_alpha` (e.g. OrchestratorConfig); missing fields take the defaults.
+    """
+    manager = JobManager(orchestrator, JobsConfig.of(config))
+
+    def register(server: grpc.Server) -> None:
+        fpga_jobs_pb2_grpc.add_FpgaJobsServicer_to_server(manager, server)
+
+    register.manager = manager  # type: ignore[attr-defined]   # for tests and diagnostics
+    return register, [SERVICE], manager.start, manager.stop

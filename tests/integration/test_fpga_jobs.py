@@ -1,0 +1,194 @@
+"""The FpgaJobs API (issue 5): jobs with QoS goals on private FPGA groups, resized by EDF or throughput control.
+
+FPGA-servers run as processes (the `suite` fixture); the Orchestrator and the
+job manager share one in-process gRPC server, as `component()` wires them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import grpc
+import pytest
+
+from harness.v1 import fpga_jobs_pb2 as jp
+from harness.v1 import fpga_jobs_pb2_grpc, fpga_pb2, fpga_pb2_grpc
+from irm_fpga.client import VirtualFpga
+from irm_fpga.jobs import JobsConfig, job_component_parts
+from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
+from services import server as srv
+from services.errors import field_violations
+from services.server import Component
+from tests.conftest import eventually
+
+FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
+TASK_S = 0.1
+
+
+def start_irm(suite, policy: str, period: float = 1.0):
+    servers = [suite.start("fpga-server", name=f"fpga-{i}", devices=4, **FAST) for i in range(2)]
+    cfg = OrchestratorConfig(address="127.0.0.1:0", servers=[s.address for s in servers], autoscaler="none",
+                             database=f"sqlite:///{os.path.join(suite.tmp, f'fpga-{policy}.db')}")
+    orch = Orchestrator(cfg)
+
+    def register_orch(server: grpc.Server) -> None:
+        fpga_pb2_grpc.add_FpgaOrchestratorServicer_to_server(orch, server)
+
+    orch_comp = Component(name="fpga", register=register_orch, service_names=["harness.v1.FpgaOrchestrator"],
+                          stop=orch.stop)
+    orch_comp.start = lambda: orch.start(orch_comp.extra["port"])
+    register, names, start, stop = job_component_parts(orch, JobsConfig(policy=policy, control_period_s=period))
+    running = srv.start("127.0.0.1:0", [orch_comp, Component(name="fpga-jobs", register=register,
+                                                             service_names=names, start=start, stop=stop)])
+    address = f"127.0.0.1:{running.port}"
+    ch = grpc.insecure_channel(address)
+    return running, address, fpga_jobs_pb2_grpc.FpgaJobsStub(ch), fpga_pb2_grpc.FpgaOrchestratorStub(ch), register
+
+
+def stop_irm(running, register) -> None:
+    running.stop(grace=0)        # each component's stop: the job manager's loop, the Orchestrator
+
+
+@pytest.fixture
+def edf(suite):
+    running, address, jobs, orch, register = start_irm(suite, "edf")
+    yield {"address": address, "jobs": jobs, "orch": orch}
+    stop_irm(running, register)
+
+
+@pytest.fixture
+def throughput(suite):
+    running, address, jobs, orch, register = start_irm(suite, "throughput", period=0.4)
+    yield {"address": address, "jobs": jobs, "orch": orch}
+    stop_irm(running, register)
+
+
+def deadline_job(request_id: str, deadline_s: float, size: int = 1000, tenant: str = "alice", **kw):
+    return jp.RegisterJobRequest(tenant=tenant, request_id=request_id, design="sleep",
+                                 deadline=jp.DeadlineGoal(deadline_s=deadline_s, size_actions=size), **kw)
+
+
+def group_size(orch, tenant: str, group_id: str) -> int:
+    return orch.GetGroup(fpga_pb2.GetGroupRequest(tenant=tenant, group_id=group_id)).size
+
+
+def test_edf_gives_the_devices_to_the_earliest_deadline_and_back_on_retire(edf):
+    jobs, orch = edf["jobs"], edf["orch"]
+    late = jobs.RegisterJob(deadline_job("late", 100.0))
+    assert late.state == jp.Job.STATE_ACTIVE and late.policy == "edf" and late.devices == 8
+    assert group_size(orch, "alice", late.group_id) == 8
+    assert jobs.RegisterJob(deadline_job("late", 100.0)).id == late.id           # idempotent
+
+    soon = jobs.RegisterJob(deadline_job("soon", 30.0))
+    # Minimums first (one each), the allocable six to the earliest deadline.
+    assert soon.devices == 7 and group_size(orch, "alice", soon.group_id) == 7
+    late = jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=late.id))
+    assert late.devices == 1 and group_size(orch, "alice", late.group_id) == 1
+    assert [a.devices for a in late.allocations] == [8, 1]
+    assert soon.deadline_at == pytest.approx(soon.registered_at + 30.0)
+
+    # The earliest-deadline job's group really serves tasks on its devices.
+    with VirtualFpga.attach(edf["address"], "alice", soon.group_id) as f:
+        outs = f.map([{"duration": 0.01}] * 14)
+    assert len({(o.server, o.device) for o in outs}) > 1
+    eventually(lambda: jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=soon.id)).completed_actions >= 14,
+               what="progress observed from the servers' counters")
+
+    retired = jobs.RetireJob(jp.RetireJobRequest(tenant="alice", job_id=soon.id))
+    assert retired.state == jp.Job.STATE_RETIRED and retired.devices == 0
+    assert [a.devices for a in retired.allocations] == [7, 0]
+    late = jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=late.id))
+    assert late.devices == 8 and group_size(orch, "alice", late.group_id) == 8
+    assert [a.devices for a in late.allocations] == [8, 1, 8]
+    with pytest.raises(grpc.RpcError) as e:
+        orch.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=soon.group_id))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND                              # its group is gone
+
+    # Reported progress counts when it is ahead of the observed one.
+    reported = jobs.ReportProgress(jp.ReportProgressRequest(tenant="alice", job_id=late.id, completed_actions=500))
+    assert reported.completed_actions == 500
+    assert [j.id for j in jobs.ListJobs(jp.ListJobsRequest(tenant="alice", active_only=True)).jobs] == [late.id]
+    assert len(jobs.ListJobs(jp.ListJobsRequest(tenant="alice")).jobs) == 2
+
+
+def test_tenant_isolation_and_bad_input(edf):
+    jobs = edf["jobs"]
+    mine = jobs.RegisterJob(deadline_job("a1", 60.0))
+    for call in (lambda: jobs.GetJob(jp.GetJobRequest(tenant="bob", job_id=mine.id)),
+                 lambda: jobs.RetireJob(jp.RetireJobRequest(tenant="bob", job_id=mine.id)),
+                 lambda: jobs.ReportProgress(jp.ReportProgressRequest(tenant="bob", job_id=mine.id,
+                                                                      completed_actions=1))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert list(jobs.ListJobs(jp.ListJobsRequest(tenant="bob")).jobs) == []
+    with pytest.raises(grpc.RpcError) as e:                     # bob cannot attach to alice's job group either
+        VirtualFpga.attach(edf["address"], "bob", mine.group_id)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as e:
+        jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id="job-nope"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+    bad = jp.RegisterJobRequest(tenant="alice", request_id="", design="nope", min_devices=5, max_devices=2,
+                                priority=-1)
+    with pytest.raises(grpc.RpcError) as e:
+        jobs.RegisterJob(bad)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    fields = {f for f, _ in field_violations(e.value)}
+    assert fields == {"request_id", "design", "goal", "max_devices", "priority"}
+    with pytest.raises(grpc.RpcError) as e:
+        jobs.RegisterJob(deadline_job("b1", -1.0, size=0, max_devices=9))
+    assert {f for f, _ in field_violations(e.value)} == {"deadline.deadline_s", "deadline.size_actions",
+                                                          "max_devices"}
+    with pytest.raises(grpc.RpcError) as e:                     # EDF takes deadline goals only
+        jobs.RegisterJob(jp.RegisterJobRequest(tenant="alice", request_id="t1", design="sleep",
+                                               throughput=jp.ThroughputGoal(actions_per_s=10)))
+    assert [f for f, _ in field_violations(e.value)] == ["throughput"]
+    with pytest.raises(grpc.RpcError) as e:
+        jobs.RegisterJob(deadline_job("n1", 10.0, tenant=""))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [j.id for j in jobs.ListJobs(jp.ListJobsRequest(tenant="alice")).jobs] == [mine.id]
+
+
+def test_throughput_job_reaches_its_goal_through_real_tasks(throughput):
+    jobs = throughput["jobs"]
+    goal = 25.0                                                  # 0.1 s tasks: 3 devices needed
+    need = math.ceil(goal * TASK_S - 1e-9)
+    job = jobs.RegisterJob(jp.RegisterJobRequest(tenant="alice", request_id="tp", design="sleep",
+                                                 throughput=jp.ThroughputGoal(actions_per_s=goal)))
+    assert job.devices == 8                                      # admission: the unallocated devices
+    stop = threading.Event()
+
+    def load() -> None:                                          # keep the group busy: a backlog of tasks
+        with VirtualFpga.attach(throughput["address"], "alice", job.group_id) as f:
+            pending = []
+            while not stop.is_set():
+                pending = [p for p in pending if not p.done()]
+                while len(pending) < 24:
+                    pending.append(f.submit({"duration": TASK_S}))
+                stop.wait(0.02)
+            for p in pending:
+                p.result(30)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    try:
+        def at_goal():
+            j = jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id))
+            return j if need <= j.devices <= need + 1 and j.achieved_throughput >= goal else None
+
+        j = eventually(at_goal, timeout=30, what="throughput at goal with at most one spare device")
+        sizes = [a.devices for a in j.allocations]
+        assert sizes[0] == 8 and min(sizes[1:]) >= need - 1    # came down from the admission's 8
+        assert j.completed_actions > 0 and j.mean_throughput > 0
+        # It stays there over the next control periods.
+        j = eventually(lambda: (lambda x: x if x.completed_actions >= j.completed_actions + 2 * goal else None)(
+            jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id))), timeout=15, what="more progress")
+        assert j.devices <= need + 1 and j.achieved_throughput >= 0.9 * goal
+    finally:
+        stop.set()
+        t.join(30)
+    done = jobs.RetireJob(jp.RetireJobRequest(tenant="alice", job_id=job.id))
+    assert done.state == jp.Job.STATE_RETIRED and done.allocations[-1].devices == 0
