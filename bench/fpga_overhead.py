@@ -6,7 +6,8 @@ One emulated FPGA-server process. In one run:
   (`RunDirect`: no group, no queues) -- the baseline;
 * group: the same tasks, one at a time, through a one-device group
   (`RunBatch` of one task: client queues, shortest-queue dispatch, device
-  locking) -- `added_ms_per_task` = group - direct is what groups cost;
+  locking), interleaved with the direct ones -- `added_ms_per_task` is the
+  median of the paired differences (group - direct): what groups cost;
 * client: the same through the client library (`VirtualFpga.submit().result()`
   over an Execute stream), for reference;
 * batched: 1 ms tasks in batches of 300 through the client library into a
@@ -50,24 +51,23 @@ def main(argv: list[str]) -> int:
         server.wait_ready()
         stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
 
-        # direct: device 7 stays outside every group
-        stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(0, TASK_S)))
-        direct = []
-        for i in range(singles):
-            t0 = time.perf_counter()
-            stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(i, TASK_S)))
-            direct.append(time.perf_counter() - t0)
-
-        # group of one device, one task per RunBatch
+        # direct (device 7 stays outside every group) and through a one-device group, interleaved
+        # task by task so both see the same machine noise; the overhead is the median of the
+        # paired differences.
         stub.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="one", design="sleep", size=1))
         stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="one", client_id="c1", token="t"))
         wait_group_ready(stub, "one", 1)
-        group = []
+        stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(0, TASK_S)))
+        direct, group = [], []
         for i in range(singles):
-            batch = fpga_pb2.TaskBatch(client_id="c1", group_id="one", token="t", tasks=[_one_task(i, TASK_S)])
             t0 = time.perf_counter()
-            stub.RunBatch(batch)
-            group.append(time.perf_counter() - t0)
+            stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(i, TASK_S)))
+            t1 = time.perf_counter()
+            stub.RunBatch(fpga_pb2.TaskBatch(client_id="c1", group_id="one", token="t",
+                                             tasks=[_one_task(i, TASK_S)]))
+            t2 = time.perf_counter()
+            direct.append(t1 - t0)
+            group.append(t2 - t1)
 
         # the client library, one at a time, then batched
         att = fpga_pb2.Attachment(client_id="c2", group_id="one", token="t2", design="sleep",
@@ -101,13 +101,15 @@ def main(argv: list[str]) -> int:
 
     direct_ms = statistics.mean(direct) * 1000
     group_ms = statistics.mean(group) * 1000
+    added_ms = statistics.median(g - d for g, d in zip(group, direct, strict=True)) * 1000
     emit({
         "benchmark": "fpga-overhead",
         "task_ms": TASK_S * 1000,
         "tasks_single": singles,
         "direct_ms": round(direct_ms, 3),
         "group_ms": round(group_ms, 3),
-        "added_ms_per_task": round(group_ms - direct_ms, 3),
+        "added_ms_per_task": round(added_ms, 3),
+        "added_ms_mean_difference": round(group_ms - direct_ms, 3),
         "direct_p50_ms": round(statistics.median(direct) * 1000, 3),
         "group_p50_ms": round(statistics.median(group) * 1000, 3),
         "client_library_ms": round(statistics.mean(client) * 1000, 3),
@@ -116,7 +118,7 @@ def main(argv: list[str]) -> int:
         "batched_overhead_us_per_task": round((one_dev_wall / batched - 0.001) * 1e6, 2),
         "batched_6_devices_tasks_per_s": round(batched / six_dev_wall, 1),
         "batched_6_devices_overhead_us_per_task": round((six_dev_wall / batched - 0.001 / 6) * 1e6, 2),
-        "targets": {"added_ms_per_task<=0.09": group_ms - direct_ms <= 0.09,
+        "targets": {"added_ms_per_task<=0.09": added_ms <= 0.09,
                     "batched_overhead_us_per_task<=20": (one_dev_wall / batched - 0.001) * 1e6 <= 20},
     })
     return 0
