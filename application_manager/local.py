@@ -167,7 +167,8 @@ class LocalBackend:
             if exited is None:
                 raise RuntimeError("the agent's stream ended without an exit status")
             minutes = exited.wall_time_s / 60.0
-            cost = res.price_per_minute * minutes
+            # A replaying agent knows what the measured run cost; a live run costs its reservation.
+            cost = exited.replayed_cost or res.price_per_minute * minutes
             ok = exited.exit_code == 0 and not exited.reason
             tail = out.decode(errors="replace").strip()
             error = ""

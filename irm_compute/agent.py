@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, compute_pb2, compute_pb2_grpc
+from irm_compute.replay import ReplayBackend
 from irm_compute.sandbox import (
     CpuAllocator,
     Event,
@@ -74,6 +75,10 @@ class AgentConfig:
     max_history: int = 1000
     # Deadline of the GetVm call to the compute IRM.
     compute_timeout_s: float = 5.0
+    # "local": run commands for real; "replay": answer each execution with a
+    # measured run from `dataset` (see irm_compute.replay), without running it.
+    backend: str = "local"
+    dataset: str = ""
 
 
 class ComputeClient:
@@ -144,6 +149,11 @@ class Agent:
         self._released: OrderedDict[str, str] = OrderedDict()  # vm_id -> tenant
         self._runs: dict[str, _Run] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
+        self.replay: ReplayBackend | None = None
+        if config.backend == "replay":
+            self.replay = ReplayBackend.load(config.dataset)
+        elif config.backend != "local":
+            raise ValueError(f"agent backend {config.backend!r}: use 'local' or 'replay'")
 
     # --- VMs ------------------------------------------------------------------
 
@@ -231,17 +241,21 @@ class Agent:
         if not request.working_dir:
             scratch = Path(self.config.work_dir).expanduser() / execution_id
             scratch.mkdir(parents=True)
-        execution = LocalExecution(
-            execution_id,
-            vm.slot,
-            list(request.argv),
-            working_dir=request.working_dir or str(scratch),
-            env=dict(request.env),
-            timeout_s=request.timeout_s,
-            sample_interval_s=self.config.sample_interval_s,
-            max_output_bytes=self.config.max_output_bytes,
-            on_exit=self._finished_one,
-        )
+        if self.replay is not None:
+            execution = self.replay.execution(execution_id, list(request.argv), dict(request.env),
+                                              on_exit=self._finished_one)
+        else:
+            execution = LocalExecution(
+                execution_id,
+                vm.slot,
+                list(request.argv),
+                working_dir=request.working_dir or str(scratch),
+                env=dict(request.env),
+                timeout_s=request.timeout_s,
+                sample_interval_s=self.config.sample_interval_s,
+                max_output_bytes=self.config.max_output_bytes,
+                on_exit=self._finished_one,
+            )
         run = _Run(execution, request.tenant, request.vm_id, scratch)
         try:
             # Spawn under the lock: ReleaseVm then either sees this execution and kills it, or
@@ -367,6 +381,7 @@ def _exited_pb(x: Exited) -> agent_pb2.ExecutionExited:
         reason=x.reason,
         peak_memory_mb=x.peak_memory_mb,
         mean_cpu_percent=x.mean_cpu_percent,
+        replayed_cost=x.replayed_cost,
     )
 
 

@@ -182,6 +182,7 @@ class Exited:
     reason: str
     peak_memory_mb: float
     mean_cpu_percent: float
+    replayed_cost: float = 0.0  # the replay back-end's measured cost
 
 
 Event = Started | Output | Sample | Exited

@@ -1,0 +1,125 @@
+"""The `replay` back-end: a VM "runs" an application by replaying a measured run.
+
+Profilers can then be evaluated on real measurements at scale, through the
+same path as live runs (CRS reservation, agent Execute, release). An
+execution names the measured run through its environment:
+
+* `HARNESS_REPLAY_WORKLOAD` (required): the dataset's workload;
+* `HARNESS_REPLAY_INPUT_SIZE` (optional): which input of that workload;
+* one variable per configuration column of the dataset, by its name (e.g.
+  `cloud=aws`, `vcpus=4`): the configuration whose measurement is replayed.
+
+The dataset is the generic replay CSV of README ("Replay datasets"). The
+execution does not run anything and does not wait: it answers at once with
+the measured wall time, the measured cost (`ExecutionExited.replayed_cost`)
+and the measured status (a failed run exits 1 with its error as the reason).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from irm_compute.sandbox import Event, Exited, Output, Sample, Started
+from services.errors import FailedPrecondition, InvalidArgument
+
+WORKLOAD_ENV = "HARNESS_REPLAY_WORKLOAD"
+INPUT_ENV = "HARNESS_REPLAY_INPUT_SIZE"
+
+
+class ReplayBackend:
+    def __init__(self, dataset: Any, source: str) -> None:
+        self.dataset = dataset
+        self.source = source
+
+    @classmethod
+    def load(cls, path: str) -> ReplayBackend:
+        if not path:
+            raise ValueError("the replay back-end needs `dataset`: a CSV in the replay format")
+        # The replay CSV format is the Application Manager's; its reader is reused, not copied.
+        from application_manager.replay import Dataset
+
+        return cls(Dataset.load(path), path)
+
+    def execution(self, execution_id: str, argv: list[str], env: dict[str, str],
+                  on_exit: Callable[[Any], None] | None = None) -> ReplayExecution:
+        from application_manager.replay import parse_value
+
+        workload = env.get(WORKLOAD_ENV, "")
+        if not workload:
+            raise InvalidArgument.of(f"env[{WORKLOAD_ENV}]", "required by the replay back-end: the workload")
+        if workload not in self.dataset.workloads:
+            raise InvalidArgument.of(f"env[{WORKLOAD_ENV}]", f"{workload!r} is not in {self.source}")
+        size = parse_value(env[INPUT_ENV]) if env.get(INPUT_ENV) else None
+        key = tuple(parse_value(env[p]) if p in env else None for p in self.dataset.params)
+        run = self.dataset.run(workload, key, size)
+        if run is None:
+            config = ", ".join(f"{p}={v}" for p, v in zip(self.dataset.params, key, strict=True))
+            raise FailedPrecondition(f"{self.source} has no measured run of {workload!r} with {config}")
+        return ReplayExecution(execution_id, argv, run, self.source, on_exit)
+
+
+class ReplayExecution:
+    """Duck-types irm_compute.sandbox.LocalExecution for a run that already happened."""
+
+    def __init__(self, execution_id: str, argv: list[str], run: Any, source: str,
+                 on_exit: Callable[[Any], None] | None) -> None:
+        self.execution_id = execution_id
+        self.argv = argv
+        self._run = run
+        self._source = source
+        self._on_exit = on_exit
+        self._started: Started | None = None
+        self._exited: Exited | None = None
+        self._done = threading.Event()
+
+    def start(self) -> Started:
+        self._started = Started(self.execution_id, 0, (), 0.0,
+                                (f"replayed from {self._source}: nothing runs; measured time and cost",))
+        self._exited = Exited(0 if self._run.ok else 1, self._run.time_s,
+                              "" if self._run.ok else (self._run.error or "failed"), 0.0, 0.0, self._run.cost)
+        self._done.set()
+        if self._on_exit is not None:
+            # As LocalExecution's reaper does: off the caller's thread (it may hold the agent's lock).
+            threading.Thread(target=self._on_exit, args=(self,), name=f"{self.execution_id}-exit",
+                             daemon=True).start()
+        return self._started
+
+    def events(self) -> Iterator[Event]:
+        assert self._started is not None and self._exited is not None
+        yield self._started
+        if not self._run.ok:
+            yield Output("stderr", f"replayed failure: {self._run.error}\n".encode())
+        yield self._exited
+
+    def detach(self) -> None:
+        return None
+
+    def kill(self, reason: str = "") -> bool:
+        return False
+
+    def wait(self, timeout: float | None = None) -> Exited | None:
+        self._done.wait(timeout)
+        return self._exited
+
+    @property
+    def running(self) -> bool:
+        return False
+
+    @property
+    def started(self) -> Started | None:
+        return self._started
+
+    @property
+    def exited(self) -> Exited | None:
+        return self._exited
+
+    @property
+    def samples(self) -> list[Sample]:
+        return []
+
+    @property
+    def started_at(self) -> float:
+        return time.time()

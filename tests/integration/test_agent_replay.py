@@ -1,0 +1,59 @@
+"""The compute IRM's `replay` back-end: a VM answers with a measured run from a dataset.
+
+Runs through the real path: the CRS reserves a VM, the agent (a process with
+backend=replay) answers Execute with the dataset's time, cost and status.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2, irm_pb2_grpc
+from tests.conftest import eventually
+from tests.integration.test_crs_flow import vm_group
+
+DATASET = """workload,runtime_s,cost,status,cloud,vcpus
+sort,120.0,0.50,ok,aws,4
+sort,60.0,0.40,ok,aws,8
+sort,30.0,0.20,out of memory,gcp,2
+"""
+
+
+def execute(agent, vm, env):  # type: ignore[no-untyped-def]
+    events = list(agent.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm.id, argv=["app"], env=env),
+                                timeout=30))
+    return events[0].started, [e.exited for e in events if e.WhichOneof("event") == "exited"][0], events
+
+
+def test_replay_agent_answers_with_measured_runs(suite, tmp_path):
+    data = tmp_path / "runs.csv"
+    data.write_text(DATASET)
+    crs = suite.start("crs", heartbeat_interval_s=0.3)
+    compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, backend="replay")
+    agent = suite.start("agent", compute_address=compute.address, backend="replay", dataset=str(data))
+    # The compute IRM's hosts point at the default agent address; use this agent explicitly.
+    c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 6)
+    res = c.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[vm_group("g", 1, 4, 8)]))
+    vm = res.groups[0].resources[0]
+    stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(agent.address))
+
+    started, exited, _ = execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "aws", "vcpus": "8"})
+    assert "replayed" in started.notes[0]
+    assert (exited.exit_code, exited.wall_time_s, exited.replayed_cost) == (0, 60.0, pytest.approx(0.40))
+
+    _, failed, events = execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "gcp", "vcpus": "2"})
+    assert failed.exit_code == 1 and failed.reason == "out of memory" and failed.replayed_cost == pytest.approx(0.2)
+
+    with pytest.raises(grpc.RpcError) as e:
+        execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "azure", "vcpus": "8"})
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no measured run" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        execute(stub, vm, {"cloud": "aws"})
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Tenant checks still apply: the VM is t's.
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Execute(agent_pb2.ExecuteRequest(tenant="other", vm_id=vm.id, argv=["app"],
+                                                   env={"HARNESS_REPLAY_WORKLOAD": "sort"}), timeout=30))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
