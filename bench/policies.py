@@ -12,15 +12,16 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
   more than one device above ceil(goal * action time).
 * `hydrogen_table3`: seed 001 Table III replayed through the elasticity
   manager (beta 2.5, pool 1..4); target: the same decision sequence.
-* `hydrogen_table4`: our reconstruction of seed 001 §VI's two scenarios
-  (the paper gives no rates or sizes; the values are in the output), every
-  algorithm plus managed mode, window 30, 10 repetitions (3 with --quick,
-  shorter runs); target: managed mode no late jobs in scenario 2 and at
-  least as many completions as any single algorithm. Managed mode projects
-  the window with expected arrivals (`hydrogen.forecast_arrivals`) and
-  scores projected late jobs first; `managed_choices` counts the algorithm
-  it picked per decision (summed over repetitions). `managed_paper_scoring`
-  is managed mode without expected arrivals, for comparison.
+* `hydrogen_table4`: seed 001 §VI's two scenarios (`table4_scenarios`
+  documents what the paper states, what Table IV's single-algorithm rows
+  pin down, and what is reconstructed), FCFSMax, FCFSMin, FCFSAMAP, SJTF
+  and managed mode, window 30, 10 repetitions of 300 s (3 with --quick);
+  target: managed mode no late jobs in scenario 2 and at least as many
+  completions as any single algorithm. Managed mode is the paper's
+  Algorithm 1 including the elasticity manager (line 9), on the same 4
+  devices at most; `managed_without_elasticity` is printed for comparison,
+  `paper` holds Table IV's figures. `managed_choices` counts the algorithm
+  it picked per dispatching decision (summed over repetitions).
 
 Simulation models: see `irm_fpga.qos.sim`.
 """
@@ -101,31 +102,102 @@ def table3() -> dict:
             "pools_equal": [r["pool"] for r in rows] == [r["table_pool"] for r in rows], "pass": ours == paper}
 
 
-def table4(quick: bool) -> dict:
-    reps, duration = (3, 300.0) if quick else (10, 1000.0)
-    scenarios = [
-        Scenario("scenario1", (JobType("bond", 1.2, 1, 4, 1.0),), rate=0.8, duration=duration,
-                 strategy=hy.FAIRNESS),
-        Scenario("scenario2", (JobType("short", 0.75, 1, 2, 0.7), JobType("long", 3.0, 1, 4, 0.3)), rate=1.33,
-                 duration=duration, strategy=hy.COMPLETION_TIME),
+# Seed 001 Table IV, for side-by-side comparison: algorithm -> (W_T, S_T, U_c, N_C, N_L).
+TABLE4_PAPER = {
+    "scenario1": {"fcfs_max": (0.8415, 0.2816, 0.609, 785.9, 0.4), "fcfs_min": (0.0032, 0.7496, 0.490, 796.8, 0.0),
+                  "fcfs_amap": (0.0204, 0.3576, 0.644, 796.5, 0.0), "sjtf": (0.0085, 0.7499, 0.477, 778.0, 0.0),
+                  "managed": (0.0123, 0.3388, 0.600, 793.0, 0.0)},
+    "scenario2": {"fcfs_max": (15.988, 0.2917, 0.8624, 1112.4, 1065.6),
+                  "fcfs_min": (0.088, 0.7486, 0.8177, 1330.0, 1.6),
+                  "fcfs_amap": (1.499, 0.3341, 0.979, 1315.4, 807.7), "sjtf": (0.682, 0.7485, 0.815, 1328.5, 287.1),
+                  "managed": (0.099, 0.5302, 0.916, 1330.0, 0.0)},
+}
+TABLE4_RUN_S = 300.0     # N_C / rate and U_c of FCFSMin agree on ~300 s runs in both scenarios (see table4_scenarios)
+
+
+def table4_scenarios(duration: float = TABLE4_RUN_S) -> list[Scenario]:
+    """Seed 001 §VI's two scenarios. What the paper states, and what is derived or reconstructed.
+
+    Stated (§VI): a discrete-event simulation of the Monte Carlo bond-option
+    design, window 30 for both scenarios, 10 repetitions (averages; "outliers
+    eliminated" without a method: we report plain means). Scenario 1: one job
+    type, a relatively low rate, strategy "job latency" (§III-B's "minimising
+    job start latency"; its scoring is §IV-A's "fairness", whose late jobs
+    are the start-latency criterion N_L). Scenario 2: short jobs (lower
+    resolution) using fewer devices and long jobs (higher resolution) that
+    can use more, a relatively high rate, strategy "completion time". Late
+    (N_L): waited more than 1 s in the ready queue. Pool: the 4 DFEs of §VI,
+    bounded 1..4 for the elasticity manager. Scheduler cost model: eq. 1
+    ("for this paper", §IV); execution times scale as Table II (`true_cost`).
+    The compared algorithms: FCFSMax, FCFSMin, FCFSAMAP, SJTF and managed
+    mode (Algorithm 1, elasticity manager included: line 9).
+
+    Derived from Table IV's single-algorithm rows (the paper gives no rates
+    or sizes, but its FCFSMin rows pin them): FCFSMin and SJTF give every job
+    its min, so their S_T (0.7496, 0.7486) is the mean time at min: 0.75 s,
+    min 1 device, in both scenarios. FCFSMin keeps up (N_C = arrivals), so
+    rate = N_C / run and U_c = rate * 0.75 / 4; both hold with 300 s runs in
+    both scenarios (U_c 0.490, 0.818 -> 2.61/s, 4.37/s; N_C 796.8, 1330 over
+    300 s -> 2.66/s, 4.43/s): rates 796.8/300 and 1330/300, utilisation at
+    min ~0.5 and ~0.82 (the previous reconstruction had 1.2 s jobs at 0.8/s
+    and 0.75/3.0 s jobs at 1.33/s: utilisation ~0.24 and ~0.47, S_T at min
+    1.2 and 1.43). Scenario 1's max: FCFSMax's S_T 0.2816 is 0.75/2.66, and
+    2.66 is Table II's speedup on 3 FPGAs (2.73-2.77; on 4: 3.52-3.54): max 3.
+    Scenario 2's two types with mean 0.75 s at min and FCFSMax's S_T 0.2917:
+    short 0.5 s (max 2), long 4/3 s (max 4) give 0.296; the 70/30 mix is a
+    reconstruction. Arrivals: FCFSMin's W_T (0.0032 s at utilisation 0.49,
+    0.088 s at 0.82) is 5-10x below what Poisson arrivals give at those loads
+    (0.033, 0.37); inter-arrival times uniform on [0, 2/rate] give 0.007 and
+    0.17, the closest of the simple processes tried (Poisson, uniform with
+    spread 0.5, 0.75, 1).
+
+    Reconstructed (the paper is silent): each job's JLO target for the
+    elasticity manager, 1 s (N_L's bound) plus eq. 1 at its min, counted from
+    arrival (§IV-B); the pool starts at 4 and changes by one device per
+    decision, at once; N_L also counts jobs still waiting > 1 s at the end.
+    """
+    return [
+        Scenario("scenario1", (JobType("mc", 0.75, 1, 3, 1.0),), rate=796.8 / TABLE4_RUN_S, duration=duration,
+                 strategy=hy.FAIRNESS, spread=1.0),
+        Scenario("scenario2", (JobType("short", 0.5, 1, 2, 0.7), JobType("long", 4.0 / 3.0, 1, 4, 0.3)),
+                 rate=1330.0 / TABLE4_RUN_S, duration=duration, strategy=hy.COMPLETION_TIME, spread=1.0),
     ]
-    out = {"window": 30, "repetitions": reps, "duration_s": duration}
-    for sc in scenarios:
-        rows, choices = {}, {}
-        for alg in [*hy.ALGORITHMS, "managed"]:
-            runs = [run_hydrogen(sc, alg, seed, window=30) for seed in range(reps)]
-            rows[alg] = mean_metrics(runs)
-        for r in runs:
-            for k, v in r.chosen.items():
-                choices[k] = choices.get(k, 0) + v
-        paper = mean_metrics([run_hydrogen(sc, "managed", seed, window=30, forecast=False) for seed in range(reps)])
-        out[sc.name] = {"rate_per_s": sc.rate, "strategy": sc.strategy, "pool": sc.pool,
-                        "types": [t.__dict__ for t in sc.types], "metrics": rows, "managed_choices": choices,
-                        "managed_paper_scoring": paper}
+
+
+def _tally(runs, attr: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in runs:
+        for k, v in getattr(r, attr).items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def table4(quick: bool) -> dict:
+    reps = 3 if quick else 10
+    out = {"window": 30, "repetitions": reps, "duration_s": TABLE4_RUN_S, "beta": 2.5,
+           "managed_mode": "Algorithm 1 with the elasticity manager (line 9), pool 1..4 starting at 4, eq. 1 cost"}
+    for sc in table4_scenarios():
+        rows = {}
+        for alg in hy.PAPER_ALGORITHMS:
+            rows[alg] = mean_metrics([run_hydrogen(sc, alg, seed, window=30) for seed in range(reps)])
+        el = [run_hydrogen(sc, "managed", seed, window=30, elasticity=True) for seed in range(reps)]
+        rows["managed"] = mean_metrics(el)
+        plain = [run_hydrogen(sc, "managed", seed, window=30) for seed in range(reps)]
+        out[sc.name] = {"rate_per_s": round(sc.rate, 4), "arrivals": "uniform inter-arrival on [0, 2/rate]",
+                        "strategy": sc.strategy, "pool": sc.pool, "types": [t.__dict__ for t in sc.types],
+                        "metrics": rows, "managed_choices": _tally(el, "chosen"),
+                        "managed_elasticity_decisions": _tally(el, "scalings"),
+                        "managed_without_elasticity": mean_metrics(plain),
+                        "managed_without_elasticity_choices": _tally(plain, "chosen"),
+                        "paper": {k: dict(zip(("W_T", "S_T", "U_c", "N_C", "N_L"), v, strict=True))
+                                  for k, v in TABLE4_PAPER[sc.name].items()}}
     s2 = out["scenario2"]["metrics"]
     best_single = max(v["N_C"] for k, v in s2.items() if k != "managed")
+    out["best_single_N_C_s2"] = best_single
     out["managed_no_late_s2"] = s2["managed"]["N_L"] == 0
     out["managed_completes_most_s2"] = s2["managed"]["N_C"] >= best_single
+    plain = out["scenario2"]["managed_without_elasticity"]
+    out["without_elasticity_would_pass"] = plain["N_L"] == 0 and plain["N_C"] >= best_single
     out["pass"] = out["managed_no_late_s2"] and out["managed_completes_most_s2"]
     return out
 

@@ -60,6 +60,10 @@ _RELEASE = update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active")
     state="released", released_at=bindparam("at"))
 _DROP_PENDING = delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending")
 MIGRATIONS = Path(__file__).parent / "migrations"
+# Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
+DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                     grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
+                     grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
 MAX_COUNT = 1000
 
 
@@ -167,11 +171,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             log.warning("recovered a reservation left pending", extra={"reservation": r.id})
 
     # -- compensation ----------------------------------------------------
-    def _undo(self, manager: str, tenant: str, irm_request_id: str) -> bool:
-        """Release whatever `manager` holds under `irm_request_id`. False: could not reach it."""
+    def _undo(self, manager: str, tenant: str, irm_request_id: str) -> str:
+        """Release whatever `manager` holds under `irm_request_id`.
+
+        Returns "released", "absent" (the manager holds nothing under that id now) or
+        "unreachable".
+        """
         state = self.registry.get(manager)
         if state is None:
-            return False
+            return "unreachable"
         stub = state.stub()
         try:
             try:
@@ -179,15 +187,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                                           timeout=self.config.irm_timeout_s)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
-                    return True
+                    return "absent"
                 raise
             stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=tenant, reservation_id=res.id),
                                     timeout=self.config.irm_timeout_s)
-            return True
+            return "released"
         except grpc.RpcError as e:
             log.warning("could not release at manager; will retry", extra={
                 "manager": manager, "irm_request_id": irm_request_id, "code": str(e.code())})
-            return False
+            return "unreachable"
 
     def _release_part(self, manager: str, tenant: str, irm_reservation_id: str) -> bool:
         state = self.registry.get(manager)
@@ -200,20 +208,36 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         except grpc.RpcError:
             return False
 
-    def _undo_or_remember(self, manager: str, tenant: str, irm_request_id: str) -> None:
-        if not self._undo(manager, tenant, irm_request_id):
-            self.db.transact(lambda s: s.add(Compensation(manager=manager, tenant=tenant,
-                                                          irm_request_id=irm_request_id,
-                                                          created_at=self.clock.now())))
+    def _remember(self, manager: str, tenant: str, irm_request_id: str) -> None:
+        self.db.transact(lambda s: s.add(Compensation(manager=manager, tenant=tenant, irm_request_id=irm_request_id,
+                                                      created_at=self.clock.now())))
+
+    def _undo_or_remember(self, manager: str, tenant: str, irm_request_id: str, in_doubt: bool = False) -> None:
+        """Give back what `manager` holds for a request; remember to retry if that is not certain.
+
+        `in_doubt`: the manager's Reserve failed without a definite answer (timed out,
+        unreachable), so it may still commit later; "absent" now proves nothing and the
+        compensation stays until the manager has had time to finish (see _compensate_pending).
+        """
+        outcome = self._undo(manager, tenant, irm_request_id)
+        if outcome == "unreachable" or (outcome == "absent" and in_doubt):
+            self._remember(manager, tenant, irm_request_id)
+
+    def _settled_after(self) -> float:
+        """How long a manager may still be working on a request the CRS gave up on."""
+        return 3 * self.config.irm_timeout_s
 
     def _compensate_pending(self) -> None:
         with self.db.read() as s:
             todo = list(s.scalars(select(Compensation).order_by(Compensation.id).limit(200)))
+        now = self.clock.now()
         for c in todo:
             state = self.registry.get(c.manager)
             if state is None or not state.up:
                 continue
-            done = self._undo(c.manager, c.tenant, c.irm_request_id)
+            outcome = self._undo(c.manager, c.tenant, c.irm_request_id)
+            # "absent" is final only once the manager cannot still be committing the request.
+            done = outcome == "released" or (outcome == "absent" and now - c.created_at > self._settled_after())
 
             def run(s, c=c, done=done):  # type: ignore[no-untyped-def]
                 if done:
@@ -223,7 +247,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     if row is not None:
                         row.attempts += 1
             self.db.transact(run)
-            if done:
+            if outcome == "released":
                 log.info("released a leftover at manager", extra={"manager": c.manager,
                                                                   "irm_request_id": c.irm_request_id})
 
@@ -437,6 +461,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         allocated: list[irm_pb2.AllocatedGroup] = []
         notes: list[str] = []
         touched: list[str] = []
+        in_doubt: set[str] = set()
         try:
             for manager, parts in pinned.items():
                 state = self.registry.get(manager)
@@ -448,12 +473,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         irm_pb2.ReserveRequest(tenant=tenant, request_id=f"{res_id}@{manager}", groups=parts),
                         timeout=self.config.irm_timeout_s)
                 except grpc.RpcError as e:
+                    if e.code() not in DEFINITE_REFUSALS:
+                        in_doubt.add(manager)
                     raise _err_from_rpc(manager, e) from None
                 allocated.extend(reply.groups)
                 notes.extend(f"{manager}: {n}" for n in reply.notes)
         except BaseException:
             for manager in touched:
-                self._undo_or_remember(manager, tenant, f"{res_id}@{manager}")
+                self._undo_or_remember(manager, tenant, f"{res_id}@{manager}", in_doubt=manager in in_doubt)
             raise
         return allocated, notes
 

@@ -296,12 +296,11 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         if not request.vm_id:
             raise InvalidArgument.of("vm_id", "required")
         vm = self.store.vm(request.vm_id)
-        if vm.state == "active" and not vm.agent_seen:
-            self.store.mark_seen(vm.id)
+        active = vm.state == "active" and self.store.mark_seen(vm.id)
         return compute_pb2.Vm(
             id=vm.id, tenant=vm.reservation.tenant, reservation_id=vm.reservation_id, host=vm.host_id,
             cores=vm.cores, memory_gb=vm.memory_mb / 1024, frequency_ghz=vm.frequency_ghz,
-            state=compute_pb2.Vm.STATE_ACTIVE if vm.state == "active" else compute_pb2.Vm.STATE_RELEASED,
+            state=compute_pb2.Vm.STATE_ACTIVE if active else compute_pb2.Vm.STATE_RELEASED,
         )
 
     # -- background ------------------------------------------------------

@@ -53,7 +53,10 @@ _RELEASE_RES = (update(_R)
                 .returning(*_R.c))
 _RELEASE_VMS = (update(_V).where(_V.c.reservation_id == bindparam("rid"), _V.c.state == "active")
                 .values(state="released").returning(*_V.c))
-_MARK_SEEN = update(_V).where(_V.c.id == bindparam("vid"), _V.c.agent_seen.is_(False)).values(agent_seen=True)
+# Only an active VM can be marked seen: checked and marked in one statement, so a release
+# cannot slip between an agent's look-up and the mark (it would never be told of it).
+_MARK_SEEN = (update(_V).where(_V.c.id == bindparam("vid"), _V.c.state == "active")
+              .values(agent_seen=True).returning(_V.c.id))
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:20]}"
@@ -254,8 +257,9 @@ class ComputeStore:
 
         return self.db.run(run)
 
-    def mark_seen(self, vm_id: str) -> None:
-        self.db.run(lambda c: c.execute(_MARK_SEEN, {"vid": vm_id}))
+    def mark_seen(self, vm_id: str) -> bool:
+        """Record that the VM's agent knows it; False if the VM is no longer active."""
+        return self.db.run(lambda c: c.execute(_MARK_SEEN, {"vid": vm_id}).first() is not None)
 
     # -- queries ---------------------------------------------------------
     def get(self, tenant: str, reservation_id: str = "", request_id: str = "") -> Reservation:

@@ -52,6 +52,7 @@ class _Part:
         self.owner = owner
         self.part = part
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.sent: set[int] = set()  # task ids handed to this part and not answered yet
         self.channel = grpc.insecure_channel(part.address)
         self.stub = fpga_pb2_grpc.FpgaServerStub(self.channel)
         self.call = self.stub.Execute(self._batches())
@@ -82,12 +83,16 @@ class _Part:
             yield batch
 
     def _receive(self) -> None:
+        why = f"{self.part.server}: the stream ended"
         try:
             for rb in self.call:
                 for r in rb.results:
                     self.owner._complete(r)
         except grpc.RpcError as e:
-            self.owner._fail_all(f"{self.part.server}: {e.code().name}: {e.details()}")
+            why = f"{self.part.server}: {e.code().name}: {e.details()}"
+        # However the stream ended, what it still owed will not come: fail those tasks (only
+        # those), and stop sending here until a refresh finds the part again.
+        self.owner._part_ended(self, why)
 
     def close(self) -> None:
         self.outbox.put(_STOP)
@@ -114,6 +119,7 @@ class VirtualFpga:
         # Unbounded: submit never blocks; the pump moves tasks on as in-flight slots free up.
         self._waiting: deque[tuple[fpga_pb2.Task, Future, _Part | None]] = deque()
         self._all: dict[str, _Part] = {}
+        self._where: dict[int, _Part] = {}
         self._parts: list[_Part] = []
         self._cycle: Iterator[_Part] = iter(())
         self._use(attachment)
@@ -142,6 +148,7 @@ class VirtualFpga:
             tenant=self._tenant, group_id=self.group_id, client_id=self.client_id), timeout=10)
         with self._lock:
             self._use(att)
+        self._pump()  # tasks may have waited for a part to come (back)
 
     def _refresh_loop(self, every: float) -> None:
         while not self._closing.wait(every):
@@ -173,10 +180,13 @@ class VirtualFpga:
         """Send waiting tasks while fewer than max_in_flight are out (thesis §3.2.3)."""
         sends = []
         with self._lock:
-            while self._waiting and self._in_flight < self._max_in_flight:
+            while self._waiting and self._in_flight < self._max_in_flight and self._parts:
                 task, fut, pinned = self._waiting.popleft()
                 self._in_flight += 1
-                sends.append((pinned or next(self._cycle), task, fut))
+                part = pinned if pinned is not None and pinned in self._parts else next(self._cycle)
+                part.sent.add(task.id)
+                self._where[task.id] = part
+                sends.append((part, task, fut))
         for part, task, fut in sends:
             part.outbox.put((task, fut))
 
@@ -202,6 +212,9 @@ class VirtualFpga:
     def _complete(self, r: fpga_pb2.TaskResult) -> None:
         with self._lock:
             fut = self._futures.pop(r.id, None)
+            part = self._where.pop(r.id, None)
+            if part is not None:
+                part.sent.discard(r.id)
             if fut is not None:
                 self._in_flight -= 1
         if fut is None:
@@ -215,14 +228,25 @@ class VirtualFpga:
             fut.set_result(TaskOutcome(r.id, from_map(r.value, "value"), r.queue_time_s, r.device_time_s,
                                        r.device, r.server, r.kind))
 
-    def _fail_all(self, why: str) -> None:
+    def _part_ended(self, part: _Part, why: str) -> None:
         with self._lock:
-            futures, self._futures = self._futures, {}
-            self._waiting.clear()
-            self._in_flight = 0
-        for fut in futures.values():
+            failed = []
+            for task_id in list(part.sent):
+                fut = self._futures.pop(task_id, None)
+                self._where.pop(task_id, None)
+                if fut is not None:
+                    self._in_flight -= 1
+                    failed.append(fut)
+            part.sent.clear()
+            if self._all.get(part.part.server) is part:
+                del self._all[part.part.server]
+            if part in self._parts:
+                self._parts = [p for p in self._parts if p is not part]
+                self._cycle = itertools.cycle([p for p in self._parts for _ in range(p.part.devices)])
+        for fut in failed:
             if not fut.done():
                 fut.set_exception(TaskFailed(why))
+        self._pump()
 
     def pending(self) -> int:
         """Tasks submitted and not yet answered (waiting or in flight)."""
@@ -235,7 +259,9 @@ class VirtualFpga:
 
     def close(self, detach: bool = True) -> None:
         self._closing.set()
-        for p in self._all.values():
+        with self._lock:
+            parts = list(self._all.values())
+        for p in parts:
             p.close()
         if detach and self._orchestrator is not None:
             try:

@@ -125,6 +125,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 mine = [r for r in rs if sink.expect is None or r.task_id in sink.expect]
                 if mine:
                     sink.deliver(mine)
+        with self.cond:
+            self.cond.notify_all()  # handlers waiting for these results
 
     def _kick(self) -> None:
         with self.cond:
@@ -144,8 +146,12 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                     continue
             self._advance()
 
-    def _wait(self, sink: _Sink, deadline: float | None) -> None:
-        """Drive the engine until the sink has everything (a RunBatch handler)."""
+    def _wait(self, sink: _Sink, deadline: float | None, alive=lambda: True) -> None:  # type: ignore[no-untyped-def]
+        """Drive the engine until the sink has everything (a RunBatch handler).
+
+        Sleeps on the server's condition, which submissions (`_kick`) and every
+        delivery of results notify, bounded by the engine's next event.
+        """
         with self.cond:
             self.waiting_handlers += 1
         try:
@@ -155,11 +161,13 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 if nxt is not None and nxt <= now:
                     self._advance()
                     continue
-                timeout = 0.05 if nxt is None else nxt - now
-                if deadline is not None:
-                    if time.monotonic() > deadline:
-                        raise FailedPrecondition("the batch did not finish before the call's deadline")
-                sink.done.wait(timeout)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise FailedPrecondition("the batch did not finish before the call's deadline")
+                if not alive():
+                    raise FailedPrecondition("the caller went away")
+                with self.cond:
+                    if not sink.done.is_set():
+                        self.cond.wait(0.5 if nxt is None else min(0.5, nxt - now))
         finally:
             with self.cond:
                 self.waiting_handlers -= 1
@@ -338,7 +346,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         try:
             self._engine_call(self.engine.submit, client, tasks)
             remaining = context.time_remaining() if context is not None else None
-            self._wait(sink, None if remaining is None else time.monotonic() + remaining)
+            self._wait(sink, None if remaining is None else time.monotonic() + remaining,
+                       context.is_active if context is not None else (lambda: True))
         finally:
             self._drop_sink(client, sink)
         return fpga_pb2.ResultBatch(results=[self._result(r) for r in sink.results])

@@ -18,6 +18,9 @@ class Broadcaster(Generic[E]):
     def __init__(self, max_backlog: int = 100_000) -> None:
         self._lock = threading.Lock()
         self._subs: set[queue.Queue] = set()
+        # Subscribers cut off for falling behind: their stream ends (the watcher reconnects and
+        # takes a fresh snapshot) rather than going silently stale.
+        self._dropped: set[queue.Queue] = set()
         self._max = max_backlog
 
     def publish(self, events: Iterable[E]) -> None:
@@ -36,10 +39,7 @@ class Broadcaster(Generic[E]):
     def _drop(self, q: queue.Queue) -> None:
         with self._lock:
             self._subs.discard(q)
-        try:
-            q.put_nowait(_CLOSED)
-        except queue.Full:
-            pass
+            self._dropped.add(q)
 
     def close(self) -> None:
         with self._lock:
@@ -64,12 +64,19 @@ class Broadcaster(Generic[E]):
             yield from snapshot()
             while is_active():
                 try:
-                    item = q.get(timeout=1.0)
+                    item = q.get_nowait()
                 except queue.Empty:
-                    continue
+                    with self._lock:
+                        if q in self._dropped:
+                            return  # what was queued is delivered; then the stream ends
+                    try:
+                        item = q.get(timeout=1.0)
+                    except queue.Empty:
+                        continue
                 if item is _CLOSED:
                     return
                 yield item
         finally:
             with self._lock:
                 self._subs.discard(q)
+                self._dropped.discard(q)

@@ -15,35 +15,37 @@ first `window` jobs of the ready queue (arrival order):
 * `sjtf`       repeatedly the job with the smallest cost (at its min) gets its
   min, until the next one does not fit;
 * `priority`   highest priority first (then arrival), at its min, until the
-  next one does not fit.
+  next one does not fit (the issue's fifth algorithm; not in seed 001's
+  Table IV, whose managed mode chooses among `PAPER_ALGORITHMS`).
 
 Algorithm 2 compares `availableResources > job.min` strictly; read literally
 a job could never use the whole pool, so a job fits when the available
-devices are >= what it gets.
+devices are >= what it gets. Its FCFS loops go on past a job that does not
+fit (no `break`), and so do ours.
 
-`managed` (Algorithm 1) runs every algorithm, projects the window's schedule
-each one leads to (the algorithm keeps dispatching the window's jobs as
-running jobs end, on the scheduler's cost model) and keeps the best score.
-Both strategies are lateness-aware: a job is late when it would wait more
-than `late_after` s in the ready queue (§VI's N_L), weighted by its priority.
+`managed` (Algorithm 1) runs every algorithm on the first `window` jobs of
+the ready queue, scores the schedule each one produces and keeps the best.
+An algorithm's schedule is the window's execution schedule (§III-B stage
+2b, §IV-B "based on an execution schedule"): the algorithm keeps
+dispatching the window's jobs as running jobs end, on the scheduler's cost
+model (`project`); its makespan is "the time taken between the first job
+starting and the last job finishing" (§IV-A). Scores (§IV-A):
 
-* "completion time" (§IV-A: maximise the jobs completed while minimising the
-  makespan): (fewest projected late jobs, most jobs completed by the
-  earliest projected makespan among the candidates, shortest makespan);
-* "fairness" (§IV-A: minimise the priority-weighted number of late jobs):
-  (fewest projected late jobs, shortest makespan).
+* "completion time": maximise the jobs completed while minimising the
+  makespan -> (jobs the schedule completes by the earliest makespan among
+  the candidates, shortest makespan);
+* "fairness": minimise the priority-weighted number of late jobs (a job is
+  late when it waits more than `late_after` s, §VI's N_L) -> (fewest
+  weighted late jobs, shortest makespan).
 
-Ties go to the earlier algorithm in `ALGORITHMS` order.
+Ties go to the earlier algorithm in the order given. Algorithm 1 line 9
+then hands the selected schedule to the elasticity manager
+(`managed_schedule` returns it; `schedule_jlos` gives each job's JLO in it).
 
-Beyond the paper (its Algorithm 1 scores the queue as it is): the projection
-also carries *expected arrivals* (`forecast_arrivals`: the observed arrival
-rate and job mix of the recent past, planned for a burst at `burst` times
-that rate), so an allocation that would hog the pool when the next jobs come
-(FCFSMax giving every job its max under load) is seen to make them late;
-and "completion time" counts late jobs first, because a schedule that
-completes one more job by the horizon by starving an arrival is not what a
-job-level objective allows. Without expected arrivals and without projected
-late jobs both scores reduce to the paper's.
+`forecast_arrivals` (expected arrivals from the recent arrival rate and mix,
+projected with the window through `managed(..., expected=...)`) is an
+extension beyond the paper; seed 001 §VI's Table IV reproduction does not
+use it.
 
 Cost functions: `linear_cost` is eq. 1 (defaultTime / devices);
 `LearnedCostModel` fits t(r) = a + b / r per design by least squares from
@@ -52,10 +54,13 @@ falls back to eq. 1 until two different sizes were observed.
 `design_default_time` gives defaultTime from a design's device-time model.
 
 Elasticity (seed 001 §IV-B, Algorithm 3): each job's JLO is its target time
-minus its expected time on the devices the schedule gives it; jloNeg is the
-sum of the negative ones, jloPos of the others; jloNeg < 0 -> scale up,
-otherwise jloPos > beta -> scale down, else preserve. The slides' single
-figure jloMetric = min(max(jloPos - beta, 0), jloNeg) is `jlo_metric`.
+minus its expected time on the devices the schedule gives it, counted "from
+the moment jobs enter the queue" (`schedule_jlos`: target - (projected
+finish - arrival); for a job dispatched on arrival that is Table III's
+target - expected); jloNeg is the sum of the negative ones, jloPos of the
+others; jloNeg < 0 -> scale up, otherwise jloPos > beta -> scale down, else
+preserve (`elasticity_from_jlos`). The slides' single figure
+jloMetric = min(max(jloPos - beta, 0), jloNeg) is `jlo_metric`.
 """
 
 from __future__ import annotations
@@ -199,6 +204,10 @@ def priority(queue: Sequence[HJob], available: int, window: int, cost: Cost = li
 ALGORITHMS: dict[str, Callable[..., Allocation]] = {
     "fcfs_max": fcfs_max, "fcfs_min": fcfs_min, "fcfs_amap": fcfs_amap, "sjtf": sjtf, "priority": priority,
 }
+# Seed 001 §VI: the four standalone algorithms of Table IV, which its managed mode chooses among.
+PAPER_ALGORITHMS: dict[str, Callable[..., Allocation]] = {
+    k: ALGORITHMS[k] for k in ("fcfs_max", "fcfs_min", "fcfs_amap", "sjtf")
+}
 
 
 # -- managed mode (seed 001 Algorithm 1) -----------------------------------------------------------
@@ -286,7 +295,8 @@ def project(alg: Callable[..., Allocation], name: str, queue: Sequence[HJob], no
         if not busy and not future:   # nothing running, nothing coming, nothing fits: the rest cannot start
             break
         t = min(busy[0][0] if busy else math.inf, future[0].arrival if future else math.inf)
-    makespan = max(finishes.values(), default=now) - now
+    # A schedule that leaves some of the window's jobs unstarted never finishes them all.
+    makespan = math.inf if pending else max(finishes.values(), default=now) - now
     return Projection(name, first or [], starts, finishes, makespan)
 
 
@@ -297,24 +307,24 @@ def late_weight(proj: Projection, jobs: Sequence[HJob], late_after: float = LATE
 
 def score(proj: Projection, queue: Sequence[HJob], strategy: str, horizon: float, now: float,
           late_after: float = LATE_AFTER_S) -> tuple[float, ...]:
-    """Higher is better. `queue`: the jobs whose lateness counts (window and expected arrivals)."""
-    late = late_weight(proj, queue, late_after)
+    """Higher is better (seed 001 §IV-A). `queue`: the jobs whose lateness counts (the window)."""
     if strategy == COMPLETION_TIME:
         done = sum(1 for f in proj.finishes.values() if f - now <= horizon + 1e-9)
-        return (-late, done, -proj.makespan)
+        return (done, -proj.makespan)
     if strategy == FAIRNESS:
-        return (-late, -proj.makespan)
+        return (-late_weight(proj, queue, late_after), -proj.makespan)
     raise ValueError(f"unknown scoring strategy {strategy!r}; known: {COMPLETION_TIME!r}, {FAIRNESS!r}")
 
 
-def managed(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
-            now: float = 0.0, running_ends: Sequence[tuple[float, int]] = (), pool: int | None = None,
-            strategy: str = COMPLETION_TIME, algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
-            expected: Sequence[HJob] = (), late_after: float = LATE_AFTER_S) -> tuple[Allocation, str]:
-    """Seed 001 Algorithm 1: the allocation of the best-scoring algorithm, and its name.
+def managed_schedule(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+                     now: float = 0.0, running_ends: Sequence[tuple[float, int]] = (), pool: int | None = None,
+                     strategy: str = COMPLETION_TIME,
+                     algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
+                     expected: Sequence[HJob] = (), late_after: float = LATE_AFTER_S) -> Projection:
+    """Seed 001 Algorithm 1, lines 2-8: the best-scoring algorithm's schedule of the window.
 
-    `expected`: forecast arrivals (`forecast_arrivals`), projected and scored
-    with the window's jobs; the caller sizes it (e.g. to fill the window).
+    `expected`: forecast arrivals (`forecast_arrivals`, beyond the paper),
+    projected and scored with the window's jobs; the caller sizes it.
     """
     if strategy not in (COMPLETION_TIME, FAIRNESS):
         raise ValueError(f"unknown scoring strategy {strategy!r}; known: {COMPLETION_TIME!r}, {FAIRNESS!r}")
@@ -324,9 +334,18 @@ def managed(queue: Sequence[HJob], available: int, window: int, cost: Cost = lin
     head = list(queue[:window])
     projs = [project(alg, name, head, now, running_ends, pool, window, cost, expected, available)
              for name, alg in algs.items()]
-    horizon = min(p.makespan for p in projs)
+    horizon = min(p.makespan for p in projs)    # inf when no schedule starts every job: count all finishes
     counted = head + list(expected)
-    best = max(projs, key=lambda p: score(p, counted, strategy, horizon, now, late_after))
+    return max(projs, key=lambda p: score(p, counted, strategy, horizon, now, late_after))
+
+
+def managed(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+            now: float = 0.0, running_ends: Sequence[tuple[float, int]] = (), pool: int | None = None,
+            strategy: str = COMPLETION_TIME, algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
+            expected: Sequence[HJob] = (), late_after: float = LATE_AFTER_S) -> tuple[Allocation, str]:
+    """Seed 001 Algorithm 1: the allocation of the best-scoring algorithm, and its name."""
+    best = managed_schedule(queue, available, window, cost, now=now, running_ends=running_ends, pool=pool,
+                            strategy=strategy, algorithms=algorithms, expected=expected, late_after=late_after)
     return best.allocation, best.algorithm
 
 
@@ -351,9 +370,9 @@ def jlo_metric(jlos: Sequence[float], beta: float) -> float:
     return min(max(sum(j for j in jlos if j >= 0) - beta, 0.0), sum(j for j in jlos if j < 0))
 
 
-def elasticity_decide(allocations: Sequence[tuple[HJob, int]], beta: float,
-                      cost: Cost = linear_cost) -> ElasticityDecision:
-    jlos = tuple(job_jlo(job, n, cost) for job, n in allocations)
+def elasticity_from_jlos(jlos: Sequence[float], beta: float) -> ElasticityDecision:
+    """Seed 001 Algorithm 3 on the jobs' JLOs."""
+    jlos = tuple(jlos)
     neg = sum(j for j in jlos if j < 0)
     pos = sum(j for j in jlos if j >= 0)
     if neg < 0:
@@ -363,6 +382,29 @@ def elasticity_decide(allocations: Sequence[tuple[HJob, int]], beta: float,
     else:
         d = PRESERVE
     return ElasticityDecision(d, pos, neg, jlos)
+
+
+def elasticity_decide(allocations: Sequence[tuple[HJob, int]], beta: float,
+                      cost: Cost = linear_cost) -> ElasticityDecision:
+    """Algorithm 3 on jobs dispatched now on the given devices (Table III)."""
+    return elasticity_from_jlos([job_jlo(job, n, cost) for job, n in allocations], beta)
+
+
+def schedule_jlos(proj: Projection, jobs: Sequence[HJob], cost: Cost = linear_cost) -> list[float]:
+    """Each of `jobs`' JLO in the schedule `proj`: target - (projected finish - arrival) (seed 001 §IV-B).
+
+    A job the schedule could not start (its min exceeds the pool) is put
+    after the schedule's makespan at its min.
+    """
+    out = []
+    for job in jobs:
+        if job.target is None:
+            raise ValueError(f"job {job.job_id} has no target time (JLO)")
+        fin = proj.finishes.get(job.job_id)
+        if fin is None:
+            fin = max(proj.finishes.values(), default=job.arrival) + cost(job, job.min_devices)
+        out.append(job.target - (fin - job.arrival))
+    return out
 
 
 def resize_pool(pool: int, decision: str, lo: int, hi: int) -> int:

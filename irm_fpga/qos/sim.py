@@ -14,9 +14,11 @@ Two models, each the one its paper's experiments are defined on:
   source differs.
 * `run_hydrogen` (seed 001 §VI, itself a discrete-event simulation): jobs
   arrive (Poisson, seeded), wait in a ready queue, are dispatched
-  non-preemptively on r devices for `true_cost(job, r)` seconds; the
-  scheduler decides on every arrival and completion with the algorithm's own
-  cost model (eq. 1 or the learned one, fed with the measured executions).
+  non-preemptively on r devices for `true_cost(job, r)` seconds (Table II's
+  sub-linear scaling); the scheduler decides on every arrival and completion
+  with eq. 1, as seed 001 §IV does "for this paper" (or the learned model,
+  fed with the measured executions). Managed mode can run with the
+  elasticity manager in the loop (Algorithm 1, line 9).
 """
 
 from __future__ import annotations
@@ -148,11 +150,12 @@ def run_allocation(jobs: Sequence[QosJob], policy: str, *, devices: int = 8, act
 @dataclass(frozen=True)
 class JobType:
     name: str
-    default_time: float
+    default_time: float       # seconds on one device (eq. 1's defaultTime)
     min_devices: int
     max_devices: int
     share: float              # fraction of arrivals
     priority: float = 1.0
+    target: float | None = None   # JLO target (s from arrival); None: late_after + eq. 1 at min
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ class Scenario:
     strategy: str
     pool: int = 4
     overhead: float = 0.044   # serial fraction: Table II's speedup 3.53 on 4 FPGAs
+    spread: float | None = None   # inter-arrival times uniform on mean*(1 +- spread); None: exponential
 
 
 def true_cost(job: hy.HJob, devices: int, overhead: float) -> float:
@@ -178,52 +182,72 @@ class HydrogenMetrics:
     N_C: int
     N_L: int
     chosen: dict[str, int]
+    mean_pool: float = 0.0
+    scalings: dict[str, int] = field(default_factory=dict)
 
 
-def arrivals(sc: Scenario, seed: int) -> list[hy.HJob]:
+def arrivals(sc: Scenario, seed: int, late_after: float = hy.LATE_AFTER_S) -> list[hy.HJob]:
     rng = random.Random(seed)
     t, out, i = 0.0, [], 0
     weights = [ty.share for ty in sc.types]
     while True:
-        t += rng.expovariate(sc.rate)
+        t += rng.expovariate(sc.rate) if sc.spread is None else rng.uniform(1 - sc.spread, 1 + sc.spread) / sc.rate
         if t >= sc.duration:
             return out
         ty = rng.choices(sc.types, weights)[0]
+        target = ty.target if ty.target is not None else late_after + ty.default_time / ty.min_devices
         out.append(hy.HJob(f"{ty.name}{i}", t, ty.default_time, ty.min_devices, ty.max_devices, ty.priority,
-                           design=ty.name))
+                           design=ty.name, target=target))
         i += 1
 
 
-def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = True,
-                 late_after: float = hy.LATE_AFTER_S, forecast: bool = True) -> HydrogenMetrics:
-    """One run of `algorithm` (or "managed") on `sc`.
+def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = False,
+                 late_after: float = hy.LATE_AFTER_S, elasticity: bool = False, beta: float = 2.5,
+                 pool_min: int = 1, algorithms: dict | None = None) -> HydrogenMetrics:
+    """One run of `algorithm` (or "managed") on `sc` (seed 001 §VI).
 
-    Events at one instant (ends and arrivals) are all applied before the
-    scheduler decides. Managed mode is given expected arrivals
-    (`hy.forecast_arrivals` over the arrivals seen so far, filling the window)
-    unless `forecast` is false.
+    The scheduler decides on every arrival and completion (events at one
+    instant are all applied first) with eq. 1 (`learned`: the learned cost
+    model, fed with the measured executions); jobs run for `true_cost`.
+    Single algorithms run on a fixed pool of `sc.pool` devices. "managed"
+    chooses among `algorithms` (default: the paper's four) by `sc.strategy`;
+    with `elasticity` it also runs Algorithm 1 line 9: the selected
+    schedule's JLOs (`hy.schedule_jlos`) go to the elasticity manager, which
+    grows or shrinks the pool by one device within [pool_min, sc.pool] at
+    once (a device leaving while busy leaves when its job ends), so managed
+    mode never has more devices than the single algorithms.
+
+    N_L: jobs dispatched after waiting more than `late_after` s, plus jobs
+    still waiting longer than that at the end. U_c: busy device-seconds over
+    provisioned device-seconds (sc.pool * duration without elasticity).
     """
-    jobs = arrivals(sc, seed)
+    jobs = arrivals(sc, seed, late_after)
     model: Callable = hy.LearnedCostModel() if learned else hy.linear_cost
     alg = hy.ALGORITHMS.get(algorithm)
     if alg is None and algorithm != "managed":
         raise KeyError(f"unknown algorithm {algorithm!r}")
+    algs = hy.PAPER_ALGORITHMS if algorithms is None else algorithms
     events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival, seq, payload)
     seq = 0
     for j in jobs:
         heapq.heappush(events, (j.arrival, 1, seq, j))
         seq += 1
     queue: list[hy.HJob] = []
-    seen: list[hy.HJob] = []
     running: dict[str, tuple[float, int]] = {}
     waits: list[float] = []
     services: list[float] = []
     busy = 0.0
     done = 0
     chosen: dict[str, int] = {}
+    scalings: dict[str, int] = {}
+    pool = sc.pool
+    provisioned = 0.0           # device-seconds
+    last = 0.0
     now = 0.0
     while events and events[0][0] <= sc.duration:
         now = events[0][0]
+        provisioned += pool * (now - last)
+        last = now
         while events and events[0][0] <= now:
             _, kind, _, payload = heapq.heappop(events)
             if kind == 0:
@@ -235,19 +259,22 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
                     model.observe(job, n, took)
             else:
                 queue.append(payload)
-                seen.append(payload)
-        free = sc.pool - sum(n for _, n in running.values())
-        if not queue or free <= 0:
+        free = pool - sum(n for _, n in running.values())
+        if not queue or (free <= 0 and not elasticity):
             continue
         if alg is not None:
             decision = alg(queue, free, window, model)
         else:
-            expected = hy.forecast_arrivals(seen, now, window - min(window, len(queue))) if forecast else []
-            decision, name = hy.managed(queue, free, window, model, now=now, running_ends=list(running.values()),
-                                        pool=sc.pool, strategy=sc.strategy, expected=expected,
-                                        late_after=late_after)
+            best = hy.managed_schedule(queue, max(0, free), window, model, now=now,
+                                       running_ends=list(running.values()), pool=pool, strategy=sc.strategy,
+                                       algorithms=algs, late_after=late_after)
+            decision = best.allocation
             if decision:
-                chosen[name] = chosen.get(name, 0) + 1
+                chosen[best.algorithm] = chosen.get(best.algorithm, 0) + 1
+            if elasticity:
+                d = hy.elasticity_from_jlos(hy.schedule_jlos(best, queue[:window], model), beta)
+                scalings[d.decision] = scalings.get(d.decision, 0) + 1
+                pool = hy.resize_pool(pool, d.decision, pool_min, sc.pool)
         picked = dict(decision)
         for job in [q for q in queue if q.job_id in picked]:
             n = picked[job.job_id]
@@ -259,15 +286,18 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
             heapq.heappush(events, (end, 0, seq, (job, n, took)))
             seq += 1
         queue = [q for q in queue if q.job_id not in picked]
+    provisioned += pool * (sc.duration - last)
     late = sum(1 for w in waits if w > late_after) + sum(1 for q in queue if sc.duration - q.arrival > late_after)
     return HydrogenMetrics(W_T=sum(waits) / len(waits) if waits else 0.0,
                            S_T=sum(services) / len(services) if services else 0.0,
-                           U_c=busy / (sc.pool * sc.duration), N_C=done, N_L=late, chosen=chosen)
+                           U_c=busy / provisioned if provisioned > 0 else 0.0, N_C=done, N_L=late, chosen=chosen,
+                           mean_pool=provisioned / sc.duration, scalings=scalings)
 
 
 def mean_metrics(runs: Sequence[HydrogenMetrics]) -> dict[str, float]:
     n = len(runs)
-    return {k: round(sum(getattr(r, k) for r in runs) / n, 4) for k in ("W_T", "S_T", "U_c", "N_C", "N_L")}
+    return {k: round(sum(getattr(r, k) for r in runs) / n, 4)
+            for k in ("W_T", "S_T", "U_c", "N_C", "N_L", "mean_pool")}
 
 
 # -- Table III --------------------------------------------------------------------------------

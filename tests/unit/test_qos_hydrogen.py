@@ -4,12 +4,14 @@ from irm_fpga.qos import get_policy
 from irm_fpga.qos.hydrogen import (
     COMPLETION_TIME,
     FAIRNESS,
+    PAPER_ALGORITHMS,
     PRESERVE,
     SCALE_DOWN,
     SCALE_UP,
     HJob,
     LearnedCostModel,
     elasticity_decide,
+    elasticity_from_jlos,
     fcfs_amap,
     fcfs_max,
     fcfs_min,
@@ -18,11 +20,14 @@ from irm_fpga.qos.hydrogen import (
     late_weight,
     linear_cost,
     managed,
+    managed_schedule,
     priority,
     project,
     resize_pool,
+    schedule_jlos,
     sjtf,
 )
+from irm_fpga.qos.sim import JobType, Scenario, arrivals, run_hydrogen
 
 # Seed 001 Table III: (paths 1e6, target s, expected s, pool, decision); expected from Table II.
 TABLE3 = [(1, 5, 5.91, 1, SCALE_UP), (1, 5, 2.96, 2, PRESERVE), (2, 5.5, 5.89, 2, SCALE_UP),
@@ -97,8 +102,9 @@ def test_managed_mode_picks_by_strategy():
     eight = [HJob(f"j{i}", 0.0, 1.0, 1, 4) for i in range(8)]
     alloc, name = managed(eight, 4, 30, now=0.0, strategy=FAIRNESS)
     assert sorted(alloc) == [("j0", 1), ("j1", 1), ("j2", 1), ("j3", 1)] and name == "fcfs_min"
-    # "completion time" counts projected late jobs first: FCFSMax (makespan 2 s as well) makes j5..j7 late.
-    assert managed(eight, 4, 30, now=0.0, strategy=COMPLETION_TIME)[1] == "fcfs_min"
+    # "completion time" (seed 001 §IV-A) does not look at lateness: all eight done by 2 s either way, same
+    # makespan, so the first listed (FCFSMax) wins.
+    assert managed(eight, 4, 30, now=0.0, strategy=COMPLETION_TIME)[1] == "fcfs_max"
     # No late job either way (two unit jobs): equal lateness, the makespan decides; ties: first listed.
     two = eight[:2]
     assert managed(two, 4, 30, now=0.0, strategy=COMPLETION_TIME) == ([("j0", 4)], "fcfs_max")
@@ -130,7 +136,8 @@ def test_managed_mode_sees_expected_arrivals():
     p = project(fcfs_max, "fcfs_max", a, 0.0, [], 4, 30, linear_cost, units)
     assert p.starts == {"a": 0.0, "~0": 2.0, "~1": 2.0, "~2": 2.0} and p.makespan == 3.0
     assert late_weight(p, a + units) == 3
-    assert managed(a, 4, 30, now=0.0, expected=units) == ([("a", 1)], "fcfs_min")
+    # "completion time": FCFSMax's makespan (3 s) beats FCFSMin's (8 s); "fairness": no late job wins.
+    assert managed(a, 4, 30, now=0.0, expected=units) == ([("a", 4)], "fcfs_max")
     assert managed(a, 4, 30, now=0.0, expected=units, strategy=FAIRNESS) == ([("a", 1)], "fcfs_min")
 
 
@@ -141,3 +148,51 @@ def test_managed_decision_never_exceeds_available_devices():
     assert sum(n for _, n in alloc) <= 2
     p = project(fcfs_max, "fcfs_max", a, 0.0, [(0.0, 2)], 4, 30, linear_cost, available=2)
     assert p.allocation == [] and p.starts == {"a": 0.0, "b": 2.0}   # a at once on the freed devices
+
+
+def test_paper_algorithms_are_table4s_four():
+    assert list(PAPER_ALGORITHMS) == ["fcfs_max", "fcfs_min", "fcfs_amap", "sjtf"]
+
+
+def test_a_schedule_that_starts_nothing_never_wins():
+    # Pool of 1 (elasticity shrank it): FCFSMax cannot fit a job at its max (2..4) and schedules nothing.
+    jobs = [HJob("l", 0.0, 4.0, 1, 4), HJob("s", 0.5, 1.0, 1, 2)]
+    p = project(fcfs_max, "fcfs_max", jobs, 1.0, [], 1, 30, linear_cost)
+    assert p.starts == {} and p.makespan == float("inf")
+    alloc, name = managed(jobs, 1, 30, now=1.0, pool=1, algorithms=PAPER_ALGORITHMS)
+    assert name == "fcfs_min" and alloc == [("l", 1)]
+
+
+def test_schedule_jlos_count_from_arrival_and_drive_algorithm_3():
+    # Two unit jobs (target 2 s) that arrived at 0; at t=1 one device: FCFSMin runs them 1-2 and 2-3.
+    jobs = [HJob("a", 0.0, 1.0, target=2.0), HJob("b", 0.0, 1.0, target=2.0)]
+    best = managed_schedule(jobs, 1, 30, now=1.0, pool=1, algorithms={"fcfs_min": fcfs_min})
+    assert schedule_jlos(best, jobs) == [0.0, -1.0]
+    assert elasticity_from_jlos([0.0, -1.0], 2.5).decision == SCALE_UP
+    assert elasticity_from_jlos([1.5, 1.5], 2.5).decision == SCALE_DOWN
+    assert elasticity_from_jlos([1.5, 1.0], 2.5).decision == PRESERVE
+    with pytest.raises(ValueError):
+        schedule_jlos(best, [HJob("x", 0.0, 1.0)])
+
+
+def _scenario(rate=2.0, spread=None, duration=60.0):
+    return Scenario("t", (JobType("a", 0.75, 1, 3, 1.0),), rate=rate, duration=duration, strategy=FAIRNESS,
+                    spread=spread)
+
+
+def test_arrivals_uniform_spread_and_default_targets():
+    jobs = arrivals(_scenario(rate=2.0, spread=1.0, duration=200.0), 1)
+    gaps = [b.arrival - a.arrival for a, b in zip(jobs, jobs[1:], strict=False)]
+    assert all(0.0 <= g <= 1.0 for g in gaps) and 350 < len(jobs) < 450
+    assert all(j.target == pytest.approx(1.0 + 0.75) for j in jobs)     # 1 s + eq. 1 at min
+
+
+def test_managed_with_elasticity_stays_within_the_pool():
+    sc = _scenario(rate=3.0, spread=1.0)
+    fixed = run_hydrogen(sc, "managed", 0)
+    assert fixed.mean_pool == pytest.approx(4.0) and not fixed.scalings
+    el = run_hydrogen(sc, "managed", 0, elasticity=True)
+    assert 1.0 <= el.mean_pool <= 4.0 and sum(el.scalings.values()) > 0
+    assert set(el.chosen) <= set(PAPER_ALGORITHMS)
+    single = run_hydrogen(sc, "fcfs_min", 0)
+    assert single.S_T == pytest.approx(0.75) and single.mean_pool == pytest.approx(4.0)

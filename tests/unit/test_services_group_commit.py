@@ -62,3 +62,14 @@ def test_results_are_returned_to_each_caller(db):
     ids = [db.run(lambda c, i=i: c.execute(insert(items).values(name=f"n{i}")).inserted_primary_key[0])
            for i in range(5)]
     assert ids == sorted(ids) and len(set(ids)) == 5
+
+
+def test_a_subscriber_that_falls_behind_is_cut_off_not_left_stale():
+    from services.watch import Broadcaster
+
+    b: Broadcaster[int] = Broadcaster(max_backlog=2)
+    stream = b.stream(lambda: [0], lambda: True)
+    assert next(stream) == 0  # snapshot; now subscribed
+    b.publish([1, 2, 3])  # overflows: the subscriber is dropped
+    b.publish([4])
+    assert list(stream) == [1, 2]  # what it had, then the stream ENDS (the watcher reconnects)
