@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from sqlalchemy import select
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 
 from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
 from irm_fpga import autoscaler
@@ -32,6 +33,7 @@ from services import client as rpc
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
+    Aborted,
     FailedPrecondition,
     HarnessError,
     InvalidArgument,
@@ -145,6 +147,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         with self.db.read() as s:
             groups = list(s.scalars(select(Group).where(Group.deleted.is_(False))))
             clients = list(s.scalars(select(Client).where(Client.state == "attached")))
+            live = {r.id for r in s.scalars(select(Reservation).where(Reservation.state != "pending"))}
+            unfinished = [r.id for r in s.scalars(select(Reservation).where(Reservation.state == "pending"))]
+        # A crash in the middle of Reserve left groups its reservation never got: give them back.
+        orphans = [g for g in groups if g.reservation_id and g.reservation_id not in live]
+        for g in orphans:
+            self._delete_parts(g, {name: 0 for name in self.servers})
+            self.db.transact(lambda s, gid=g.id: setattr(s.get(Group, gid), "deleted", True))
+        if unfinished:
+            self.db.transact(lambda s: s.execute(delete(Reservation).where(Reservation.id.in_(unfinished))))
+        groups = [g for g in groups if g not in orphans]
         for g in groups:
             for server, n in g.parts.items():
                 h = self.servers.get(server)
@@ -291,11 +303,11 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         v.check(bool(request_id) and len(request_id) <= 256, "request_id", "required: an idempotency key")
         mn, mx = self._validate_group(design, size, min_size, max_size, v)
         v.raise_if_any()
-        with self.db.read() as s:
-            existing = s.scalar(select(Group).where(Group.tenant == tenant, Group.request_id == request_id))
-        if existing is not None:
-            return existing
-        with self.lock:
+        with self.lock:  # check-then-create as one step: a concurrent retry finds the first group
+            with self.db.read() as s:
+                existing = s.scalar(select(Group).where(Group.tenant == tenant, Group.request_id == request_id))
+            if existing is not None:
+                return existing
             parts = self._spread(size, {}, pinned)
             g = Group(id=f"fg-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request_id, design=design,
                       size=size, min_size=mn, max_size=mx, shared=shared, elastic=elastic, parts={},
@@ -303,7 +315,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             self.db.transact(lambda s: s.add(Group(**{c.name: getattr(g, c.name) for c in Group.__table__.c})))
             try:
                 self._apply(g, parts)
-            except HarnessError:
+            except BaseException:
                 self._delete_parts(g, parts)
                 self.db.transact(lambda s: setattr(s.get(Group, g.id), "deleted", True))
                 raise
@@ -339,6 +351,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def delete(self, g: Group) -> Group:
         with self.lock:
+            with self.db.read() as s:
+                g = s.get(Group, g.id) or g  # the parts as they are now, not as the caller saw them
             self._delete_parts(g, g.parts)
 
             def save(s):  # type: ignore[no-untyped-def]
@@ -557,12 +571,17 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if not request.request_id:
             raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
         parsed = self._parse(list(request.groups))
-        with self.db.read() as s:
-            existing = s.scalar(select(Reservation).where(Reservation.tenant == tenant,
-                                                          Reservation.request_id == request.request_id))
-        if existing is not None:
-            return self._reservation(existing)
         rid = f"fres-{uuid.uuid4().hex[:16]}"
+        claim = dict(id=rid, tenant=tenant, request_id=request.request_id, state="pending", price_per_minute=0.0,
+                     created_at=self.clock.now(), released_at=0.0, groups=[])
+        try:
+            # The unique (tenant, request_id) index claims the request before any device is taken.
+            self.db.transact(lambda s: s.add(Reservation(**claim)))
+        except IntegrityError:
+            existing = self._find_reservation(tenant, request.request_id)
+            if existing is None or existing.state == "pending":
+                raise Aborted("a reservation with this request_id is being made; retry shortly") from None
+            return self._reservation(existing)
         made: list[Group] = []
         entries = []
         try:
@@ -576,16 +595,24 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     ids.append(grp.id)
                 entries.append({"name": g.name, "groups": ids,
                                 "price": g.count * devices * self.config.price_per_device_minute})
-        except HarnessError:
+            price = sum(e["price"] for e in entries)
+
+            def activate(s):  # type: ignore[no-untyped-def]
+                row = s.get(Reservation, rid)
+                row.state, row.price_per_minute, row.groups = "active", price, entries
+                return row
+            row = self.db.transact(activate)
+        except BaseException:
             for grp in made:
                 self.delete(grp)
+            self.db.transact(lambda s: s.execute(delete(Reservation).where(Reservation.id == rid)))
             raise
-        price = sum(e["price"] for e in entries)
-        row = Reservation(id=rid, tenant=tenant, request_id=request.request_id, state="active",
-                          price_per_minute=price, created_at=self.clock.now(), released_at=0.0, groups=entries)
-        self.db.transact(lambda s: s.add(Reservation(**{c.name: getattr(row, c.name)
-                                                        for c in Reservation.__table__.c})))
         return self._reservation(row)
+
+    def _find_reservation(self, tenant: str, request_id: str) -> Reservation | None:
+        with self.db.read() as s:
+            return s.scalar(select(Reservation).where(Reservation.tenant == tenant,
+                                                      Reservation.request_id == request_id))
 
     def _get_reservation(self, tenant: str, reservation_id: str = "", request_id: str = "") -> Reservation:
         with self.db.read() as s:
@@ -594,7 +621,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             else:
                 r = s.scalar(select(Reservation).where(Reservation.tenant == tenant,
                                                        Reservation.request_id == request_id))
-        if r is None:
+        if r is None or r.state == "pending":
             raise NotFound(f"reservation {reservation_id or request_id!r} does not exist")
         owned(tenant, r.tenant, f"reservation {r.id!r}")
         return r
@@ -606,7 +633,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def ListReservations(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         with self.db.read() as s:
-            q = select(Reservation).where(Reservation.tenant == tenant)
+            q = select(Reservation).where(Reservation.tenant == tenant, Reservation.state != "pending")
             if not request.include_released:
                 q = q.where(Reservation.state == "active")
             rows = list(s.scalars(q.order_by(Reservation.created_at)))
