@@ -169,6 +169,10 @@ class Extrapolated(Profiler):
                 front.append(o.config)
                 best_cost = o.cost
         rest = [o.config for o in pts if o.config not in front]
+        # The two ends of the frontier first (the cheapest and the fastest: what budget-bound and
+        # time-bound SLOs pick), then its middle; timing noise then cannot push the cheapest out.
+        ends = list(dict.fromkeys([front[-1], front[0]]))
+        front = ends + [c for c in front if c not in ends]
         picks = front[: self.n_test]
         if len(picks) < self.n_test and rest:
             idx = np.linspace(0, len(rest) - 1, num=min(len(rest), self.n_test - len(picks)))

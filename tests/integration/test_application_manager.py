@@ -213,7 +213,7 @@ def test_extrapolated_profiling_learns_the_memory_bottleneck_for_real(cloud):
     am = stub(cloud)
     manifest = json.loads(examples.manifest("deltamerge"))
     attrs = manifest["Modules"][0]["Implementations"][0]["Resources"]["Groups"][0]["Attributes"]
-    attrs["Memory"]["Values"], attrs["Cores"] = [128, 512, 1024], {"Value": 1}
+    attrs["Memory"]["Values"], attrs["Cores"] = [96, 512, 1024], {"Value": 1}  # 4 M rows need ~125 MB
     app = am.SubmitApplication(pb.SubmitApplicationRequest(
         tenant=TENANT, manifest_json=json.dumps(manifest), slo_json=examples.slo("deltamerge", million_rows=4),
         app_dir=examples.app_dir("deltamerge")), timeout=30)
@@ -223,12 +223,12 @@ def test_extrapolated_profiling_learns_the_memory_bottleneck_for_real(cloud):
     runs = [e.run for e in events if e.HasField("run")]
     bench = [r for r in runs if r.input == pb.ProfileRun.INPUT_BENCHMARK]
     prod = [r for r in runs if r.input == pb.ProfileRun.INPUT_PRODUCTION]
-    assert len(bench) == 3 and all(r.ok for r in bench)  # 0.5 M rows fit even in 128 MB
-    small = [r for r in prod if r.configuration.values["%master_mem"] == "128"]
+    assert len(bench) == 3 and all(r.ok for r in bench)  # 0.5 M rows fit even in 96 MB
+    small = [r for r in prod if r.configuration.values["%master_mem"] == "96"]
     assert small and not small[0].ok and "memory limit exceeded" in small[0].error
     assert any(r.ok for r in prod)
     model = am.GetModel(pb.GetModelRequest(tenant=TENANT, application_id=app.id), timeout=10)
     x = model.extrapolation
     assert x.family and x.points >= 1
     assert any(c.startswith("%master_mem >= ") for c in x.constraints), list(x.constraints)
-    assert all(p.configuration.values["%master_mem"] != "128" for p in model.frontier)
+    assert all(p.configuration.values["%master_mem"] != "96" for p in model.frontier)
