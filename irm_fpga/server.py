@@ -73,6 +73,8 @@ class _Sink:
         self.expect = expect
         self.results: list[eng.Result] = []
         self.done = threading.Event()
+        # Wakes a RunBatch handler: its results are in, or new work may have moved the next event.
+        self.wake = threading.Event()
         self.q: queue.SimpleQueue[list[eng.Result] | None] = queue.SimpleQueue()
 
     def deliver(self, results: list[eng.Result]) -> None:
@@ -84,6 +86,7 @@ class _Sink:
             self.expect.discard(r.task_id)
         if not self.expect:
             self.done.set()
+            self.wake.set()
 
 
 class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
@@ -125,12 +128,15 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 mine = [r for r in rs if sink.expect is None or r.task_id in sink.expect]
                 if mine:
                     sink.deliver(mine)
-        with self.cond:
-            self.cond.notify_all()  # handlers waiting for these results
 
     def _kick(self) -> None:
+        """New work or a new group state: the next event may be sooner than anyone planned for."""
         with self.cond:
             self.cond.notify_all()
+        with self.lock:
+            waiting = [k for lst in self.sinks.values() for k in lst if k.expect is not None]
+        for k in waiting:
+            k.wake.set()
 
     def _dispatch(self) -> None:
         while not self._stop.is_set():
@@ -149,8 +155,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
     def _wait(self, sink: _Sink, deadline: float | None, alive=lambda: True) -> None:  # type: ignore[no-untyped-def]
         """Drive the engine until the sink has everything (a RunBatch handler).
 
-        Sleeps on the server's condition, which submissions (`_kick`) and every
-        delivery of results notify, bounded by the engine's next event.
+        Sleeps until the engine's next event, its results, or new work (`_kick`)
+        wakes it; while it waits it advances the engine for every client.
         """
         with self.cond:
             self.waiting_handlers += 1
@@ -165,9 +171,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                     raise FailedPrecondition("the batch did not finish before the call's deadline")
                 if not alive():
                     raise FailedPrecondition("the caller went away")
-                with self.cond:
-                    if not sink.done.is_set():
-                        self.cond.wait(0.5 if nxt is None else min(0.5, nxt - now))
+                sink.wake.wait(0.5 if nxt is None else min(0.5, nxt - now))
+                sink.wake.clear()
         finally:
             with self.cond:
                 self.waiting_handlers -= 1
@@ -345,6 +350,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         self._add_sink(client, sink)
         try:
             self._engine_call(self.engine.submit, client, tasks)
+            if not sink.done.is_set():
+                sink.wake.clear()  # its own submission's kick: it computes the next event itself
             remaining = context.time_remaining() if context is not None else None
             self._wait(sink, None if remaining is None else time.monotonic() + remaining,
                        context.is_active if context is not None else (lambda: True))
