@@ -158,25 +158,18 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         Sleeps until the engine's next event, its results, or new work (`_kick`)
         wakes it; while it waits it advances the engine for every client.
         """
-        with self.cond:
-            self.waiting_handlers += 1
-        try:
-            while not sink.done.is_set():
-                nxt = self.engine.next_event_time()
-                now = self.clock.now()
-                if nxt is not None and nxt <= now:
-                    self._advance()
-                    continue
-                if deadline is not None and time.monotonic() > deadline:
-                    raise FailedPrecondition("the batch did not finish before the call's deadline")
-                if not alive():
-                    raise FailedPrecondition("the caller went away")
-                sink.wake.wait(0.5 if nxt is None else min(0.5, nxt - now))
-                sink.wake.clear()
-        finally:
-            with self.cond:
-                self.waiting_handlers -= 1
-                self.cond.notify_all()
+        while not sink.done.is_set():
+            nxt = self.engine.next_event_time()
+            now = self.clock.now()
+            if nxt is not None and nxt <= now:
+                self._advance()
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                raise FailedPrecondition("the batch did not finish before the call's deadline")
+            if not alive():
+                raise FailedPrecondition("the caller went away")
+            sink.wake.wait(0.5 if nxt is None else min(0.5, nxt - now))
+            sink.wake.clear()
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -348,14 +341,23 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         if len(sink.expect or ()) != len(tasks):
             raise InvalidArgument.of("tasks", "task ids must be unique within a batch")
         self._add_sink(client, sink)
+        # This handler drives the engine while it waits (for every client), so the dispatcher is
+        # neither needed nor woken: on this path a task costs no thread hand-off.
+        with self.cond:
+            self.waiting_handlers += 1
         try:
-            self._engine_call(self.engine.submit, client, tasks)
-            if not sink.done.is_set():
-                sink.wake.clear()  # its own submission's kick: it computes the next event itself
+            try:
+                self.engine.submit(client, tasks)
+            except (eng.EngineError, ValueError) as e:
+                raise domain_error(e) from None
             remaining = context.time_remaining() if context is not None else None
             self._wait(sink, None if remaining is None else time.monotonic() + remaining,
                        context.is_active if context is not None else (lambda: True))
         finally:
+            with self.cond:
+                self.waiting_handlers -= 1
+                if self.waiting_handlers == 0:
+                    self.cond.notify_all()  # the dispatcher takes over driving the engine
             self._drop_sink(client, sink)
         return fpga_pb2.ResultBatch(results=[self._result(r) for r in sink.results])
 
