@@ -143,14 +143,20 @@ def _group(text: str):  # type: ignore[no-untyped-def]
     return g
 
 
-def cmd_discover(args: argparse.Namespace) -> int:
-    from harness.v1 import irm_pb2
-
+def _show(call) -> int:  # type: ignore[no-untyped-def]
+    """Make one call to the CRS and print its reply as JSON, or the error and its field violations."""
     try:
-        _print(_irm(args).DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant=args.tenant), timeout=10))
+        _print(call())
     except grpc.RpcError as e:
         return _fail(e)
     return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    from harness.v1 import irm_pb2
+
+    return _show(lambda: _irm(args).DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant=args.tenant),
+                                                      timeout=10))
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
@@ -161,48 +167,31 @@ def cmd_reserve(args: argparse.Namespace) -> int:
                                  constraints=[irm_pb2.GroupConstraint(expression=c) for c in args.constraint or []])
     if args.max_price is not None:
         req.max_price_per_minute = args.max_price
-    try:
-        if args.quote:
-            _print(_irm(args).QuotePrice(irm_pb2.QuotePriceRequest(tenant=args.tenant, groups=req.groups,
-                                                                   constraints=req.constraints), timeout=30))
-        else:
-            _print(_irm(args).Reserve(req, timeout=60))
-    except grpc.RpcError as e:
-        return _fail(e)
-    return 0
+    if args.quote:
+        return _show(lambda: _irm(args).QuotePrice(irm_pb2.QuotePriceRequest(
+            tenant=args.tenant, groups=req.groups, constraints=req.constraints), timeout=30))
+    return _show(lambda: _irm(args).Reserve(req, timeout=60))
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     from harness.v1 import irm_pb2
 
-    try:
-        _print(_irm(args).ReleaseReservation(irm_pb2.ReleaseReservationRequest(
-            tenant=args.tenant, reservation_id=args.reservation), timeout=30))
-    except grpc.RpcError as e:
-        return _fail(e)
-    return 0
+    return _show(lambda: _irm(args).ReleaseReservation(irm_pb2.ReleaseReservationRequest(
+        tenant=args.tenant, reservation_id=args.reservation), timeout=30))
 
 
 def cmd_reservations(args: argparse.Namespace) -> int:
     from harness.v1 import irm_pb2
 
-    try:
-        _print(_irm(args).ListReservations(irm_pb2.ListReservationsRequest(
-            tenant=args.tenant, include_released=args.all), timeout=30))
-    except grpc.RpcError as e:
-        return _fail(e)
-    return 0
+    return _show(lambda: _irm(args).ListReservations(irm_pb2.ListReservationsRequest(
+        tenant=args.tenant, include_released=args.all), timeout=30))
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     from harness.v1 import irm_pb2
 
-    try:
-        _print(_irm(args).GetMetrics(irm_pb2.GetMetricsRequest(tenant=args.tenant, reservation_id=args.reservation),
-                                     timeout=30))
-    except grpc.RpcError as e:
-        return _fail(e)
-    return 0
+    return _show(lambda: _irm(args).GetMetrics(irm_pb2.GetMetricsRequest(
+        tenant=args.tenant, reservation_id=args.reservation), timeout=30))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

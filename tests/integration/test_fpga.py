@@ -110,8 +110,9 @@ def test_lock_gives_one_device_exclusively(fpga):
         outs = [f.submit({"duration": 0.001}) for _ in range(30)]
         assert {(o.result(30).server, o.result(30).device) for o in outs} == {(locked.server, device)}
         f.unlock()
-        outs = [f.submit({"duration": 0.002}).result(30) for _ in range(1)]
-        assert outs
+        # Unlocked, the client's tasks spread over the group's devices again.
+        outs = [fu.result(30) for fu in [f.submit({"duration": 0.002}) for _ in range(60)]]
+        assert len({(o.server, o.device) for o in outs}) > 1
 
 
 def test_revocation_cancels_queued_tasks_and_cuts_the_client_off(fpga):

@@ -165,3 +165,22 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_cli_tenant_verbs_against_the_suite(running):
+    def harness(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "services.cli", *argv, "--crs", running["addrs"]["crs"],
+                               "--tenant", "cli-user"], capture_output=True, text=True, timeout=60)
+
+    quote = harness("reserve", "--quote", "--group", "name=web,count=2,cores=1,memory_gb=1")
+    assert quote.returncode == 0 and json.loads(quote.stdout)["price_per_minute"] > 0
+    made = harness("reserve", "--group", "name=web,count=2,cores=1,memory_gb=1",
+                   "--constraint", "different_host(web, web)", "--request-id", "cli-1")
+    res = json.loads(made.stdout)
+    assert made.returncode == 0 and res["state"] == "STATE_ACTIVE"
+    assert len({r["physical_id"] for g in res["groups"] for r in g["resources"]}) == 2
+    listed = json.loads(harness("reservations").stdout)
+    assert [r["id"] for r in listed["reservations"]] == [res["id"]]
+    assert json.loads(harness("release", res["id"]).stdout)["state"] == "STATE_RELEASED"
+    bad = harness("reserve", "--group", "name=web,cores=0,memory_gb=1")
+    assert bad.returncode == 1 and "groups[0].attributes[cores]" in bad.stderr
