@@ -7,6 +7,11 @@ memory); time is the agent's wall time, cost is the reservation's price per minu
 quote) x minutes run, utilisation is the agent's samples; the reservation is released
 whatever happens. A failed run (non-zero exit, memory limit, timeout) is an observation
 with its cost, not an error.
+
+A multi-module application (application_manager.manifest) runs its service modules first,
+each on its own MASTER VM, waits for each one's `HARNESS_READY` line, runs the main module,
+then stops the services. The run costs the reservation for the services' start-up plus the
+main module's time; a service that dies before the main module ends fails the run.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import logging
 import math
 import shlex
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +28,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from application_manager.manifest import Implementation, Manifest, substitute
+from application_manager.manifest import READY_LINE, Implementation, Manifest, Variant, substitute
 from application_manager.profilers.base import BENCHMARK, Observation, Proposal
 from application_manager.space import IMPLEMENTATION, Space
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
@@ -58,20 +65,21 @@ class LocalBackend:
         self.app_dir = app_dir
         self.python = python
         self.timeout_s = timeout_s
-        self.has_benchmark = any(p.benchmark is not None for p in manifest.module.parameters)
+        self.has_benchmark = any(p.benchmark is not None for p in manifest.parameters)
+        self.ready_timeout_s = 60.0
 
-    def implementation(self, config: dict[str, Any]) -> Implementation:
+    def implementation(self, config: dict[str, Any]) -> Implementation | Variant:
         name = config.get(IMPLEMENTATION)
-        for impl in self.manifest.module.implementations:
+        for impl in self.manifest.variants:
             if impl.name == name:
                 return impl
-        return self.manifest.module.implementations[0]
+        return self.manifest.variants[0]
 
     def values(self, config: dict[str, Any], input: str = "production") -> dict[str, Any]:
         impl = self.implementation(config)
         params = dict(self.parameters)
         if input == BENCHMARK:
-            for p in self.manifest.module.parameters:
+            for p in self.manifest.parameters:
                 if p.benchmark is not None:
                     params[p.var] = p.benchmark
         env = {**params, **impl.fixed(), **{k: v for k, v in config.items() if k.startswith("%") and v is not None}}
@@ -120,9 +128,10 @@ class LocalBackend:
             out[i] = cache[key]
         return out
 
-    def argv_env(self, config: dict[str, Any], input: str) -> tuple[list[str], dict[str, str]]:
-        impl = self.implementation(config)
-        values = self.values(config, input)
+    def argv_env(self, config: dict[str, Any], input: str, part: Implementation | None = None,
+                 extra: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
+        impl = part or self.implementation(config).parts[0]
+        values = {**self.values(config, input), **(extra or {})}
         argv = [substitute(a, values) for a in impl.command]
         if impl.execution_args.strip():
             argv += shlex.split(substitute(impl.execution_args, values))
@@ -134,7 +143,7 @@ class LocalBackend:
     def run(self, proposal: Proposal, *, request_id: str = "", timeout_s: float = 0.0) -> RunDetail:
         config = self.space.configs[proposal.config]
         groups, constraints = self.request(config)
-        impl = self.implementation(config)
+        variant = self.implementation(config)
         rid = request_id or f"am-{uuid.uuid4().hex[:16]}"
         try:
             res = self.crs.Reserve(irm_pb2.ReserveRequest(tenant=self.tenant, request_id=rid, groups=groups,
@@ -142,54 +151,163 @@ class LocalBackend:
         except grpc.RpcError as e:
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
                                          error=f"could not reserve: {e.code().name}: {e.details()}"))
+        services: list[_ModuleRun] = []
         try:
-            master = impl.master().id
-            vm = next(r for g in res.groups if g.name == master for r in g.resources)
-            argv, env = self.argv_env(config, proposal.input)
-            env.update(resource_env(self.tenant, res))
-            stub = agent_pb2_grpc.ExecutionAgentStub(client.channel(vm.address))
+            env_common = resource_env(self.tenant, res)
+            addresses = {f"%{g.name}_address": g.resources[0].address for g in res.groups if g.resources}
             limit = timeout_s or self.timeout_s
-            exited = None
-            samples: list[agent_pb2.UtilisationSample] = []
-            out = b""
-            notes: list[str] = []
-            for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=self.tenant, vm_id=vm.id, argv=argv, env=env,
-                                                            timeout_s=limit), timeout=limit + 60):
-                kind = ev.WhichOneof("event")
-                if kind in ("stdout", "stderr"):
-                    out = (out + getattr(ev, kind))[-4000:]
-                elif kind == "sample":
-                    samples.append(ev.sample)
-                elif kind == "started":
-                    notes = list(ev.started.notes)
-                elif kind == "exited":
-                    exited = ev.exited
+            t0 = time.monotonic()
+            # Services first, in manifest order, each ready before the next starts (it may need them).
+            for part in variant.parts[1:]:
+                svc = self._start(part, res, config, proposal.input, {**env_common}, addresses, limit)
+                services.append(svc)
+                if not svc.wait_ready(self.ready_timeout_s):
+                    why = svc.failure() or f"did not print {READY_LINE} within {self.ready_timeout_s:g} s"
+                    minutes = (time.monotonic() - t0) / 60.0
+                    return RunDetail(Observation(proposal.config, False, 0.0, res.price_per_minute * minutes,
+                                                 proposal.input, error=f"service module {part.module!r}: {why}"),
+                                     res.id, svc.tail())
+                env_common[f"HARNESS_MODULE_{_env_key(part.module)}_ENDPOINT"] = svc.endpoint
+            startup_s = time.monotonic() - t0
+            main = self._start(variant.parts[0], res, config, proposal.input, env_common, addresses, limit)
+            main.join()
+            exited = main.exited
             if exited is None:
-                raise RuntimeError("the agent's stream ended without an exit status")
-            minutes = exited.wall_time_s / 60.0
+                raise RuntimeError(main.error or "the agent's stream ended without an exit status")
+            minutes = (exited.wall_time_s + startup_s) / 60.0
             # A replaying agent knows what the measured run cost; a live run costs its reservation.
             cost = exited.replayed_cost or res.price_per_minute * minutes
             ok = exited.exit_code == 0 and not exited.reason
-            tail = out.decode(errors="replace").strip()
+            tail = main.tail()
             error = ""
             if not ok:
                 last = tail.splitlines()[-1] if tail else ""
                 error = exited.reason or f"exit code {exited.exit_code}" + (f": {last}" if last else "")
+            for svc in services:
+                if ok and (why := svc.failure()):
+                    ok, error = False, f"service module {svc.part.module!r} {why} while the application ran"
+            samples = main.samples
             mem = max((s.memory_percent for s in samples), default=None)
             if exited.reason and "memory" in exited.reason:
                 mem = max(mem or 0.0, 100.0)
             cpu = exited.mean_cpu_percent if samples else None
             return RunDetail(Observation(proposal.config, ok, exited.wall_time_s, cost, proposal.input, cpu, mem, error),
-                             res.id, tail[-2000:], notes)
+                             res.id, tail[-2000:], main.notes)
         except grpc.RpcError as e:
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
                                          error=f"could not run: {e.code().name}: {e.details()}"), res.id)
         finally:
+            for svc in services:
+                svc.stop()
             try:
                 self.crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=self.tenant,
                                                                               reservation_id=res.id), timeout=30)
             except grpc.RpcError as e:
                 log.warning("release failed", extra={"reservation": res.id, "code": str(e.code())})
+
+    def _start(self, part: Implementation, res: irm_pb2.Reservation, config: dict[str, Any], input: str,
+               env_common: dict[str, str], addresses: dict[str, str], limit: float) -> _ModuleRun:
+        vm = next(r for g in res.groups if g.name == part.master().id for r in g.resources)
+        argv, env = self.argv_env(config, input, part, addresses)
+        env.update(env_common)
+        stub = agent_pb2_grpc.ExecutionAgentStub(client.channel(vm.address))
+        run = _ModuleRun(part, stub, self.tenant, vm.id)
+        run.start(argv, env, limit)
+        return run
+
+
+def _env_key(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).upper()
+
+
+class _ModuleRun:
+    """One module's execution through its agent, its event stream drained on its own thread."""
+
+    def __init__(self, part: Implementation, stub: agent_pb2_grpc.ExecutionAgentStub, tenant: str, vm_id: str) -> None:
+        self.part = part
+        self.stub = stub
+        self.tenant = tenant
+        self.vm_id = vm_id
+        self.execution_id = ""
+        self.exited: agent_pb2.ExecutionExited | None = None
+        self.samples: list[agent_pb2.UtilisationSample] = []
+        self.notes: list[str] = []
+        self.endpoint = ""
+        self.error = ""
+        self._out = b""
+        self._lines = b""
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, argv: list[str], env: dict[str, str], limit: float) -> None:
+        stream = self.stub.Execute(agent_pb2.ExecuteRequest(tenant=self.tenant, vm_id=self.vm_id, argv=argv,
+                                                            env=env, timeout_s=limit), timeout=limit + 60)
+        self._thread = threading.Thread(target=self._drain, args=(stream,), name=f"module-{self.part.module}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream: Any) -> None:
+        try:
+            for ev in stream:
+                kind = ev.WhichOneof("event")
+                if kind in ("stdout", "stderr"):
+                    chunk = getattr(ev, kind)
+                    self._out = (self._out + chunk)[-4000:]
+                    if kind == "stdout" and not self._ready.is_set():
+                        self._scan(chunk)
+                elif kind == "sample":
+                    self.samples.append(ev.sample)
+                elif kind == "started":
+                    self.execution_id = ev.started.execution_id
+                    self.notes = list(ev.started.notes)
+                elif kind == "exited":
+                    self.exited = ev.exited
+        except grpc.RpcError as e:
+            self.error = f"{e.code().name}: {e.details()}"
+        finally:
+            self._done.set()
+            self._ready.set()  # a module that ended is not going to become ready: wake the waiter
+
+    def _scan(self, chunk: bytes) -> None:
+        self._lines += chunk
+        *lines, self._lines = self._lines.split(b"\n")
+        for line in lines:
+            text = line.decode(errors="replace").strip()
+            if text == READY_LINE or text.startswith(READY_LINE + " "):
+                self.endpoint = text[len(READY_LINE):].strip()
+                self._ready.set()
+                return
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout) and not self._done.is_set()
+
+    def join(self) -> None:
+        self._done.wait()
+
+    def failure(self) -> str:
+        """Why this service is no longer serving, or "" while it runs."""
+        if self.error:
+            return f"failed: {self.error}"
+        if self.exited is not None:
+            e = self.exited
+            return f"exited ({e.reason or f'exit code {e.exit_code}'})"
+        if self._done.is_set():
+            return "ended without an exit status"
+        return ""
+
+    def tail(self) -> str:
+        return self._out.decode(errors="replace").strip()
+
+    def stop(self) -> None:
+        if self._done.is_set() or not self.execution_id:
+            return
+        try:
+            self.stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=self.tenant,
+                                                                   execution_id=self.execution_id), timeout=10)
+        except grpc.RpcError as e:
+            log.warning("could not stop a service module", extra={"module": self.part.module,
+                                                                  "code": str(e.code())})
 
 
 def resource_env(tenant: str, res: irm_pb2.Reservation) -> dict[str, str]:
@@ -201,7 +319,7 @@ def resource_env(tenant: str, res: irm_pb2.Reservation) -> dict[str, str]:
     """
     env = {"HARNESS_TENANT": tenant}
     for g in res.groups:
-        key = "".join(ch if ch.isalnum() else "_" for ch in g.name).upper()
+        key = _env_key(g.name)
         ids = [r.id for r in g.resources]
         addrs = [r.address for r in g.resources]
         prev_ids = env.get(f"HARNESS_GROUP_{key}_IDS")

@@ -8,6 +8,16 @@ GlobalConstraints (parsed by application_manager.expr), EnvironmentVars and argu
 `%var` substitution. Instead of a Tarball URL, an implementation gives its `Command` (a
 command line or an argv list; `%python` and `%app_dir` are provided by the manager).
 
+An application is one or more modules, "services that are required to run the
+application" (appendix A). One implementation is chosen per module, so a configuration
+is a `Variant`: the product of the modules' implementations, its groups all reserved
+together. The module named `Main` (else the first) is the application: its run time and
+exit status are the run's. The other modules are services, started before it in manifest
+order; each says it is ready by printing a line `HARNESS_READY [endpoint]` on stdout, and
+later modules find it in `HARNESS_MODULE_<NAME>_ENDPOINT`. Group ids and parameter
+variables are unique across modules (one reservation holds every group); a variable
+chosen in two modules is one choice and must have the same domain in both.
+
 Every problem is reported at once, each naming its field (e.g.
 `manifest.Modules[0].Implementations[1].Resources.Groups[0].Attributes.Memory.Values`) and
 saying what is expected.
@@ -15,7 +25,9 @@ saying what is expected.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -34,6 +46,8 @@ MACHINE_ATTRIBUTES = {"cores": ("cores", 1.0), "memory": ("memory_gb", 1 / 1024)
 RESOURCE_KIND = {"cores": "cpu", "memory": "memory", "frequency": "cpu", "instances": "cpu"}
 BUILTIN_VARS = ("%python", "%app_dir")
 MAX_VALUES = 4096
+MAX_VARIANTS = 256
+READY_LINE = "HARNESS_READY"
 _VAR = re.compile(r"%[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -72,6 +86,11 @@ class Implementation:
     command: tuple[str, ...]
     deployment_args: str
     execution_args: str
+    module: str = "Main"
+
+    @property
+    def parts(self) -> tuple[Implementation, ...]:
+        return (self,)
 
     def choices(self) -> dict[str, Choice]:
         """Every variable the manager chooses for this implementation, by name."""
@@ -98,6 +117,46 @@ class Implementation:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One way to run the whole application: an implementation for every module, main first.
+
+    It answers the questions a single implementation answers (groups to reserve, choices,
+    constraints) over all of its parts, so the search space and the back-ends see one shape.
+    """
+
+    name: str
+    parts: tuple[Implementation, ...]
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        return tuple(g for p in self.parts for g in p.groups)
+
+    @property
+    def distances(self) -> tuple[Distance, ...]:
+        return tuple(d for p in self.parts for d in p.distances)
+
+    @property
+    def global_constraints(self) -> tuple[tuple[str, expr.Node], ...]:
+        return tuple(c for p in self.parts for c in p.global_constraints)
+
+    def choices(self) -> dict[str, Choice]:
+        out: dict[str, Choice] = {}
+        for p in self.parts:
+            for k, c in p.choices().items():
+                out.setdefault(k, c)
+        return out
+
+    def fixed(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for p in self.parts:
+            out.update(p.fixed())
+        return out
+
+    def master(self) -> Group:
+        return self.parts[0].master()
+
+
+@dataclass(frozen=True)
 class Parameter:
     var: str
     name: str
@@ -119,15 +178,30 @@ class Module:
 class Manifest:
     name: str
     author: str
-    modules: tuple[Module, ...]
+    modules: tuple[Module, ...]  # the main module first
     raw: dict = field(compare=False, default_factory=dict)
 
     @property
-    def module(self) -> Module:
+    def main(self) -> Module:
         return self.modules[0]
 
+    @property
+    def parameters(self) -> tuple[Parameter, ...]:
+        return tuple(p for m in self.modules for p in m.parameters)
+
+    @property
+    def variants(self) -> tuple[Variant | Implementation, ...]:
+        """Every way to run the application; a one-module application's are its implementations."""
+        if len(self.modules) == 1:
+            return self.main.implementations
+        out = []
+        for combo in itertools.product(*(m.implementations for m in self.modules)):
+            name = " + ".join(f"{m.name}/{impl.name}" for m, impl in zip(self.modules, combo, strict=True))
+            out.append(Variant(name, combo))
+        return tuple(out)
+
     def parameter(self, var_or_name: str) -> Parameter | None:
-        for p in self.module.parameters:
+        for p in self.parameters:
             if var_or_name in (p.var, p.name):
                 return p
         return None
@@ -271,7 +345,8 @@ def _command(spec: Any, path: str, v: Violations) -> tuple[str, ...]:
     return tuple(argv)
 
 
-def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str]) -> Implementation | None:
+def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], module: str = "Main",
+                    other_groups: frozenset[str] = frozenset()) -> Implementation | None:
     if not isinstance(spec, dict):
         v.add(path, "expected an object")
         return None
@@ -398,14 +473,15 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str]) -
             v.add(f"{path}.{key}", "expected a string (use %var to refer to parameters)")
             val = ""
         args[key] = val
-    all_vars = scope | set(BUILTIN_VARS) | {f"%{g.id}_address" for g in groups}
+    all_vars = scope | set(BUILTIN_VARS) | {f"%{gid}_address" for gid in {g.id for g in groups} | other_groups}
     texts = [*command, args["DeploymentArgs"], args["ExecutionArgs"], *map(str, env.values())]
     for t in texts:
         for m in _VAR.findall(t):
             if m not in all_vars:
                 v.add(f"{path}", f"{m} is used but never defined; known: {', '.join(sorted(all_vars))}")
     return Implementation(name, tuple(groups), tuple(distances), tuple(gcs),
-                          {k: str(x) for k, x in env.items()}, command, args["DeploymentArgs"], args["ExecutionArgs"])
+                          {k: str(x) for k, x in env.items()}, command, args["DeploymentArgs"], args["ExecutionArgs"],
+                          module)
 
 
 def _parameter(spec: Any, path: str, v: Violations) -> Parameter | None:
@@ -462,29 +538,91 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
     if not (isinstance(modules_raw, list) and modules_raw):
         v.add(f"{field_prefix}.Modules", "required: a non-empty list of modules")
         modules_raw = []
-    if len(modules_raw) > 1:
-        v.add(f"{field_prefix}.Modules", "this manager runs applications of one module; give one module "
-                                         "(several implementations of it are fine)")
-    for mi, m in enumerate(modules_raw[:1]):
+    # What every module declares, so one module may constrain or address another's groups.
+    declared = [_declared(m) for m in modules_raw]
+    for mi, m in enumerate(modules_raw):
         mp = f"{field_prefix}.Modules[{mi}]"
         if not isinstance(m, dict):
             v.add(mp, "expected an object")
             continue
         params = [p for i, ps in enumerate(_get(m, "Parameters") or [])
                   if (p := _parameter(ps, f"{mp}.Parameters[{i}]", v)) is not None]
-        known = {p.var for p in params}
+        known = {p.var for d in declared for p in d[0]} | {x for d in declared for x in d[1]}
+        others = frozenset(g for j, d in enumerate(declared) if j != mi for g in d[2])
+        mname = _get(m, "ModuleName") or ("Main" if len(modules_raw) == 1 else f"Module{mi}")
+        if not (isinstance(mname, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,62}", mname)):
+            v.add(f"{mp}.ModuleName", "expected a name (letter, then letters, digits, - or _)")
+            mname = f"Module{mi}"
         impls_raw = _get(m, "Implementations")
         if not (isinstance(impls_raw, list) and impls_raw):
             v.add(f"{mp}.Implementations", "required: a non-empty list of implementations")
             impls_raw = []
         impls = [im for i, s in enumerate(impls_raw)
-                 if (im := _implementation(s, f"{mp}.Implementations[{i}]", v, known)) is not None]
+                 if (im := _implementation(s, f"{mp}.Implementations[{i}]", v, known, mname, others)) is not None]
         names = [im.name for im in impls]
         if len(set(names)) != len(names):
             v.add(f"{mp}.Implementations", "implementation names must be distinct")
-        modules.append(Module(str(_get(m, "ModuleName") or "Main"), tuple(params), tuple(impls)))
+        modules.append(Module(mname, tuple(params), tuple(impls)))
+    _check_modules(modules, field_prefix, v)
     v.raise_if_any()
-    return Manifest(name, str(_get(data, "Author") or ""), tuple(modules), raw=data)
+    # The module named Main is the application; the others are services it needs (see above).
+    modules.sort(key=lambda mod: mod.name.lower() != "main")
+    manifest = Manifest(name, str(_get(data, "Author") or ""), tuple(modules), raw=data)
+    if len(modules) > 1:
+        n = math.prod(len(mod.implementations) for mod in modules)
+        if n > MAX_VARIANTS:
+            v.add(f"{field_prefix}.Modules", f"{n} combinations of implementations; at most {MAX_VARIANTS}")
+    v.raise_if_any()
+    return manifest
+
+
+def _declared(module: Any) -> tuple[list[Parameter], set[str], set[str]]:
+    """A module's parameters, chosen variables and group ids, read leniently (errors come later)."""
+    if not isinstance(module, dict):
+        return [], set(), set()
+    params = [p for ps in (_get(module, "Parameters") or []) if (p := _parameter(ps, "", Violations()))]
+    chosen: set[str] = set()
+    groups: set[str] = set()
+    for impl in _get(module, "Implementations") or []:
+        res = _get(impl, "Resources") if isinstance(impl, dict) else None
+        for g in (_get(res, "Groups") or []) if isinstance(res, dict) else []:
+            if not isinstance(g, dict):
+                continue
+            if isinstance(_get(g, "GroupID"), str):
+                groups.add(_get(g, "GroupID"))
+            specs = [_get(g, "NumInstances"), *((_get(g, "Attributes") or {}).values()
+                                                if isinstance(_get(g, "Attributes"), dict) else [])]
+            chosen |= {_get(c, "Var") for c in specs if isinstance(c, dict) and isinstance(_get(c, "Var"), str)}
+    return params, chosen, groups
+
+
+def _check_modules(modules: list[Module], prefix: str, v: Violations) -> None:
+    """Across modules: distinct names, group ids and parameters; one domain per shared variable."""
+    seen_names: set[str] = set()
+    group_owner: dict[str, str] = {}
+    param_owner: dict[str, str] = {}
+    domains: dict[str, tuple[str, tuple]] = {}
+    for mi, mod in enumerate(modules):
+        mp = f"{prefix}.Modules[{mi}]"
+        if mod.name.lower() in seen_names:
+            v.add(f"{mp}.ModuleName", f"duplicate module name {mod.name!r}")
+        seen_names.add(mod.name.lower())
+        for p in mod.parameters:
+            if p.var in param_owner:
+                v.add(f"{mp}.Parameters", f"{p.var} is already a parameter of module {param_owner[p.var]!r}; "
+                                          "declare each input once")
+            param_owner.setdefault(p.var, mod.name)
+        for ii, impl in enumerate(mod.implementations):
+            for g in impl.groups:
+                owner = group_owner.setdefault(g.id, mod.name)
+                if owner != mod.name:
+                    v.add(f"{mp}.Implementations[{ii}].Resources.Groups", f"GroupID {g.id!r} is also a group of "
+                          f"module {owner!r}; one reservation holds every module's groups, so ids must differ")
+            for var, c in impl.choices().items():
+                first = domains.setdefault(var, (mod.name, c.values))
+                if first[0] != mod.name and first[1] != c.values:
+                    v.add(f"{mp}.Implementations[{ii}]", f"{var} is chosen in module {first[0]!r} from "
+                          f"{list(first[1])} but here from {list(c.values)}; a shared variable is one choice")
 
 
 def substitute(text: str, env: dict[str, Any]) -> str:

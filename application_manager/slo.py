@@ -108,12 +108,12 @@ def parse_slo(data: Any, manifest: Manifest | None = None, field_prefix: str = "
         v.add(f"{field_prefix}.Parameters", "expected an object of \"%var\" -> value")
         params_raw = {}
     if manifest is not None:
-        for p in manifest.module.parameters:
+        for p in manifest.parameters:
             params[p.var] = p.default
         for key, val in params_raw.items():
             p = manifest.parameter(key)
             if p is None:
-                known = ", ".join(q.var for q in manifest.module.parameters) or "none"
+                known = ", ".join(q.var for q in manifest.parameters) or "none"
                 v.add(f"{field_prefix}.Parameters.{key}", f"not a parameter of {manifest.name}; known: {known}")
             elif val not in p.values:
                 v.add(f"{field_prefix}.Parameters.{key}", f"expected one of {list(p.values)}, got {val!r}")

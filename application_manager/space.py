@@ -132,7 +132,8 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
     notes: list[str] = []
     var_values: dict[str, set] = {}
     var_kind: dict[str, str] = {}
-    impls = manifest.module.implementations
+    impls = manifest.variants
+    everywhere = {n for impl in impls for n in [*impl.choices(), *impl.fixed()]}
     for impl in impls:
         types = {g.type for g in impl.groups}
         if offered_types is not None and not types <= offered_types:
@@ -147,12 +148,16 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
         if total > MAX_CONFIGURATIONS:
             raise InvalidArgument.of("manifest", f"implementation {impl.name!r} has {total} configurations; "
                                                  f"at most {MAX_CONFIGURATIONS} can be enumerated")
+        # A constraint on a variable this variant does not have (another module's other implementation
+        # chooses it) says nothing about this variant.
+        absent = everywhere - set(choices) - set(fixed)
+        constraints = [node for _, node in impl.global_constraints if not expr.variables(node) & absent]
         kept = 0
         for combo in itertools.product(*(choices[n].values for n in names)):
             cfg = dict(zip(names, combo, strict=True))
             env = {**params, **fixed, **{k: v for k, v in cfg.items() if isinstance(v, int | float)}}
             try:
-                if not all(expr.holds(node, env) for _, node in impl.global_constraints):
+                if not all(expr.holds(node, env) for node in constraints):
                     continue
             except KeyError:
                 continue

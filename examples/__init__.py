@@ -1,6 +1,7 @@
 """Example applications, each a directory with app.py, manifest.json and slo.json:
-`rtm` (stencil, linear in its input), `deltamerge` (memory-hungry merge) and
-`option_pricing` (a CPU implementation and an FPGA implementation slot)."""
+`rtm` (stencil, linear in its input), `deltamerge` (memory-hungry merge),
+`option_pricing` (a CPU implementation and an FPGA implementation slot) and `wordcount`
+(two modules: a corpus store service and the counting application, store.py + app.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-NAMES = ("rtm", "deltamerge", "option_pricing")
+NAMES = ("rtm", "deltamerge", "option_pricing", "wordcount")
 
 
 def app_dir(name: str) -> str:

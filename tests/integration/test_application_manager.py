@@ -142,6 +142,41 @@ def test_memory_hungry_run_fails_for_real_and_is_recorded_with_its_cost(cloud):
     assert sum(r.cost for r in model.runs) == pytest.approx(small.cost + ample.cost)
 
 
+def test_two_module_application_starts_its_service_first_and_fails_when_it_dies(cloud):
+    am = stub(cloud)
+    app = submit(am, "wordcount", shards=4)
+    # master cores {1,2} x master memory {256,512} x store cores {1,2}: one variant of two modules.
+    assert app.configurations == 8
+    assert set(app.dimensions) == {"%master_cores", "%master_mem", "%store_cores"}
+    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant=TENANT, application_id=app.id, profiler="uniform",
+                                                             max_runs=6, seed=3), timeout=240))
+    runs = [e.run for e in events if e.HasField("run")]
+    assert len(runs) == 6 and all(r.ok for r in runs), [r.error for r in runs]
+    model = am.GetModel(pb.GetModelRequest(tenant=TENANT, application_id=app.id), timeout=10)
+    assert len(model.runs) == 6 and model.frontier
+    ex = am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant=TENANT, application_id=app.id), timeout=120)
+    assert ex.state == pb.ApplicationExecution.STATE_SUCCEEDED, ex.error
+    # The main module reached the store through the endpoint the store announced, and counted every word.
+    assert "800000 words in 4 shards from 127.0.0.1:" in ex.output_tail
+    assert ex.predicted_time_s > 0 and ex.measured_time_s > 0 and ex.measured_cost > 0
+    # Every VM of every run was given back (the services were stopped, the reservations released).
+    crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(cloud["crs"]))
+    eventually(lambda: not crs.ListReservations(irm_pb2.ListReservationsRequest(tenant=TENANT)).reservations,
+               what="no reservation left")
+
+    # A store that dies before it is ready fails the run, named, and the run still costs its reservation time.
+    broken = json.loads(examples.manifest("wordcount"))
+    broken["Modules"][1]["Implementations"][0]["Command"] = ["%python", "-c", "import sys; sys.exit(3)"]
+    app = am.SubmitApplication(pb.SubmitApplicationRequest(
+        tenant=TENANT, manifest_json=json.dumps(broken), slo_json=examples.slo("wordcount", shards=4),
+        app_dir=examples.app_dir("wordcount")), timeout=30)
+    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant=TENANT, application_id=app.id, profiler="uniform",
+                                                             max_runs=1), timeout=120))
+    (run,) = [e.run for e in events if e.HasField("run")]
+    assert not run.ok and "service module 'Store'" in run.error and "exit code 3" in run.error, run.error
+    assert run.cost > 0
+
+
 def test_bad_input_names_the_fields(cloud):
     am = stub(cloud)
     bad = json.loads(examples.manifest("rtm"))

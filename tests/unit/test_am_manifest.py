@@ -61,7 +61,7 @@ def test_expression_errors_say_where(text, where):
 
 def test_manifest_parses_appendix_a_shape():
     m = parse_manifest(TEMPLATE)
-    impl = m.module.implementations[0]
+    impl = m.main.implementations[0]
     assert [g.id for g in impl.groups] == ["id0", "id1"]
     assert impl.groups[0].attributes["Cores"].values == tuple(range(1, 8))
     assert impl.distances[0].constraints == ("hops(id0, id1) <= 0",)
@@ -155,3 +155,65 @@ def test_slo_parses_bounds_and_names_bad_fields():
     assert "unknown metric" in v["slo.Objective.Constraints[1]"]
     assert "expected" in v["slo.Objective.Constraints[2]"]
     assert "%fun" in v["slo.Objective.Optimize"]
+
+
+def _module(name: str, impls: list[tuple[str, str, dict]], params: list | None = None) -> dict:
+    return {"ModuleName": name, "Parameters": params or [], "Implementations": [
+        {"ImplementationName": iname, "Command": ["run", name],
+         "Resources": {"Groups": [{"GroupID": gid, "Role": "MASTER", "Type": "Machine", "Attributes": attrs}]}}
+        for iname, gid, attrs in impls]}
+
+
+def test_modules_combine_into_variants_with_the_main_module_first():
+    small = {"Cores": {"Value": 1}, "Memory": {"Value": 256}}
+    data = {"Name": "Shop", "Modules": [
+        _module("Cache", [("Redis", "cache", {"Cores": {"Var": "%cache_cores", "Values": [1, 2]},
+                                              "Memory": {"Value": 512}}),
+                          ("Memcached", "mc", small)]),
+        _module("Main", [("Web", "web", {"Cores": {"Var": "%cores", "Values": [1, 2, 4]},
+                                         "Memory": {"Value": 1024}})],
+                params=[{"Var": "%users", "Values": [10, 100]}])]}
+    data["Modules"][1]["Implementations"][0]["GlobalConstraints"] = ["%cores >= %cache_cores"]
+    m = parse_manifest(data)
+    assert [mod.name for mod in m.modules] == ["Main", "Cache"]  # Main runs last but is the application
+    assert [v.name for v in m.variants] == ["Main/Web + Cache/Redis", "Main/Web + Cache/Memcached"]
+    redis = m.variants[0]
+    assert [g.id for g in redis.groups] == ["web", "cache"] and redis.master().id == "web"
+    assert [p.module for p in redis.parts] == ["Main", "Cache"]
+    assert m.parameter("%users") is not None
+    space = from_manifest(m, {"%users": 10})
+    # Redis: cores x cache cores with cores >= cache cores (3 + 2 = 5). Memcached has no %cache_cores, so
+    # the constraint says nothing about it: all its 3 core counts stay, %cache_cores not applicable.
+    pairs = sorted(((c["implementation"] == redis.name, c["%cores"], c.get("%cache_cores")) for c in space.configs),
+                   key=str)
+    assert pairs == sorted([(True, 1, 1), (True, 2, 1), (True, 2, 2), (True, 4, 1), (True, 4, 2),
+                            (False, 1, None), (False, 2, None), (False, 4, None)], key=str)
+    assert space.dim("implementation").categorical and space.dim("%cache_cores").values[0] is None
+
+
+def test_modules_must_not_share_group_ids_parameters_or_disagree_on_a_variable():
+    attrs = {"Cores": {"Var": "%cores", "Values": [1, 2]}, "Memory": {"Value": 256}}
+    other = {"Cores": {"Var": "%cores", "Values": [1, 8]}, "Memory": {"Value": 256}}
+    p = [{"Var": "%n", "Values": [1]}]
+    data = {"Name": "X", "Modules": [_module("Main", [("A", "g", attrs)], p),
+                                     _module("Side", [("B", "g", other)], p),
+                                     _module("main", [("C", "h", attrs)])]}
+    with pytest.raises(InvalidArgument) as e:
+        parse_manifest(data)
+    v = violations(e)
+    assert "also a group of module 'Main'" in v["manifest.Modules[1].Implementations[0].Resources.Groups"]
+    assert "already a parameter of module 'Main'" in v["manifest.Modules[1].Parameters"]
+    assert "a shared variable is one choice" in v["manifest.Modules[1].Implementations[0]"]
+    assert "duplicate module name" in v["manifest.Modules[2].ModuleName"]
+
+
+def test_a_module_may_address_another_modules_group():
+    data = {"Name": "X", "Modules": [
+        _module("Main", [("A", "web", {"Cores": {"Value": 1}, "Memory": {"Value": 256}})]),
+        _module("Db", [("B", "db", {"Cores": {"Value": 1}, "Memory": {"Value": 256}})])]}
+    data["Modules"][0]["Implementations"][0]["EnvironmentVars"] = {"DB": "%db_address"}
+    assert parse_manifest(data).variants[0].parts[0].env == {"DB": "%db_address"}
+    data["Modules"][0]["Implementations"][0]["EnvironmentVars"] = {"DB": "%nope_address"}
+    with pytest.raises(InvalidArgument) as e:
+        parse_manifest(data)
+    assert "%nope_address is used but never defined" in violations(e)["manifest.Modules[0].Implementations[0]"]
