@@ -14,6 +14,7 @@ address comes from --am, HARNESS_AM_ADDRESS, the running suite's suite.json, or 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -152,6 +153,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay_manifest(args: argparse.Namespace) -> int:
+    from application_manager.replay import Dataset, DatasetError
+
+    try:
+        data = Dataset.load(args.dataset).manifest(args.workload)
+    except (OSError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(data, indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        print(f"wrote {args.output}: {len(data['Modules'][0]['Parameters'])} parameters")
+    else:
+        print(text)
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     app = sub.add_parser("app", help="the Application Manager: submit, profile, model, execute under an SLO")
     verbs = app.add_subparsers(dest="verb", required=True)
@@ -197,6 +215,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     common(p)
     p.add_argument("app", nargs="?")
     p.set_defaults(func=cmd_executions)
+
+    p = verbs.add_parser("replay-manifest", help="a manifest that profiles a dataset's workload on a replay agent")
+    p.add_argument("dataset", help="a CSV in the replay format (README: Replay datasets)")
+    p.add_argument("workload")
+    p.add_argument("-o", "--output", help="write it here (default: stdout)")
+    p.set_defaults(func=cmd_replay_manifest)
 
     p = verbs.add_parser("list", help="the tenant's applications")
     common(p)

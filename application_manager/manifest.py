@@ -7,6 +7,9 @@ with Values/Range, Attributes with Value/Values/Range), Distances between groups
 GlobalConstraints (parsed by application_manager.expr), EnvironmentVars and arguments with
 `%var` substitution. Instead of a Tarball URL, an implementation gives its `Command` (a
 command line or an argv list; `%python` and `%app_dir` are provided by the manager).
+A parameter marked `"Tunable": true` is a knob of the application that the manager
+chooses from its Values (a search dimension), where other parameters are inputs the SLO
+fixes.
 
 An application is one or more modules, "services that are required to run the
 application" (appendix A). One implementation is chosen per module, so a configuration
@@ -165,6 +168,9 @@ class Parameter:
     default: Any
     # Optional: the small "benchmarking" value of an input-size parameter (thesis §4.4.3).
     benchmark: Any = None
+    # A knob of the application (threads, a provider, an instance family) that the manager
+    # chooses like a resource attribute, instead of the SLO fixing it: a search dimension.
+    tunable: bool = False
 
 
 @dataclass(frozen=True)
@@ -514,7 +520,16 @@ def _parameter(spec: Any, path: str, v: Violations) -> Parameter | None:
     if bench is not None and bench not in values:
         v.add(f"{path}.Benchmark", f"the benchmarking input must be one of Values, got {bench!r}")
         bench = None
-    return Parameter(var, str(name), ptype, tuple(values), default, bench)
+    tunable = _get(spec, "Tunable") or False
+    if not isinstance(tunable, bool):
+        v.add(f"{path}.Tunable", f"expected true or false, got {tunable!r}")
+        tunable = False
+    if tunable and bench is not None:
+        v.add(f"{path}.Benchmark", "an input has a Benchmark value; a Tunable parameter is a knob the manager "
+                                   "chooses, not an input")
+    if tunable and len(set(map(str, values))) != len(values):
+        v.add(f"{path}.Values", "values of a Tunable parameter must be distinct")
+    return Parameter(var, str(name), ptype, tuple(values), default, bench, tunable)
 
 
 def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,43 @@ class Dataset:
                     lt[w, i] = math.log(r.time_s)
                     fl[w, i] = 0.0 if r.ok else 1.0
         return History(lt, fl, list(workloads))
+
+    def manifest(self, workload: str) -> dict[str, Any]:
+        """An appendix-A manifest that profiles `workload` through the AM service and a replay agent.
+
+        Every configuration column becomes a Tunable parameter, passed to the execution in the
+        environment variable of the same name (what irm_compute.replay reads); input sizes, if
+        the workload has several, become the input parameter `%input_size`. The VM it reserves
+        is the smallest: a replayed run uses nothing, and costs what was measured.
+        """
+        rows = [r for r in self.rows if r["workload"] == workload]
+        if not rows:
+            raise DatasetError(f"no runs of workload {workload!r}; workloads: {', '.join(self.workloads)}")
+        params: list[dict[str, Any]] = []
+        env = {"HARNESS_REPLAY_WORKLOAD": workload}
+        for col in self.params:
+            vals = sorted({r.get(col) for r in rows}, key=sp._sort_key)
+            numeric = all(isinstance(x, int | float) for x in vals)
+            var = "%" + re.sub(r"[^A-Za-z0-9_]", "_", col if col[:1].isalpha() else f"c_{col}")
+            params.append({"Var": var, "Name": col, "Type": ("FLOAT" if any(isinstance(x, float) for x in vals)
+                                                            else "INT") if numeric else "STR",
+                           "Values": vals if numeric else ["" if x is None else str(x) for x in vals],
+                           "Tunable": True})
+            env[col] = var
+        sizes = self.input_sizes(workload)
+        if sizes != [None]:
+            params.append({"Var": "%input_size", "Name": "input_size", "Values": sizes, "Default": sizes[-1],
+                           "Type": "FLOAT" if any(isinstance(x, float) for x in sizes) else
+                           ("INT" if all(isinstance(x, int) for x in sizes) else "STR"),
+                           **({"Benchmark": sizes[0]} if len(sizes) > 1 else {})})
+            env["HARNESS_REPLAY_INPUT_SIZE"] = "%input_size"
+        return {"Name": f"replay-{workload}", "Author": f"replayed from {self.source or 'a dataset'}",
+                "Modules": [{"ModuleName": "Main", "Parameters": params, "Implementations": [{
+                    "ImplementationName": "replay",
+                    "Resources": {"Groups": [{"GroupID": "master", "Role": "MASTER", "Type": "Machine",
+                                              "NumInstances": {"Value": 1},
+                                              "Attributes": {"Cores": {"Value": 1}, "Memory": {"Value": 256}}}]},
+                    "EnvironmentVars": env, "Command": ["replay", workload]}]}]}
 
 
 class ReplayBackend:

@@ -109,12 +109,16 @@ def parse_slo(data: Any, manifest: Manifest | None = None, field_prefix: str = "
         params_raw = {}
     if manifest is not None:
         for p in manifest.parameters:
-            params[p.var] = p.default
+            if not p.tunable:
+                params[p.var] = p.default
         for key, val in params_raw.items():
             p = manifest.parameter(key)
             if p is None:
                 known = ", ".join(q.var for q in manifest.parameters) or "none"
                 v.add(f"{field_prefix}.Parameters.{key}", f"not a parameter of {manifest.name}; known: {known}")
+            elif p.tunable:
+                v.add(f"{field_prefix}.Parameters.{key}", f"{p.var} is Tunable: the manager chooses it; "
+                                                          "remove it here, or drop Tunable in the manifest")
             elif val not in p.values:
                 v.add(f"{field_prefix}.Parameters.{key}", f"expected one of {list(p.values)}, got {val!r}")
             else:

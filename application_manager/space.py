@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from application_manager import expr
-from application_manager.manifest import Manifest
+from application_manager.manifest import Choice, Manifest
 from services.errors import InvalidArgument
 
 IMPLEMENTATION = "implementation"
@@ -133,6 +133,7 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
     var_values: dict[str, set] = {}
     var_kind: dict[str, str] = {}
     impls = manifest.variants
+    tunables = {p.var: Choice(p.var, p.values, guess_kind(p.name)) for p in manifest.parameters if p.tunable}
     everywhere = {n for impl in impls for n in [*impl.choices(), *impl.fixed()]}
     for impl in impls:
         types = {g.type for g in impl.groups}
@@ -141,7 +142,7 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
             notes.append(f"implementation {impl.name!r} needs resource type(s) {', '.join(missing)}, "
                          f"which the infrastructure does not offer: left out of the search space")
             continue
-        choices = impl.choices()
+        choices = {**impl.choices(), **tunables}
         fixed = impl.fixed()
         names = sorted(choices)
         total = math.prod(len(choices[n].values) for n in names)

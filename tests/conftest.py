@@ -31,7 +31,8 @@ class Suite:
         self.tmp = tmp
         self.procs: list[ServiceProcess] = []
 
-    def start(self, service: str, name: str | None = None, **settings: Any) -> ServiceProcess:
+    def start(self, service: str, name: str | None = None, address: str = "127.0.0.1:0",
+              **settings: Any) -> ServiceProcess:
         import dataclasses
 
         from services.catalog import SERVICES
@@ -43,7 +44,7 @@ class Suite:
             settings.setdefault("state_dir", self.tmp)
         if name and "name" in fields and service in ("compute", "fpga-server"):
             settings.setdefault("name", name)  # the name it registers / reports under
-        p = spawn(service, name=name, settings=settings,
+        p = spawn(service, name=name, address=address, settings=settings,
                   log_path=os.path.join(self.tmp, f"{name or service}.log"))
         self.procs.append(p)
         p.wait_ready()

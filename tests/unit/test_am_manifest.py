@@ -217,3 +217,23 @@ def test_a_module_may_address_another_modules_group():
     with pytest.raises(InvalidArgument) as e:
         parse_manifest(data)
     assert "%nope_address is used but never defined" in violations(e)["manifest.Modules[0].Implementations[0]"]
+
+
+def test_tunable_parameters_are_search_dimensions_the_slo_cannot_fix():
+    data = copy.deepcopy(TEMPLATE)
+    data["Modules"][0]["Parameters"].append({"Var": "%provider", "Type": "STR", "Values": ["aws", "gcp"],
+                                             "Tunable": True})
+    m = parse_manifest(data)
+    assert m.parameter("%provider").tunable and not m.parameter("%arg1").tunable
+    slo = parse_slo({"Parameters": {"%arg1": 10}}, m)
+    assert "%provider" not in slo.parameters
+    space = from_manifest(m, slo.parameters)
+    assert space.dim("%provider").categorical and {c["%provider"] for c in space.configs} == {"aws", "gcp"}
+    assert len(space) == 2 * len(from_manifest(parse_manifest(TEMPLATE), slo.parameters))
+    with pytest.raises(InvalidArgument) as e:
+        parse_slo({"Parameters": {"%provider": "aws"}}, m)
+    assert "the manager chooses it" in violations(e)["slo.Parameters.%provider"]
+    data["Modules"][0]["Parameters"][1].update(Tunable="yes")
+    with pytest.raises(InvalidArgument) as e:
+        parse_manifest(data)
+    assert "expected true or false" in violations(e)["manifest.Modules[0].Parameters[1].Tunable"]

@@ -1,0 +1,100 @@
+"""The Application Manager profiling real measurements through the whole path.
+
+The AM service, the CRS, the compute IRM and an agent with the `replay` back-end are
+separate processes; a manifest generated from a replay dataset (`harness app
+replay-manifest`) makes every configuration column a Tunable parameter. Each profiling
+run is reserved through the CRS and "executed" by the agent, which answers with the
+measured time, status and cost; the model's frontier must be the dataset's own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from harness.v1 import application_manager_pb2 as pb
+from harness.v1 import application_manager_pb2_grpc as pb_grpc
+from harness.v1 import irm_pb2, irm_pb2_grpc
+from services.suite import _free_port
+from tests.conftest import eventually
+
+DATASET = """workload,runtime_s,cost,status,cloud,vcpus
+sort,400,0.40,ok,aws,2
+sort,210,0.42,ok,aws,4
+sort,120,0.48,ok,aws,8
+sort,300,0.25,out of memory,gcp,2
+sort,200,0.30,ok,gcp,4
+sort,100,0.50,ok,gcp,8
+"""
+
+
+def pareto(rows: list[tuple[str, int, float, float]]) -> list[tuple[str, int]]:
+    """Computed here, independently of the AM: ok runs no other ok run beats on both time and cost."""
+    return sorted([(c, v) for c, v, t, x in rows
+                   if not any(t2 <= t and x2 <= x and (t2, x2) != (t, x) for _, _, t2, x2 in rows)])
+
+
+def test_profiling_a_dataset_through_the_services_finds_its_frontier(suite, tmp_path):
+    data = tmp_path / "runs.csv"
+    data.write_text(DATASET)
+    manifest = tmp_path / "manifest.json"
+    out = subprocess.run([sys.executable, "-m", "services.cli", "app", "replay-manifest", str(data), "sort",
+                          "-o", str(manifest)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+    agent_address = f"127.0.0.1:{_free_port()}"
+    crs = suite.start("crs", heartbeat_interval_s=0.3)
+    compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, agent_address=agent_address)
+    suite.start("agent", address=agent_address, compute_address=compute.address, backend="replay",
+                dataset=str(data))
+    am_proc = suite.start("am", crs_address=crs.address)
+    c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
+    am = pb_grpc.ApplicationManagerStub(grpc.insecure_channel(am_proc.address))
+
+    slo = json.dumps({"Manifest": "replay-sort", "Objective": {"Constraints": ["%execution_time <= 150"],
+                                                               "Optimize": "%cost"}})
+    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest.read_text(),
+                                                           slo_json=slo), timeout=30)
+    assert app.configurations == 6 and set(app.dimensions) == {"%cloud", "%vcpus"}
+    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                             max_runs=6, seed=1), timeout=120))
+    runs = [e.run for e in events if e.HasField("run")]
+    assert len(runs) == 6
+    measured = {(r.configuration.values["%cloud"], int(r.configuration.values["%vcpus"])): r for r in runs}
+    for line in DATASET.splitlines()[1:]:
+        _, t, cost, status, cloud, vcpus = line.split(",")
+        r = measured[(cloud, int(vcpus))]
+        # The measured time, status and cost come back through CRS + agent, not the VM's price.
+        assert (r.ok, r.execution_time_s, r.cost) == (status == "ok", pytest.approx(float(t)),
+                                                      pytest.approx(float(cost))), r
+    oom = measured[("gcp", 2)]
+    assert "out of memory" in oom.error
+
+    model = am.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), timeout=10)
+    ok_rows = [(cl, int(v), float(t), float(x)) for _, t, x, st, cl, v in
+               (ln.split(",") for ln in DATASET.splitlines()[1:]) if st == "ok"]
+    assert sorted((p.configuration.values["%cloud"], int(p.configuration.values["%vcpus"]))
+                  for p in model.frontier) == pareto(ok_rows)
+
+    # Under 150 s the cheapest is aws/8 (120 s, 0.48); with a budget of 0.45, the fastest is gcp/4.
+    ex = am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant="t", application_id=app.id), timeout=60)
+    assert ex.state == pb.ApplicationExecution.STATE_SUCCEEDED, ex.error
+    assert (ex.configuration.values["%cloud"], ex.configuration.values["%vcpus"]) == ("aws", "8")
+    assert ex.measured_time_s == pytest.approx(120) and ex.measured_cost == pytest.approx(0.48)
+    budget = json.dumps({"Objective": {"Constraints": ["%cost <= 0.45"], "Optimize": "%execution_time"}})
+    ex = am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant="t", application_id=app.id, slo_json=budget),
+                               timeout=60)
+    assert (ex.configuration.values["%cloud"], ex.configuration.values["%vcpus"]) == ("gcp", "4")
+    assert ex.predicted_time_s == pytest.approx(200) and ex.measured_time_s == pytest.approx(200)
+
+    # A Tunable parameter is the manager's to choose: an SLO that fixes it is refused, naming it.
+    with pytest.raises(grpc.RpcError) as e:
+        am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=manifest.read_text(),
+            slo_json=json.dumps({"Parameters": {"%cloud": "aws"}})), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Tunable" in e.value.details()
