@@ -5,15 +5,34 @@ One emulated FPGA-server process. In one run:
 * direct: single 0.33 ms tasks, one at a time, sent straight to one device
   (`RunDirect`: no group, no queues) -- the baseline;
 * group: the same tasks, one at a time, through a one-device group
-  (`RunBatch` of one task: client queues, shortest-queue dispatch, device
-  locking), interleaved with the direct ones -- `added_ms_per_task` is the
-  median of the paired differences (group - direct): what groups cost;
+  (`RunBatch` of one task: token check, the client's queues, shortest-queue
+  dispatch, device locking, queue/device-time accounting);
 * client: the same through the client library (`VirtualFpga.submit().result()`
-  over an Execute stream), for reference;
+  over an Execute stream), for reference (a stream, not a unary call: not
+  paired with direct);
 * batched: 1 ms tasks in batches of 300 through the client library into a
   one-device group: `batched_overhead_us_per_task` = wall time per task minus
   the task's device time (the device is the bottleneck; anything above it is
-  overhead), and the same for an 8-device group.
+  overhead), and the same for a 6-device group.
+
+How direct and group are paired, so that the difference is the group and not
+the machine: both are unary calls on the same channel (same options, same
+stub), carrying the same task (same id, same parameters; each request built
+once, before timing), answered with the same result encoding by handlers that
+sleep on the same primitive while the device is busy. They run in pairs, one
+of each back to back, and the order alternates from pair to pair (direct
+first, then group first), so neither gains from always coming second (warm
+caches) or loses from always coming first. `added_ms_per_task` is the median
+over pairs of (group - direct): a burst of machine noise spoils a few pairs,
+not the median, and a slow stretch of the run slows both members of a pair.
+The means (`direct_ms`, `group_ms`, `added_ms_mean_difference`) are printed
+too; they carry the noise the median leaves out.
+
+The same pairing runs in-process as well (the server's handlers called
+directly, no gRPC, no other process): `inprocess_*` are medians of the
+handler thread's CPU time and wall time per task for each path, and of their
+paired differences. CPU time is what the group logic costs whatever the
+scheduler does; it is the steadiest figure on a noisy machine.
 """
 
 from __future__ import annotations
@@ -43,7 +62,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args([a for a in argv if a != "--"])
-    singles = 300 if args.quick else 2000
+    singles = 1000 if args.quick else 3000  # pairs; the median of their differences steadies as they grow
     batched = 6000 if args.quick else 30000
 
     server = spawn("fpga-server", settings={"reconfig_mean_s": 0.01, "reconfig_std_s": 0.0, "devices": 8})
@@ -51,23 +70,17 @@ def main(argv: list[str]) -> int:
         server.wait_ready()
         stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
 
-        # direct (device 7 stays outside every group) and through a one-device group, interleaved
-        # task by task so both see the same machine noise; the overhead is the median of the
-        # paired differences.
         stub.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="one", design="sleep", size=1))
         stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="one", client_id="c1", token="t"))
         wait_group_ready(stub, "one", 1)
-        stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(0, TASK_S)))
-        direct, group = [], []
-        for i in range(singles):
-            t0 = time.perf_counter()
-            stub.RunDirect(fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(i, TASK_S)))
-            t1 = time.perf_counter()
-            stub.RunBatch(fpga_pb2.TaskBatch(client_id="c1", group_id="one", token="t",
-                                             tasks=[_one_task(i, TASK_S)]))
-            t2 = time.perf_counter()
-            direct.append(t1 - t0)
-            group.append(t2 - t1)
+
+        # direct (device 7 stays outside every group) and through a one-device group, in pairs
+        # of alternating order (see the module's docstring). The first direct task configures
+        # device 7 (warm-up).
+        direct_req = fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(1, TASK_S))
+        group_req = fpga_pb2.TaskBatch(client_id="c1", group_id="one", token="t", tasks=[_one_task(1, TASK_S)])
+        calls = (lambda: stub.RunDirect(direct_req), lambda: stub.RunBatch(group_req))
+        direct, group = _paired(calls, singles, warmup=20)
 
         # the client library, one at a time, then batched
         att = fpga_pb2.Attachment(client_id="c2", group_id="one", token="t2", design="sleep",
@@ -98,6 +111,7 @@ def main(argv: list[str]) -> int:
         fpga8.close(detach=False)
     finally:
         server.stop()
+    cpu = _in_process(1000 if args.quick else 3000)
 
     direct_ms = statistics.mean(direct) * 1000
     group_ms = statistics.mean(group) * 1000
@@ -118,6 +132,7 @@ def main(argv: list[str]) -> int:
         "batched_overhead_us_per_task": round((one_dev_wall / batched - 0.001) * 1e6, 2),
         "batched_6_devices_tasks_per_s": round(batched / six_dev_wall, 1),
         "batched_6_devices_overhead_us_per_task": round((six_dev_wall / batched - 0.001 / 6) * 1e6, 2),
+        **cpu,
         "targets": {"added_ms_per_task<=0.09": added_ms <= 0.09,
                     "batched_overhead_us_per_task<=20": (one_dev_wall / batched - 0.001) * 1e6 <= 20},
     })
@@ -132,3 +147,44 @@ def wait_group_ready(stub: fpga_pb2_grpc.FpgaServerStub, group_id: str, size: in
             return
         time.sleep(0.01)
     raise RuntimeError(f"group {group_id} never reached {size} devices")
+
+
+def _paired(calls: tuple, pairs: int, warmup: int = 0,
+            clock=time.perf_counter) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
+    """Time calls[0] and calls[1] once each per pair, in alternating order; returns both lists (pair-aligned)."""
+    for _ in range(warmup):
+        calls[0]()
+        calls[1]()
+    out: tuple[list[float], list[float]] = ([], [])
+    for i in range(pairs):
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
+            t0 = clock()
+            calls[which]()
+            out[which].append(clock() - t0)
+    return out
+
+
+def _in_process(pairs: int) -> dict[str, float]:
+    """The same pairs against the server's handlers in this process: CPU and wall time per task."""
+    from irm_fpga.server import FpgaServerConfig, FpgaServerService
+
+    svc = FpgaServerService(FpgaServerConfig(devices=8, reconfig_mean_s=0.0, reconfig_std_s=0.0))
+    svc.start()
+    try:
+        svc.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="one", design="sleep", size=1), None)
+        svc.AttachClient(fpga_pb2.ServerAttachRequest(group_id="one", client_id="c1", token="t"), None)
+        deadline = time.monotonic() + 10
+        while svc.engine.group_info("one").size < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        direct_req = fpga_pb2.RunDirectRequest(device=7, design="sleep", task=_one_task(1, TASK_S))
+        group_req = fpga_pb2.TaskBatch(client_id="c1", group_id="one", token="t", tasks=[_one_task(1, TASK_S)])
+        calls = (lambda: svc.RunDirect(direct_req, None), lambda: svc.RunBatch(group_req, None))
+        out: dict[str, float] = {}
+        for name, clock in (("cpu", time.thread_time), ("wall", time.perf_counter)):
+            d, g = _paired(calls, pairs, warmup=50, clock=clock)
+            out[f"inprocess_direct_{name}_us"] = round(statistics.median(d) * 1e6, 1)
+            out[f"inprocess_group_{name}_us"] = round(statistics.median(g) * 1e6, 1)
+            out[f"inprocess_added_{name}_us"] = round(statistics.median(b - a for a, b in zip(d, g, strict=True)) * 1e6, 1)
+        return out
+    finally:
+        svc.stop()

@@ -45,8 +45,10 @@ API (all methods thread-safe; times in seconds on the engine's clock)
 ---------------------------------------------------------------------
     Engine(clock, config=EngineConfig(), designs=DESIGNS)
     submit(client_id, tasks: Sequence[Task]) -> int            # all or nothing
-    next_event_time() -> float | None
+    submit_next(client_id, tasks) -> float | None               # submit, then next_event_time(), one lock
+    next_event_time() -> float | None;  busy() -> bool
     advance(until: float | None = None) -> list[Result]          # until defaults to clock.now()
+    poll(until=None) -> (results, events, next_event_time)      # advance + drain_events, one lock
     create_group(group_id, design, size, *, min_size=1, max_size=None) -> GroupInfo
     resize_group(group_id, size, *, min_size=None, max_size=None) -> GroupInfo
     apply_sizes(sizes: Mapping[group_id, int]) -> None          # several at once, shrinks first
@@ -56,7 +58,7 @@ API (all methods thread-safe; times in seconds on the engine's clock)
     detach_client(client_id) -> None;  revoke_client(client_id) -> int (tasks cancelled)
     queue_lengths(client_id) -> list[int]
     schedule(client_id, tasks, times) -> int   # simulations: open-loop arrivals at given times
-    device_states() -> list[DeviceState]
+    device_states() -> list[DeviceState];  device_state(index) -> DeviceState
     measurements() -> ServerMeasurements                        # cumulative counters
     drain_events() -> list[DeviceEvent]
     inject_reconfiguration_failures(device, count) -> None;  reinstate_device(device) -> None
@@ -364,6 +366,10 @@ class Engine:
                 return self._now
             return self._heap[0][0] if self._heap else None
 
+    def busy(self) -> bool:
+        """Whether any event is planned or any result waits to be handed out (a lock-free glance)."""
+        return bool(self._heap or self._ready)
+
     def advance(self, until: float | None = None) -> list[Result]:
         """Process every event due at or before `until` (default: the clock's now); return finished results."""
         with self._lock:
@@ -371,6 +377,25 @@ class Engine:
             out = self._ready
             self._ready = []
             return out
+
+    def poll(self, until: float | None = None) -> tuple[Sequence[Result], Sequence[DeviceEvent], float | None]:
+        """`advance`, `drain_events` and `next_event_time` under one lock acquisition (a live server's loop).
+
+        Returns (finished results, device events, when the next event is due or None).
+        """
+        with self._lock:
+            self._process(self.clock.now() if until is None else until)
+            out: Sequence[Result] = self._ready
+            if out:
+                self._ready = []
+            else:
+                out = ()
+            ev: Sequence[DeviceEvent] = self._events
+            if ev:
+                self._events = []
+            else:
+                ev = ()
+            return out, ev, (self._heap[0][0] if self._heap else None)
 
     def _sync(self) -> float:
         self._process(self.clock.now())
@@ -400,9 +425,37 @@ class Engine:
         with self._lock:
             c = self._accepting(client_id)
             t = self._sync()
+            if len(tasks) == 1:
+                tid, p, kind = tasks[0]
+                if kind == RUN:
+                    self._submit_one(c, tid, p, t)
+                    return 1
             recs = self._prepare(c, tasks, t, None)
             self._enqueue(c, recs, t)
             return len(recs)
+
+    def submit_next(self, client_id: str, tasks: Sequence[Task]) -> float | None:
+        """`submit`, then `next_event_time()`, under one lock acquisition (a caller about to wait for results)."""
+        with self._lock:
+            self.submit(client_id, tasks)
+            if self._ready:
+                return self._now
+            return self._heap[0][0] if self._heap else None
+
+    def _submit_one(self, c: _Client, tid: Any, p: Mapping[str, Any] | None, t: float) -> None:
+        """One run task (the latency-bound case, thesis Fig. 3.4): what `_prepare` + `_enqueue` do, inline.
+
+        Same rules: validated by the design, into the client's pinned queue (a lock is pending or
+        held) or else its shortest queue, where `_place` locks a free device of the group and
+        starts it at once, or lines the queue up for one.
+        """
+        try:
+            inputs, dt = c.group.design.prepare(p if p is not None else {})
+        except ValueError as e:
+            raise ValueError(f"task 0 ({tid!r}): {e}") from None
+        c.outstanding += 1
+        q = c.pinned
+        self._place(c, q if q is not None else min(c.queues, key=_BY_N), (tid, RUN, inputs, dt, t), t)
 
     def schedule(self, client_id: str, tasks: Sequence[Task], times: Sequence[float]) -> int:
         """Open-loop arrivals (simulations): task i reaches the client's Rx buffer at `times[i]`.
@@ -1035,14 +1088,21 @@ class Engine:
     def device_states(self) -> list[DeviceState]:
         with self._lock:
             self._sync()
-            out = []
-            for d in self._devices:
-                g = d.group or d.joining_for
-                out.append(DeviceState(
-                    d.index, d.state, d.design, g.id if g is not None else None, d.healthy,
-                    d.state == BLACKLISTED, d.draining, d.locked_by.client.id if d.locked_by else None,
-                    d.task[0] if d.task else None, d.failures, d.consecutive, d.reconfigurations, d.busy_s))
-            return out
+            return [self._state(d) for d in self._devices]
+
+    @staticmethod
+    def _state(d: _Device) -> DeviceState:
+        g = d.group or d.joining_for
+        return DeviceState(
+            d.index, d.state, d.design, g.id if g is not None else None, d.healthy,
+            d.state == BLACKLISTED, d.draining, d.locked_by.client.id if d.locked_by else None,
+            d.task[0] if d.task else None, d.failures, d.consecutive, d.reconfigurations, d.busy_s)
+
+    def device_state(self, index: int) -> DeviceState:
+        """One device's state (`device_states()[index]`, without building the others)."""
+        with self._lock:
+            self._sync()
+            return self._state(self._device(index))
 
     def drain_events(self) -> list[DeviceEvent]:
         with self._lock:

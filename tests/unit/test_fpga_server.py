@@ -1,0 +1,263 @@
+"""The FPGA-server's data-plane handlers in-process (no gRPC, wall clock, short tasks).
+
+RunBatch of one task is the latency path of thesis Fig. 3.4: the handler submits, sleeps until
+the engine's next event and hands the result out itself. These check that the lean path still
+does a group's work: token check, locks held by other clients, revocation, results carrying
+queue and device time, results for other callers routed to them, and the dispatcher taking over
+for Execute streams.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from harness.v1 import fpga_pb2
+from irm_fpga.server import FpgaServerConfig, FpgaServerService
+from services.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from tests.conftest import eventually
+
+RUN, LOCK, UNLOCK = fpga_pb2.Task.KIND_RUN, fpga_pb2.Task.KIND_LOCK, fpga_pb2.Task.KIND_UNLOCK
+
+
+class Ctx:
+    """The bits of a grpc.ServicerContext the handlers use."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = seconds
+        self.active = True
+
+    def time_remaining(self) -> float | None:
+        return self.seconds
+
+    def is_active(self) -> bool:
+        return self.active
+
+
+@pytest.fixture
+def svc() -> Iterator[FpgaServerService]:
+    s = FpgaServerService(FpgaServerConfig(name="fpga-t", devices=4, reconfig_mean_s=0.0, reconfig_std_s=0.0))
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def group(s: FpgaServerService, gid: str, size: int, *clients: str) -> None:
+    s.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=gid, design="sleep", size=size), None)
+    for c in clients:
+        s.AttachClient(fpga_pb2.ServerAttachRequest(group_id=gid, client_id=c, token=f"tok-{c}"), None)
+    eventually(lambda: s.engine.group_info(gid).size == size, timeout=5)
+
+
+def task(tid: int, duration: float | None = None, kind: int = RUN) -> fpga_pb2.Task:
+    t = fpga_pb2.Task(id=tid, kind=kind)
+    if duration is not None:
+        t.params["duration"].number = duration
+    return t
+
+
+def batch(client: str, *tasks: fpga_pb2.Task, gid: str = "g", **kw: object) -> fpga_pb2.TaskBatch:
+    return fpga_pb2.TaskBatch(client_id=client, group_id=gid, token=f"tok-{client}", tasks=tasks, **kw)
+
+
+def in_thread(fn, *args):  # type: ignore[no-untyped-def]
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th, out
+
+
+def test_one_task_comes_back_with_queue_time_device_time_and_device(svc: FpgaServerService) -> None:
+    group(svc, "g", 1, "c")
+    t0 = time.monotonic()
+    rb = svc.RunBatch(batch("c", task(5, 0.02)), Ctx(10))
+    assert time.monotonic() - t0 >= 0.02
+    (r,) = rb.results
+    assert (r.id, r.kind, r.error, r.device, r.server) == (5, RUN, "", 0, "fpga-t")
+    assert r.device_time_s == pytest.approx(0.02)
+    assert 0.0 <= r.queue_time_s < 0.01
+    # nothing was left behind: no sink, no handler count, nothing for the dispatcher
+    assert svc.sinks == {} and svc.waiting_handlers == 0 and not svc.engine.busy()
+    m = svc.engine.measurements().groups[0]
+    assert (m.executed, m.busy_s) == (1, pytest.approx(0.02))
+
+
+def test_batches_shared_params_and_the_direct_baseline(svc: FpgaServerService) -> None:
+    group(svc, "g", 2, "c")
+    b = batch("c", task(1), task(2, 0.01), task(3))
+    b.shared_params["duration"].number = 0.005
+    rb = svc.RunBatch(b, Ctx(10))
+    assert {r.id: round(r.device_time_s, 6) for r in rb.results} == {1: 0.005, 2: 0.01, 3: 0.005}
+    one = batch("c", task(4))
+    one.shared_params["duration"].number = 0.003
+    (r,) = svc.RunBatch(one, Ctx(10)).results
+    assert r.device_time_s == pytest.approx(0.003)
+    # RunDirect: a device outside every group, same result encoding
+    d = svc.RunDirect(fpga_pb2.RunDirectRequest(device=3, design="sleep", task=task(9, 0.004)), Ctx())
+    assert (d.id, d.kind, d.device, d.server, d.queue_time_s) == (9, RUN, 3, "fpga-t", 0.0)
+    assert d.device_time_s == pytest.approx(0.004)
+    with pytest.raises(FailedPrecondition, match="belongs to a group"):
+        svc.RunDirect(fpga_pb2.RunDirectRequest(device=0, design="sleep", task=task(9, 0.004)), Ctx())
+
+
+def test_bad_requests_are_refused_before_anything_is_queued(svc: FpgaServerService) -> None:
+    group(svc, "g", 1, "c")
+    with pytest.raises(PermissionDenied):
+        svc.RunBatch(
+            fpga_pb2.TaskBatch(client_id="c", group_id="g", token="wrong", tasks=[task(1, 0.01)]), Ctx()
+        )
+    with pytest.raises(PermissionDenied):
+        svc.RunBatch(batch("c", task(1, 0.01), gid="other"), Ctx())
+    with pytest.raises(InvalidArgument, match="unique"):
+        svc.RunBatch(batch("c", task(1, 0.01), task(1, 0.01)), Ctx())
+    with pytest.raises(InvalidArgument, match="duration"):
+        svc.RunBatch(batch("c", task(1, -1.0)), Ctx())
+    bad = batch("c", task(1))
+    bad.tasks[0].params["duration"].array.dtype = "<f8"
+    bad.tasks[0].params["duration"].array.data = b"xyz"
+    with pytest.raises(InvalidArgument, match=r"tasks\[0\].params\[duration\]"):
+        svc.RunBatch(bad, Ctx())
+    assert svc.engine.queue_lengths("c") == [0] * 4 and svc.sinks == {}
+    assert svc.RunBatch(batch("c"), Ctx()).results == []  # an empty batch is answered at once
+
+
+def test_a_revoked_client_is_refused_and_its_waiting_task_answered(svc: FpgaServerService) -> None:
+    group(svc, "g", 1, "a", "b")
+    svc.RunBatch(batch("a", task(1, kind=LOCK)), Ctx(10))  # a holds the only device
+    th, out = in_thread(svc.RunBatch, batch("b", task(2, 0.01)), Ctx(10))
+    eventually(lambda: svc.engine.group_info("g").waiting == 1, timeout=5)
+    assert svc.RevokeClient(fpga_pb2.ServerClientRequest(client_id="b"), None).cancelled == 1
+    th.join(5)
+    (r,) = out["value"].results  # type: ignore[union-attr]
+    assert (r.id, r.error, r.device) == (2, "revoked", -1)
+    with pytest.raises(PermissionDenied, match="revoked"):
+        svc.RunBatch(batch("b", task(3, 0.01)), Ctx(10))
+
+
+def test_one_task_waits_for_a_lock_held_by_another_client(svc: FpgaServerService) -> None:
+    group(svc, "g", 1, "holder", "other")
+    (lock,) = svc.RunBatch(batch("holder", task(1, kind=LOCK)), Ctx(10)).results
+    assert (lock.kind, lock.device) == (LOCK, 0)
+    th, out = in_thread(svc.RunBatch, batch("other", task(2, 0.01)), Ctx(10))
+    time.sleep(0.15)
+    assert th.is_alive()  # the device is held: it waits
+    # the holder's own tasks run on the held device meanwhile
+    (mine,) = svc.RunBatch(batch("holder", task(3, 0.01)), Ctx(10)).results
+    assert (mine.device, mine.error) == (0, "") and mine.queue_time_s < 0.1
+    assert th.is_alive()
+    # The waiting handler sleeps in 0.5 s naps while nothing is planned for it (since it
+    # submitted, about 0.17 s ago): unlock early in its second nap.
+    time.sleep(0.4)
+    svc.RunBatch(batch("holder", task(4, kind=UNLOCK)), Ctx(10))
+    t_unlock = time.monotonic()
+    th.join(5)
+    # the unlock woke the waiting handler (it would otherwise sleep on for up to 0.5 s)
+    assert time.monotonic() - t_unlock < 0.25
+    (r,) = out["value"].results  # type: ignore[union-attr]
+    assert r.error == "" and r.device == 0 and r.device_time_s == pytest.approx(0.01)
+    assert r.queue_time_s >= 0.5
+
+
+def test_a_group_without_devices_holds_the_task_until_the_deadline(svc: FpgaServerService) -> None:
+    group(svc, "g", 0, "c")
+    t0 = time.monotonic()
+    with pytest.raises(FailedPrecondition, match="deadline"):
+        svc.RunBatch(batch("c", task(1, 0.01)), Ctx(0.2))
+    assert time.monotonic() - t0 >= 0.2
+    assert svc.engine.group_info("g").waiting == 1 and svc.waiting_handlers == 0
+    svc.ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id="g", size=1), None)
+    (r,) = svc.RunBatch(batch("c", task(2, 0.01)), Ctx(10)).results
+    assert r.error == ""
+    # the task that waited ran too (its result had nobody left to go to)
+    eventually(lambda: svc.engine.measurements().groups[0].executed == 2, timeout=5)
+
+
+def test_a_departed_caller_stops_its_handler(svc: FpgaServerService) -> None:
+    group(svc, "g", 0, "c")
+    ctx = Ctx(None)
+    th, out = in_thread(svc.RunBatch, batch("c", task(1, 0.01)), ctx)
+    time.sleep(0.05)
+    ctx.active = False
+    th.join(5)
+    assert isinstance(out.get("error"), FailedPrecondition)
+
+
+def test_concurrent_handlers_get_their_own_results_whoever_drives(svc: FpgaServerService) -> None:
+    group(svc, "g", 2, "a", "b")
+    runs = [
+        in_thread(svc.RunBatch, batch(c, *(task(i, 0.002 * (i % 3 + 1)) for i in range(n))), Ctx(20))
+        for c, n in (("a", 30), ("b", 20), ("a", 1), ("b", 1))
+    ]
+    got = []
+    for th, out in runs:
+        th.join(20)
+        got.append(sorted(r.id for r in out["value"].results))  # type: ignore[union-attr]
+    assert got == [list(range(30)), list(range(20)), [0], [0]]
+    assert svc.sinks == {} and svc.waiting_handlers == 0
+
+
+def test_execute_stream_is_served_by_the_dispatcher_after_a_handler_leaves(svc: FpgaServerService) -> None:
+    group(svc, "g", 2, "s", "b")
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def requests() -> Iterator[fpga_pb2.TaskBatch]:
+        while (item := inbox.get()) is not None:
+            yield item
+
+    results: list[fpga_pb2.TaskResult] = []
+    stream = svc.Execute(requests(), Ctx())
+    th = threading.Thread(target=lambda: [results.extend(rb.results) for rb in stream], daemon=True)
+    inbox.put(batch("s", task(1, 0.3)))
+    th.start()
+    eventually(lambda: svc.engine.group_info("g").running == 1, timeout=5)
+    # a RunBatch handler drives the engine for a short task, then leaves while the stream's runs
+    (r,) = svc.RunBatch(batch("b", task(7, 0.01)), Ctx(10)).results
+    assert r.id == 7 and svc.waiting_handlers == 0
+    eventually(lambda: len(results) == 1, timeout=5)
+    inbox.put(batch("s", task(2, 0.01), task(3, 0.01)))
+    eventually(lambda: len(results) == 3, timeout=5)
+    inbox.put(None)
+    th.join(5)
+    assert sorted(r.id for r in results) == [1, 2, 3] and all(r.error == "" for r in results)
+    assert results[0].device_time_s == pytest.approx(0.3)
+
+
+def test_wire_maps_every_kind_of_value_and_names_a_bad_one() -> None:
+    import numpy as np
+
+    from irm_fpga.wire import WireError, from_map, to_map
+
+    t = fpga_pb2.Task()
+    to_map({"n": 1.5, "i": 3, "b": True, "s": "x", "a": np.arange(3.0)}, t.params)
+    got = from_map(t.params, "p")
+    assert {k: v for k, v in got.items() if k != "a"} == {"n": 1.5, "i": 3, "b": True, "s": "x"}
+    assert got["a"].tolist() == [0.0, 1.0, 2.0]
+    assert from_map(fpga_pb2.Task().params, "p") == {}
+    t.params["empty"].SetInParent()
+    with pytest.raises(WireError, match=r"p\[empty\]: empty value"):
+        from_map(t.params, "p")
+
+
+def test_overhead_bench_pairs_alternate_their_order() -> None:
+    from bench.fpga_overhead import _paired
+
+    order: list[str] = []
+    ticks = iter(range(1000))
+    d, g = _paired(
+        (lambda: order.append("d"), lambda: order.append("g")), 4, warmup=1, clock=lambda: float(next(ticks))
+    )
+    assert order == ["d", "g"] + ["d", "g", "g", "d", "d", "g", "g", "d"]
+    assert len(d) == len(g) == 4 and d == g == [1.0] * 4
