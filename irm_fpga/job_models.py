@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Float, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from irm_fpga.models import Base
@@ -37,3 +37,29 @@ class FpgaJob(Base):
     allocations: Mapped[list] = mapped_column(JSON, default=list)
     registered_at: Mapped[float] = mapped_column(Float)
     retired_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class FpgaJobController(Base):
+    """What the job manager keeps between control periods for one job, so it survives a restart.
+
+    The throughput job controller's state (seed 000 §III-B, eq. 1-4:
+    `irm_fpga.qos.throughput.ControllerState`), the last progress sample (for
+    the achieved throughput) and the servers' `completed` counters last seen
+    (so a restarted manager does not count a group's past actions twice).
+    """
+
+    __tablename__ = "fpga_job_controllers"
+
+    job_id: Mapped[str] = mapped_column(String(64), ForeignKey("fpga_jobs.id", ondelete="CASCADE"), primary_key=True)
+    last_time: Mapped[float] = mapped_column(Float)
+    last_actions: Mapped[int] = mapped_column(Integer)
+    a_hat: Mapped[float | None] = mapped_column(Float, nullable=True)        # EMA of device-seconds per action
+    throughput: Mapped[float | None] = mapped_column(Float, nullable=True)   # t_j(k)
+    goal: Mapped[float | None] = mapped_column(Float, nullable=True)         # g_j(k); may be +inf
+    request: Mapped[int] = mapped_column(Integer, default=0)                 # r_j(k)
+    performance: Mapped[float] = mapped_column(Float, default=1.0)           # p_j(k); may be +inf
+    sample_time: Mapped[float] = mapped_column(Float)
+    sample_actions: Mapped[int] = mapped_column(Integer)
+    # server name -> the last `completed` counter of the job's group part there
+    seen: Mapped[dict] = mapped_column(JSON, default=dict)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -23,10 +23,24 @@ comes from the injected clock (the control loop's period is a wall-clock
 wait). The policy's `max` (the pool) is the FPGA-servers' usable devices
 (blacklisted ones excluded) minus the devices of groups that are not jobs'.
 
+A deadline job is retired by the manager itself once its completed actions
+(observed or reported) reach its size: its group is deleted, its devices go
+back to the pool, and under "edf" that is an event (the other jobs are
+reallocated at once; under "throughput" the broker redistributes them in the
+same control round).
+
+Priority (>= 0; 0 registers as 1): EDF breaks deadline ties by it (higher
+first; `irm_fpga.qos.edf`); the throughput broker ranks jobs by performance
+over priority, and admission takes surplus devices from lower priorities
+first (`irm_fpga.qos.throughput`). Equal priorities give the papers' policies.
+
 Every job's group holds at least one device (an FPGA group cannot be empty),
 so a job's minimum is at least 1. State lives in the Orchestrator's database
-(table `fpga_jobs`, `irm_fpga.job_models`); controller estimates are kept in
-memory and start afresh after a restart.
+(table `fpga_jobs`, `irm_fpga.job_models`), and so does what the manager keeps
+between periods (table `fpga_job_controllers`: the throughput controller's
+EMA estimate and last request, the last progress sample, the servers'
+counters last seen), written every control round: a restarted Orchestrator
+carries on from the last round instead of starting its estimates afresh.
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ from sqlalchemy import select
 
 from harness.v1 import fpga_jobs_pb2, fpga_jobs_pb2_grpc, fpga_pb2
 from irm_fpga import designs as design_lib
-from irm_fpga.job_models import FpgaJob
+from irm_fpga.job_models import FpgaJob, FpgaJobController
 from irm_fpga.models import Group
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, THROUGHPUT, JobProgress, QosJob
@@ -112,11 +126,23 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
+        """Load every active job's persisted controller state (jobs without one start afresh)."""
         now = self.clock.now()
-        for row in self._active():
-            actions = max(row.observed_actions, row.reported_actions)
-            self._states[row.id] = initial_state(self._qos(row), now, actions, row.devices)
-            self._last[row.id] = (now, actions)
+        rows = self._active()
+        with self.db.read() as s:
+            saved = {c.job_id: c for c in s.scalars(select(FpgaJobController))}
+        for row in rows:
+            c = saved.get(row.id)
+            if c is None:
+                actions = max(row.observed_actions, row.reported_actions)
+                self._states[row.id] = initial_state(self._qos(row), now, actions, row.devices)
+                self._last[row.id] = (now, actions)
+                continue
+            self._states[row.id] = ControllerState(
+                last_time=c.last_time, last_actions=c.last_actions, a_hat=c.a_hat, throughput=c.throughput,
+                goal=c.goal, request=c.request, performance=c.performance)
+            self._last[row.id] = (c.sample_time, c.sample_actions)
+            self._seen[row.id] = {k: int(v) for k, v in (c.seen or {}).items()}
         self._thread.start()
 
     def stop(self) -> None:
@@ -152,6 +178,27 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 setattr(row, k, v)
             return row
         return self.db.transact(save)
+
+    def _save_controllers(self, job_ids: list[str], now: float) -> None:
+        """Persist the in-memory controller state of `job_ids` (one transaction)."""
+        def save(s):  # type: ignore[no-untyped-def]
+            for jid in job_ids:
+                st = self._states.get(jid)
+                if st is None:
+                    continue
+                t, a = self._last.get(jid, (st.last_time, st.last_actions))
+                c = s.get(FpgaJobController, jid)
+                if c is None:
+                    c = FpgaJobController(job_id=jid)
+                    s.add(c)
+                c.last_time, c.last_actions, c.a_hat, c.throughput = st.last_time, st.last_actions, st.a_hat, \
+                    st.throughput
+                c.goal, c.request, c.performance = st.goal, st.request, st.performance
+                c.sample_time, c.sample_actions = t, a
+                c.seen = dict(self._seen.get(jid, {}))
+                c.updated_at = now
+        if job_ids:
+            self.db.transact(save)
 
     @staticmethod
     def _qos(row: FpgaJob) -> QosJob:
@@ -194,6 +241,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _observe(self, rows: list[FpgaJob]) -> dict[str, int]:
         """Completed actions per job: the servers' group counters (monotone) or the reports, the larger."""
         by_group = {r.group_id: r for r in rows}
+        changed: set[str] = set()
         for name, h in list(self.orch.servers.items()):
             try:
                 m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(),
@@ -207,10 +255,21 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 seen = self._seen.setdefault(row.id, {})
                 last = seen.get(name, 0)
                 delta = g.completed - last if g.completed >= last else g.completed   # a re-created part restarts at 0
+                if g.completed != last:
+                    changed.add(row.id)
                 seen[name] = g.completed
-                if delta:
-                    row.observed_actions += delta
-                    self._update(row.id, observed_actions=row.observed_actions)
+                row.observed_actions += delta
+        if changed:
+            # The counters seen and the actions they added, in one transaction: a restart never counts twice.
+            def save(s):  # type: ignore[no-untyped-def]
+                for r in rows:
+                    if r.id not in changed:
+                        continue
+                    s.get(FpgaJob, r.id).observed_actions = r.observed_actions
+                    c = s.get(FpgaJobController, r.id)
+                    if c is not None:
+                        c.seen = dict(self._seen[r.id])
+            self.db.transact(save)
         return {r.id: max(r.observed_actions, r.reported_actions) for r in rows}
 
     def control_once(self) -> dict[str, int]:
@@ -221,13 +280,20 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             if not rows:
                 return {}
             actions = self._observe(rows)
+            done = [r for r in rows if r.goal == DEADLINE and actions[r.id] >= r.size_actions]
+            for r in done:                       # a deadline job whose size is done: retire it
+                self._finish(r.id, now)
+            if done:
+                self._rebalance(now)             # EDF's event; the broker below redistributes under throughput
+                rows = [r for r in rows if r not in done]
             for r in rows:
                 t0, a0 = self._last.get(r.id, (r.registered_at, 0))
                 if now > t0:
                     self._update(r.id, achieved_throughput=(actions[r.id] - a0) / (now - t0))
                     self._last[r.id] = (now, actions[r.id])
             if self.config.policy != THROUGHPUT:
-                return {r.id: r.devices for r in rows}
+                self._save_controllers([r.id for r in rows], now)
+                return {r.id: r.devices for r in self._active()}
             jobs, obs = [], {}
             for r in rows:
                 st = self._states.get(r.id)
@@ -237,10 +303,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     jobs.append(self._qos(r))
                     obs[r.id] = JobProgress(now, actions[r.id], r.devices)
             if not jobs:
+                self._save_controllers([r.id for r in rows], now)
                 return {}
             alloc, states, _ = throughput_decide(jobs, {j.job_id: self._states[j.job_id] for j in jobs}, obs,
                                                  self._pool(rows), alpha=self.config.alpha)
             self._states.update(states)
+            self._save_controllers([r.id for r in rows], now)
             self._apply(alloc, [r for r in rows if r.id in alloc], now)
             return alloc
 
@@ -301,7 +369,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             pool = self._pool(rows)
             if self.config.policy == THROUGHPUT:
                 reqs = {r.id: self._states[r.id].request if r.id in self._states else r.devices for r in rows}
-                alloc = admit(job, {r.id: r.devices for r in rows}, reqs, pool)
+                alloc = admit(job, {r.id: r.devices for r in rows}, reqs, pool,
+                              priorities={r.id: r.priority for r in rows})
             else:
                 alloc = edf_allocate([*(self._qos(r) for r in rows), job], pool)
             n = (alloc or {}).get(row.id, 0)
@@ -320,9 +389,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name)
                                                         for c in FpgaJob.__table__.c})))
             self._apply(alloc, [r for r in self._active() if r.id != row.id], now)
-            if self.config.policy == THROUGHPUT:
-                self._states[row.id] = initial_state(job, now, 0, n)
+            self._states[row.id] = initial_state(job, now, 0, n)
             self._last[row.id] = (now, 0)
+            self._save_controllers([row.id], now)
             return self._job(tenant, row.id)
 
     def _rebalance(self, now: float) -> None:
@@ -341,22 +410,36 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         with self.lock:
             now = self.clock.now()
             self._observe([row])
-            row = self._job(tenant, job_id)
-            try:
-                self.orch.delete(self.orch._group(row.group_id))
-            except NotFound:
-                pass
-            end = max(row.observed_actions, row.reported_actions)
-            t0, a0 = self._last.get(row.id, (row.registered_at, 0))
-            fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
-                                      "allocations": [*row.allocations, [now, 0]]}
-            if now > t0:
-                fields["achieved_throughput"] = (end - a0) / (now - t0)
-            row = self._update(row.id, **fields)
-            for d in (self._states, self._seen, self._last):
-                d.pop(job_id, None)
+            row = self._finish(job_id, now)
             self._rebalance(now)
             return row
+
+    def _finish(self, job_id: str, now: float) -> FpgaJob:
+        """Retire a job (under the lock): delete its group, close its history, drop its controller."""
+        with self.db.read() as s:
+            row = s.get(FpgaJob, job_id)
+        if row.state == RETIRED:
+            return row
+        try:
+            self.orch.delete(self.orch._group(row.group_id))
+        except NotFound:
+            pass
+        end = max(row.observed_actions, row.reported_actions)
+        t0, a0 = self._last.get(row.id, (row.registered_at, 0))
+        fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
+                                  "allocations": [*row.allocations, [now, 0]]}
+        if now > t0:
+            fields["achieved_throughput"] = (end - a0) / (now - t0)
+        row = self._update(row.id, **fields)
+        for d in (self._states, self._seen, self._last):
+            d.pop(job_id, None)
+
+        def drop(s):  # type: ignore[no-untyped-def]
+            c = s.get(FpgaJobController, job_id)
+            if c is not None:
+                s.delete(c)
+        self.db.transact(drop)
+        return row
 
     def report(self, tenant: str, job_id: str, completed: int) -> FpgaJob:
         tenant = require_tenant(tenant)
@@ -366,7 +449,14 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         row = self._job(tenant, job_id)
         if row.state == RETIRED:
             raise FailedPrecondition(f"job {job_id!r} is retired")
-        return self._update(job_id, reported_actions=max(row.reported_actions, completed))
+        with self.lock:
+            row = self._update(job_id, reported_actions=max(row.reported_actions, completed))
+            if row.state == ACTIVE and row.goal == DEADLINE and \
+                    max(row.observed_actions, row.reported_actions) >= row.size_actions:
+                now = self.clock.now()
+                row = self._finish(job_id, now)     # its size is done: retired, devices back to the pool
+                self._rebalance(now)
+            return row
 
     def to_proto(self, row: FpgaJob) -> fpga_jobs_pb2.Job:
         actions = max(row.observed_actions, row.reported_actions)

@@ -6,7 +6,9 @@ minimums, all go to the active job with the earliest deadline, up to its max;
 what its max leaves over goes to the next deadline, and so on. The policy is
 evaluated on events only (a job submitted or retired); a submission changes
 the allocation exactly when the new job is due before the current holder.
-Ties on the deadline are broken by submission time, then by job id.
+Ties on the deadline go to the higher priority (the Job API's `priority`;
+seed 000 has none), then to the earlier submission, then to the job id. The
+priority is only a tie-breaker: an earlier deadline always comes first.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from irm_fpga.qos.jobs import DEADLINE, QosJob
 
 
 def edf_order(jobs: Sequence[QosJob]) -> list[QosJob]:
-    return sorted(jobs, key=lambda j: (j.deadline, j.submitted_at, j.job_id))
+    return sorted(jobs, key=lambda j: (j.deadline, -j.priority, j.submitted_at, j.job_id))
 
 
 def edf_allocate(jobs: Sequence[QosJob], devices: int) -> dict[str, int]:

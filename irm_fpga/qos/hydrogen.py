@@ -42,6 +42,14 @@ Ties go to the earlier algorithm in the order given. Algorithm 1 line 9
 then hands the selected schedule to the elasticity manager
 (`managed_schedule` returns it; `schedule_jlos` gives each job's JLO in it).
 
+Every algorithm also takes `now` (keyword; the paper's ignore it) so that
+deadline-aware ones can tell how long a job has waited.
+
+The deadline-aware managed mode (`managed_deadline`, with `slack_min`,
+`slack_amap`, `deadline_score` and `deadline_elasticity`; last section of this
+module) is this project's improvement on Algorithm 1, not the paper's; the
+paper's stays `managed`.
+
 `forecast_arrivals` (expected arrivals from the recent arrival rate and mix,
 projected with the window through `managed(..., expected=...)`) is an
 extension beyond the paper; seed 001 §VI's Table IV reproduction does not
@@ -153,7 +161,8 @@ def design_default_time(design: str, params: Mapping, actions: int = 1) -> float
 Allocation = list[tuple[str, int]]
 
 
-def fcfs_max(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost) -> Allocation:
+def fcfs_max(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+             now: float = 0.0) -> Allocation:
     out = []
     for job in queue[:window]:
         if available >= job.max_devices:
@@ -162,7 +171,8 @@ def fcfs_max(queue: Sequence[HJob], available: int, window: int, cost: Cost = li
     return out
 
 
-def fcfs_min(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost) -> Allocation:
+def fcfs_min(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+             now: float = 0.0) -> Allocation:
     out = []
     for job in queue[:window]:
         if available >= job.min_devices:
@@ -171,7 +181,8 @@ def fcfs_min(queue: Sequence[HJob], available: int, window: int, cost: Cost = li
     return out
 
 
-def fcfs_amap(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost) -> Allocation:
+def fcfs_amap(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+              now: float = 0.0) -> Allocation:
     out = []
     for job in queue[:window]:
         if available >= job.min_devices:
@@ -181,7 +192,8 @@ def fcfs_amap(queue: Sequence[HJob], available: int, window: int, cost: Cost = l
     return out
 
 
-def sjtf(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost) -> Allocation:
+def sjtf(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+         now: float = 0.0) -> Allocation:
     out = []
     for job in sorted(queue[:window], key=lambda j: (cost(j, j.min_devices), j.arrival, j.job_id)):
         if available < job.min_devices:
@@ -191,7 +203,8 @@ def sjtf(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear
     return out
 
 
-def priority(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost) -> Allocation:
+def priority(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+             now: float = 0.0) -> Allocation:
     out = []
     for job in sorted(queue[:window], key=lambda j: (-j.priority, j.arrival, j.job_id)):
         if available < job.min_devices:
@@ -276,7 +289,7 @@ def project(alg: Callable[..., Allocation], name: str, queue: Sequence[HJob], no
         capped = first is None and available is not None and available < free
         if capped:
             free = available
-        decision = alg(pending, free, window, cost) if pending and free > 0 else []
+        decision = alg(pending, free, window, cost, now=t) if pending and free > 0 else []
         if first is None:
             first = decision
         if decision:
@@ -410,3 +423,200 @@ def schedule_jlos(proj: Projection, jobs: Sequence[HJob], cost: Cost = linear_co
 def resize_pool(pool: int, decision: str, lo: int, hi: int) -> int:
     step = {SCALE_UP: 1, SCALE_DOWN: -1}.get(decision, 0)
     return max(lo, min(hi, pool + step))
+
+
+# -- deadline-aware managed mode and elasticity manager (issue 5's "better" variant) ------------
+#
+# Seed 001 §IV leaves room for it (algorithms can be added to the scheduling library, and cost
+# functions can be more detailed than eq. 1, per job); what follows changes three things and keeps
+# the rest (window, projection of each candidate's execution schedule, Algorithm 3's JLOs):
+#
+# 1. Two more candidate algorithms, `slack_min` and `slack_amap`, that dispatch by start deadline
+#    (a job is late when it waits more than `late_after` s, seed 001 §VI's N_L): jobs that can still
+#    start on time first, earliest start deadline first (higher priority first on a tie); jobs already
+#    late after them, by priority then arrival (they are late whatever happens now; serving them first
+#    would make the on-time ones late too, the idea of Moore-Hodgson's rule). `slack_amap` then gives
+#    the devices left over, when the whole window is dispatched, to the dispatched jobs with the
+#    longest predicted time first, up to their max: a wide job frees its devices sooner.
+# 2. Scoring that counts predicted late jobs first (`deadline_score`): the priority-weighted number
+#    of window jobs the schedule starts late (§IV-A's fairness criterion, for both strategies), then
+#    the priority-weighted sum of start latencies (§III-B's "minimising job start latency"), then the
+#    priority-weighted sum of completion times (§IV's objective, sum w_j C_j). Start latency before
+#    completion time: a schedule that spreads the window's jobs over every device finishes them
+#    sooner but leaves nothing for the next arrival, which is what made the paper's scoring pick
+#    FCFSMax and then run late.
+# 3. The cost model is the caller's: the simulation runs this mode with the learned model
+#    (`LearnedCostModel`, fed with measured executions, the implementation library's performance
+#    model of §III-B) instead of eq. 1, under which spreading a job looks free.
+#
+# The elasticity manager (`deadline_elasticity`) keeps Algorithm 3's inputs (each job's JLO in the
+# selected schedule, beta) but (a) grows the pool before dispatching, by as many devices as it takes
+# for the selected schedule to meet every JLO (§IV-B notes that the jloMetric's magnitude could
+# justify more than one device at a time), and (b) never shrinks while a queued or running job is
+# predicted to miss its JLO, nor when the window re-projected on one device fewer would miss one,
+# nor (given expected arrivals, `forecast_arrivals`) when the window and the expected jobs on one
+# device fewer would; otherwise it shrinks by one device when the JLOs' positive sum exceeds beta.
+
+DEADLINE_EPS = 1e-9
+
+
+def start_deadline(job: HJob, late_after: float = LATE_AFTER_S) -> float:
+    """The latest start that is not late (seed 001 §VI: waiting more than `late_after` s is late)."""
+    return job.arrival + late_after
+
+
+def slack_order(jobs: Sequence[HJob], now: float, late_after: float = LATE_AFTER_S) -> list[HJob]:
+    """On-time jobs by (start deadline, -priority, id), then jobs already late by (-priority, arrival, id)."""
+    on_time = [j for j in jobs if now <= start_deadline(j, late_after) + DEADLINE_EPS]
+    late = [j for j in jobs if now > start_deadline(j, late_after) + DEADLINE_EPS]
+    on_time.sort(key=lambda j: (start_deadline(j, late_after), -j.priority, j.job_id))
+    late.sort(key=lambda j: (-j.priority, j.arrival, j.job_id))
+    return on_time + late
+
+
+def slack_min(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+              now: float = 0.0, late_after: float = LATE_AFTER_S) -> Allocation:
+    """Every window job, in `slack_order`, that fits at its min gets its min (goes on past one that does not)."""
+    out = []
+    for job in slack_order(queue[:window], now, late_after):
+        if available >= job.min_devices:
+            out.append((job.job_id, job.min_devices))
+            available -= job.min_devices
+    return out
+
+
+def slack_amap(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+               now: float = 0.0, late_after: float = LATE_AFTER_S) -> Allocation:
+    """`slack_min`; when it dispatches the whole window, the devices left go to the longest jobs first."""
+    head = list(queue[:window])
+    base = dict(slack_min(head, available, window, cost, now=now, late_after=late_after))
+    left = available - sum(base.values())
+    if len(base) == len(head) and left > 0:
+        for job in sorted((j for j in head if j.job_id in base),
+                          key=lambda j: (-cost(j, base[j.job_id]), j.arrival, j.job_id)):
+            add = min(left, job.max_devices - base[job.job_id])
+            base[job.job_id] += add
+            left -= add
+    return [(j.job_id, base[j.job_id]) for j in slack_order(head, now, late_after) if j.job_id in base]
+
+
+# The candidates of the deadline-aware managed mode: the paper's four and the two above.
+DEADLINE_ALGORITHMS: dict[str, Callable[..., Allocation]] = {
+    **PAPER_ALGORITHMS, "slack_min": slack_min, "slack_amap": slack_amap,
+}
+
+
+def deadline_score(proj: Projection, jobs: Sequence[HJob], late_after: float = LATE_AFTER_S) -> tuple[float, ...]:
+    """Higher is better: (-weighted late jobs, -weighted start latency, -weighted completion time).
+
+    A job the schedule never starts is late and has infinite latency.
+    """
+    late = late_weight(proj, jobs, late_after)
+    waits = sum(j.priority * (proj.starts.get(j.job_id, math.inf) - j.arrival) for j in jobs)
+    ends = sum(j.priority * (proj.finishes.get(j.job_id, math.inf) - j.arrival) for j in jobs)
+    return (-late, -waits, -ends)
+
+
+def managed_deadline_schedule(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+                              now: float = 0.0, running_ends: Sequence[tuple[float, int]] = (),
+                              pool: int | None = None,
+                              algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
+                              late_after: float = LATE_AFTER_S) -> Projection:
+    """Seed 001 Algorithm 1, lines 2-8, with `deadline_score`: the best candidate's schedule of the window.
+
+    Candidates default to `DEADLINE_ALGORITHMS`; ties go to the earlier one in that order.
+    """
+    algs = DEADLINE_ALGORITHMS if algorithms is None else algorithms
+    if pool is None:
+        pool = available + sum(n for _, n in running_ends)
+    head = list(queue[:window])
+    projs = [project(alg, name, head, now, running_ends, pool, window, cost, (), available)
+             for name, alg in algs.items()]
+    return max(projs, key=lambda p: deadline_score(p, head, late_after))
+
+
+def managed_deadline(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
+                     now: float = 0.0, running_ends: Sequence[tuple[float, int]] = (), pool: int | None = None,
+                     algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
+                     late_after: float = LATE_AFTER_S) -> tuple[Allocation, str]:
+    """The deadline-aware managed mode: the allocation of the best candidate, and its name."""
+    best = managed_deadline_schedule(queue, available, window, cost, now=now, running_ends=running_ends,
+                                     pool=pool, algorithms=algorithms, late_after=late_after)
+    return best.allocation, best.algorithm
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A dispatched job, as the elasticity manager sees it: when it is predicted to end, on how many devices."""
+
+    job: HJob
+    end: float
+    devices: int
+
+
+@dataclass(frozen=True)
+class ElasticPlan:
+    pool: int                       # the pool to provision now
+    decision: str                   # SCALE_UP | SCALE_DOWN | PRESERVE (relative to the pool given)
+    schedule: Projection            # the selected schedule on `pool` devices
+    jlos: tuple[float, ...]         # the window's JLOs in it
+
+
+def _misses(jlos: Sequence[float]) -> bool:
+    return any(j < -DEADLINE_EPS for j in jlos)
+
+
+def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_cost, *, now: float,
+                        running: Sequence[RunningJob] = (), pool: int, lo: int, hi: int, beta: float,
+                        algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
+                        late_after: float = LATE_AFTER_S, expected: Sequence[HJob] = ()) -> ElasticPlan:
+    """The deadline-aware managed mode with its elasticity manager (seed 001 Algorithm 1 line 9, Algorithm 3).
+
+    * Grow: while the selected schedule predicts a window job missing its JLO (target - (finish -
+      arrival) < 0, counted from arrival as §IV-B does) and the pool is below `hi`, add a device and
+      schedule again; all before dispatching.
+    * Shrink by one device only if no running job is predicted to end after its JLO, the selected
+      schedule meets every window JLO, the JLOs' positive sum exceeds `beta` (Algorithm 3's test;
+      with an empty window the sum is 0 and the pool is kept), the window re-projected on one
+      device fewer still meets every JLO, and so do the window and the `expected` arrivals there
+      (under at least one of the candidate algorithms). A busy device that is removed leaves when
+      its job ends.
+
+    `pool` is the pool now; devices in use are those of `running`. Jobs need `target` (their JLO).
+    Returns the pool to provision and the selected schedule on it (its `allocation` is the dispatch).
+    """
+    if not lo <= hi:
+        raise ValueError("need lo <= hi")
+    ends = [(r.end, r.devices) for r in running]
+    used = sum(r.devices for r in running)
+    head = list(queue[:window])
+
+    def plan(p: int) -> tuple[Projection, list[float]]:
+        best = managed_deadline_schedule(head, max(0, p - used), window, cost, now=now, running_ends=ends, pool=p,
+                                         algorithms=algorithms, late_after=late_after)
+        return best, schedule_jlos(best, head, cost)
+
+    def holds_with_expected(p: int) -> bool:
+        """The selected algorithm on `p` devices meets the JLOs of the window and of the expected arrivals."""
+        if not expected:
+            return True
+        algs = DEADLINE_ALGORITHMS if algorithms is None else algorithms
+        runs = [project(alg, name, head, now, ends, p, window, cost, expected, max(0, p - used))
+                for name, alg in algs.items()]
+        return any(not _misses(schedule_jlos(r, [*head, *expected], cost)) for r in runs)
+
+    start = max(lo, min(hi, pool))
+    best, jlos = plan(start)
+    p = start
+    while _misses(jlos) and p < hi:
+        p += 1
+        best, jlos = plan(p)
+    if p > pool:
+        return ElasticPlan(p, SCALE_UP, best, tuple(jlos))
+    running_late = any(r.job.target is not None and r.end - r.job.arrival > r.job.target + DEADLINE_EPS
+                       for r in running)
+    if p > lo and not running_late and not _misses(jlos) and sum(j for j in jlos if j >= 0) > beta:
+        smaller, small_jlos = plan(p - 1)
+        if not _misses(small_jlos) and holds_with_expected(p - 1):
+            return ElasticPlan(p - 1, SCALE_DOWN, smaller, tuple(small_jlos))
+    return ElasticPlan(p, PRESERVE if p == pool else SCALE_DOWN, best, tuple(jlos))

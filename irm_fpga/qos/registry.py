@@ -5,8 +5,11 @@ Two families with different shapes:
 * allocation policies (seed 000): resize each running job's group;
   `edf` -> `edf_allocate(jobs, devices)`, `throughput` -> `throughput_decide(...)`;
 * Hydrogen scheduling algorithms (seed 001): dispatch from a ready queue,
-  `alg(queue, available, window, cost)`; `managed` takes keywords for the
-  projection (now, running_ends, pool, strategy).
+  `alg(queue, available, window, cost, now=...)`; the two managed modes take
+  keywords for the projection (now, running_ends, pool, ...):
+  `managed` (alias `managed_paper`) is seed 001 Algorithm 1 as written,
+  `managed_deadline` the deadline-aware mode (`irm_fpga.qos.hydrogen`), with
+  its candidates `slack_min` and `slack_amap` also selectable alone.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from irm_fpga.qos.edf import edf_allocate
-from irm_fpga.qos.hydrogen import ALGORITHMS, managed
+from irm_fpga.qos.hydrogen import ALGORITHMS, managed, managed_deadline, slack_amap, slack_min
 from irm_fpga.qos.throughput import throughput_decide
 
 ALLOCATION_POLICIES: dict[str, Callable] = {"edf": edf_allocate, "throughput": throughput_decide}
-SCHEDULING_ALGORITHMS: dict[str, Callable] = {**ALGORITHMS, "managed": managed}
+SCHEDULING_ALGORITHMS: dict[str, Callable] = {
+    **ALGORITHMS, "slack_min": slack_min, "slack_amap": slack_amap,
+    "managed": managed, "managed_paper": managed, "managed_deadline": managed_deadline,
+}
 
 
 def get_policy(name: str) -> Callable:

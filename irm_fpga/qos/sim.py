@@ -17,15 +17,19 @@ Two models, each the one its paper's experiments are defined on:
   non-preemptively on r devices for `true_cost(job, r)` seconds (Table II's
   sub-linear scaling); the scheduler decides on every arrival and completion
   with eq. 1, as seed 001 §IV does "for this paper" (or the learned model,
-  fed with the measured executions). Managed mode can run with the
-  elasticity manager in the loop (Algorithm 1, line 9).
+  fed with the measured executions). Managed mode, the paper's or the
+  deadline-aware one, can run with its elasticity manager in the loop
+  (Algorithm 1, line 9). `late_lower_bound` bounds N_L from below for any
+  policy on a given arrival sequence.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -201,21 +205,37 @@ def arrivals(sc: Scenario, seed: int, late_after: float = hy.LATE_AFTER_S) -> li
         i += 1
 
 
+MANAGED_MODES = ("managed", "managed_deadline")
+
+
 def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = False,
                  late_after: float = hy.LATE_AFTER_S, elasticity: bool = False, beta: float = 2.5,
-                 pool_min: int = 1, algorithms: dict | None = None) -> HydrogenMetrics:
-    """One run of `algorithm` (or "managed") on `sc` (seed 001 §VI).
+                 pool_min: int = 1, algorithms: dict | None = None, forecast: int = 0) -> HydrogenMetrics:
+    """One run of `algorithm` (a single algorithm, "managed" or "managed_deadline") on `sc` (seed 001 §VI).
 
     The scheduler decides on every arrival and completion (events at one
     instant are all applied first) with eq. 1 (`learned`: the learned cost
-    model, fed with the measured executions); jobs run for `true_cost`.
-    Single algorithms run on a fixed pool of `sc.pool` devices. "managed"
-    chooses among `algorithms` (default: the paper's four) by `sc.strategy`;
-    with `elasticity` it also runs Algorithm 1 line 9: the selected
-    schedule's JLOs (`hy.schedule_jlos`) go to the elasticity manager, which
-    grows or shrinks the pool by one device within [pool_min, sc.pool] at
-    once (a device leaving while busy leaves when its job ends), so managed
-    mode never has more devices than the single algorithms.
+    model, fed with the measured executions); jobs run for `true_cost`. The
+    scheduler sees a running job's end as its start plus the cost model's
+    time, not the true end. Single algorithms run on a fixed pool of
+    `sc.pool` devices.
+
+    "managed" (seed 001 Algorithm 1 as written) chooses among `algorithms`
+    (default: the paper's four) by `sc.strategy`; with `elasticity` it also
+    runs line 9: the selected schedule's JLOs (`hy.schedule_jlos`) go to
+    Algorithm 3, which grows or shrinks the pool by one device within
+    [pool_min, sc.pool] after the dispatch.
+
+    "managed_deadline" (the deadline-aware mode) chooses among `algorithms`
+    (default: `hy.DEADLINE_ALGORITHMS`) by `hy.deadline_score`; with
+    `elasticity` it runs `hy.deadline_elasticity` before the dispatch, a
+    shrink checked against `forecast` expected arrivals
+    (`hy.forecast_arrivals`, 0: none).
+
+    The pool changes at once (a device leaving while busy leaves when its
+    job ends, and is counted as provisioned until then), and never exceeds
+    `sc.pool`, so managed mode never has more devices than the single
+    algorithms.
 
     N_L: jobs dispatched after waiting more than `late_after` s, plus jobs
     still waiting longer than that at the end. U_c: busy device-seconds over
@@ -223,10 +243,11 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     """
     jobs = arrivals(sc, seed, late_after)
     model: Callable = hy.LearnedCostModel() if learned else hy.linear_cost
-    alg = hy.ALGORITHMS.get(algorithm)
-    if alg is None and algorithm != "managed":
-        raise KeyError(f"unknown algorithm {algorithm!r}")
-    algs = hy.PAPER_ALGORITHMS if algorithms is None else algorithms
+    alg = {**hy.ALGORITHMS, **hy.DEADLINE_ALGORITHMS}.get(algorithm)
+    if alg is None and algorithm not in MANAGED_MODES:
+        raise KeyError(f"unknown algorithm {algorithm!r}; known: {sorted([*hy.DEADLINE_ALGORITHMS, *MANAGED_MODES])}")
+    deadline_mode = algorithm == "managed_deadline"
+    algs = (hy.DEADLINE_ALGORITHMS if deadline_mode else hy.PAPER_ALGORITHMS) if algorithms is None else algorithms
     events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival, seq, payload)
     seq = 0
     for j in jobs:
@@ -234,6 +255,9 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
         seq += 1
     queue: list[hy.HJob] = []
     running: dict[str, tuple[float, int]] = {}
+    running_jobs: dict[str, hy.HJob] = {}
+    starts: dict[str, tuple[float, int]] = {}                # running job -> (start, devices)
+    history: deque[hy.HJob] = deque()                        # recent arrivals (the forecast's input)
     waits: list[float] = []
     services: list[float] = []
     busy = 0.0
@@ -246,27 +270,51 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     now = 0.0
     while events and events[0][0] <= sc.duration:
         now = events[0][0]
-        provisioned += pool * (now - last)
+        provisioned += max(pool, sum(n for _, n in running.values())) * (now - last)   # a removed busy device stays
         last = now
         while events and events[0][0] <= now:
             _, kind, _, payload = heapq.heappop(events)
             if kind == 0:
                 job, n, took = payload
                 running.pop(job.job_id)
+                running_jobs.pop(job.job_id)
+                starts.pop(job.job_id)
                 done += 1
                 services.append(took)
                 if learned:
                     model.observe(job, n, took)
             else:
                 queue.append(payload)
+                history.append(payload)
+                while history[0].arrival < now - hy.FORECAST_SPAN_S:
+                    history.popleft()
         free = pool - sum(n for _, n in running.values())
         if not queue or (free <= 0 and not elasticity):
             continue
+        # The scheduler's view of a running job's end: its start plus the cost model's time (never before now).
+        ends = {k: (max(now, s + model(running_jobs[k], n)), n) for k, (s, n) in starts.items()}
         if alg is not None:
-            decision = alg(queue, free, window, model)
+            decision = alg(queue, free, window, model, now=now)
+        elif deadline_mode:
+            if elasticity:
+                plan = hy.deadline_elasticity(
+                    queue, window, model, now=now, pool=pool, lo=pool_min, hi=sc.pool, beta=beta,
+                    algorithms=algs, late_after=late_after,
+                    running=[hy.RunningJob(running_jobs[k], e, n) for k, (e, n) in ends.items()],
+                    expected=hy.forecast_arrivals(list(history), now, forecast) if forecast else ())
+                best = plan.schedule
+                scalings[plan.decision] = scalings.get(plan.decision, 0) + 1
+                pool = plan.pool
+            else:
+                best = hy.managed_deadline_schedule(queue, max(0, free), window, model, now=now,
+                                                    running_ends=list(ends.values()), pool=pool,
+                                                    algorithms=algs, late_after=late_after)
+            decision = best.allocation
+            if decision:
+                chosen[best.algorithm] = chosen.get(best.algorithm, 0) + 1
         else:
             best = hy.managed_schedule(queue, max(0, free), window, model, now=now,
-                                       running_ends=list(running.values()), pool=pool, strategy=sc.strategy,
+                                       running_ends=list(ends.values()), pool=pool, strategy=sc.strategy,
                                        algorithms=algs, late_after=late_after)
             decision = best.allocation
             if decision:
@@ -283,15 +331,54 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
             end = now + took
             busy += n * (min(end, sc.duration) - now)
             running[job.job_id] = (end, n)
+            running_jobs[job.job_id] = job
+            starts[job.job_id] = (now, n)
             heapq.heappush(events, (end, 0, seq, (job, n, took)))
             seq += 1
         queue = [q for q in queue if q.job_id not in picked]
-    provisioned += pool * (sc.duration - last)
+    provisioned += max(pool, sum(n for _, n in running.values())) * (sc.duration - last)
     late = sum(1 for w in waits if w > late_after) + sum(1 for q in queue if sc.duration - q.arrival > late_after)
     return HydrogenMetrics(W_T=sum(waits) / len(waits) if waits else 0.0,
                            S_T=sum(services) / len(services) if services else 0.0,
                            U_c=busy / provisioned if provisioned > 0 else 0.0, N_C=done, N_L=late, chosen=chosen,
                            mean_pool=provisioned / sc.duration, scalings=scalings)
+
+
+def late_lower_bound(jobs: Sequence[hy.HJob], pool: int, work: Callable[[hy.HJob], float],
+                     late_after: float = hy.LATE_AFTER_S, max_span: int = 80) -> int:
+    """A lower bound on N_L that holds for every policy, even one that knows the arrivals in advance.
+
+    Take consecutive arrivals i..k (at most `max_span` of them): none is late only if each starts
+    within `late_after` s of its arrival, so all start in [a_i, a_k + late_after]. Every one of them
+    that is not still running at a_k + late_after did all its work inside that interval; at most
+    `pool` are still running then. So the work of all but the `pool` largest must fit in `pool`
+    devices over the interval; each job moved out of the set (made late), largest first, lowers
+    that work. `work(job)` is a job's least device-seconds on any allowed number of devices. Bounds
+    of disjoint runs of arrivals add up (weighted interval scheduling over the runs).
+    """
+    n = len(jobs)
+    arr = [j.arrival for j in jobs]
+    best_at: dict[int, list[tuple[int, int]]] = {}
+    for i in range(n):
+        works: list[float] = []
+        for k in range(i, min(n, i + max_span)):
+            bisect.insort(works, work(jobs[k]))
+            rest = works[:-pool] if len(works) > pool else []
+            need, cap, m = sum(rest), pool * (arr[k] + late_after - arr[i]), 0
+            while need > cap + 1e-9 and rest:
+                need -= rest.pop()
+                m += 1
+            if m:
+                best_at.setdefault(k, []).append((i, m))
+    total = [0] * (n + 1)
+    for k in range(n):
+        total[k + 1] = max([total[k], *(total[i] + m for i, m in best_at.get(k, []))])
+    return total[n]
+
+
+def least_work(job: hy.HJob, overhead: float) -> float:
+    """A job's least device-seconds under `true_cost`: r * t(r) grows with r, so at its min."""
+    return job.min_devices * true_cost(job, job.min_devices, overhead)
 
 
 def mean_metrics(runs: Sequence[HydrogenMetrics]) -> dict[str, float]:

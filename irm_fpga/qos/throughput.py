@@ -21,6 +21,15 @@ observed (`JobProgress`) and applies the returned allocation.
   from active jobs holding more than their request; if that is not enough it
   is rejected (returns None).
 
+Priority (seed 000 has none; the issue's Job API carries one, default 1):
+the broker ranks jobs by their *weighted* performance p_j / w_j, w_j the
+job's priority, so a job of priority 2 at 80 % of its goal ranks like a job
+of priority 1 at 40 %; equal ranks go to the higher priority, then to the
+order given. Algorithm 2 hands out its slack in that order, Algorithm 3
+sorts its entries (p_j / w_j * 0.75^i) by it. Admission takes surplus
+devices from lower-priority jobs first. With every priority equal this is
+the paper's broker exactly.
+
 Two readings of the pseudo-code, stated here because the text leaves them
 open: Algorithm 3 sorts `(prio, job)` entries ascending (the default order),
 so the job furthest below its goal (lowest p) is served first; and in
@@ -108,13 +117,20 @@ class BrokerJob:
     performance: float      # p_j
     deadline_goal: bool
     max_devices: int | None = None
+    priority: float = 1.0   # w_j: p_j / w_j ranks the jobs (module docstring)
+
+    @property
+    def rank(self) -> float:
+        """p_j / w_j: lower is served first (a priority <= 0 ranks last)."""
+        return self.performance / self.priority if self.priority > 0 else math.inf
 
 
 def allocate_fit(jobs: Sequence[BrokerJob], max_: int) -> dict[str, int]:
     """Algorithm 2: every request granted; slack to deadline-bound jobs, worst p first."""
     alloc = {j.job_id: j.request for j in jobs}
     slack = max_ - sum(alloc.values())
-    dbound = sorted((j for j in jobs if j.deadline_goal), key=lambda j: j.performance)
+    order = {j.job_id: i for i, j in enumerate(jobs)}
+    dbound = sorted((j for j in jobs if j.deadline_goal), key=lambda j: (j.rank, -j.priority, order[j.job_id]))
     room = {j.job_id: (math.inf if j.max_devices is None else j.max_devices) for j in jobs}
     for j in dbound:                          # paused jobs first
         if alloc[j.job_id] == 0 and slack > 0 and room[j.job_id] >= 1:
@@ -132,16 +148,16 @@ def allocate_fit(jobs: Sequence[BrokerJob], max_: int) -> dict[str, int]:
 
 
 def allocate_not_fit(jobs: Sequence[BrokerJob], max_: int) -> dict[str, int]:
-    """Algorithm 3: entries (p_j * 0.75^i, j) for i < r_j, sorted ascending, first `max` granted."""
-    available: list[tuple[float, int, str]] = []
+    """Algorithm 3: entries (p_j / w_j * 0.75^i, j) for i < r_j, sorted ascending, first `max` granted."""
+    available: list[tuple[float, float, int, str]] = []
     for order, j in enumerate(jobs):
-        prio = j.performance
+        prio = j.rank
         for _ in range(j.request):
-            available.append((prio, order, j.job_id))
+            available.append((prio, -j.priority, order, j.job_id))
             prio *= ALG3_DECAY
-    available.sort(key=lambda e: (e[0], e[1]))
+    available.sort(key=lambda e: e[:3])
     alloc = {j.job_id: 0 for j in jobs}
-    for _, _, job_id in available[:max_]:
+    for *_, job_id in available[:max_]:
         alloc[job_id] += 1
     return alloc
 
@@ -156,12 +172,16 @@ def resource_broker(jobs: Sequence[BrokerJob], max_: int) -> tuple[dict[str, int
     return allocate_not_fit(jobs, max_), False
 
 
-def admit(job: QosJob, allocation: Mapping[str, int], requests: Mapping[str, int], max_: int) -> dict[str, int] | None:
+def admit(job: QosJob, allocation: Mapping[str, int], requests: Mapping[str, int], max_: int,
+          priorities: Mapping[str, float] | None = None) -> dict[str, int] | None:
     """Allocation after admitting `job` (seed 000 §III-B, end), or None if it is rejected.
 
     `allocation` and `requests` cover the active jobs (a job without an
     estimate yet should pass its minimum or current allocation as request).
+    Surplus devices are taken from the lowest `priorities` first (default 1
+    each), then from the job with the largest surplus, then by id.
     """
+    prio = priorities or {}
     alloc = dict(allocation)
     free = max_ - sum(alloc.values())
     need = max(1, job.min_devices)
@@ -169,7 +189,7 @@ def admit(job: QosJob, allocation: Mapping[str, int], requests: Mapping[str, int
         alloc[job.job_id] = job.cap(free)
         return alloc
     got = max(0, free)
-    for jid in sorted(alloc, key=lambda k: (requests.get(k, alloc[k]) - alloc[k], k)):
+    for jid in sorted(alloc, key=lambda k: (prio.get(k, 1.0), requests.get(k, alloc[k]) - alloc[k], k)):
         surplus = alloc[jid] - requests.get(jid, alloc[jid])
         take = min(max(0, surplus), need - got)
         if take:
@@ -193,6 +213,6 @@ def throughput_decide(jobs: Sequence[QosJob], states: Mapping[str, ControllerSta
     new_states = {j.job_id: controller_step(j, states[j.job_id], observations[j.job_id], alpha=alpha,
                                             max_devices=max_) for j in jobs}
     bjobs = [BrokerJob(j.job_id, new_states[j.job_id].request, new_states[j.job_id].performance,
-                       j.goal == DEADLINE, j.max_devices) for j in jobs]
+                       j.goal == DEADLINE, j.max_devices, j.priority) for j in jobs]
     alloc, fit = resource_broker(bjobs, max_)
     return alloc, new_states, fit

@@ -27,8 +27,9 @@ FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
 TASK_S = 0.1
 
 
-def start_irm(suite, policy: str, period: float = 1.0):
-    servers = [suite.start("fpga-server", name=f"fpga-{i}", devices=4, **FAST) for i in range(2)]
+def start_irm(suite, policy: str, period: float = 1.0, servers=None):
+    """FPGA-servers (unless given: a restart reuses them), then the Orchestrator and the job manager."""
+    servers = servers or [suite.start("fpga-server", name=f"fpga-{i}", devices=4, **FAST) for i in range(2)]
     cfg = OrchestratorConfig(address="127.0.0.1:0", servers=[s.address for s in servers], autoscaler="none",
                              database=f"sqlite:///{os.path.join(suite.tmp, f'fpga-{policy}.db')}")
     orch = Orchestrator(cfg)
@@ -44,6 +45,7 @@ def start_irm(suite, policy: str, period: float = 1.0):
                                                              service_names=names, start=start, stop=stop)])
     address = f"127.0.0.1:{running.port}"
     ch = grpc.insecure_channel(address)
+    register.servers = servers  # type: ignore[attr-defined]
     return running, address, fpga_jobs_pb2_grpc.FpgaJobsStub(ch), fpga_pb2_grpc.FpgaOrchestratorStub(ch), register
 
 
@@ -192,3 +194,57 @@ def test_throughput_job_reaches_its_goal_through_real_tasks(throughput):
         t.join(30)
     done = jobs.RetireJob(jp.RetireJobRequest(tenant="alice", job_id=job.id))
     assert done.state == jp.Job.STATE_RETIRED and done.allocations[-1].devices == 0
+
+
+def test_a_deadline_job_whose_size_is_done_retires_itself_and_frees_its_devices(edf):
+    jobs, orch = edf["jobs"], edf["orch"]
+    other = jobs.RegisterJob(deadline_job("other", 100.0))
+    small = jobs.RegisterJob(deadline_job("small", 30.0, size=20))
+    assert (small.devices, jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=other.id)).devices) == (7, 1)
+    with VirtualFpga.attach(edf["address"], "alice", small.group_id) as f:
+        f.map([{"duration": 0.01}] * 20)
+    done = eventually(lambda: (lambda j: j if j.state == jp.Job.STATE_RETIRED else None)(
+        jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=small.id))), what="auto-retired once 20 actions done")
+    assert done.completed_actions >= 20 and done.devices == 0 and done.allocations[-1].devices == 0
+    with pytest.raises(grpc.RpcError) as e:
+        orch.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=small.group_id))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    # EDF's event, in the same control round (which may still be applying it when the retirement shows).
+    other = eventually(lambda: (lambda j: j if j.devices == 8 else None)(
+        jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=other.id))), what="the other job gets every device")
+    assert group_size(orch, "alice", other.group_id) == 8 and [a.devices for a in other.allocations] == [8, 1, 8]
+    with pytest.raises(grpc.RpcError) as e:                                           # no more reports
+        jobs.ReportProgress(jp.ReportProgressRequest(tenant="alice", job_id=small.id, completed_actions=30))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_throughput_controller_state_survives_an_orchestrator_restart(suite):
+    running, address, jobs, _, register = start_irm(suite, "throughput", period=0.4)
+    try:
+        job = jobs.RegisterJob(jp.RegisterJobRequest(tenant="alice", request_id="tp", design="sleep",
+                                                     throughput=jp.ThroughputGoal(actions_per_s=20.0)))
+        with VirtualFpga.attach(address, "alice", job.group_id) as f:
+            f.map([{"duration": 0.05}] * 60)
+        manager = register.manager
+        eventually(lambda: (s := manager._states.get(job.id)) is not None and s.a_hat is not None
+                   and s.last_actions >= 60, what="an action-time estimate from all 60 actions")
+        with manager.lock:                     # a consistent snapshot between two control rounds
+            before = manager._states[job.id]
+            seen = dict(manager._seen[job.id])
+    finally:
+        stop_irm(running, register)
+    servers = register.servers
+    running, address, jobs, _, register = start_irm(suite, "throughput", period=0.4, servers=servers)
+    try:
+        manager = register.manager
+        loaded = manager._states[job.id]
+        assert (loaded.a_hat, loaded.request, loaded.last_actions) == (before.a_hat, before.request,
+                                                                      before.last_actions)
+        assert manager._seen[job.id] == seen
+        # Control rounds go on from there; the servers' counters are not counted a second time.
+        eventually(lambda: manager._states[job.id].last_time > loaded.last_time, what="a round after the restart")
+        again = jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id))
+        assert again.completed_actions == 60 and again.state == jp.Job.STATE_ACTIVE
+        assert manager._states[job.id].a_hat == pytest.approx(before.a_hat)   # no progress: estimate kept
+    finally:
+        stop_irm(running, register)

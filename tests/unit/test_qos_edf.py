@@ -40,3 +40,15 @@ def test_registry_selects_by_name_and_rejects_unknown():
     assert get_policy("edf") is edf_allocate
     with pytest.raises(KeyError):
         get_policy("round-robin")
+
+
+def test_priority_breaks_deadline_ties_only():
+    lo = QosJob("lo", deadline=50, size=100, min_devices=1, priority=1.0, submitted_at=0.0)
+    hi = QosJob("hi", deadline=50, size=100, min_devices=1, priority=4.0, submitted_at=5.0)
+    assert edf_allocate([lo, hi], 8) == {"hi": 7, "lo": 1}           # same deadline: the higher priority
+    early = QosJob("early", deadline=40, size=100, min_devices=1, priority=0.5, submitted_at=9.0)
+    assert edf_allocate([lo, hi, early], 8) == {"early": 6, "hi": 1, "lo": 1}   # an earlier deadline first
+    # Minimums that do not fit: on a deadline tie the lower priority waits.
+    a = QosJob("a", deadline=10, size=100, min_devices=3, priority=1.0)
+    b = QosJob("b", deadline=10, size=100, min_devices=3, priority=2.0)
+    assert edf_allocate([a, b], 4) == {"b": 4, "a": 0}

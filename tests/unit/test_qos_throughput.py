@@ -80,3 +80,26 @@ def test_admission_takes_free_devices_then_surplus_then_rejects():
     assert admit(j, {"a": 3}, {"a": 3}, 8) == {"a": 3, "n": 5}
     assert admit(j, {"a": 6, "b": 2}, {"a": 3, "b": 2}, 8) == {"a": 4, "b": 2, "n": 2}
     assert admit(j, {"a": 6, "b": 2}, {"a": 6, "b": 2}, 8) is None
+
+
+def test_broker_ranks_by_performance_over_priority():
+    # Fit, slack 4 to deadline jobs: d1 at p 0.9 with priority 3 ranks 0.3, before d2 (p 0.5, priority 1).
+    jobs = [BrokerJob("d1", 1, 0.9, True, priority=3.0), BrokerJob("d2", 1, 0.5, True)]
+    alloc, fit = resource_broker(jobs, 5)
+    assert fit and alloc == {"d1": 3, "d2": 2}                    # round-robin d1, d2, d1
+    assert resource_broker([BrokerJob("d1", 1, 0.9, True), BrokerJob("d2", 1, 0.5, True)], 5)[0] == \
+        {"d1": 2, "d2": 3}                                        # equal priorities: the paper's order
+    # Not fit: entries a: 0.6/2 = .3, .225; b: .5, .375 -> a, a, then b.
+    alloc, fit = resource_broker([BrokerJob("a", 2, 0.6, True, priority=2.0), BrokerJob("b", 2, 0.5, True)], 3)
+    assert not fit and alloc == {"a": 2, "b": 1}
+    # Equal ranks (two paused jobs, p = 0): the higher priority first.
+    assert allocate_not_fit([BrokerJob("a", 1, 0.0, True), BrokerJob("b", 1, 0.0, True, priority=2.0)], 1) == \
+        {"a": 0, "b": 1}
+    assert BrokerJob("z", 1, 0.5, True, priority=0.0).rank == math.inf
+
+
+def test_admission_takes_surplus_from_lower_priority_first():
+    j = QosJob("n", goal="throughput", throughput=5.0, min_devices=2)
+    alloc, req = {"lo": 3, "hi": 5}, {"lo": 1, "hi": 1}
+    assert admit(j, alloc, req, 8) == {"lo": 3, "hi": 3, "n": 2}                        # largest surplus first
+    assert admit(j, alloc, req, 8, priorities={"lo": 1.0, "hi": 3.0}) == {"lo": 1, "hi": 5, "n": 2}

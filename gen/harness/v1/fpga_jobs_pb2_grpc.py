@@ -76,7 +76,8 @@ class FpgaJobsServicer:
 
     def RetireJob(self, request, context):
         """Retire a job: its group is deleted (attached clients are revoked) and its
-        devices go back to the other jobs. Retiring a retired job returns it.
+        devices go back to the other jobs. Retiring a retired job returns it. A
+        deadline job retires itself once its completed actions reach its size.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,309 @@
+"""The job manager's loose ends (issue 5), on SQLite and PostgreSQL, on virtual time.
+
+The manager runs over an in-memory stand-in for the Orchestrator (groups in
+the real database, FPGA-servers reduced to the `completed` counters the
+manager reads) so every step is a direct call: auto-retirement of deadline
+jobs whose size is done, priority in EDF and in the throughput broker, and
+the controller state carried across a restart. `test_fpga_jobs.py` runs the
+same manager against real FPGA-server processes.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import inspect, select
+
+from harness.v1 import fpga_jobs_pb2 as jp
+from harness.v1 import fpga_pb2
+from irm_fpga.job_models import FpgaJob, FpgaJobController
+from irm_fpga.jobs import RETIRED, JobManager, JobsConfig
+from irm_fpga.models import Group
+from irm_fpga.orchestrator import MIGRATIONS
+from services.clock import VirtualClock
+from services.db import Database
+from services.errors import NotFound
+
+DEVICES = 8
+
+
+class FakeServer:
+    """An FPGA-server as the job manager sees it: cumulative `completed` counters per group."""
+
+    def __init__(self) -> None:
+        self.completed: dict[str, int] = {}
+
+    def stub(self) -> FakeServer:
+        return self
+
+    def GetMeasurements(self, request, timeout=None):  # noqa: N802
+        return fpga_pb2.ServerMeasurements(
+            groups=[fpga_pb2.GroupCounters(group_id=g, completed=c) for g, c in self.completed.items()]
+        )
+
+
+class FakeOrchestrator:
+    """Groups in the database (so the manager's pool is computed as live), devices counted, nothing placed."""
+
+    def __init__(self, url: str, clock: VirtualClock, servers: dict[str, FakeServer]) -> None:
+        self.db = Database(url)
+        self.db.migrate(MIGRATIONS, "alembic_version_fpga")
+        self.clock = clock
+        self.servers = servers
+        self.config = SimpleNamespace(server_timeout_s=1.0)
+
+    def _free_total_capacity(self) -> dict[str, int]:
+        return {"s1": DEVICES}
+
+    def _group(self, group_id: str) -> Group:
+        with self.db.read() as s:
+            g = s.get(Group, group_id)
+        if g is None or g.deleted:
+            raise NotFound(f"FPGA group {group_id!r} does not exist")
+        return g
+
+    def create_group(self, tenant, request_id, design, size, min_size=0, max_size=0, **_):
+        g = Group(
+            id=f"fg-{uuid.uuid4().hex[:12]}",
+            tenant=tenant,
+            request_id=request_id,
+            design=design,
+            size=size,
+            min_size=min_size,
+            max_size=max_size,
+            shared=False,
+            elastic=False,
+            parts={"s1": size},
+            created_at=self.clock.now(),
+            deleted=False,
+            reservation_id="",
+        )
+        self.db.transact(lambda s: s.add(Group(**{c.name: getattr(g, c.name) for c in Group.__table__.c})))
+        return g
+
+    def resize(self, g: Group, size: int) -> Group:
+        def save(s):  # noqa: ANN001, ANN202
+            row = s.get(Group, g.id)
+            row.size, row.parts = size, {"s1": size}
+            return row
+
+        return self.db.transact(save)
+
+    def delete(self, g: Group) -> Group:
+        def save(s):  # noqa: ANN001, ANN202
+            row = s.get(Group, g.id)
+            row.deleted = True
+            return row
+
+        return self.db.transact(save)
+
+    def size_of(self, group_id: str) -> int:
+        return self._group(group_id).size
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.db'}"
+    return request.getfixturevalue("fresh_pg_url")
+
+
+class Irm:
+    """A manager over a fake Orchestrator; `restart()` builds both afresh on the same database and servers."""
+
+    def __init__(self, url: str, policy: str, alpha: float = 0.5) -> None:
+        self.url, self.policy, self.alpha = url, policy, alpha
+        self.clock = VirtualClock(1000.0)
+        self.server = FakeServer()
+        self.orch: FakeOrchestrator | None = None
+        self.manager: JobManager | None = None
+        self._build()
+
+    def _build(self) -> None:
+        self.orch = FakeOrchestrator(self.url, self.clock, {"s1": self.server})
+        self.manager = JobManager(
+            self.orch, JobsConfig(policy=self.policy, control_period_s=3600.0, alpha=self.alpha)
+        )
+        self.manager.start()  # loads the persisted state; its loop waits an hour: we step by hand
+
+    def restart(self) -> None:
+        self.close()
+        self._build()
+
+    def close(self) -> None:
+        self.manager.stop()
+        self.orch.db.dispose()
+
+    def register(self, request_id: str, **kw) -> FpgaJob:
+        return self.manager.register(
+            jp.RegisterJobRequest(tenant="alice", request_id=request_id, design="sleep", **kw)
+        )
+
+    def job(self, job_id: str) -> FpgaJob:
+        return self.manager._job("alice", job_id)
+
+    def complete(self, job: FpgaJob, n: int) -> None:
+        """The data plane completes `n` more of the job's actions."""
+        self.server.completed[job.group_id] = self.server.completed.get(job.group_id, 0) + n
+
+
+@pytest.fixture
+def irm_factory(db_url):
+    made: list[Irm] = []
+
+    def make(policy: str, **kw) -> Irm:
+        made.append(Irm(db_url, policy, **kw))
+        return made[-1]
+
+    yield make
+    for i in made:
+        i.close()
+
+
+def deadline(seconds: float, size: int) -> dict:
+    return {"deadline": jp.DeadlineGoal(deadline_s=seconds, size_actions=size)}
+
+
+# -- auto-retirement -------------------------------------------------------------------------
+
+
+def test_edf_deadline_job_retires_itself_when_its_size_is_done_and_its_devices_go_back(irm_factory):
+    irm = irm_factory("edf")
+    soon = irm.register("soon", **deadline(30.0, 100))
+    late = irm.register("late", **deadline(100.0, 1000))
+    assert (irm.job(soon.id).devices, irm.job(late.id).devices) == (7, 1)
+
+    irm.clock.advance(1.0)
+    irm.complete(soon, 99)  # one action short: still active
+    irm.manager.control_once()
+    assert irm.job(soon.id).state == "active" and irm.job(soon.id).observed_actions == 99
+
+    irm.clock.advance(1.0)
+    irm.complete(soon, 1)
+    irm.manager.control_once()
+    done = irm.job(soon.id)
+    assert done.state == RETIRED and done.devices == 0 and done.retired_at == pytest.approx(1002.0)
+    assert done.allocations == [[1000.0, 8], [1000.0, 7], [1002.0, 0]]
+    with pytest.raises(NotFound):
+        irm.orch._group(done.group_id)  # its group is gone
+    # EDF's event: the remaining job gets every device at once.
+    assert irm.job(late.id).devices == DEVICES and irm.orch.size_of(late.group_id) == DEVICES
+    assert irm.job(late.id).allocations == [[1000.0, 1], [1002.0, 8]]
+    with irm.orch.db.read() as s:  # its controller row went with it
+        assert s.get(FpgaJobController, soon.id) is None
+    # Retiring it again is a no-op.
+    assert irm.manager.retire("alice", soon.id).retired_at == pytest.approx(1002.0)
+
+
+def test_reported_progress_that_reaches_the_size_retires_the_job(irm_factory):
+    irm = irm_factory("edf")
+    a = irm.register("a", **deadline(30.0, 50))
+    b = irm.register("b", **deadline(60.0, 50))
+    irm.clock.advance(2.0)
+    assert irm.manager.report("alice", a.id, 49).state == "active"
+    row = irm.manager.report("alice", a.id, 50)
+    assert row.state == RETIRED and row.retired_at == pytest.approx(1002.0)
+    assert irm.job(b.id).devices == DEVICES
+
+
+def test_throughput_policy_retires_done_deadline_jobs_and_the_broker_reuses_their_devices(irm_factory):
+    irm = irm_factory("throughput")
+    d = irm.register("d", **deadline(100.0, 40))
+    t = irm.register("t", throughput=jp.ThroughputGoal(actions_per_s=10.0))
+    assert irm.job(d.id).devices + irm.job(t.id).devices <= DEVICES
+    irm.clock.advance(2.0)
+    irm.complete(d, 40)
+    irm.complete(t, 20)
+    alloc = irm.manager.control_once()
+    assert irm.job(d.id).state == RETIRED and d.id not in alloc
+    assert set(alloc) == {t.id}
+    # The broker's pool is every device again: t's group may grow up to it.
+    assert irm.manager._pool(irm.manager._active()) == DEVICES
+
+
+# -- priority ----------------------------------------------------------------------------------
+
+
+def test_edf_breaks_deadline_ties_by_priority(irm_factory):
+    irm = irm_factory("edf")
+    low = irm.register("low", priority=1.0, **deadline(50.0, 1000))  # due at 1050, submitted first
+    irm.clock.advance(10.0)
+    high = irm.register("high", priority=5.0, **deadline(40.0, 1000))  # due at 1050 too
+    assert irm.job(low.id).deadline_at == irm.job(high.id).deadline_at == 1050.0
+    # Minimums first (1 each), the allocable six to the higher priority.
+    assert (irm.job(high.id).devices, irm.job(low.id).devices) == (7, 1)
+    sooner = irm.register("sooner", priority=0.5, **deadline(10.0, 1000))  # an earlier deadline still wins
+    assert (irm.job(sooner.id).devices, irm.job(high.id).devices, irm.job(low.id).devices) == (6, 1, 1)
+
+
+def test_throughput_admission_takes_surplus_from_the_lower_priority_first(irm_factory):
+    irm = irm_factory("throughput")
+    goal = {"throughput": jp.ThroughputGoal(actions_per_s=10.0)}
+    # Admission gives a new job the unallocated devices (up to its max); requests start at the minimum (1).
+    lo = irm.register("lo", priority=1.0, max_devices=3, **goal)  # 3 devices: surplus 2
+    hi = irm.register("hi", priority=3.0, **goal)  # the other 5: surplus 4
+    assert (irm.job(lo.id).devices, irm.job(hi.id).devices) == (3, 5)
+    # A third job needs 2 and nothing is free: the lower priority gives first (the paper's rule, the
+    # largest surplus first, would take them from hi).
+    new = irm.register("new", priority=2.0, min_devices=2, **goal)
+    assert (irm.job(lo.id).devices, irm.job(hi.id).devices, irm.job(new.id).devices) == (1, 5, 2)
+
+
+# -- state across a restart ------------------------------------------------------------------
+
+
+def test_throughput_controller_state_survives_a_restart(irm_factory):
+    irm = irm_factory("throughput", alpha=0.5)
+    job = irm.register("tp", throughput=jp.ThroughputGoal(actions_per_s=10.0))
+    irm.clock.advance(2.0)
+    irm.complete(job, 80)  # 40 actions/s on 8 devices: a_hat = 8 / 40 = 0.2
+    irm.manager.control_once()
+    before = irm.manager._states[job.id]
+    assert before.a_hat == pytest.approx(0.2) and before.request == 2 and before.last_actions == 80
+    devices = irm.job(job.id).devices
+
+    irm.restart()  # a new manager and Orchestrator, same database
+    loaded = irm.manager._states[job.id]
+    assert loaded == before
+    assert irm.manager._seen[job.id] == {"s1": 80} and irm.manager._last[job.id] == (1002.0, 80)
+
+    # The next period uses the old estimate: 20 actions in 2 s on `devices`: sample devices / 10, EMA with 0.2.
+    irm.clock.advance(2.0)
+    irm.complete(job, 20)
+    irm.manager.control_once()
+    after = irm.manager._states[job.id]
+    assert after.a_hat == pytest.approx(0.5 * devices / 10.0 + 0.5 * 0.2)
+    # The server's counter (100) was not counted again from zero: 100 actions, not 180.
+    assert irm.job(job.id).observed_actions == 100 and after.last_actions == 100
+    assert irm.job(job.id).achieved_throughput == pytest.approx(10.0)
+
+
+def test_infinite_goal_and_performance_round_trip(irm_factory):
+    # A deadline job past its deadline has an infinite goal (it wants its max); a done one an infinite p.
+    irm = irm_factory("throughput")
+    late = irm.register("late", **deadline(1.0, 1000))
+    irm.clock.advance(2.0)
+    irm.complete(late, 10)
+    irm.manager.control_once()
+    assert math.isinf(irm.manager._states[late.id].goal)
+    with irm.orch.db.read() as s:
+        c = s.get(FpgaJobController, late.id)
+    assert math.isinf(c.goal) and c.request == DEVICES
+    irm.restart()
+    assert math.isinf(irm.manager._states[late.id].goal)
+
+
+def test_jobs_without_a_saved_controller_start_afresh(irm_factory):
+    irm = irm_factory("throughput")
+    job = irm.register("tp", throughput=jp.ThroughputGoal(actions_per_s=10.0))
+    irm.orch.db.transact(lambda s: s.delete(s.get(FpgaJobController, job.id)))  # as before the migration
+    irm.clock.advance(5.0)
+    irm.restart()
+    st = irm.manager._states[job.id]
+    assert st.a_hat is None and st.last_time == pytest.approx(1005.0)
+    with irm.orch.db.read() as s:
+        assert "fpga_job_controllers" in inspect(s.get_bind()).get_table_names()
+        assert [r.id for r in s.scalars(select(FpgaJob))] == [job.id]
