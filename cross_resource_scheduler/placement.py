@@ -84,24 +84,38 @@ def _place_instance(view: CapacityView, ctx: Context, pipeline: Pipeline, rng: r
     if n == 0:
         return None
     start = rng.randrange(n)
+    # Filters that cannot exclude anything for this group (no traits asked, no
+    # constraints, ...) are skipped: placement runs them for every candidate.
+    checks = [(f.checker(ctx), f.name) for f in pipeline.filters if f.relevant(ctx)]
     feasible: list[Node] = []
+    sample = pipeline.sample_size
     for i in range(n):
         node = pool[(start + i) % n]
-        for f in pipeline.filters:
-            if not f.host_passes(node, ctx):
-                removed[f.name] += 1
+        for passes, name in checks:
+            if not passes(node):
+                removed[name] += 1
                 break
         else:
             feasible.append(node)
-            if len(feasible) >= pipeline.sample_size:
+            if len(feasible) >= sample:
                 break
     if not feasible:
         return None
+    # A weigher that scores every candidate alike cannot change the pick: skipped.
+    scorers = []
+    for w, m in pipeline.weighers:
+        score = w.scorer(ctx)
+        if callable(score):
+            scorers.append((score, m))
+    if not scorers or len(feasible) == 1:
+        return feasible[0]
     best, best_score = feasible[0], float("-inf")
     for node in feasible:
-        score = sum(m * w.weigh(node, ctx) for w, m in pipeline.weighers)
-        if score > best_score:
-            best, best_score = node, score
+        total = 0.0
+        for score, m in scorers:
+            total += m * score(node)
+        if total > best_score:
+            best, best_score = node, total
     return best
 
 

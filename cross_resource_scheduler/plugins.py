@@ -8,10 +8,11 @@ come from configuration and an unknown name fails at start-up.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cross_resource_scheduler.constraints import Constraint
-from cross_resource_scheduler.topology import TopologyModel
+from cross_resource_scheduler.topology import Distance, TopologyModel
 from cross_resource_scheduler.view import Node
 
 
@@ -64,11 +65,23 @@ class Context:
         return node.free(attribute) - taken
 
 
+DISTANCE_KINDS = ("max_hops", "max_latency_ms", "min_bandwidth_gbps")
+
+
 class Filter:
     name = "filter"
 
+    def relevant(self, ctx: Context) -> bool:
+        """False when this filter passes every node for this group (placement then skips it)."""
+        return True
+
     def host_passes(self, node: Node, ctx: Context) -> bool:
         raise NotImplementedError
+
+    def checker(self, ctx: Context) -> Callable[[Node], bool]:
+        """`host_passes` for one instance's candidates (filters override it to do the
+        per-instance work once: placement calls it for every candidate examined)."""
+        return lambda node: self.host_passes(node, ctx)
 
 
 class CapacityFilter(Filter):
@@ -77,13 +90,40 @@ class CapacityFilter(Filter):
     name = "capacity"
 
     def host_passes(self, node: Node, ctx: Context) -> bool:
-        return all(ctx.free(node, k) >= v - 1e-9 for k, v in ctx.group.demand.items())
+        return self.checker(ctx)(node)
+
+    def checker(self, ctx: Context) -> Callable[[Node], bool]:
+        # Context.free, inlined: this runs for every candidate examined.
+        need = [(k, v - 1e-9) for k, v in ctx.group.demand.items()]
+        tentative = ctx.tentative
+        if ctx.ignore_usage:
+            def fits_empty(node: Node) -> bool:
+                mine, cap = tentative.get(node.key), node.capacity
+                for k, v in need:
+                    if cap.get(k, 0.0) - (mine.get(k, 0.0) if mine else 0.0) < v:
+                        return False
+                return True
+            return fits_empty
+
+        def fits(node: Node) -> bool:
+            mine, avail = tentative.get(node.key), node.avail  # avail[k] == node.free(k)
+            for k, v in need:
+                free = avail.get(k, 0.0)
+                if mine:
+                    free -= mine.get(k, 0.0)
+                if free < v:
+                    return False
+            return True
+        return fits
 
 
 class PropertiesFilter(Filter):
     """Fixed properties (e.g. frequency_ghz) inside the requested ranges."""
 
     name = "properties"
+
+    def relevant(self, ctx: Context) -> bool:
+        return bool(ctx.group.properties)
 
     def host_passes(self, node: Node, ctx: Context) -> bool:
         for k, (lo, hi) in ctx.group.properties.items():
@@ -96,6 +136,9 @@ class PropertiesFilter(Filter):
 class TraitsFilter(Filter):
     name = "traits"
 
+    def relevant(self, ctx: Context) -> bool:
+        return bool(ctx.group.required_traits or ctx.group.forbidden_traits)
+
     def host_passes(self, node: Node, ctx: Context) -> bool:
         g = ctx.group
         return g.required_traits <= node.traits and not (g.forbidden_traits & node.traits)
@@ -105,6 +148,9 @@ class AffinityFilter(Filter):
     """same_host / different_host against instances already placed."""
 
     name = "affinity"
+
+    def relevant(self, ctx: Context) -> bool:
+        return any(c.kind in ("same_host", "different_host") for c in ctx.constraints)
 
     def host_passes(self, node: Node, ctx: Context) -> bool:
         for c in ctx.constraints:
@@ -121,9 +167,12 @@ class DistanceFilter(Filter):
 
     name = "distance"
 
+    def relevant(self, ctx: Context) -> bool:
+        return any(c.kind in DISTANCE_KINDS for c in ctx.constraints)
+
     def host_passes(self, node: Node, ctx: Context) -> bool:
         for c in ctx.constraints:
-            if c.kind not in ("max_hops", "max_latency_ms", "min_bandwidth_gbps"):
+            if c.kind not in DISTANCE_KINDS:
                 continue
             for p in ctx.peers(c):
                 d = ctx.topology.distance(node.location, p.location)
@@ -142,6 +191,12 @@ class Weigher:
     def weigh(self, node: Node, ctx: Context) -> float:
         raise NotImplementedError
 
+    def scorer(self, ctx: Context) -> Callable[[Node], float] | float:
+        """`weigh` for one instance's candidates: a function of the node, or a number when
+        every candidate scores the same (placement then skips it: it cannot change the pick).
+        Weighers override it to do per-instance work once instead of per candidate."""
+        return lambda node: self.weigh(node, ctx)
+
 
 def _fill_after(node: Node, ctx: Context) -> float:
     """Mean fraction of the node's consumable capacity in use once this instance lands."""
@@ -153,6 +208,27 @@ def _fill_after(node: Node, ctx: Context) -> float:
     return sum(fracs) / len(fracs) if fracs else 0.0
 
 
+def _fill_after_scorer(ctx: Context) -> Callable[[Node], float]:
+    """_fill_after for one instance's candidates, with Context.free inlined (same arithmetic)."""
+    demand = list(ctx.group.demand.items())
+    tentative, ignore_usage = ctx.tentative, ctx.ignore_usage
+
+    def fill(node: Node) -> float:
+        capacity, avail = node.capacity, node.avail  # avail[k] == node.free(k)
+        mine = tentative.get(node.key)
+        total, n = 0.0, 0
+        for k, v in demand:
+            cap = capacity.get(k, 0.0)
+            if cap > 0:
+                taken = mine.get(k, 0.0) if mine else 0.0
+                free = cap - taken if ignore_usage else avail[k] - taken
+                total += min(1.0, (cap - free + v) / cap)
+                n += 1
+        return total / n if n else 0.0
+
+    return fill
+
+
 class PackWeigher(Weigher):
     """Prefer fuller nodes: keeps big holes free for big requests (less fragmentation)."""
 
@@ -160,6 +236,9 @@ class PackWeigher(Weigher):
 
     def weigh(self, node: Node, ctx: Context) -> float:
         return _fill_after(node, ctx)
+
+    def scorer(self, ctx: Context) -> Callable[[Node], float] | float:
+        return _fill_after_scorer(ctx)
 
 
 class SpreadWeigher(Weigher):
@@ -169,6 +248,10 @@ class SpreadWeigher(Weigher):
 
     def weigh(self, node: Node, ctx: Context) -> float:
         return 1.0 - _fill_after(node, ctx)
+
+    def scorer(self, ctx: Context) -> Callable[[Node], float] | float:
+        fill = _fill_after_scorer(ctx)
+        return lambda node: 1.0 - fill(node)
 
 
 class TopologyWeigher(Weigher):
@@ -185,6 +268,10 @@ class TopologyWeigher(Weigher):
     name = "topology"
 
     def weigh(self, node: Node, ctx: Context) -> float:
+        score = self.scorer(ctx)
+        return score if isinstance(score, float) else score(node)
+
+    def scorer(self, ctx: Context) -> Callable[[Node], float] | float:
         me = ctx.group.name
         related = {c.other(me) for c in ctx.constraints if c.kind != "different_host"}
         peers = [p for g in related for p in ctx.placed.get(g, [])]
@@ -196,13 +283,25 @@ class TopologyWeigher(Weigher):
             return 0.5
         topo = ctx.topology
         top_bw = math.log1p(max(topo.same_host.bandwidth_gbps, 1e-9))
-        total = 0.0
-        for p in peers:
-            d = topo.distance(node.location, p.location)
-            hop_score = 1.0 - d.hops / max(1, topo.max_hops)
-            bw_score = math.log1p(d.bandwidth_gbps) / top_bw if top_bw > 0 else 0.0
-            total += (2 * hop_score + min(1.0, bw_score)) / 3
-        return total / len(peers)
+        max_hops = max(1, topo.max_hops)
+
+        # The few distinct distances (a level, or a level with a link) each score alike.
+        per_distance: dict[Distance, float] = {}
+
+        def score(node: Node) -> float:
+            total = 0.0
+            loc = node.location
+            for p in peers:
+                d = topo.distance(loc, p.location)
+                s = per_distance.get(d)
+                if s is None:
+                    hop_score = 1.0 - d.hops / max_hops
+                    bw_score = math.log1p(d.bandwidth_gbps) / top_bw if top_bw > 0 else 0.0
+                    s = per_distance[d] = (2 * hop_score + min(1.0, bw_score)) / 3
+                total += s
+            return total / len(peers)
+
+        return score
 
 
 FILTERS: dict[str, type[Filter]] = {f.name: f for f in

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from cross_resource_scheduler.delegation import Delegator
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services import client
@@ -35,9 +36,18 @@ class ManagerState:
     synced: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     call: grpc.Future | None = None  # the open WatchCapacity stream, cancelled on stop
+    _stub: irm_pb2_grpc.ResourceManagerStub | None = field(default=None, repr=False)
+    # Its Reserve calls, batched when they overlap (see delegation.py).
+    delegator: Delegator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.delegator = Delegator(self.stub)
 
     def stub(self) -> irm_pb2_grpc.ResourceManagerStub:
-        return irm_pb2_grpc.ResourceManagerStub(client.channel(self.address))
+        # Built once: a stub makes a callable per method (~0.15 ms), on the shared channel.
+        if self._stub is None:
+            self._stub = irm_pb2_grpc.ResourceManagerStub(client.channel(self.address))
+        return self._stub
 
 
 class Registry:
@@ -141,12 +151,14 @@ class Registry:
                                 self.view.remove(state.name, node.physical_id)
                         state.synced.set()
                         continue
-                    if ev.kind == irm_pb2.CapacityEvent.KIND_REMOVED:
-                        self.view.remove(state.name, ev.resource.id)
-                    else:
-                        if ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT:
-                            seen.add(ev.resource.id)
-                        self.view.upsert(state.name, ev.resource)
+                    # One message may carry several resources (`more`: the IRM coalesced them).
+                    for r in (ev.resource, *ev.more):
+                        if ev.kind == irm_pb2.CapacityEvent.KIND_REMOVED:
+                            self.view.remove(state.name, r.id)
+                        else:
+                            if ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT:
+                                seen.add(r.id)
+                            self.view.upsert(state.name, r)
                     self.on_change(state.name, ev)
             except grpc.RpcError as e:
                 if not state.stop.is_set():

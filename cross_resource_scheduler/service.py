@@ -32,7 +32,7 @@ from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.clock import Clock, WallClock
-from services.db import Database, default_url
+from services.db import Database, Prepared, default_url
 from services.errors import (
     Aborted,
     FailedPrecondition,
@@ -51,20 +51,39 @@ from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
 _R = Reservation.__table__
-# Hot-path statements, built once (building costs more than running them on SQLite).
-_CLAIM = insert(_R)
-_BY_ID = select(_R).where(_R.c.id == bindparam("rid"))
-_ACTIVATE = update(_R).where(_R.c.id == bindparam("rid")).values(
-    state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"), notes=bindparam("said"))
-_RELEASE = update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
-    state="released", released_at=bindparam("at"))
-_DROP_PENDING = delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending")
+_COLUMNS = [c.key for c in _R.c]
+# Hot-path statements, compiled once and run on the driver's cursor (services.db.Prepared):
+# SQLAlchemy's per-execution work costs several times these statements on SQLite.
+_CLAIM = Prepared(insert(_R), columns=_COLUMNS)
+_BY_ID = Prepared(select(_R).where(_R.c.id == bindparam("rid")))
+_BY_REQUEST = Prepared(select(_R).where(_R.c.tenant == bindparam("tenant"), _R.c.request_id == bindparam("req")))
+_ACTIVATE = Prepared(update(_R).where(_R.c.id == bindparam("rid")).values(
+    state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"), notes=bindparam("said")))
+_RELEASE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
+    state="released", released_at=bindparam("at")))
+_DROP_PENDING = Prepared(delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending"))
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
 DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                      grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
                      grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
 MAX_COUNT = 1000
+
+
+@dataclass(slots=True)
+class ReservationRow:
+    """A crs_reservations row as the hot paths read it (attributes as the ORM's Reservation)."""
+
+    id: str
+    tenant: str
+    request_id: str
+    state: str
+    priority: int
+    price_per_minute: float
+    created_at: float
+    released_at: float
+    allocation: bytes
+    notes: list[str]
 
 
 @dataclass
@@ -109,6 +128,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.registry = Registry(self.view, self.clock, config.heartbeat_timeout_s,
                                  on_change=self._forward, on_up=lambda name: self._kick.set())
         self.gate = PriorityGate()
+        self._specs_cache: tuple[list, dict[str, dict[str, irm_pb2.AttributeSpec]]] | None = None
         self.rng = random.Random(config.seed or None)
         self._stop = threading.Event()
         self._kick = threading.Event()
@@ -257,11 +277,19 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     # -- request parsing -------------------------------------------------
     def _specs(self) -> dict[str, dict[str, irm_pb2.AttributeSpec]]:
+        up = self.registry.up()
+        # A manager's specs list is replaced, never edited: the same lists, the same answer.
+        key = [(m.name, m.specs) for m in up]
+        cached = self._specs_cache
+        if cached is not None and len(cached[0]) == len(key) and all(
+                a[0] == b[0] and a[1] is b[1] for a, b in zip(cached[0], key, strict=True)):
+            return cached[1]
         out: dict[str, dict[str, irm_pb2.AttributeSpec]] = defaultdict(dict)
-        for m in self.registry.up():
+        for m in up:
             for spec in m.specs:
                 for a in spec.attributes:
                     out[spec.name].setdefault(a.name, a)
+        self._specs_cache = (key, out)
         return out
 
     def _parse(self, groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupConstraint]
@@ -393,30 +421,29 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                      released_at=0.0, allocation=b"", notes=[])
         try:
             # The unique (tenant, request_id) index makes the claim the idempotency check.
-            self.db.run(lambda c: c.execute(_CLAIM, claim))
+            self.db.execute(_CLAIM, claim)
         except IntegrityError:
             existing = self._find(tenant, request.request_id)
             if existing is None:
                 raise Aborted("a concurrent request with this request_id failed; retry") from None
             return self._existing(existing)
         try:
-            return self._reserve(tenant, res_id, request, req)
+            return self._reserve(tenant, res_id, claim["created_at"], request, req)
         except BaseException:
-            self.db.run(lambda c: c.execute(_DROP_PENDING, {"rid": res_id}))
+            self.db.execute(_DROP_PENDING, {"rid": res_id})
             raise
 
-    def _find(self, tenant: str, request_id: str) -> Reservation | None:
-        with self.db.read() as s:
-            return s.scalar(select(Reservation).where(Reservation.tenant == tenant,
-                                                      Reservation.request_id == request_id))
+    def _find(self, tenant: str, request_id: str) -> ReservationRow | None:
+        rows = self.db.fetch(_BY_REQUEST, {"tenant": tenant, "req": request_id})
+        return ReservationRow(**rows[0]) if rows else None
 
-    def _existing(self, r: Reservation) -> irm_pb2.Reservation:
+    def _existing(self, r: ReservationRow) -> irm_pb2.Reservation:
         if r.state == "pending":
             raise Aborted(f"reservation for request_id {r.request_id!r} is still being placed; retry shortly")
         return self._to_proto(r)
 
-    def _reserve(self, tenant: str, res_id: str, request: irm_pb2.ReserveRequest, req: PlacementRequest
-                 ) -> irm_pb2.Reservation:
+    def _reserve(self, tenant: str, res_id: str, created_at: float, request: irm_pb2.ReserveRequest,
+                 req: PlacementRequest) -> irm_pb2.Reservation:
         groups = list(request.groups)
         last_error: HarnessError | None = None
         for attempt in range(max(1, self.config.place_attempts)):
@@ -430,7 +457,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         raise FailedPrecondition(
                             f"quoted price {quote.price_per_minute:.4f}/min exceeds max_price_per_minute "
                             f"{request.max_price_per_minute:.4f}; nothing was reserved")
-                allocated, notes = self._delegate(tenant, res_id, pinned)
+                allocated, notes, caught_up = self._delegate(tenant, res_id, pinned)
             except ResourceExhausted as e:
                 # An IRM saw capacity our view had not caught up with: place again.
                 self.view.forget(token)
@@ -439,27 +466,29 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             except BaseException:
                 self.view.forget(token)
                 raise
-            self.view.commit(token)
+            self.view.commit(token, caught_up)
             by_name = {g.name: i for i, g in enumerate(groups)}
             allocated.sort(key=lambda g: by_name.get(g.name, 0))
-            alloc = irm_pb2.Reservation(groups=allocated)
-            alloc.price_per_minute = sum(g.price_per_minute for g in allocated)
-            self.db.run(lambda c, a=alloc, notes=notes: c.execute(_ACTIVATE, {
-                "rid": res_id, "price": a.price_per_minute, "alloc": a.SerializeToString(), "said": notes}))
-            claim = Reservation(id=res_id, tenant=tenant, request_id=request.request_id, state="active",
-                                priority=request.priority, price_per_minute=alloc.price_per_minute,
-                                created_at=0.0, released_at=0.0, allocation=b"", notes=notes)
-            reply = self._to_proto(claim)
-            reply.groups.extend(allocated)
-            return reply
+            price = sum(g.price_per_minute for g in allocated)
+            alloc = irm_pb2.Reservation(groups=allocated).SerializeToString()
+            self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
+            return irm_pb2.Reservation(
+                id=res_id, tenant=tenant, request_id=request.request_id, state=irm_pb2.Reservation.STATE_ACTIVE,
+                priority=request.priority, price_per_minute=price, created_at=created_at, groups=allocated,
+                notes=notes)
         assert last_error is not None
         raise last_error
 
     def _delegate(self, tenant: str, res_id: str, pinned: dict[str, list[irm_pb2.ResourceGroup]]
-                  ) -> tuple[list[irm_pb2.AllocatedGroup], list[str]]:
-        """All-or-nothing: reserve at every manager, or give back everything taken."""
+                  ) -> tuple[list[irm_pb2.AllocatedGroup], list[str], dict[str, int]]:
+        """All-or-nothing: reserve at every manager, or give back everything taken.
+
+        Also returns, per view node, the generation from which the node's reported usage
+        includes what was taken (where the manager says; see CapacityView.commit).
+        """
         allocated: list[irm_pb2.AllocatedGroup] = []
         notes: list[str] = []
+        caught_up: dict[str, int] = {}
         touched: list[str] = []
         in_doubt: set[str] = set()
         try:
@@ -469,7 +498,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     raise Unavailable(f"manager {manager!r} went down during placement; nothing was reserved")
                 touched.append(manager)
                 try:
-                    reply = state.stub().Reserve(
+                    # Overlapping delegations to one manager share a call (delegation.py).
+                    reply = state.delegator.reserve(
                         irm_pb2.ReserveRequest(tenant=tenant, request_id=f"{res_id}@{manager}", groups=parts),
                         timeout=self.config.irm_timeout_s)
                 except grpc.RpcError as e:
@@ -478,13 +508,18 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     raise _err_from_rpc(manager, e) from None
                 allocated.extend(reply.groups)
                 notes.extend(f"{manager}: {n}" for n in reply.notes)
+                for g in reply.groups:
+                    for r in g.resources:
+                        if r.physical_generation:
+                            key = f"{manager}/{r.physical_id}"
+                            caught_up[key] = max(caught_up.get(key, 0), r.physical_generation)
         except BaseException:
             for manager in touched:
                 self._undo_or_remember(manager, tenant, f"{res_id}@{manager}", in_doubt=manager in in_doubt)
             raise
-        return allocated, notes
+        return allocated, notes, caught_up
 
-    def _to_proto(self, r: Reservation) -> irm_pb2.Reservation:
+    def _to_proto(self, r: Reservation | ReservationRow) -> irm_pb2.Reservation:
         state = {"active": irm_pb2.Reservation.STATE_ACTIVE, "released": irm_pb2.Reservation.STATE_RELEASED
                  }.get(r.state, irm_pb2.Reservation.STATE_FAILED)
         out = irm_pb2.Reservation.FromString(r.allocation or b"")
@@ -493,12 +528,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         out.notes[:] = list(r.notes or [])
         return out
 
-    def _get(self, tenant: str, reservation_id: str) -> Reservation:
-        row = self.db.query(lambda c: c.execute(_BY_ID, {"rid": reservation_id}).mappings().first())
-        if row is None or row["state"] == "pending":
+    def _get(self, tenant: str, reservation_id: str) -> ReservationRow:
+        rows = self.db.fetch(_BY_ID, {"rid": reservation_id})
+        if not rows or rows[0]["state"] == "pending":
             raise NotFound(f"reservation {reservation_id!r} does not exist")
-        owned(tenant, row["tenant"], f"reservation {reservation_id!r}")
-        return Reservation(**row)
+        owned(tenant, rows[0]["tenant"], f"reservation {reservation_id!r}")
+        return ReservationRow(**rows[0])
 
     def GetReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -542,7 +577,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             if not self._release_part(manager, tenant, irm_id):
                 self._undo_or_remember(manager, tenant, f"{r.id}@{manager}")
         now = self.clock.now()
-        self.db.run(lambda c: c.execute(_RELEASE, {"rid": r.id, "at": now}))
+        self.db.execute(_RELEASE, {"rid": r.id, "at": now})
         r.state, r.released_at = "released", now
         return self._to_proto(r)
 
@@ -579,11 +614,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 yield ev
 
     def _forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
-        if ev.kind in (irm_pb2.CapacityEvent.KIND_UPDATED, irm_pb2.CapacityEvent.KIND_REMOVED):
-            out = irm_pb2.CapacityEvent()
-            out.CopyFrom(ev)
-            out.resource.manager = manager
-            self.watchers.publish([out])
+        if (ev.kind in (irm_pb2.CapacityEvent.KIND_UPDATED, irm_pb2.CapacityEvent.KIND_REMOVED)
+                and self.watchers.has_subscribers()):
+            # One event per resource downstream, as the CRS always sent them.
+            out = []
+            for r in (ev.resource, *ev.more):
+                one = irm_pb2.CapacityEvent(kind=ev.kind, resource=r)
+                one.resource.manager = manager
+                out.append(one)
+            self.watchers.publish(out)
 
     # -- registry --------------------------------------------------------
     def RegisterManager(self, request, context):  # noqa: N802

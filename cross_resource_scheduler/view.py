@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from harness.v1 import common_pb2
@@ -29,12 +30,21 @@ class Node:
     assumed: dict[str, float] = field(default_factory=dict)
 
     key: str = ""  # "<manager>/<physical id>", unique across managers
+    # free() of every attribute, as of the last change the view made (placement reads it
+    # for every candidate); refresh() after changing capacity, used or assumed.
+    avail: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.key = f"{self.manager}/{self.physical_id}"
+        self.refresh()
 
     def free(self, attribute: str) -> float:
         return self.capacity.get(attribute, 0.0) - self.used.get(attribute, 0.0) - self.assumed.get(attribute, 0.0)
+
+    def refresh(self) -> None:
+        cap, used, assumed = self.capacity, self.used, self.assumed
+        self.avail = {k: cap.get(k, 0.0) - used.get(k, 0.0) - assumed.get(k, 0.0)
+                      for k in (cap.keys() | used.keys() | assumed.keys())}
 
     def to_proto(self) -> common_pb2.PhysicalResource:
         used = {k: self.used.get(k, 0.0) for k in self.capacity}
@@ -51,6 +61,8 @@ class Assumption:
     demand: dict[str, float]
     base_generation: int
     committed: bool = False
+    # The node's generation at which its reported usage includes this demand (0: unknown).
+    until: int = 0
 
 
 class CapacityView:
@@ -62,6 +74,7 @@ class CapacityView:
         self._by_site: dict[tuple[str, str], list[Node]] = defaultdict(list)
         self._down: set[str] = set()
         self._assumptions: dict[str, list[Assumption]] = defaultdict(list)  # node key -> assumptions
+        self._tokens: dict[str, set[str]] = defaultdict(set)  # token -> node keys it assumed on
         self.version = 0  # bumped on every change; watchers of the CRS follow it
 
     # -- feeding ---------------------------------------------------------
@@ -83,6 +96,7 @@ class CapacityView:
             else:
                 node.capacity, node.used, node.properties = dict(r.capacity), dict(r.used), dict(r.properties)
                 node.traits, node.generation = frozenset(r.traits), r.generation
+                node.refresh()
             self._settle(node)
             self.version += 1
             return node
@@ -148,23 +162,34 @@ class CapacityView:
     def assume(self, token: str, node: Node, demand: dict[str, float]) -> None:
         with self.lock:
             self._assumptions[node.key].append(Assumption(token, node.key, dict(demand), node.generation))
+            self._tokens[token].add(node.key)
             for k, v in demand.items():
                 node.assumed[k] = node.assumed.get(k, 0.0) + v
+            node.refresh()
 
-    def commit(self, token: str) -> None:
-        """The IRM committed: keep the assumption until its watch event shows the change."""
+    def commit(self, token: str, caught_up: Mapping[str, int] | None = None) -> None:
+        """The IRM committed: keep the assumption until the watch stream shows the change.
+
+        `caught_up`: per node key, the generation from which the node's reported usage
+        includes the commit (the IRM's reply says it). Without it, any generation newer
+        than the one placed against is taken to show it; when another change lands
+        first, that drops the assumption early and the view under-counts until the
+        commit's own event arrives (the IRM then refuses what does not fit).
+        """
         with self.lock:
-            for key, items in list(self._assumptions.items()):
-                for a in items:
+            for key in self._tokens.pop(token, ()):
+                for a in self._assumptions.get(key, ()):
                     if a.token == token:
                         a.committed = True
+                        a.until = (caught_up or {}).get(key, 0)
                 if key in self.nodes:
                     self._settle(self.nodes[key])
 
     def forget(self, token: str) -> None:
         """The delegation failed: the assumed demand was never taken."""
         with self.lock:
-            for key, items in list(self._assumptions.items()):
+            for key in self._tokens.pop(token, ()):
+                items = self._assumptions.get(key, [])
                 keep = [a for a in items if a.token != token]
                 if len(keep) != len(items):
                     self._assumptions[key] = keep
@@ -175,7 +200,9 @@ class CapacityView:
         items = self._assumptions.get(node.key)
         if not items:
             return
-        keep = [a for a in items if not (a.committed and node.generation > a.base_generation)]
+        gen = node.generation
+        keep = [a for a in items
+                if not (a.committed and (gen >= a.until if a.until else gen > a.base_generation))]
         if len(keep) != len(items):
             self._assumptions[node.key] = keep
             self._recount(node)
@@ -186,5 +213,6 @@ class CapacityView:
             for k, v in a.demand.items():
                 assumed[k] = assumed.get(k, 0.0) + v
         node.assumed = assumed
+        node.refresh()
         if not self._assumptions.get(node.key):
             self._assumptions.pop(node.key, None)

@@ -7,6 +7,7 @@ import math
 import os
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +26,11 @@ from irm_compute import inventory as inv
 from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
 from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
-from irm_compute.store import ComputeStore, HostUsage
+from irm_compute.store import ComputeStore, HostUsage, Outcome, ReservationRecord
 from services import client
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
-from services.errors import FailedPrecondition, InvalidArgument, Violations, require_tenant
+from services.errors import FailedPrecondition, HarnessError, InvalidArgument, Violations, require_tenant
 from services.registration import Membership
 from services.server import Component
 from services.watch import Broadcaster
@@ -67,6 +68,44 @@ class ComputeConfig:
     fault: str = ""
 
 
+MAX_PER_MESSAGE = 256
+
+
+def coalesce(events: list[irm_pb2.CapacityEvent]) -> Iterator[irm_pb2.CapacityEvent]:
+    """Consecutive events of one kind as one message (`resource` + `more`), each resource
+    once, at its newest generation. A lone event goes out as it is (events are shared
+    between subscribers: never modified here)."""
+    if len(events) == 1:
+        yield events[0]
+        return
+    kind: int | None = None
+    run: dict[str, common_pb2.PhysicalResource] = {}
+
+    def flush() -> Iterator[irm_pb2.CapacityEvent]:
+        if kind is not None:
+            first, *rest = run.values()
+            yield irm_pb2.CapacityEvent(kind=kind, resource=first, more=rest)  # type: ignore[arg-type]
+
+    for ev in events:
+        if not ev.HasField("resource"):  # SNAPSHOT_END: on its own, in its place
+            yield from flush()
+            kind, run = None, {}
+            yield ev
+            continue
+        if ev.kind != kind or len(run) >= MAX_PER_MESSAGE:
+            yield from flush()
+            kind, run = ev.kind, {}
+        seen = run.get(ev.resource.id)
+        if seen is None or ev.resource.generation >= seen.generation:
+            run.pop(ev.resource.id, None)  # keep the order of the newest change
+            run[ev.resource.id] = ev.resource
+    yield from flush()
+
+
+def _refusal(e: HarnessError) -> irm_pb2.ReserveOutcome:
+    return irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(code=e.code.value[0], message=e.message))
+
+
 def _validate_request_id(request_id: str) -> None:
     if not request_id:
         raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
@@ -85,6 +124,13 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         self.store = ComputeStore(self.db, self.cost, self.clock)
         self.store.sync_inventory(inv.load(config.inventory or None, config.agent_address))
         self._hosts: dict[str, Host] = {h.id: h for h in self.store.hosts()}
+        # Per host, an UPDATED event with its static facts, serialised once: a change
+        # event is this plus the new usage (building the message field by field costs
+        # ~0.1 ms, on every reserve and release).
+        self._event_bytes: dict[str, bytes] = {
+            h.id: irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
+                                        resource=self._physical(h)).SerializeToString()
+            for h in self._hosts.values()}
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
         self._release_queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._notifier = threading.Thread(target=self._notify_agents, name="agent-release", daemon=True)
@@ -123,7 +169,10 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             generation=h.generation, manager=self.config.name,
         )
 
-    def _reservation(self, r: Reservation) -> irm_pb2.Reservation:
+    def _reservation(self, r: Reservation | ReservationRecord,
+                     generations: dict[str, int] | None = None) -> irm_pb2.Reservation:
+        """`generations`: per host, its generation right after this reservation took its share."""
+        gens = generations or {}
         groups = []
         for g in r.groups:
             vms = [vm for vm in r.vms if vm.group == g["name"]]
@@ -135,7 +184,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                     address=(self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""),
                     attributes={"cores": vm.cores, "memory_gb": vm.memory_mb / 1024,
                                 "frequency_ghz": vm.frequency_ghz},
-                    location=self._location(vm.host_id),
+                    location=self._location(vm.host_id), physical_generation=gens.get(vm.host_id, 0),
                 ) for vm in vms],
             ))
         state = {"active": irm_pb2.Reservation.STATE_ACTIVE,
@@ -145,14 +194,17 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                                    released_at=r.released_at, notes=list(r.notes))
 
     def _publish(self, touched: list[HostUsage]) -> None:
+        if not self.watchers.has_subscribers():
+            return
         events = []
         for u in touched:
-            h = self._hosts.get(u.host_id)
-            if h is None:
+            static = self._event_bytes.get(u.host_id)
+            if static is None:
                 continue
-            r = self._physical(h)
+            ev = irm_pb2.CapacityEvent.FromString(static)
+            r = ev.resource
             r.used["cores"], r.used["memory_gb"], r.generation = u.used_cores, u.used_memory_mb / 1024, u.generation
-            events.append(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=r))
+            events.append(ev)
         self.watchers.publish(events)
 
     def _local_notes(self, groups: list[VmGroup]) -> list[str]:
@@ -215,7 +267,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             quotes.append(irm_pb2.GroupQuote(name=g.name, price_per_minute=price, manager=self.config.name))
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
-    def Reserve(self, request, context):  # noqa: N802
+    def _parse_reserve(self, request: irm_pb2.ReserveRequest) -> tuple[str, list[VmGroup]]:
         tenant = require_tenant(request.tenant)
         _validate_request_id(request.request_id)
         v = Violations()
@@ -223,20 +275,57 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         v.check(len(request.constraints) == 0, "constraints",
                 "the compute IRM places groups one by one; send constraints between groups to the CRS")
         v.raise_if_any()
-        outcome = self.store.reserve(tenant, request.request_id, groups, self._local_notes(groups))
-        if self.config.fault == "crash_after_commit" and outcome.created:
+        return tenant, groups
+
+    def _after_commit(self, outcomes: list[Outcome]) -> None:
+        if self.config.fault == "crash_after_commit" and any(o.created for o in outcomes):
             log.error("fault injection: dying after commit, before the reply")
             os._exit(137)
-        self._publish(outcome.touched)
-        reply = self._reservation(outcome.reservation)
+        self._publish([u for o in outcomes for u in o.touched])
+
+    def _reply(self, request: irm_pb2.ReserveRequest, outcome: Outcome) -> irm_pb2.Reservation:
+        reply = self._reservation(outcome.reservation, {u.host_id: u.generation for u in outcome.touched})
         if request.HasField("max_price_per_minute") and reply.price_per_minute > request.max_price_per_minute:
             if outcome.created:
-                self._release(tenant, reply.id)
+                self._release(request.tenant, reply.id)
             raise FailedPrecondition(f"price {reply.price_per_minute:.4f}/min exceeds max_price_per_minute "
                                      f"{request.max_price_per_minute:.4f}")
         return reply
 
-    def _release(self, tenant: str, reservation_id: str) -> Reservation:
+    def Reserve(self, request, context):  # noqa: N802
+        tenant, groups = self._parse_reserve(request)
+        outcome = self.store.reserve(tenant, request.request_id, groups, self._local_notes(groups))
+        self._after_commit([outcome])
+        return self._reply(request, outcome)
+
+    def ReserveBatch(self, request, context):  # noqa: N802
+        """Each request as Reserve would answer it; the valid ones in one commit, their
+        capacity changes in one watch message."""
+        results: list[irm_pb2.ReserveOutcome | None] = [None] * len(request.requests)
+        todo: list[tuple[int, tuple[str, str, list[VmGroup], list[str]]]] = []
+        for i, req in enumerate(request.requests):
+            try:
+                tenant, groups = self._parse_reserve(req)
+            except HarnessError as e:
+                results[i] = _refusal(e)
+                continue
+            todo.append((i, (tenant, req.request_id, groups, self._local_notes(groups))))
+        done = self.store.reserve_many([item for _, item in todo])
+        self._after_commit([o for o in done if isinstance(o, Outcome)])
+        for (i, _), outcome in zip(todo, done, strict=True):
+            try:
+                if not isinstance(outcome, Outcome):
+                    raise outcome
+                results[i] = irm_pb2.ReserveOutcome(reservation=self._reply(request.requests[i], outcome))
+            except HarnessError as e:
+                results[i] = _refusal(e)
+            except Exception:
+                log.exception("reserve in a batch failed", extra={"request_id": request.requests[i].request_id})
+                results[i] = irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(
+                    code=grpc.StatusCode.INTERNAL.value[0], message="internal error; see the service log"))
+        return irm_pb2.ReserveBatchResponse(outcomes=results)
+
+    def _release(self, tenant: str, reservation_id: str) -> Reservation | ReservationRecord:
         outcome = self.store.release(tenant, reservation_id)
         if outcome.created:
             self._publish(outcome.touched)
@@ -289,7 +378,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(h))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        yield from self.watchers.stream(snapshot, context.is_active)
+        for batch in self.watchers.stream_batches(snapshot, context.is_active):
+            yield from coalesce(batch)
 
     # -- ComputeControl --------------------------------------------------
     def GetVm(self, request, context):  # noqa: N802

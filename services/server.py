@@ -57,11 +57,25 @@ def _internal(context: grpc.ServicerContext, method: str, exc: BaseException) ->
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps domain errors to statuses; nothing escapes as UNKNOWN."""
 
+    def __init__(self) -> None:
+        # method -> (its handler, the guarded handler): wrapping is done once per method,
+        # not per call (the server asks for every RPC, on its one polling thread).
+        self._guarded: dict[str, tuple[Any, Any]] = {}
+
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
+        known = self._guarded.get(method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        guarded = self._guard(handler, method)
+        self._guarded[method] = (handler, guarded)
+        return guarded
+
+    @staticmethod
+    def _guard(handler, method):  # type: ignore[no-untyped-def]
 
         def guard_unary(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context):  # type: ignore[no-untyped-def]

@@ -23,6 +23,11 @@ class Broadcaster(Generic[E]):
         self._dropped: set[queue.Queue] = set()
         self._max = max_backlog
 
+    def has_subscribers(self) -> bool:
+        """Whether anyone listens now (a publisher may skip building events nobody reads:
+        a subscriber that arrives later takes its snapshot after the change)."""
+        return bool(self._subs)
+
     def publish(self, events: Iterable[E]) -> None:
         events = list(events)
         if not events:
@@ -50,6 +55,48 @@ class Broadcaster(Generic[E]):
                 q.put_nowait(_CLOSED)
             except queue.Full:
                 pass
+
+    def stream_batches(
+        self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool], max_batch: int = 256
+    ) -> Iterator[list[E]]:
+        """Like `stream`, in lists: the snapshot as one list, then each time every event
+        queued at that moment (at least one, at most `max_batch`), so that a burst of
+        changes can go out as one message."""
+        q: queue.Queue = queue.Queue(self._max)
+        with self._lock:
+            self._subs.add(q)
+        try:
+            first = list(snapshot())
+            if first:
+                yield first
+            while is_active():
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    with self._lock:
+                        if q in self._dropped:
+                            return
+                    try:
+                        item = q.get(timeout=1.0)
+                    except queue.Empty:
+                        continue
+                if item is _CLOSED:
+                    return
+                batch = [item]
+                while len(batch) < max_batch:
+                    try:
+                        item = q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _CLOSED:
+                        yield batch
+                        return
+                    batch.append(item)
+                yield batch
+        finally:
+            with self._lock:
+                self._subs.discard(q)
+                self._dropped.discard(q)
 
     def stream(self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool]) -> Iterator[E]:
         """Subscribe first, then yield the snapshot, then live events.

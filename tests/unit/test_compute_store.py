@@ -403,3 +403,50 @@ def test_overbooking_detects_a_broken_counter(db: Database, clock: VirtualClock)
         h = s.get(Host, "a")
         h.used_cores, h.cores = 2, 1
     assert any("active VMs hold 2/1 cores" in p for p in store.overbooking())
+
+
+# -- several reservations in one commit (ReserveBatch) ----------------------------
+
+def test_reserve_many_gives_each_request_its_own_outcome(db: Database, clock: VirtualClock) -> None:
+    store = make_store(db, clock, [host("a", cores=4), host("b", cores=4)])
+    first = store.reserve("t", "seen", [g(cores=1, placement=("a",))])
+    out = store.reserve_many([
+        ("t", "ok", [g(count=2, cores=2, placement=("a", "b"))], ["note"]),
+        ("t", "too-big", [g(cores=3, placement=("a",))], []),  # a has 4 - 1 - 2 = 1 core left
+        ("t", "seen", [g(cores=1, placement=("a",))], []),  # a retry: the first result, nothing new
+        ("u", "ok", [g(cores=1, placement=("b",))], []),  # same request id, another tenant: its own
+    ])
+    ok, too_big, seen, other = out
+    assert not isinstance(ok, Exception) and ok.created and ok.reservation.notes == ["note"]
+    assert [vm.host_id for vm in ok.reservation.vms] == ["a", "b"]
+    assert {u.host_id: u.used_cores for u in ok.touched} == {"a": 3, "b": 2}
+    assert isinstance(too_big, ResourceExhausted)
+    assert not isinstance(seen, Exception) and not seen.created and seen.reservation.id == first.reservation.id
+    assert not isinstance(other, Exception) and other.created and other.reservation.tenant == "u"
+    # the refused request took nothing; the others hold exactly what they asked
+    assert used(store) == {"a": (3, 2 * 1024), "b": (3, 2 * 1024)} == active_sums(store)
+    assert counts(store) == (3, 4)
+
+
+def test_reserve_many_records_the_generation_each_take_reached(db: Database, clock: VirtualClock) -> None:
+    store = make_store(db, clock, [host("a", cores=8)])
+    before = {h.id: h.generation for h in store.hosts()}["a"]
+    [one, two] = store.reserve_many([("t", "r1", [g(count=2, placement=("a", "a"))], []),
+                                     ("t", "r2", [g(placement=("a",))], [])])
+    assert not isinstance(one, Exception) and not isinstance(two, Exception)
+    # two takes on a for r1, then one for r2: the usage each reports is the host's right after it
+    assert [(u.host_id, u.used_cores, u.generation) for u in one.touched] == [("a", 2, before + 2)]
+    assert [(u.host_id, u.used_cores, u.generation) for u in two.touched] == [("a", 3, before + 3)]
+
+
+def test_a_retry_returns_its_reservation_even_when_its_hosts_have_filled_up(db: Database, clock: VirtualClock) -> None:
+    store = make_store(db, clock, [host("a", cores=4)])
+    first = store.reserve("t", "r", [g(cores=3, placement=("a",))])
+    # a retry's takes would fail now (a has 1 core left); it must still get its reservation back
+    again = store.reserve("t", "r", [g(cores=3, placement=("a",))])
+    assert not again.created and again.reservation.id == first.reservation.id
+    [batched] = store.reserve_many([("t", "r", [g(cores=3, placement=("a",))], [])])
+    assert not isinstance(batched, Exception) and batched.reservation.id == first.reservation.id
+    with pytest.raises(ResourceExhausted):  # a new request is refused as before
+        store.reserve("t", "other", [g(cores=3, placement=("a",))])
+    assert used(store) == {"a": (3, 1024)}

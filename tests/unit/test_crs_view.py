@@ -175,6 +175,26 @@ def test_commit_after_the_event_already_arrived_settles_at_once() -> None:
     assert n.free("cores") == 6
 
 
+def test_commit_with_the_managers_generation_waits_for_that_event_not_any_newer_one() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=10))
+    v.assume("t", n, {"cores": 4})  # placed against generation 1
+    v.commit("t", {"m/h": 3})  # the IRM: our take made it generation 3
+    v.upsert("m", res("h", 2, cores=10, used=1))  # someone else's change lands first
+    assert n.free("cores") == 10 - 1 - 4  # still assumed: generation 2 does not include ours
+    v.upsert("m", res("h", 3, cores=10, used=5))
+    assert n.free("cores") == 5 and n.assumed == {}
+
+
+def test_commit_with_a_generation_already_seen_settles_at_once() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 1, cores=10))
+    v.assume("t", n, {"cores": 4})
+    v.upsert("m", res("h", 2, cores=10, used=4))  # our change's event raced ahead of the reply
+    v.commit("t", {"m/h": 2})
+    assert n.free("cores") == 6 and n.assumed == {}
+
+
 def test_forget_removes_only_that_assumption() -> None:
     v = CapacityView()
     a = v.upsert("m", res("a", 1, cores=10))

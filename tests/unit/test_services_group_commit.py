@@ -1,14 +1,29 @@
-"""Group commit: many callers share commits, and each caller's failure stays its own."""
+"""Group commit: many callers share commits, and each caller's failure stays its own; prepared statements."""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError, InvalidRequestError
 
-from services.db import Database
+from services.db import Database, Prepared
 
 meta = MetaData()
 items = Table("items", meta, Column("id", Integer, primary_key=True), Column("name", String, unique=True))
@@ -73,3 +88,75 @@ def test_a_subscriber_that_falls_behind_is_cut_off_not_left_stale():
     b.publish([1, 2, 3])  # overflows: the subscriber is dropped
     b.publish([4])
     assert list(stream) == [1, 2]  # what it had, then the stream ENDS (the watcher reconnects)
+
+
+def test_run_all_commits_pieces_together_and_isolates_failures(db):
+    def fail(c):  # type: ignore[no-untyped-def]
+        c.execute(insert(items).values(name="half"))
+        raise ValueError("boom")
+
+    out = db.run_all([lambda c: c.execute(insert(items).values(name="a")).inserted_primary_key[0],
+                      fail,
+                      lambda c: c.execute(insert(items).values(name="a")),  # duplicate of the first
+                      lambda c: c.execute(insert(items).values(name="b")).inserted_primary_key[0]])
+    assert [ok for ok, _ in out] == [True, False, False, True]
+    assert isinstance(out[1][1], ValueError) and isinstance(out[2][1], IntegrityError)
+    assert sorted(db.query(lambda c: [r[0] for r in c.execute(select(items.c.name))])) == ["a", "b"]
+
+
+def test_run_all_from_many_threads_each_gets_its_own_outcomes(db):
+    results: dict[int, list] = {}
+    barrier = threading.Barrier(8)
+
+    def caller(i: int) -> None:
+        barrier.wait()
+        results[i] = db.run_all([lambda c, k=k: c.execute(insert(items).values(name=f"{i}-{k}")).rowcount
+                                 for k in range(10)] + [lambda c: c.execute(insert(items).values(name="same"))])
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(out[:10] == [(True, 1)] * 10 for out in results.values())
+    assert sum(out[10][0] for out in results.values()) == 1  # exactly one "same" landed
+    assert db.query(lambda c: c.execute(select(func.count()).select_from(items)).scalar()) == 81
+
+
+# -- Prepared: statements compiled once, run on the driver's cursor ---------------
+
+things = Table("things", meta, Column("id", String, primary_key=True), Column("n", Integer),
+               Column("tags", JSON), Column("blob", LargeBinary), Column("on", Boolean), Column("x", Float))
+P_ADD = Prepared(insert(things), columns=["id", "n", "tags", "blob", "on", "x"])
+P_GET = Prepared(select(things).where(things.c.id == bindparam("id")))
+P_BUMP = Prepared(update(things).where(things.c.id == bindparam("id"), things.c.n < bindparam("limit"))
+                  .values(n=things.c.n + 1, on=True).returning(things.c.n, things.c.on))
+
+
+def _prepared_behaves_as_core(d: Database) -> None:
+    meta.create_all(d.engine)
+    row = {"id": "a", "n": 1, "tags": ["x", {"k": 2}], "blob": b"\x00\x01", "on": False, "x": 1.5}
+    d.run(lambda c: P_ADD.execute(c, row))
+    assert d.fetch(P_GET, {"id": "a"}) == [row]
+    assert d.query(lambda c: dict(c.execute(P_GET.stmt, {"id": "a"}).mappings().one())) == row  # Core reads it alike
+    assert d.run(lambda c: P_BUMP.all(c, {"id": "a", "limit": 2})) == [(2, True)]
+    assert d.run(lambda c: P_BUMP.first(c, {"id": "a", "limit": 2})) is None  # the condition now fails
+    d.run(lambda c: P_ADD.executemany(c, [{**row, "id": "b"}, {**row, "id": "c", "tags": None}]))
+    assert d.fetch(P_GET, {"id": "c"})[0]["tags"] is None
+    with pytest.raises(IntegrityError):  # driver errors come back as SQLAlchemy's
+        d.run(lambda c: P_ADD.execute(c, row))
+    with pytest.raises(InvalidRequestError, match="limit"):
+        d.run(lambda c: P_BUMP.all(c, {"id": "a"}))
+    assert d.fetch(P_GET, {"id": "nope"}) == []
+
+
+def test_prepared_statements_on_sqlite(db):
+    _prepared_behaves_as_core(db)
+
+
+def test_prepared_statements_on_postgresql(fresh_pg_url):
+    d = Database(fresh_pg_url)
+    try:
+        _prepared_behaves_as_core(d)
+    finally:
+        d.dispose()

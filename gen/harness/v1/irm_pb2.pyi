@@ -147,8 +147,36 @@ class ReserveRequest(_message.Message):
     max_price_per_minute: float
     def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[ResourceGroup, _Mapping]]] = ..., constraints: _Optional[_Iterable[_Union[GroupConstraint, _Mapping]]] = ..., priority: _Optional[int] = ..., max_price_per_minute: _Optional[float] = ...) -> None: ...
 
+class ReserveBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[ReserveRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[ReserveRequest, _Mapping]]] = ...) -> None: ...
+
+class ReserveBatchResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[ReserveOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[ReserveOutcome, _Mapping]]] = ...) -> None: ...
+
+class ReserveOutcome(_message.Message):
+    __slots__ = ("reservation", "error")
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    reservation: Reservation
+    error: ReserveError
+    def __init__(self, reservation: _Optional[_Union[Reservation, _Mapping]] = ..., error: _Optional[_Union[ReserveError, _Mapping]] = ...) -> None: ...
+
+class ReserveError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class AllocatedResource(_message.Message):
-    __slots__ = ("id", "physical_id", "address", "attributes", "location", "notes")
+    __slots__ = ("id", "physical_id", "address", "attributes", "location", "notes", "physical_generation")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,13 +190,15 @@ class AllocatedResource(_message.Message):
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    PHYSICAL_GENERATION_FIELD_NUMBER: _ClassVar[int]
     id: str
     physical_id: str
     address: str
     attributes: _containers.ScalarMap[str, float]
     location: _common_pb2.Location
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., physical_id: _Optional[str] = ..., address: _Optional[str] = ..., attributes: _Optional[_Mapping[str, float]] = ..., location: _Optional[_Union[_common_pb2.Location, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    physical_generation: int
+    def __init__(self, id: _Optional[str] = ..., physical_id: _Optional[str] = ..., address: _Optional[str] = ..., attributes: _Optional[_Mapping[str, float]] = ..., location: _Optional[_Union[_common_pb2.Location, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., physical_generation: _Optional[int] = ...) -> None: ...
 
 class AllocatedGroup(_message.Message):
     __slots__ = ("name", "resource_type", "manager", "manager_reservation_id", "resources", "price_per_minute")
@@ -311,7 +341,7 @@ class WatchCapacityRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., resource_type: _Optional[str] = ...) -> None: ...
 
 class CapacityEvent(_message.Message):
-    __slots__ = ("kind", "resource")
+    __slots__ = ("kind", "resource", "more")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[CapacityEvent.Kind]
@@ -326,6 +356,8 @@ class CapacityEvent(_message.Message):
     KIND_REMOVED: CapacityEvent.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     kind: CapacityEvent.Kind
     resource: _common_pb2.PhysicalResource
-    def __init__(self, kind: _Optional[_Union[CapacityEvent.Kind, str]] = ..., resource: _Optional[_Union[_common_pb2.PhysicalResource, _Mapping]] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[_common_pb2.PhysicalResource]
+    def __init__(self, kind: _Optional[_Union[CapacityEvent.Kind, str]] = ..., resource: _Optional[_Union[_common_pb2.PhysicalResource, _Mapping]] = ..., more: _Optional[_Iterable[_Union[_common_pb2.PhysicalResource, _Mapping]]] = ...) -> None: ...

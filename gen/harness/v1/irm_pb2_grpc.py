@@ -54,6 +54,11 @@ class ResourceManagerStub:
                 request_serializer=harness_dot_v1_dot_irm__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=harness_dot_v1_dot_irm__pb2.Reservation.FromString,
                 _registered_method=True)
+        self.ReserveBatch = channel.unary_unary(
+                '/harness.v1.ResourceManager/ReserveBatch',
+                request_serializer=harness_dot_v1_dot_irm__pb2.ReserveBatchRequest.SerializeToString,
+                response_deserializer=harness_dot_v1_dot_irm__pb2.ReserveBatchResponse.FromString,
+                _registered_method=True)
         self.GetReservation = channel.unary_unary(
                 '/harness.v1.ResourceManager/GetReservation',
                 request_serializer=harness_dot_v1_dot_irm__pb2.GetReservationRequest.SerializeToString,
@@ -110,6 +115,17 @@ class ResourceManagerServicer:
     def Reserve(self, request, context):
         """Reserve a configuration. Idempotent on (tenant, request_id): a retry
         returns the same reservation, never a second one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveBatch(self, request, context):
+        """Several reservations in one call: each request is handled exactly as by
+        Reserve (idempotency, tenant, all-or-nothing) and gets its own outcome, in
+        order. A scheduler in front (the CRS) sends its concurrent requests to a
+        manager as one call (one RPC and one database commit for many). Optional:
+        a manager that answers UNIMPLEMENTED gets one Reserve per request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -172,6 +188,11 @@ def add_ResourceManagerServicer_to_server(servicer, server):
                     servicer.Reserve,
                     request_deserializer=harness_dot_v1_dot_irm__pb2.ReserveRequest.FromString,
                     response_serializer=harness_dot_v1_dot_irm__pb2.Reservation.SerializeToString,
+            ),
+            'ReserveBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveBatch,
+                    request_deserializer=harness_dot_v1_dot_irm__pb2.ReserveBatchRequest.FromString,
+                    response_serializer=harness_dot_v1_dot_irm__pb2.ReserveBatchResponse.SerializeToString,
             ),
             'GetReservation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReservation,
@@ -307,6 +328,33 @@ class ResourceManager:
             '/harness.v1.ResourceManager/Reserve',
             harness_dot_v1_dot_irm__pb2.ReserveRequest.SerializeToString,
             harness_dot_v1_dot_irm__pb2.Reservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/harness.v1.ResourceManager/ReserveBatch',
+            harness_dot_v1_dot_irm__pb2.ReserveBatchRequest.SerializeToString,
+            harness_dot_v1_dot_irm__pb2.ReserveBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,144 @@
+"""The compute IRM's servicer in-process (irm_compute.service): ReserveBatch, the generation in
+replies, and capacity events coalesced into one watch message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from harness.v1 import common_pb2, irm_pb2
+from irm_compute.service import ComputeConfig, ComputeIrm, coalesce
+from services.watch import Broadcaster
+
+INVENTORY = """
+hosts:
+  - {id: a, site: s1, rack: r1, cores: 4, memory_gb: 8, frequency_ghz: 2.2}
+  - {id: b, site: s1, rack: r1, cores: 4, memory_gb: 8, frequency_ghz: 2.2}
+"""
+
+
+@pytest.fixture
+def irm(tmp_path: Path) -> Iterator[ComputeIrm]:
+    (tmp_path / "hosts.yaml").write_text(INVENTORY)
+    c = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
+    yield c
+    c.watchers.close()
+    c.db.dispose()
+
+
+def req(rid: str, cores: float, *hosts: str, tenant: str = "t") -> irm_pb2.ReserveRequest:
+    return irm_pb2.ReserveRequest(
+        tenant=tenant,
+        request_id=rid,
+        groups=[
+            irm_pb2.ResourceGroup(
+                name="g",
+                resource_type="vm",
+                count=len(hosts),
+                placement=list(hosts),
+                attributes={
+                    "cores": common_pb2.AttributeRequest(number=cores),
+                    "memory_gb": common_pb2.AttributeRequest(number=1),
+                },
+            )
+        ],
+    )
+
+
+def generations(irm: ComputeIrm) -> dict[str, int]:
+    return {h.id: h.generation for h in irm.store.hosts()}
+
+
+def test_reserve_batch_answers_each_request_as_reserve_would(irm: ComputeIrm) -> None:
+    before = generations(irm)
+    out = irm.ReserveBatch(
+        irm_pb2.ReserveBatchRequest(
+            requests=[
+                req("r1", 2, "a", "b"),
+                req("r2", 4, "a"),  # a has 2 cores left
+                req("", 1, "a"),  # no request id
+                req("r3", 1, "a"),
+            ]
+        ),
+        None,
+    ).outcomes
+    assert [o.WhichOneof("result") for o in out] == ["reservation", "error", "error", "reservation"]
+    assert (
+        out[1].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and "no room" in out[1].error.message
+    )
+    assert (
+        out[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        and "request_id" in out[2].error.message
+    )
+    # each reply says the host's generation right after its own take
+    r1 = {r.physical_id: r.physical_generation for r in out[0].reservation.groups[0].resources}
+    r3 = {r.physical_id: r.physical_generation for r in out[3].reservation.groups[0].resources}
+    assert r1 == {"a": before["a"] + 1, "b": before["b"] + 1} and r3 == {"a": before["a"] + 2}
+    # a retry of the batch changes nothing and answers the same reservations
+    again = irm.ReserveBatch(
+        irm_pb2.ReserveBatchRequest(requests=[req("r1", 2, "a", "b"), req("r3", 1, "a")]), None
+    ).outcomes
+    assert [o.reservation.id for o in again] == [out[0].reservation.id, out[3].reservation.id]
+    assert generations(irm) == {"a": before["a"] + 2, "b": before["b"] + 1}
+    assert irm.store.overbooking() == []
+
+
+def test_a_batch_publishes_its_changes_as_one_watch_message(irm: ComputeIrm) -> None:
+    stream = irm.WatchCapacity(
+        irm_pb2.WatchCapacityRequest(), type("Ctx", (), {"is_active": lambda self: True})()
+    )
+    snapshot = next(stream)
+    assert snapshot.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT
+    assert sorted([snapshot.resource.id, *(r.id for r in snapshot.more)]) == ["a", "b"]
+    assert next(stream).kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
+    irm.ReserveBatch(
+        irm_pb2.ReserveBatchRequest(requests=[req("r1", 1, "a"), req("r2", 1, "b"), req("r3", 1, "a")]), None
+    )
+    ev = next(stream)
+    assert ev.kind == irm_pb2.CapacityEvent.KIND_UPDATED
+    # a once, at its newest usage; b once
+    assert {r.id: (r.used["cores"], r.generation) for r in (ev.resource, *ev.more)} == {
+        "a": (2, 2),
+        "b": (1, 1),
+    }
+    stream.close()
+
+
+def res(rid: str, gen: int, used: float = 0) -> common_pb2.PhysicalResource:
+    return common_pb2.PhysicalResource(id=rid, generation=gen, used={"cores": used})
+
+
+def test_coalesce_keeps_kinds_apart_and_each_resource_once_at_its_newest() -> None:
+    up, snap, end = (
+        irm_pb2.CapacityEvent.KIND_UPDATED,
+        irm_pb2.CapacityEvent.KIND_SNAPSHOT,
+        irm_pb2.CapacityEvent.KIND_SNAPSHOT_END,
+    )
+    lone = irm_pb2.CapacityEvent(kind=up, resource=res("a", 1))
+    assert list(coalesce([lone])) == [lone]
+    events = [
+        irm_pb2.CapacityEvent(kind=snap, resource=res("a", 1)),
+        irm_pb2.CapacityEvent(kind=snap, resource=res("b", 1)),
+        irm_pb2.CapacityEvent(kind=end),
+        irm_pb2.CapacityEvent(kind=up, resource=res("a", 3, 2)),
+        irm_pb2.CapacityEvent(kind=up, resource=res("b", 2)),
+        irm_pb2.CapacityEvent(kind=up, resource=res("a", 2, 1)),
+    ]  # older than the one before: dropped
+    out = list(coalesce(events))
+    assert [
+        (e.kind, [r.id for r in (e.resource, *e.more)] if e.HasField("resource") else []) for e in out
+    ] == [(snap, ["a", "b"]), (end, []), (up, ["a", "b"])]
+    assert out[2].resource.generation == 3 and out[2].resource.used["cores"] == 2
+
+
+def test_stream_batches_hands_out_what_is_queued_at_once() -> None:
+    b: Broadcaster[int] = Broadcaster()
+    stream = b.stream_batches(lambda: [0, 1], lambda: True, max_batch=3)
+    assert next(stream) == [0, 1]  # the snapshot; now subscribed
+    b.publish([2, 3, 4, 5])
+    assert next(stream) == [2, 3, 4] and next(stream) == [5]
+    b.close()
+    assert list(stream) == []
