@@ -6,11 +6,21 @@
     fpga.close()
 
 Tasks first go to an unbounded wait queue; at most `max_in_flight` are in
-flight at once (thesis §3.2.3). A sender thread per server part takes what
-waits, in batches of up to `batch_size`, and sends them over one Execute
-stream; results come back on the same stream and complete the futures.
-Parts get tasks in proportion to their devices. `lock()`/`unlock()` send the
-pseudo-tasks that give this client one device exclusively (thesis §3.2.4).
+flight at once (thesis §3.2.3). Each server part has one Execute stream: its
+sender (the gRPC thread that reads the stream's requests) takes whatever has
+queued up for the part when it runs, up to `batch_size` tasks in one batch --
+a task submitted alone goes alone, at once (no batching window), a burst goes
+in batches. The part's receiver thread reads the results and completes the
+futures itself (one lock acquisition per result batch, which also moves
+waiting tasks into the freed in-flight slots). Parts get tasks in proportion
+to their devices. `lock()`/`unlock()` send the pseudo-tasks that give this
+client one device exclusively (thesis §3.2.4).
+
+One task at a time (the latency-bound case, thesis Fig. 3.4) takes no longer
+through this library than a unary call straight to a device:
+`harness bench fpga-overhead` pairs the two (`client_added_ms_per_task`). A
+unary RunBatch per lone task was tried instead of the stream, and was slower:
+a message on an open stream costs the server less than a call does.
 """
 
 from __future__ import annotations
@@ -19,15 +29,15 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
-from concurrent.futures import Future
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
-from irm_fpga.wire import from_map, to_map
+from irm_fpga.wire import WireError, from_map, to_map
 
 _STOP = object()
 
@@ -85,9 +95,9 @@ class _Part:
     def _receive(self) -> None:
         why = f"{self.part.server}: the stream ended"
         try:
+            complete = self.owner._complete
             for rb in self.call:
-                for r in rb.results:
-                    self.owner._complete(r)
+                complete(rb.results)  # futures are completed here, by the thread that reads the stream
         except grpc.RpcError as e:
             why = f"{self.part.server}: {e.code().name}: {e.details()}"
         # However the stream ended, what it still owed will not come: fail those tasks (only
@@ -173,20 +183,34 @@ class VirtualFpga:
         with self._lock:
             self._futures[task_id] = fut
             self._waiting.append((task, fut, self._locked))
-        self._pump()
+            sends = self._take()
+        if sends:
+            self._send(sends)
         return fut
 
     def _pump(self) -> None:
         """Send waiting tasks while fewer than max_in_flight are out (thesis §3.2.3)."""
-        sends = []
         with self._lock:
-            while self._waiting and self._in_flight < self._max_in_flight and self._parts:
-                task, fut, pinned = self._waiting.popleft()
-                self._in_flight += 1
-                part = pinned if pinned is not None and pinned in self._parts else next(self._cycle)
-                part.sent.add(task.id)
-                self._where[task.id] = part
-                sends.append((part, task, fut))
+            sends = self._take() if self._waiting else None
+        if sends:
+            self._send(sends)
+
+    def _take(self) -> list[tuple[_Part, fpga_pb2.Task, Future]]:
+        """Waiting tasks that may go now, each to its part (hold the lock)."""
+        sends = []
+        while self._waiting and self._in_flight < self._max_in_flight and self._parts:
+            task, fut, pinned = self._waiting.popleft()
+            self._in_flight += 1
+            part = pinned if pinned is not None and pinned in self._parts else next(self._cycle)
+            part.sent.add(task.id)
+            self._where[task.id] = part
+            sends.append((part, task, fut))
+        return sends
+
+    @staticmethod
+    def _send(sends: list[tuple[_Part, fpga_pb2.Task, Future]]) -> None:
+        # Straight to the part's stream: its sender takes whatever has queued up by the time it
+        # runs (a lone task goes alone, at once; a burst goes in batches of up to batch_size).
         for part, task, fut in sends:
             part.outbox.put((task, fut))
 
@@ -209,24 +233,36 @@ class VirtualFpga:
         return out
 
     # -- completion ------------------------------------------------------
-    def _complete(self, r: fpga_pb2.TaskResult) -> None:
+    def _complete(self, results: Sequence[fpga_pb2.TaskResult]) -> None:
+        """Complete the futures of a batch of results; the in-flight slots they free go to waiting tasks."""
+        done = []
         with self._lock:
-            fut = self._futures.pop(r.id, None)
-            part = self._where.pop(r.id, None)
-            if part is not None:
-                part.sent.discard(r.id)
-            if fut is not None:
-                self._in_flight -= 1
-        if fut is None:
-            return
-        self._pump()
-        if fut.cancelled():  # the caller gave up on it; the device ran it anyway
-            return
-        if r.error:
-            fut.set_exception(TaskFailed(r.error))
-        else:
-            fut.set_result(TaskOutcome(r.id, from_map(r.value, "value"), r.queue_time_s, r.device_time_s,
-                                       r.device, r.server, r.kind))
+            futures, where = self._futures, self._where
+            for r in results:
+                fut = futures.pop(r.id, None)
+                part = where.pop(r.id, None)
+                if part is not None:
+                    part.sent.discard(r.id)
+                if fut is not None:
+                    self._in_flight -= 1
+                    done.append((fut, r))
+            sends = self._take() if self._waiting else None
+        if sends:
+            self._send(sends)
+        for fut, r in done:
+            try:
+                if r.error:
+                    fut.set_exception(TaskFailed(r.error))
+                    continue
+                try:
+                    value = from_map(r.value, "value")
+                except WireError as e:  # fails this task, not the stream's reader
+                    fut.set_exception(TaskFailed(f"{r.server}: undecodable result: {e}"))
+                    continue
+                fut.set_result(TaskOutcome(r.id, value, r.queue_time_s, r.device_time_s, r.device, r.server,
+                                           r.kind))
+            except InvalidStateError:
+                pass  # the caller cancelled it; the device ran it anyway
 
     def _part_ended(self, part: _Part, why: str) -> None:
         with self._lock:
@@ -244,8 +280,10 @@ class VirtualFpga:
                 self._parts = [p for p in self._parts if p is not part]
                 self._cycle = itertools.cycle([p for p in self._parts for _ in range(p.part.devices)])
         for fut in failed:
-            if not fut.done():
+            try:
                 fut.set_exception(TaskFailed(why))
+            except InvalidStateError:
+                pass  # cancelled by the caller
         self._pump()
 
     def pending(self) -> int:

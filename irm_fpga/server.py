@@ -2,8 +2,15 @@
 
 Results are handed out when the clock reaches their completion time. Whoever
 waits for results drives the engine: a RunBatch handler advances it itself
-(so a lone client pays no thread hand-off per task), and a dispatcher thread
-does so when nobody else is waiting, for Execute streams.
+(so a lone client pays no thread hand-off per task), and so does the handler
+of an Execute stream (the client library's path) while the stream is owed
+results -- one stream at a time, the others getting what it routes to them
+and one of them taking over when it is done. A stream's reader thread hands
+each batch to its handler, which sleeps until the task is due and writes the
+result itself: one thread hand-off per lone task, no dispatcher. The
+dispatcher thread drives the engine when nobody waits for results, and looks
+in every DISPATCH_GRACE_S while handlers drive, for an event none of them
+planned for.
 
 The latency of one task through a group (thesis Fig. 3.4) is what RunBatch
 adds over RunDirect, so both handlers are kept lean and alike: the same
@@ -20,9 +27,9 @@ is left for it), and no Event or queue is allocated per call.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +74,10 @@ class FpgaServerConfig:
     reconfig_failure_rate: float = 0.0
     blacklist_after: int = 3
     seed: int = 0
+
+
+# While handlers drive the engine, the dispatcher looks in this often and hands out what is this late.
+DISPATCH_GRACE_S = 0.02
 
 
 def domain_error(e: Exception) -> HarnessError:
@@ -119,18 +130,34 @@ class _Waiter:
 
 
 class _Stream:
-    """An Execute stream: every result of its client goes to its writer's queue."""
+    """An Execute stream: its client's results wait in `out` for the stream's handler to write them.
 
-    __slots__ = ("q",)
+    The handler sleeps on `bell` (a bare lock used as an auto-reset event, as in `_Waiter`);
+    results routed here, the stream's reader (new tasks, the end of the requests) and `_kick`
+    ring it. `submitted` is written by the reader only (before it submits), `answered` by the
+    handler only: their difference is what the stream still owes, without a lock.
+    """
+
+    __slots__ = ("out", "bell", "submitted", "answered", "closed", "failure")
 
     def __init__(self) -> None:
-        self.q: queue.SimpleQueue[Sequence[eng.Result] | None] = queue.SimpleQueue()
+        self.out: deque[eng.Result] = deque()
+        self.bell = threading.Lock()
+        self.bell.acquire()
+        self.submitted = 0
+        self.answered = 0
+        self.closed = False
+        self.failure: list[HarnessError] = []
 
     def deliver(self, results: Sequence[eng.Result]) -> None:
-        self.q.put(results)
+        self.out.extend(results)
+        self.wake()
 
     def wake(self) -> None:
-        pass
+        try:
+            self.bell.release()
+        except RuntimeError:
+            pass  # already rung
 
 
 _Sink = _Waiter | _Stream
@@ -152,6 +179,11 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         self.cond = threading.Condition(threading.Lock())
         self.sinks: dict[str, tuple[_Sink, ...]] = {}
         self.waiting_handlers = 0
+        # One Execute stream at a time drives the engine for all of them (the others wait for the
+        # results it routes to them, and one of them takes over when it stops): no herd of stream
+        # handlers waking at every event.
+        self.stream_driver: _Stream | None = None
+        self.streams_waiting: set[_Stream] = set()
         self.events: list[str] = []
         self._stop = threading.Event()
         self._dispatcher = threading.Thread(target=self._dispatch, name="fpga-dispatch", daemon=True)
@@ -195,16 +227,24 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 k.wake()
 
     def _dispatch(self) -> None:
+        """Drive the engine when nobody waiting for results does (their results then have no hurry).
+
+        While handlers drive it (RunBatch handlers, the Execute stream owed results), this only
+        looks in every DISPATCH_GRACE_S, as a safety net: a handler plans its next look by the
+        engine's next event when it last advanced it, and an event that someone else's work
+        created sooner than that (and then left) is handed out at most about DISPATCH_GRACE_S late.
+        Handlers come and go without telling it, so it never sleeps longer than that.
+        """
         while not self._stop.is_set():
             with self.cond:
-                if self.waiting_handlers > 0:
-                    # A RunBatch handler drives the engine; wait until it is done.
-                    self.cond.wait(0.5)
-                    continue
                 nxt = self.engine.next_event_time()
-                timeout = 0.5 if nxt is None else nxt - self.clock.now()
-                if timeout > 0:
-                    self.cond.wait(timeout)
+                t = self.clock.now()
+                if self.waiting_handlers > 0:
+                    if nxt is None or nxt > t - DISPATCH_GRACE_S:
+                        self.cond.wait(DISPATCH_GRACE_S)
+                        continue
+                elif nxt is None or nxt > t:
+                    self.cond.wait(DISPATCH_GRACE_S if nxt is None else min(DISPATCH_GRACE_S, nxt - t))
                     continue
             self._advance()
 
@@ -242,10 +282,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         with self.cond:
             sinks = [k for lst in self.sinks.values() for k in lst]
         for k in sinks:
-            if isinstance(k, _Stream):
-                k.q.put(None)
-            else:
-                k.wake()
+            k.wake()
 
     # -- control plane (called by the Orchestrator) ----------------------
     def _part(self, g: eng.GroupInfo) -> fpga_pb2.GroupPart:
@@ -467,66 +504,136 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             self._drop_sink(client, w, handler=True)
         return self._results(w.results)
 
+    def _claim_driving(self, st: _Stream) -> bool:
+        """Let `st`'s handler drive the engine unless another stream's does (then it waits for a turn)."""
+        with self.cond:
+            if self.stream_driver is None:
+                self.stream_driver = st
+                self.waiting_handlers += 1
+                self.streams_waiting.discard(st)
+                return True
+            self.streams_waiting.add(st)
+            return False
+
+    def _leave_driving(self, st: _Stream, driving: bool) -> None:
+        """`st` is owed nothing (or is ending): hand driving on to a stream that is owed, if any."""
+        with self.cond:
+            self.streams_waiting.discard(st)
+            if driving:
+                self.stream_driver = None
+                self.waiting_handlers -= 1
+            elif self.stream_driver is not None:
+                return
+            successor = next(iter(self.streams_waiting), None)
+            if successor is None and self.waiting_handlers == 0 and self.engine.busy():
+                self.cond.notify_all()  # the dispatcher takes over
+        if successor is not None:
+            successor.wake()  # it claims driving when it wakes
+
+    def _stream_submit(self, client: str, st: _Stream, batch: fpga_pb2.TaskBatch) -> None:
+        """One batch from an Execute stream into the engine; the stream's handler is rung to drive it."""
+        n = len(batch.tasks)
+        st.submitted += n  # before the engine has them: the handler never sees more answered than asked
+        try:
+            tasks = self._tasks(batch)
+            try:
+                self.engine.submit(client, tasks)
+            except (eng.EngineError, ValueError) as e:
+                raise domain_error(e) from None
+        except InvalidArgument as e:
+            # A bad task fails its batch's tasks, not the stream: answer them with the reason.
+            now = self.clock.now()
+            st.deliver([eng.Result(t.id, client, "", KIND_TO_ENGINE.get(t.kind, eng.RUN), None, str(e),
+                                   now, now, now, 0.0, -1) for t in batch.tasks])
+            return
+        except HarnessError:
+            st.submitted -= n
+            raise
+        if any(t[2] is not eng.RUN for t in tasks):
+            self._kick()  # a lock or unlock can start other callers' tasks sooner than they planned
+            return
+        # New work, maybe due sooner than the driving stream planned to look: its handler (and
+        # this stream's, which drives if nobody does) re-plans. Nobody else needs telling.
+        st.wake()
+        driver = self.stream_driver
+        if driver is not None and driver is not st:
+            driver.wake()
+
+    def _read_stream(self, client: str, st: _Stream, first: fpga_pb2.TaskBatch, requests: Any) -> None:
+        try:
+            batch = first
+            while batch is not None:
+                self._stream_submit(client, st, batch)
+                batch = next(requests, None)
+        except HarnessError as e:
+            st.failure.append(e)
+        except grpc.RpcError:
+            pass
+        finally:
+            st.closed = True
+            st.wake()
+
     def Execute(self, request_iterator, context):  # noqa: N802
+        """Tasks in batches, results as they come, over one stream (the client library's path).
+
+        A reader thread submits what arrives; this handler writes the results and, while the
+        stream is owed any, drives the engine itself as a RunBatch handler does (sleeps on its
+        bell until the next event, advances the engine for every client): so a lone task costs
+        one thread hand-off (reader to handler) and no dispatcher, and results for this client
+        are written by the thread that produced them.
+        """
         first = next(request_iterator, None)
         if first is None:
             return
         client = self._authorise(first)
-        sink = _Stream()
-        self._add_sink(client, sink)
-        pending = {"n": 0, "closed": False}
-        plock = threading.Lock()
-        failure: list[HarnessError] = []
-
-        def submit(batch: fpga_pb2.TaskBatch) -> None:
-            try:
-                tasks = self._tasks(batch)
-                with plock:
-                    pending["n"] += len(tasks)
-                self._engine_call(self.engine.submit, client, tasks)
-            except InvalidArgument as e:
-                # A bad task fails its batch's tasks, not the stream: answer them with the reason.
-                now = self.clock.now()
-                sink.deliver([eng.Result(t.id, client, "", KIND_TO_ENGINE.get(t.kind, eng.RUN), None, str(e),
-                                         now, now, now, 0.0, -1) for t in batch.tasks])
-
-        def read() -> None:
-            try:
-                submit(first)
-                for batch in request_iterator:
-                    submit(batch)
-            except HarnessError as e:
-                failure.append(e)
-            except grpc.RpcError:
-                pass
-            finally:
-                with plock:
-                    pending["closed"] = True
-                sink.q.put([])  # wake the writer to re-check
-
-        reader = threading.Thread(target=read, name=f"exec-{client}", daemon=True)
-        reader.start()
+        st = _Stream()
+        self._add_sink(client, st)
+        threading.Thread(target=self._read_stream, args=(client, st, first, request_iterator),
+                         name=f"exec-{client}", daemon=True).start()
+        out, bell, advance, now, stopping = st.out, st.bell, self._advance, self.clock.now, self._stop
+        driving = waiting = False  # driving the engine / owed results while another stream drives
         try:
             while True:
-                with plock:
-                    if failure or (pending["closed"] and pending["n"] <= 0):
-                        break
-                try:
-                    got = sink.q.get(timeout=1.0)
-                except queue.Empty:
-                    if not context.is_active():
-                        break
-                    continue
-                if got is None:
-                    break
-                if got:
-                    with plock:
-                        pending["n"] -= len(got)
+                bell.acquire(False)  # take a ring: what rings from now on wakes the sleeps below
+                if out:
+                    got = [out.popleft() for _ in range(len(out))]
+                    st.answered += len(got)
+                    if (driving or waiting) and st.submitted <= st.answered:
+                        self._leave_driving(st, driving)
+                        driving = waiting = False
                     yield self._results(got)
-            if failure:
-                raise failure[0]
+                    continue
+                if st.failure:
+                    raise st.failure[0]
+                if st.closed:  # read first: once it is set, every batch is counted in `submitted`
+                    if st.submitted <= st.answered or not context.is_active():
+                        break  # all answered, or the client went away (its tasks run on regardless)
+                if stopping.is_set():
+                    break
+                if st.submitted > st.answered:
+                    if not driving and (not waiting or self.stream_driver is None):
+                        driving = self._claim_driving(st)
+                        waiting = not driving
+                    if driving:
+                        nxt = advance()
+                        if out:
+                            continue
+                        t = now()
+                        if nxt is not None and nxt <= t:
+                            continue
+                        bell.acquire(timeout=0.5 if nxt is None else min(0.5, nxt - t))
+                    else:
+                        bell.acquire(timeout=0.5)  # results, or the driver handing over, ring it
+                    continue
+                if driving or waiting:
+                    self._leave_driving(st, driving)
+                    driving = waiting = False
+                if not bell.acquire(timeout=1.0) and not context.is_active():
+                    break
         finally:
-            self._drop_sink(client, sink)
+            if driving or waiting:
+                self._leave_driving(st, driving)
+            self._drop_sink(client, st)
 
     def RunDirect(self, request, context):  # noqa: N802
         """One task on one free device, no group, no queues: the baseline of thesis Fig. 3.4."""

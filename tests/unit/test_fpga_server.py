@@ -3,8 +3,9 @@
 RunBatch of one task is the latency path of thesis Fig. 3.4: the handler submits, sleeps until
 the engine's next event and hands the result out itself. These check that the lean path still
 does a group's work: token check, locks held by other clients, revocation, results carrying
-queue and device time, results for other callers routed to them, and the dispatcher taking over
-for Execute streams.
+queue and device time, results for other callers routed to them. Execute streams drive the
+engine themselves while they are owed results (one stream at a time, handing over when done), so
+they work without the dispatcher, which only looks in as a safety net while handlers drive.
 """
 
 from __future__ import annotations
@@ -209,30 +210,144 @@ def test_concurrent_handlers_get_their_own_results_whoever_drives(svc: FpgaServe
     assert svc.sinks == {} and svc.waiting_handlers == 0
 
 
-def test_execute_stream_is_served_by_the_dispatcher_after_a_handler_leaves(svc: FpgaServerService) -> None:
-    group(svc, "g", 2, "s", "b")
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
+class Stream:
+    """An Execute stream in-process: batches in through `send`, results collected as they come."""
 
-    def requests() -> Iterator[fpga_pb2.TaskBatch]:
-        while (item := inbox.get()) is not None:
+    def __init__(self, s: FpgaServerService, first: fpga_pb2.TaskBatch, ctx: Ctx | None = None) -> None:
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.results: list[fpga_pb2.TaskResult] = []
+        self.messages = 0
+        self.error: Exception | None = None
+        self.inbox.put(first)
+        out = s.Execute(self._requests(), ctx or Ctx())
+        self.thread = threading.Thread(target=self._collect, args=(out,), daemon=True)
+        self.thread.start()
+
+    def _requests(self) -> Iterator[fpga_pb2.TaskBatch]:
+        while (item := self.inbox.get()) is not None:
             yield item
 
-    results: list[fpga_pb2.TaskResult] = []
-    stream = svc.Execute(requests(), Ctx())
-    th = threading.Thread(target=lambda: [results.extend(rb.results) for rb in stream], daemon=True)
-    inbox.put(batch("s", task(1, 0.3)))
-    th.start()
-    eventually(lambda: svc.engine.group_info("g").running == 1, timeout=5)
-    # a RunBatch handler drives the engine for a short task, then leaves while the stream's runs
-    (r,) = svc.RunBatch(batch("b", task(7, 0.01)), Ctx(10)).results
-    assert r.id == 7 and svc.waiting_handlers == 0
-    eventually(lambda: len(results) == 1, timeout=5)
-    inbox.put(batch("s", task(2, 0.01), task(3, 0.01)))
-    eventually(lambda: len(results) == 3, timeout=5)
-    inbox.put(None)
+    def _collect(self, out: Iterator[fpga_pb2.ResultBatch]) -> None:
+        try:
+            for rb in out:
+                self.messages += 1
+                self.results.extend(rb.results)
+        except Exception as e:  # noqa: BLE001
+            self.error = e
+
+    def send(self, b: fpga_pb2.TaskBatch) -> None:
+        self.inbox.put(b)
+
+    def ids(self) -> list[int]:
+        return sorted(r.id for r in self.results)
+
+    def end(self) -> None:
+        self.inbox.put(None)
+        self.thread.join(5)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def bare() -> Iterator[FpgaServerService]:
+    """A server whose dispatcher never runs: only those waiting for results drive the engine."""
+    s = FpgaServerService(FpgaServerConfig(name="fpga-t", devices=4, reconfig_mean_s=0.0, reconfig_std_s=0.0))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_execute_stream_drives_the_engine_itself_while_it_is_owed_results(bare: FpgaServerService) -> None:
+    group(bare, "g", 2, "s")
+    st = Stream(bare, batch("s", task(1, 0.2)))
+    eventually(lambda: bare.waiting_handlers == 1, timeout=5)  # owed a result: it drives
+    eventually(lambda: st.ids() == [1], timeout=5)
+    eventually(lambda: bare.waiting_handlers == 0, timeout=5)  # owed nothing: it does not
+    # One at a time, each comes back about when its device is done, without a dispatcher.
+    for i in range(2, 12):
+        t0 = time.monotonic()
+        st.send(batch("s", task(i, 0.01)))
+        eventually(lambda i=i: len(st.results) == i, timeout=5, interval=0.001)
+        assert time.monotonic() - t0 < 0.25
+    st.send(batch("s", task(20, 0.01), task(21, 0.01), task(22, 0.01)))
+    eventually(lambda: len(st.results) == 14, timeout=5)
+    st.end()
+    assert st.error is None and st.ids() == [*range(1, 12), 20, 21, 22]
+    assert all(r.error == "" and r.server == "fpga-t" for r in st.results)
+    assert st.results[0].device_time_s == pytest.approx(0.2)
+    assert bare.sinks == {} and bare.waiting_handlers == 0 and bare.stream_driver is None
+
+
+def test_one_stream_drives_for_all_and_hands_over_when_it_is_done(bare: FpgaServerService) -> None:
+    group(bare, "g", 2, "a", "b")
+    a = Stream(bare, batch("a", task(1, 0.15)))
+    eventually(lambda: bare.stream_driver is not None, timeout=5)
+    b = Stream(bare, batch("b", *(task(i, 0.05) for i in range(6))))
+    eventually(lambda: len(bare.streams_waiting) == 1, timeout=5)
+    assert bare.waiting_handlers == 1  # one stream drives, the other waits for what it routes
+    # a's task ends first (0.15 s) and a leaves; b, still owed results, takes over (there is
+    # no dispatcher here: without the hand-over b's results would not come)
+    eventually(lambda: a.ids() == [1], timeout=5)
+    t0 = time.monotonic()
+    eventually(lambda: b.ids() == list(range(6)), timeout=5, interval=0.005)
+    assert time.monotonic() - t0 < 0.4  # 5 x 0.05 s left on one device, and hand-over at once
+    a.end()
+    b.end()
+    assert a.error is None and b.error is None
+    assert bare.waiting_handlers == 0 and bare.stream_driver is None and not bare.streams_waiting
+
+
+def test_a_new_task_on_a_waiting_stream_wakes_the_driver(bare: FpgaServerService) -> None:
+    group(bare, "g", 2, "a", "b")
+    a = Stream(bare, batch("a", task(1, 2.0)))  # drives, with nothing due for 2 s
+    eventually(lambda: bare.stream_driver is not None, timeout=5)
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    b = Stream(bare, batch("b", task(1, 0.01)))
+    eventually(lambda: b.ids() == [1], timeout=5, interval=0.005)
+    assert time.monotonic() - t0 < 0.3  # not when a's handler would next have looked (0.5 s)
+    b.end()
+    bare.RevokeClient(fpga_pb2.ServerClientRequest(client_id="a"), None)
+    a.end()
+
+
+def test_a_bad_task_fails_its_batch_not_the_stream_and_revocation_ends_it(svc: FpgaServerService) -> None:
+    group(svc, "g", 1, "s")
+    st = Stream(svc, batch("s", task(1, -1.0), task(2, 0.01)))
+    eventually(lambda: len(st.results) == 2, timeout=5)
+    assert {r.id: "duration" in r.error for r in st.results} == {1: True, 2: True}
+    st.send(batch("s", task(3, 0.01)))
+    eventually(lambda: st.ids() == [1, 2, 3], timeout=5)
+    assert st.results[-1].error == ""
+    st.send(batch("s", task(4, 1.0), task(5, 1.0)))
+    eventually(lambda: svc.engine.group_info("g").waiting == 1, timeout=5)
+    svc.RevokeClient(fpga_pb2.ServerClientRequest(client_id="s"), None)
+    eventually(lambda: 5 in st.ids(), timeout=5)
+    assert next(r for r in st.results if r.id == 5).error == "revoked"
+    st.send(batch("s", task(6, 0.01)))  # refused: the stream ends with the reason
+    st.thread.join(5)
+    assert st.error is not None and not st.thread.is_alive()
+    st.end()
+    eventually(lambda: svc.sinks == {} and svc.waiting_handlers == 0, timeout=5)
+
+
+def test_the_dispatcher_hands_out_what_no_driving_handler_planned_for(svc: FpgaServerService) -> None:
+    from irm_fpga.server import DISPATCH_GRACE_S
+
+    group(svc, "g", 1, "holder", "a")
+    group(svc, "h", 1, "other")
+    svc.RunBatch(batch("holder", task(1, kind=LOCK)), Ctx(10))
+    th, out = in_thread(svc.RunBatch, batch("a", task(2, 0.01)), Ctx(10))  # drives, nothing planned
+    eventually(lambda: svc.waiting_handlers == 1, timeout=5)
+    time.sleep(0.02)
+    # work nobody is told about (straight into the engine): the handler sleeps on (up to 0.5 s)
+    svc.engine.submit("other", [(9, {"duration": 0.01}, "run")])
+    t0 = time.monotonic()
+    eventually(lambda: not svc.engine.busy(), timeout=5, interval=0.002)
+    assert time.monotonic() - t0 < 0.01 + 3 * DISPATCH_GRACE_S + 0.1
+    svc.RunBatch(batch("holder", task(3, kind=UNLOCK)), Ctx(10))
     th.join(5)
-    assert sorted(r.id for r in results) == [1, 2, 3] and all(r.error == "" for r in results)
-    assert results[0].device_time_s == pytest.approx(0.3)
+    assert out["value"].results[0].error == ""  # type: ignore[union-attr]
 
 
 def test_wire_maps_every_kind_of_value_and_names_a_bad_one() -> None:
@@ -261,3 +376,15 @@ def test_overhead_bench_pairs_alternate_their_order() -> None:
     )
     assert order == ["d", "g"] + ["d", "g", "g", "d", "d", "g", "g", "d"]
     assert len(d) == len(g) == 4 and d == g == [1.0] * 4
+
+
+def test_overhead_bench_cpu_blocks_alternate_and_cover_both_processes() -> None:
+    import os
+
+    from bench.fpga_overhead import _cpu_blocks
+
+    order: list[str] = []
+    out = _cpu_blocks((lambda: order.append("d"), lambda: order.append("c")), 2, 3, os.getpid())
+    assert order == list("dddccc" "cccddd")  # two pairs of blocks, the order alternating
+    assert set(out) == {f"{n}_{s}cpu_us" for n in ("direct", "client") for s in ("bench_", "server_", "")}
+    assert all(v >= 0 for v in out.values())
