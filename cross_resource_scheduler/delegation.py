@@ -28,6 +28,17 @@ from harness.v1 import irm_pb2, irm_pb2_grpc
 
 MAX_BATCH = 64
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+_local = threading.local()
+
+
+def _wake() -> threading.Event:
+    """This thread's wake-up event, reused (see services.group_commit: a stale set only
+    makes a wait return early, and every waiter re-checks its item)."""
+    ev = getattr(_local, "wake", None)
+    if ev is None:
+        ev = _local.wake = threading.Event()
+    ev.clear()
+    return ev
 
 
 class Refused(grpc.RpcError):
@@ -50,7 +61,7 @@ class _Item:
 
     def __init__(self, request: irm_pb2.ReserveRequest) -> None:
         self.request = request
-        self.wake = threading.Event()
+        self.wake = _wake()
         self.lead = False
         self.done = False
         self.alone = False  # the manager has no ReserveBatch: send this one by itself

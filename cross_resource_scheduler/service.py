@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import logging
 import math
+import os
 import random
 import threading
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,12 +62,17 @@ _ACTIVATE = Prepared(update(_R).where(_R.c.id == bindparam("rid")).values(
 _RELEASE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
     state="released", released_at=bindparam("at")))
 _DROP_PENDING = Prepared(delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending"))
+_C = Compensation.__table__
+# The monitor's poll (twice a second, usually finding nothing): an ORM query costs ~ms.
+_ANY_COMPENSATION = Prepared(select(_C.c.id).limit(1))
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
 DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                      grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
                      grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
 MAX_COUNT = 1000
+_ACTIVE = irm_pb2.Reservation.STATE_ACTIVE
+_PARSE_CACHE = 1024
 
 
 @dataclass(slots=True)
@@ -129,6 +134,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                                  on_change=self._forward, on_up=lambda name: self._kick.set())
         self.gate = PriorityGate()
         self._specs_cache: tuple[list, dict[str, dict[str, irm_pb2.AttributeSpec]]] | None = None
+        self._parsed: tuple[object, dict[tuple[tuple[bytes, ...], tuple[bytes, ...]], PlacementRequest]] = (None, {})
         self.rng = random.Random(config.seed or None)
         self._stop = threading.Event()
         self._kick = threading.Event()
@@ -248,6 +254,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return 3 * self.config.irm_timeout_s
 
     def _compensate_pending(self) -> None:
+        if not self.db.fetch(_ANY_COMPENSATION, {}):
+            return
         with self.db.read() as s:
             todo = list(s.scalars(select(Compensation).order_by(Compensation.id).limit(200)))
         now = self.clock.now()
@@ -294,8 +302,26 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _parse(self, groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupConstraint]
                ) -> PlacementRequest:
-        v = Violations()
+        """The request in placement's terms. A pure function of the groups, the constraints
+        and the managers' specs, and placement only reads it: valid requests are cached by
+        their bytes while the specs stay the same (clients repeat a few shapes)."""
         specs = self._specs()
+        key = (tuple(g.SerializeToString() for g in groups), tuple(c.SerializeToString() for c in constraints))
+        cache = self._parsed
+        if cache[0] is not specs:
+            cache = self._parsed = (specs, {})
+        hit = cache[1].get(key)
+        if hit is not None:
+            return hit
+        req = self._parse_uncached(groups, constraints, specs)
+        if len(cache[1]) >= _PARSE_CACHE:
+            cache[1].clear()
+        cache[1][key] = req
+        return req
+
+    def _parse_uncached(self, groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupConstraint],
+                        specs: dict[str, dict[str, irm_pb2.AttributeSpec]]) -> PlacementRequest:
+        v = Violations()
         demands: list[GroupDemand] = []
         names: set[str] = set()
         v.check(len(groups) > 0, "groups", "at least one group is required")
@@ -415,7 +441,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
         req = self._parse(list(request.groups), list(request.constraints))
-        res_id = f"crs-{uuid.uuid4().hex[:20]}"
+        res_id = f"crs-{os.urandom(10).hex()}"
         claim = dict(id=res_id, tenant=tenant, request_id=request.request_id, state="pending",
                      priority=request.priority, price_per_minute=0.0, created_at=self.clock.now(),
                      released_at=0.0, allocation=b"", notes=[])
@@ -470,12 +496,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             by_name = {g.name: i for i, g in enumerate(groups)}
             allocated.sort(key=lambda g: by_name.get(g.name, 0))
             price = sum(g.price_per_minute for g in allocated)
-            alloc = irm_pb2.Reservation(groups=allocated).SerializeToString()
+            # One message: its bytes (groups only) are stored, then it is completed as the reply.
+            out = irm_pb2.Reservation(groups=allocated)
+            alloc = out.SerializeToString()
             self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
-            return irm_pb2.Reservation(
-                id=res_id, tenant=tenant, request_id=request.request_id, state=irm_pb2.Reservation.STATE_ACTIVE,
-                priority=request.priority, price_per_minute=price, created_at=created_at, groups=allocated,
-                notes=notes)
+            out.id, out.tenant, out.request_id, out.state = res_id, tenant, request.request_id, _ACTIVE
+            out.priority, out.price_per_minute, out.created_at = request.priority, price, created_at
+            out.notes.extend(notes)
+            return out
         assert last_error is not None
         raise last_error
 

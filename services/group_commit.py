@@ -32,6 +32,18 @@ from sqlalchemy import Connection, Engine
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
+_local = threading.local()
+
+
+def _wake() -> threading.Event:
+    """This thread's wake-up event, reused from call to call (an Event costs a Condition
+    and two locks to build). A set left over from an earlier call only makes the first
+    wait return early: every waiter re-checks its slots and waits again."""
+    ev = getattr(_local, "wake", None)
+    if ev is None:
+        ev = _local.wake = threading.Event()
+    ev.clear()  # before the new slots are visible: nobody can set it for them yet
+    return ev
 
 
 class _Slot:
@@ -73,7 +85,7 @@ class GroupCommitter:
         savepoint (each savepoint costs two more calls into SQLite, and each call
         gives up the GIL, which the leader then has to win back while it holds the
         write lock)."""
-        slot = _Slot(fn, threading.Event(), single_statement)
+        slot = _Slot(fn, _wake(), single_statement)
         with self._mutex:
             self._pending.append(slot)
             if not self._busy:
@@ -91,7 +103,7 @@ class GroupCommitter:
     def submit_all(self, fns: list[Callable[[Connection], Any]]) -> list[tuple[bool, Any]]:
         """Several pieces from one caller, queued together (usually one commit for all);
         each succeeds or fails alone: per piece, (True, its value) or (False, its error)."""
-        wake = threading.Event()
+        wake = _wake()
         slots = [_Slot(fn, wake) for fn in fns]
         if not slots:
             return []
@@ -146,6 +158,9 @@ class GroupCommitter:
                 conn = self._connection()
                 raw = conn.connection.driver_connection
                 assert raw is not None
+                if len(batch) == 1 and batch[0].single:
+                    self._alone(conn, raw, batch[0])
+                    return
                 # BEGIN and COMMIT on the driver connection (SQLAlchemy's transaction
                 # machinery costs ~50 us per batch). A piece that uses the Connection
                 # makes SQLAlchemy autobegin; its begin hook sees the transaction open
@@ -170,6 +185,24 @@ class GroupCommitter:
             outcomes = [(False, e)] * len(batch)
         for slot, (ok, value) in zip(batch, outcomes, strict=True):
             slot.ok, slot.value = ok, value
+
+    def _alone(self, conn: Connection, raw: Any, slot: _Slot) -> None:
+        """One statement with nothing to share its commit: run in autocommit, it is its own
+        transaction (atomic, and committed as durably as by COMMIT when it returns), which
+        saves the BEGIN IMMEDIATE and COMMIT calls into SQLite and their GIL hand-offs. A
+        single statement needs no BEGIN IMMEDIATE for isolation: it takes the write lock
+        itself. (If it went through SQLAlchemy, which begins a transaction first, that
+        transaction is ended here.)"""
+        try:
+            slot.value, slot.ok = slot.fn(conn), True
+        except BaseException as e:  # noqa: BLE001 - handed to its caller
+            slot.value, slot.ok = e, False
+        if conn.in_transaction() or raw.in_transaction:
+            try:
+                self._end(conn, raw, commit=slot.ok)
+            except BaseException as e:  # noqa: BLE001 - the commit failed: the work does not stand
+                log.warning("group commit failed", extra={"batch": 1, "error": repr(e)})
+                slot.value, slot.ok = e, False
 
     def _end(self, conn: Connection, raw: Any, commit: bool) -> None:
         """COMMIT or ROLLBACK, through SQLAlchemy if a piece made it begin, else on the driver.

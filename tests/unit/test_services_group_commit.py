@@ -160,3 +160,30 @@ def test_prepared_statements_on_postgresql(fresh_pg_url):
         _prepared_behaves_as_core(d)
     finally:
         d.dispose()
+
+
+def test_a_lone_statement_commits_by_itself_and_a_lone_failure_leaves_no_transaction(db, tmp_path):
+    import sqlite3
+
+    ins = Prepared(insert(items), columns=["id", "name"])
+    assert db.execute(ins, {"id": 1, "name": "a"}) == 1
+    # Committed when execute returns: another connection sees it at once.
+    other = sqlite3.connect(f"{tmp_path}/g.db")
+    assert other.execute("SELECT name FROM items").fetchall() == [("a",)]
+    with pytest.raises(IntegrityError):
+        db.execute(ins, {"id": 2, "name": "a"})  # duplicate name
+    raw = db._committer._conn.connection.driver_connection
+    assert not raw.in_transaction and not db._committer._conn.in_transaction()
+    assert db.execute(ins, {"id": 3, "name": "c"}) == 1
+    assert sorted(r[0] for r in other.execute("SELECT name FROM items")) == ["a", "c"]
+    other.close()
+
+
+def test_a_lone_statement_through_sqlalchemy_is_committed_too(db, tmp_path):
+    import sqlite3
+
+    db._committer.submit(lambda c: c.execute(insert(items).values(name="z")), single_statement=True)
+    assert not db._committer._conn.in_transaction()
+    other = sqlite3.connect(f"{tmp_path}/g.db")
+    assert other.execute("SELECT name FROM items").fetchall() == [("z",)]
+    other.close()
