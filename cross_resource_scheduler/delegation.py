@@ -19,26 +19,15 @@ request is a plain Reserve from its own thread, concurrently, as before.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import grpc
 
 from harness.v1 import irm_pb2, irm_pb2_grpc
+from services.batching import CallerLed, Waiter
 
 MAX_BATCH = 64
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
-_local = threading.local()
-
-
-def _wake() -> threading.Event:
-    """This thread's wake-up event, reused (see services.group_commit: a stale set only
-    makes a wait return early, and every waiter re-checks its item)."""
-    ev = getattr(_local, "wake", None)
-    if ev is None:
-        ev = _local.wake = threading.Event()
-    ev.clear()
-    return ev
 
 
 class Refused(grpc.RpcError):
@@ -56,14 +45,13 @@ class Refused(grpc.RpcError):
         return self._details
 
 
-class _Item:
-    __slots__ = ("request", "wake", "lead", "done", "alone", "reply", "error")
+class _Item(Waiter):
+    __slots__ = ("request", "alone", "reply", "error", "timeout")
 
-    def __init__(self, request: irm_pb2.ReserveRequest) -> None:
+    def __init__(self, request: irm_pb2.ReserveRequest, timeout: float) -> None:
+        super().__init__()
         self.request = request
-        self.wake = _wake()
-        self.lead = False
-        self.done = False
+        self.timeout = timeout
         self.alone = False  # the manager has no ReserveBatch: send this one by itself
         self.reply: irm_pb2.Reservation | None = None
         self.error: BaseException | None = None
@@ -76,31 +64,18 @@ class Delegator:
         self, stub: Callable[[], irm_pb2_grpc.ResourceManagerStub], max_batch: int = MAX_BATCH
     ) -> None:
         self._stub = stub
-        self._max = max_batch
-        self._mutex = threading.Lock()
-        self._pending: list[_Item] = []
-        self._busy = False
+        self._batches: CallerLed[_Item] = CallerLed(self._lead, max_batch)
         self.batches = True  # False once the manager answered UNIMPLEMENTED
 
     def waiting(self) -> int:
         """Requests queued behind the call in flight (for tests)."""
-        with self._mutex:
-            return len(self._pending)
+        return self._batches.waiting()
 
     def reserve(self, request: irm_pb2.ReserveRequest, timeout: float) -> irm_pb2.Reservation:
         if not self.batches:
             return self._stub().Reserve(request, timeout=timeout)
-        item = _Item(request)
-        with self._mutex:
-            self._pending.append(item)
-            if not self._busy:
-                self._busy = item.lead = True
-        while not item.done:
-            if item.lead:
-                self._lead(timeout)
-            else:
-                item.wake.wait()
-                item.wake.clear()
+        item = _Item(request, timeout)
+        self._batches.run([item])
         if item.alone:
             return self._stub().Reserve(request, timeout=timeout)
         if item.error is not None:
@@ -108,26 +83,13 @@ class Delegator:
         assert item.reply is not None
         return item.reply
 
-    def _lead(self, timeout: float) -> None:
-        with self._mutex:
-            batch, self._pending = self._pending[: self._max], self._pending[self._max :]
+    def _lead(self, batch: list[_Item]) -> None:
+        # The leader's deadline bounds the call (the others' are as long: one CRS setting).
         try:
-            self._send(batch, timeout)
+            self._send(batch, max(i.timeout for i in batch))
         except BaseException as e:  # noqa: BLE001 - every caller in the batch gets it
             for item in batch:
                 item.error = e
-        finally:
-            with self._mutex:
-                if self._pending:
-                    nxt = self._pending[0]
-                    nxt.lead = True
-                    nxt.wake.set()
-                else:
-                    self._busy = False
-            for item in batch:
-                item.lead = False
-                item.done = True
-                item.wake.set()
 
     def _send(self, batch: list[_Item], timeout: float) -> None:
         stub = self._stub()

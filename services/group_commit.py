@@ -6,7 +6,8 @@ the GIL to the waiters and every hand-off costs a thread wake-up, so writes
 crawl long before the disk is busy. Here each caller queues its work; if no
 commit is under way the caller leads one itself (no hand-off when the
 database is idle), running everything queued inside one BEGIN IMMEDIATE ...
-COMMIT, and then passes the lead to the oldest caller still waiting. Every
+COMMIT, and then passes the lead to the oldest caller still waiting
+(services.batching). Every
 caller gets its answer only after the commit that holds its work (durability
 as before); a piece that fails rolls back alone.
 
@@ -29,32 +30,20 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from services.batching import CallerLed, Waiter, thread_wake
+
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
-_local = threading.local()
 
 
-def _wake() -> threading.Event:
-    """This thread's wake-up event, reused from call to call (an Event costs a Condition
-    and two locks to build). A set left over from an earlier call only makes the first
-    wait return early: every waiter re-checks its slots and waits again."""
-    ev = getattr(_local, "wake", None)
-    if ev is None:
-        ev = _local.wake = threading.Event()
-    ev.clear()  # before the new slots are visible: nobody can set it for them yet
-    return ev
-
-
-class _Slot:
-    __slots__ = ("fn", "wake", "single", "lead", "done", "ok", "value")
+class _Slot(Waiter):
+    __slots__ = ("fn", "single", "ok", "value")
 
     def __init__(self, fn: Callable[[Connection], Any], wake: threading.Event, single: bool = False) -> None:
+        super().__init__(wake)
         self.fn = fn
-        self.wake = wake
         self.single = single  # fn runs one statement: atomic by itself, no savepoint needed
-        self.lead = False
-        self.done = False
         self.ok = False
         self.value: Any = None
 
@@ -71,9 +60,7 @@ class GroupCommitter:
     def __init__(self, engine: Engine, lock: AbstractContextManager[Any]) -> None:
         self.engine = engine
         self.lock = lock
-        self._mutex = threading.Lock()
-        self._pending: list[_Slot] = []
-        self._busy = False
+        self._batches: CallerLed[_Slot] = CallerLed(self._commit, MAX_BATCH)
         self._conn: Connection | None = None  # used by the leader only (under self.lock)
         self._closed = False
 
@@ -85,17 +72,8 @@ class GroupCommitter:
         savepoint (each savepoint costs two more calls into SQLite, and each call
         gives up the GIL, which the leader then has to win back while it holds the
         write lock)."""
-        slot = _Slot(fn, _wake(), single_statement)
-        with self._mutex:
-            self._pending.append(slot)
-            if not self._busy:
-                self._busy = slot.lead = True
-        while not slot.done:
-            if slot.lead:
-                self._lead()
-            else:
-                slot.wake.wait()
-                slot.wake.clear()
+        slot = _Slot(fn, thread_wake(), single_statement)
+        self._batches.run([slot])
         if slot.ok:
             return slot.value
         raise slot.value
@@ -103,20 +81,9 @@ class GroupCommitter:
     def submit_all(self, fns: list[Callable[[Connection], Any]]) -> list[tuple[bool, Any]]:
         """Several pieces from one caller, queued together (usually one commit for all);
         each succeeds or fails alone: per piece, (True, its value) or (False, its error)."""
-        wake = _wake()
+        wake = thread_wake()
         slots = [_Slot(fn, wake) for fn in fns]
-        if not slots:
-            return []
-        with self._mutex:
-            self._pending.extend(slots)
-            if not self._busy:
-                self._busy = slots[0].lead = True
-        while not all(slot.done for slot in slots):
-            if any(slot.lead for slot in slots):
-                self._lead()
-            else:
-                wake.wait()
-                wake.clear()
+        self._batches.run(slots)
         return [(slot.ok, slot.value) for slot in slots]
 
     def close(self) -> None:
@@ -125,24 +92,6 @@ class GroupCommitter:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-
-    def _lead(self) -> None:
-        with self._mutex:
-            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-        try:
-            self._commit(batch)
-        finally:
-            with self._mutex:
-                if self._pending:
-                    nxt = self._pending[0]
-                    nxt.lead = True
-                    nxt.wake.set()
-                else:
-                    self._busy = False
-            for slot in batch:
-                slot.lead = False
-                slot.done = True
-                slot.wake.set()
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.invalidated or self._conn.closed:
