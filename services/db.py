@@ -48,6 +48,18 @@ def metadata() -> MetaData:
     return MetaData(naming_convention=NAMING_CONVENTION)
 
 
+def _attempt(go: Callable[[], T], attempts: int) -> T:
+    """`go()`, retried on transient conflicts. The first attempt runs outside tenacity:
+    building its retry state per call costs more than a small write, and conflicts are
+    the rare case."""
+    try:
+        return go()
+    except Exception as e:
+        if attempts <= 1 or not _is_transient(e):
+            raise
+    return _retrying(attempts - 1)(go)()
+
+
 def _retrying(attempts: int):  # type: ignore[no-untyped-def]
     """Retry transient conflicts (lock contention, serialisation failures), bounded and jittered."""
     return retry(
@@ -146,14 +158,7 @@ class Database:
             with self.engine.begin() as conn:
                 return fn(conn)
 
-        # The first attempt outside tenacity: building its retry state per call costs
-        # more than a small write; conflicts are the rare case.
-        try:
-            return go()
-        except Exception as e:
-            if attempts <= 1 or not _is_transient(e):
-                raise
-        return _retrying(attempts - 1)(go)()
+        return _attempt(go, attempts)
 
     def execute(self, prepared: Prepared, params: Mapping[str, Any], attempts: int = 8) -> int:
         """One prepared write statement in its own transaction (on SQLite: in the next
@@ -166,12 +171,7 @@ class Database:
             with self.engine.begin() as conn:
                 return prepared.execute(conn, params)
 
-        try:
-            return go()
-        except Exception as e:
-            if attempts <= 1 or not _is_transient(e):
-                raise
-        return _retrying(attempts - 1)(go)()
+        return _attempt(go, attempts)
 
     def run_all(self, fns: list[Callable[[Connection], T]], attempts: int = 8) -> list[tuple[bool, T | Exception]]:
         """Several independent pieces of write work, as `run` does each: per piece,
