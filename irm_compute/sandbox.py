@@ -195,10 +195,15 @@ def exit_reason(
 
     Under RLIMIT_DATA a program that outgrows its VM dies by itself (a Python
     MemoryError, a failed malloc), so a failure is put down to memory when the
-    program got near its allowance or said it ran out.
+    program got near its allowance or said it ran out. A program whose true peak
+    (ru_maxrss) went over the allowance outgrew its VM even if it finished: a
+    real VM that small would have stopped it, and only the watchdog's sampling
+    (late on a loaded machine) let it through.
     """
     if killed_for:
         return killed_for
+    if peak_mb > limit_mb:
+        return MEMORY_LIMIT_EXCEEDED
     if exit_code != 0 and (peak_mb >= 0.9 * limit_mb or any(m in stderr_tail for m in _MEMORY_ERROR_MARKERS)):
         return MEMORY_LIMIT_EXCEEDED
     return ""
