@@ -95,22 +95,35 @@ def _doze(bell: Any, seconds: float) -> None:
     bell.acquire(timeout=seconds)
 
 
-class _Waiter:
-    """A RunBatch handler waiting for its own tasks' results.
-
-    `bell` is a bare lock used as an auto-reset event: the handler holds it and
+class _Bell:
+    """`bell` is a bare lock used as an auto-reset event: its handler holds it and
     sleeps by acquiring it again with a timeout (`_doze`); anyone wakes it by
     releasing it (a release while already released does nothing). Cheaper than
     a threading.Event, and it wakes the handler only when something changed.
     """
 
-    __slots__ = ("expect", "results", "bell")
+    __slots__ = ("bell",)
 
-    def __init__(self, expect: set[Any]) -> None:
-        self.expect = expect
-        self.results: list[eng.Result] = []
+    def __init__(self) -> None:
         self.bell = threading.Lock()
         self.bell.acquire()
+
+    def wake(self) -> None:
+        try:
+            self.bell.release()
+        except RuntimeError:
+            pass  # already rung
+
+
+class _Waiter(_Bell):
+    """A RunBatch handler waiting for its own tasks' results."""
+
+    __slots__ = ("expect", "results")
+
+    def __init__(self, expect: set[Any]) -> None:
+        super().__init__()
+        self.expect = expect
+        self.results: list[eng.Result] = []
 
     def deliver(self, results: Sequence[eng.Result]) -> None:
         expect = self.expect
@@ -122,28 +135,20 @@ class _Waiter:
         if not expect:
             self.wake()
 
-    def wake(self) -> None:
-        try:
-            self.bell.release()
-        except RuntimeError:
-            pass  # already rung
 
-
-class _Stream:
+class _Stream(_Bell):
     """An Execute stream: its client's results wait in `out` for the stream's handler to write them.
 
-    The handler sleeps on `bell` (a bare lock used as an auto-reset event, as in `_Waiter`);
-    results routed here, the stream's reader (new tasks, the end of the requests) and `_kick`
+    The handler sleeps on `bell` (`_Bell`); results routed here, the stream's reader (new tasks, the end of the requests) and `_kick`
     ring it. `submitted` is written by the reader only (before it submits), `answered` by the
     handler only: their difference is what the stream still owes, without a lock.
     """
 
-    __slots__ = ("out", "bell", "submitted", "answered", "closed", "failure")
+    __slots__ = ("out", "submitted", "answered", "closed", "failure")
 
     def __init__(self) -> None:
+        super().__init__()
         self.out: deque[eng.Result] = deque()
-        self.bell = threading.Lock()
-        self.bell.acquire()
         self.submitted = 0
         self.answered = 0
         self.closed = False
@@ -152,12 +157,6 @@ class _Stream:
     def deliver(self, results: Sequence[eng.Result]) -> None:
         self.out.extend(results)
         self.wake()
-
-    def wake(self) -> None:
-        try:
-            self.bell.release()
-        except RuntimeError:
-            pass  # already rung
 
 
 _Sink = _Waiter | _Stream

@@ -59,7 +59,7 @@ class Broadcaster(Generic[E]):
     def stream_batches(
         self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool], max_batch: int = 256
     ) -> Iterator[list[E]]:
-        """Like `stream`, in lists: the snapshot as one list, then each time every event
+        """`stream` in lists: the snapshot as one list, then each time every event
         queued at that moment (at least one, at most `max_batch`), so that a burst of
         changes can go out as one message."""
         q: queue.Queue = queue.Queue(self._max)
@@ -102,28 +102,8 @@ class Broadcaster(Generic[E]):
         """Subscribe first, then yield the snapshot, then live events.
 
         Subscribing before taking the snapshot means no change is lost between
-        them; a change may be seen twice, which generations make harmless.
+        them; a change may be seen twice, which generations make harmless. A
+        dropped (too slow) subscriber gets what was queued, then the stream ends.
         """
-        q: queue.Queue = queue.Queue(self._max)
-        with self._lock:
-            self._subs.add(q)
-        try:
-            yield from snapshot()
-            while is_active():
-                try:
-                    item = q.get_nowait()
-                except queue.Empty:
-                    with self._lock:
-                        if q in self._dropped:
-                            return  # what was queued is delivered; then the stream ends
-                    try:
-                        item = q.get(timeout=1.0)
-                    except queue.Empty:
-                        continue
-                if item is _CLOSED:
-                    return
-                yield item
-        finally:
-            with self._lock:
-                self._subs.discard(q)
-                self._dropped.discard(q)
+        for batch in self.stream_batches(snapshot, is_active):
+            yield from batch

@@ -22,7 +22,7 @@ from harness.v1 import fpga_pb2
 from irm_fpga.job_models import FpgaJob, FpgaJobController
 from irm_fpga.jobs import RETIRED, JobManager, JobsConfig
 from irm_fpga.models import Group
-from irm_fpga.orchestrator import MIGRATIONS
+from irm_fpga.orchestrator import MIGRATIONS, Orchestrator
 from services.clock import VirtualClock
 from services.db import Database
 from services.errors import NotFound
@@ -58,12 +58,7 @@ class FakeOrchestrator:
     def _free_total_capacity(self) -> dict[str, int]:
         return {"s1": DEVICES}
 
-    def _group(self, group_id: str) -> Group:
-        with self.db.read() as s:
-            g = s.get(Group, group_id)
-        if g is None or g.deleted:
-            raise NotFound(f"FPGA group {group_id!r} does not exist")
-        return g
+    _group = Orchestrator._group  # the real lookup: it needs only `db`
 
     def create_group(self, tenant, request_id, design, size, min_size=0, max_size=0, **_):
         g = Group(
