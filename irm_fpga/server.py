@@ -184,6 +184,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         self.stream_driver: _Stream | None = None
         self.streams_waiting: set[_Stream] = set()
         self.events: list[str] = []
+        self._events_lock = threading.Lock()
         self._stop = threading.Event()
         self._dispatcher = threading.Thread(target=self._dispatch, name="fpga-dispatch", daemon=True)
         self.direct_designs: dict[int, str] = {}
@@ -192,8 +193,10 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
     # -- driving the engine ---------------------------------------------
     def _advance(self) -> float | None:
         """Hand out what is due, to whoever waits for it; return when the next event is due."""
-        results, events, nxt = self.engine.poll()
-        if events:
+        # Drained and logged under one lock, so GetServer never reports a device state whose
+        # event another thread has taken out of the engine but not yet logged.
+        with self._events_lock:
+            results, events, nxt = self.engine.poll()
             for ev in events:
                 if ev.kind in ("reconfiguration_failed", "blacklisted"):
                     text = f"device {ev.device}: {ev.kind} ({ev.detail})" if ev.detail else f"device {ev.device}: {ev.kind}"
@@ -294,10 +297,13 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                                                                       fpga_pb2.DeviceInfo.STATE_UNSPECIFIED),
                                        design=d.design or "", group_id=d.group_id or "", failures=d.failures)
                    for d in self.engine.device_states()]
+        self._advance()  # log the events of the states just read (and hand out what is due)
+        with self._events_lock:
+            events = list(self.events)
         return fpga_pb2.ServerInfo(name=self.config.name, devices=devices,
                                    groups=[self._part(g) for g in self.engine.groups()],
                                    designs=sorted(design_lib.DESIGNS), reconfiguration_s=self.config.reconfig_mean_s,
-                                   events=list(self.events))
+                                   events=events)
 
     def _engine_call(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
         try:
