@@ -10,7 +10,7 @@ each batch to its handler, which sleeps until the task is due and writes the
 result itself: one thread hand-off per lone task, no dispatcher. The
 dispatcher thread drives the engine when nobody waits for results, and looks
 in every DISPATCH_GRACE_S while handlers drive, for an event none of them
-planned for.
+planned for; idle, it sleeps until told of work (IDLE_LOOK_S at most).
 
 The latency of one task through a group (thesis Fig. 3.4) is what RunBatch
 adds over RunDirect, so both handlers are kept lean and alike: the same
@@ -78,6 +78,10 @@ class FpgaServerConfig:
 
 # While handlers drive the engine, the dispatcher looks in this often and hands out what is this late.
 DISPATCH_GRACE_S = 0.02
+# With no work at all, nothing can fall due unseen: new work and state changes notify the
+# dispatcher (`_kick`, a handler leaving work behind), and the first handler to drive wakes it
+# (`_one_more_driver`). So an idle server wakes twice a second, not fifty times.
+IDLE_LOOK_S = 0.5
 
 
 def domain_error(e: Exception) -> HarnessError:
@@ -178,6 +182,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         self.cond = threading.Condition(threading.Lock())
         self.sinks: dict[str, tuple[_Sink, ...]] = {}
         self.waiting_handlers = 0
+        self._dispatcher_idle = False  # asleep for up to IDLE_LOOK_S: the first driving handler wakes it
         # One Execute stream at a time drives the engine for all of them (the others wait for the
         # results it routes to them, and one of them takes over when it stops): no herd of stream
         # handlers waking at every event.
@@ -228,6 +233,14 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             for k in lst:
                 k.wake()
 
+    def _one_more_driver(self) -> None:
+        """A handler starts driving (called under `cond`): an idle dispatcher resumes its
+        safety-net looks. Only then is it woken, so a lone client's calls mostly pay nothing."""
+        self.waiting_handlers += 1
+        if self._dispatcher_idle:
+            self._dispatcher_idle = False
+            self.cond.notify_all()
+
     def _dispatch(self) -> None:
         """Drive the engine when nobody waiting for results does (their results then have no hurry).
 
@@ -245,8 +258,13 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                     if nxt is None or nxt > t - DISPATCH_GRACE_S:
                         self.cond.wait(DISPATCH_GRACE_S)
                         continue
-                elif nxt is None or nxt > t:
-                    self.cond.wait(DISPATCH_GRACE_S if nxt is None else min(DISPATCH_GRACE_S, nxt - t))
+                elif nxt is None:
+                    self._dispatcher_idle = True
+                    self.cond.wait(IDLE_LOOK_S)
+                    self._dispatcher_idle = False
+                    continue
+                elif nxt > t:
+                    self.cond.wait(min(DISPATCH_GRACE_S, nxt - t))
                     continue
             self._advance()
 
@@ -467,7 +485,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         with self.cond:
             self.sinks[client] = (*self.sinks.get(client, ()), sink)
             if handler:
-                self.waiting_handlers += 1
+                self._one_more_driver()
 
     def _drop_sink(self, client: str, sink: _Sink, handler: bool = False) -> None:
         with self.cond:
@@ -514,7 +532,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         with self.cond:
             if self.stream_driver is None:
                 self.stream_driver = st
-                self.waiting_handlers += 1
+                self._one_more_driver()
                 self.streams_waiting.discard(st)
                 return True
             self.streams_waiting.add(st)
