@@ -499,7 +499,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             # One message: its bytes (groups only) are stored, then it is completed as the reply.
             out = irm_pb2.Reservation(groups=allocated)
             alloc = out.SerializeToString()
-            self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
+            try:
+                self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
+            except BaseException:
+                # Not recorded, so not the client's: what the IRMs hold for it goes back.
+                for manager in pinned:
+                    self._undo_or_remember(manager, tenant, f"{res_id}@{manager}")
+                raise
             out.id, out.tenant, out.request_id, out.state = res_id, tenant, request.request_id, _ACTIVE
             out.priority, out.price_per_minute, out.created_at = request.priority, price, created_at
             out.notes.extend(notes)

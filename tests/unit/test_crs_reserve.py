@@ -1,0 +1,55 @@
+"""Reserve's failure paths inside the CRS (in-process: the managers' side is stood in for)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import select
+
+from cross_resource_scheduler import service as crs_service
+from cross_resource_scheduler.models import Reservation
+from cross_resource_scheduler.service import Crs, CrsConfig
+from harness.v1 import common_pb2, irm_pb2
+from services.errors import Unavailable
+from tests.unit.test_crs_service_parse import _group, _specs
+
+
+@pytest.fixture
+def crs(tmp_path) -> Iterator[Crs]:
+    c = Crs(CrsConfig(state_dir=str(tmp_path)))
+    specs = _specs()
+    c._specs = lambda: specs  # type: ignore[method-assign]
+    c.view.upsert("m", common_pb2.PhysicalResource(
+        id="h0", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+        location=common_pb2.Location(site="s", rack="r", host="h0"), generation=1))
+    yield c
+    c.db.dispose()
+
+
+def test_a_reservation_the_crs_cannot_record_is_given_back_at_the_managers(crs: Crs, monkeypatch) -> None:
+    delegated: list[str] = []
+    undone: list[tuple[str, str, str]] = []
+
+    def delegate(tenant, res_id, pinned):  # type: ignore[no-untyped-def]
+        delegated.append(res_id)
+        group = irm_pb2.AllocatedGroup(name="g", manager="m", manager_reservation_id="irm-1")
+        return [group], [], {}
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+    crs._undo_or_remember = lambda m, t, rid, in_doubt=False: undone.append((m, t, rid))  # type: ignore[method-assign]
+    real_execute = crs.db.execute
+
+    def execute(prepared, params, attempts=8):  # type: ignore[no-untyped-def]
+        if prepared is crs_service._ACTIVATE:
+            raise Unavailable("the database went away")
+        return real_execute(prepared, params, attempts)
+
+    monkeypatch.setattr(crs.db, "execute", execute)
+    with pytest.raises(Unavailable):
+        crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+    assert len(delegated) == 1
+    # What manager m holds for it is released (or remembered for retry), and no row is left.
+    assert undone == [("m", "t", f"{delegated[0]}@m")]
+    with crs.db.read() as s:
+        assert list(s.scalars(select(Reservation))) == []
