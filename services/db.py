@@ -176,16 +176,16 @@ class Database:
     def run_all(self, fns: list[Callable[[Connection], T]], attempts: int = 8) -> list[tuple[bool, T | Exception]]:
         """Several independent pieces of write work, as `run` does each: per piece,
         (True, its value) or (False, its exception). On SQLite they join one group
-        commit (each under its own savepoint); elsewhere each is its own transaction."""
+        commit; elsewhere they share one transaction of their own. Either way each
+        runs under its own savepoint, so a piece that fails rolls back alone, and
+        one commit (one WAL flush on PostgreSQL, instead of one per piece) makes
+        them all durable. A piece that failed on a transient conflict is retried
+        by itself."""
+        outcomes: list[tuple[bool, T | Exception]]
         if self._committer is None:
-            outcomes: list[tuple[bool, T | Exception]] = []
-            for fn in fns:
-                try:
-                    outcomes.append((True, self.run(fn, attempts)))
-                except Exception as e:  # noqa: BLE001 - handed to the caller
-                    outcomes.append((False, e))
-            return outcomes
-        outcomes = self._committer.submit_all(list(fns))  # type: ignore[arg-type]
+            outcomes = self._one_transaction(fns)
+        else:
+            outcomes = self._committer.submit_all(list(fns))  # type: ignore[arg-type]
         for i, (ok, value) in enumerate(outcomes):
             if not ok and attempts > 1 and isinstance(value, Exception) and _is_transient(value):
                 try:
@@ -194,6 +194,24 @@ class Database:
                     outcomes[i] = (False, e)
             elif not ok and not isinstance(value, Exception):
                 raise value  # KeyboardInterrupt, SystemExit: not a piece's failure
+        return outcomes
+
+    def _one_transaction(self, fns: list[Callable[[Connection], T]]) -> list[tuple[bool, T | Exception]]:
+        outcomes: list[tuple[bool, T | Exception]] = []
+        try:
+            with self.engine.begin() as conn:
+                for fn in fns:
+                    piece = conn.begin_nested()
+                    try:
+                        value = fn(conn)
+                    except Exception as e:  # noqa: BLE001 - handed to the caller
+                        piece.rollback()
+                        outcomes.append((False, e))
+                    else:
+                        piece.commit()
+                        outcomes.append((True, value))
+        except Exception as e:  # noqa: BLE001 - the commit failed: no piece's work stands
+            return [(False, e)] * len(fns)
         return outcomes
 
     def fetch(self, prepared: Prepared, params: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -91,6 +91,32 @@ def test_a_subscriber_that_falls_behind_is_cut_off_not_left_stale():
 
 
 def test_run_all_commits_pieces_together_and_isolates_failures(db):
+    _run_all_isolates_failures(db)
+
+
+def test_run_all_on_postgresql_is_one_transaction_and_isolates_failures(fresh_pg_url):
+    from sqlalchemy import event
+
+    d = Database(fresh_pg_url)
+    try:
+        meta.create_all(d.engine)
+        commits: list[int] = []
+        event.listen(d.engine, "commit", lambda conn: commits.append(1))
+        run_all = d.run_all
+
+        def counted(fns):  # type: ignore[no-untyped-def]
+            before = len(commits)
+            out = run_all(fns)
+            assert len(commits) - before == 1  # one commit (one WAL flush) for the pieces, not one each
+            return out
+
+        d.run_all = counted  # type: ignore[method-assign]
+        _run_all_isolates_failures(d)
+    finally:
+        d.dispose()
+
+
+def _run_all_isolates_failures(db: Database) -> None:
     def fail(c):  # type: ignore[no-untyped-def]
         c.execute(insert(items).values(name="half"))
         raise ValueError("boom")
