@@ -27,6 +27,7 @@ and 5,000 hosts: the pure placement function, same request, same pipeline.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import tempfile
@@ -195,6 +196,31 @@ def placement_p50_ms(hosts: int, repeats: int, pipeline: Pipeline) -> float:
     return percentile(times, 0.5)
 
 
+class _ScratchDatabase:
+    """On a PostgreSQL server, a database of the run's own, dropped afterwards (reservations of an
+    earlier run would answer this run's request ids); another URL is used as given."""
+
+    def __init__(self, url: str) -> None:
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        self.url, self._admin, self._name = url, None, ""
+        if make_url(url).get_backend_name() == "postgresql":
+            self._name = f"harness_bench_{os.urandom(6).hex()}"
+            self._admin = create_engine(url, isolation_level="AUTOCOMMIT")
+            with self._admin.connect() as conn:
+                conn.execute(text(f'CREATE DATABASE "{self._name}"'))
+            self.url = make_url(url).set(database=self._name).render_as_string(hide_password=False)
+
+    def drop(self) -> None:
+        from sqlalchemy import text
+
+        if self._admin is not None:
+            with self._admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)'))
+            self._admin.dispose()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="harness bench crs")
     p.add_argument("--quick", action="store_true", help="a smaller run (under 60 s)")
@@ -202,18 +228,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hosts", type=int)
     p.add_argument("--clients", type=int, default=16, help="concurrent clients")
     p.add_argument("--reservations", type=int, help="per client")
-    p.add_argument("--database", help="SQLAlchemy URL for the compute IRM (default: SQLite)")
+    p.add_argument("--database", help="SQLAlchemy URL for the CRS and the compute IRM (default: SQLite files)")
     args = p.parse_args([a for a in argv if a != "--"])
     hosts = args.hosts or (300 if args.quick else 1000)
     per_client = args.reservations or (50 if args.quick else 150)
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-crs-"))
     procs = []
+    scratch = _ScratchDatabase(args.database) if args.database else None
     try:
         (tmp / "inventory.yaml").write_text(_inventory(hosts))
-        crs = spawn("crs", settings={"state_dir": tmp, "heartbeat_interval_s": 1.0})
+        # --database: the CRS and the compute IRM share it, as in compose.yaml.
+        crs_db = {"database": scratch.url} if scratch else {}
+        crs = spawn("crs", settings={"state_dir": tmp, "heartbeat_interval_s": 1.0, **crs_db})
         procs.append(crs)
         crs.wait_ready()
-        compute_db = args.database or f"sqlite:///{tmp}/compute.db"
+        compute_db = scratch.url if scratch else f"sqlite:///{tmp}/compute.db"
         compute = spawn("compute", settings={"state_dir": tmp, "crs_address": crs.address, "database": compute_db,
                                              "inventory": tmp / "inventory.yaml", "heartbeat_interval_s": 1.0})
         procs.append(compute)
@@ -275,6 +304,8 @@ def main(argv: list[str]) -> int:
     finally:
         for proc in reversed(procs):
             proc.stop()
+        if scratch:
+            scratch.drop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
