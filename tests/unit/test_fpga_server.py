@@ -331,6 +331,30 @@ def test_a_bad_task_fails_its_batch_not_the_stream_and_revocation_ends_it(svc: F
     eventually(lambda: svc.sinks == {} and svc.waiting_handlers == 0, timeout=5)
 
 
+def test_an_idle_dispatcher_sleeps_until_told_of_work_not_every_grace_period() -> None:
+    from irm_fpga.server import DISPATCH_GRACE_S, IDLE_LOOK_S
+
+    waits: list[float | None] = []
+
+    class Counting(threading.Condition):
+        def wait(self, timeout=None):  # type: ignore[no-untyped-def]
+            waits.append(timeout)
+            return super().wait(timeout)
+
+    s = FpgaServerService(FpgaServerConfig(name="fpga-idle", devices=2, reconfig_mean_s=0.0, reconfig_std_s=0.0))
+    s.cond = Counting(threading.Lock())
+    s.start()
+    try:
+        eventually(lambda: len(waits) >= 1, timeout=5, interval=0.005)
+        assert waits[0] == IDLE_LOOK_S > 10 * DISPATCH_GRACE_S  # nothing to do: a long sleep
+        # New work wakes it at once (a kick), long before IDLE_LOOK_S.
+        group(s, "g", 1, "a")
+        n = len(waits)
+        eventually(lambda: len(waits) > n, timeout=IDLE_LOOK_S / 2, interval=0.002)
+    finally:
+        s.stop()
+
+
 def test_the_dispatcher_hands_out_what_no_driving_handler_planned_for(svc: FpgaServerService) -> None:
     from irm_fpga.server import DISPATCH_GRACE_S
 
