@@ -130,13 +130,18 @@ class Extrapolated(Profiler):
                 mem_dims = [d.name for d in self.space.dims if d.kind == "memory"]
                 cur = c
                 while mem_dims:
-                    nxt = self.space.step(cur, mem_dims[0], +1, self._measured(PRODUCTION))
+                    # Up the memory ladder one step at a time; a step already run on the production
+                    # input (an earlier extrapolation test) answers without another run.
+                    nxt = self.space.step(cur, mem_dims[0], +1)
                     if nxt is None:
                         break
-                    yield Proposal(nxt, PRODUCTION, f"bottleneck: memory; retry with {mem_dims[0]}="
-                                                    f"{self.space.configs[nxt][mem_dims[0]]}")
+                    seen = self._measured(PRODUCTION).get(nxt)
+                    if seen is None:
+                        yield Proposal(nxt, PRODUCTION, f"bottleneck: memory; retry with {mem_dims[0]}="
+                                                        f"{self.space.configs[nxt][mem_dims[0]]}")
+                        seen = self._last()
                     cur = nxt
-                    if self._last().ok:
+                    if seen.ok:
                         self.constraints.append((mem_dims[0], self.space.configs[nxt][mem_dims[0]]))
                         break
             else:

@@ -135,6 +135,33 @@ def test_extrapolated_profiling_detects_the_memory_bottleneck():
         assert all(s.configs[c]["memory"] >= p.constraints[0][1] for c, _, _ in preds)
 
 
+def test_extrapolated_learns_the_memory_bound_from_a_bigger_config_already_run():
+    """The extrapolation tests may run the bigger-memory configurations on the production input
+    before the small one fails (when the small one's benchmark was slow, so not the cheapest):
+    the bottleneck's bound then comes from those runs, not from a retry that has nothing left."""
+    s = from_records(["memory"], [{"memory": m} for m in (96, 512, 1024)])
+    prices = np.array([1.0, 2.0, 3.0])
+    p = PROFILERS["extrapolated"](s, np.random.default_rng(2), max_runs=9, has_benchmark=True, prices=prices)
+    bench_time = {96: 10.0, 512: 1.0, 1024: 0.9}  # 96 MB: slow (swapping) and so the dearest
+
+    def run(pr: Proposal) -> Observation:
+        m = s.configs[pr.config]["memory"]
+        if pr.input == "benchmark":
+            t = bench_time[m]
+            return Observation(pr.config, True, t, t * prices[pr.config], "benchmark", 50.0, 90.0)
+        if m == 96:
+            return Observation(pr.config, False, 1.0, prices[pr.config], "production", 50.0, 100.0,
+                               "memory limit exceeded")
+        t = 4 * bench_time[m]
+        return Observation(pr.config, True, t, t * prices[pr.config], "production", 50.0, 60.0)
+
+    obs, _ = profile(p, run, StopRules(max_runs=9))
+    prod = [s.configs[o.config]["memory"] for o in obs if o.input == "production"]
+    assert prod.index(96) > prod.index(512)  # the small one failed after the bigger ones ran
+    assert p.constraints == [("memory", 512)]
+    assert len(prod) == len(set(prod))  # nothing was run twice to learn it
+
+
 def test_model_based_uses_prices_and_history():
     s = grid_space()
     prices = np.array([c["cores"] + c["memory"] for c in s.configs], float)
