@@ -502,9 +502,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             try:
                 self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
             except BaseException:
-                # Not recorded, so not the client's: what the IRMs hold for it goes back.
-                for manager in pinned:
-                    self._undo_or_remember(manager, tenant, f"{res_id}@{manager}")
+                self._give_back_unrecorded(tenant, res_id, list(pinned))
                 raise
             out.id, out.tenant, out.request_id, out.state = res_id, tenant, request.request_id, _ACTIVE
             out.priority, out.price_per_minute, out.created_at = request.priority, price, created_at
@@ -512,6 +510,25 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return out
         assert last_error is not None
         raise last_error
+
+    def _give_back_unrecorded(self, tenant: str, res_id: str, managers: list[str]) -> None:
+        """The activation failed: unless it landed after all (a commit whose answer was lost),
+        the reservation is not the client's, and what the managers hold for it goes back.
+        When that cannot be told, the parts stay (capacity leaks until an operator looks)
+        rather than an active reservation losing its resources."""
+        try:
+            rows = self.db.fetch(_BY_ID, {"rid": res_id})
+        except Exception:  # noqa: BLE001 - cannot tell: leave the parts
+            log.exception("activation failed and its outcome is unknown; parts left at the managers",
+                          extra={"reservation": res_id, "managers": managers})
+            return
+        if rows and rows[0]["state"] != "pending":
+            return  # it landed: the reservation stands
+        for manager in managers:
+            try:
+                self._undo_or_remember(manager, tenant, f"{res_id}@{manager}")
+            except Exception:  # noqa: BLE001 - the others still go back
+                log.exception("could not give back a part", extra={"reservation": res_id, "manager": manager})
 
     def _delegate(self, tenant: str, res_id: str, pinned: dict[str, list[irm_pb2.ResourceGroup]]
                   ) -> tuple[list[irm_pb2.AllocatedGroup], list[str], dict[str, int]]:

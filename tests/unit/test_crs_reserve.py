@@ -53,3 +53,74 @@ def test_a_reservation_the_crs_cannot_record_is_given_back_at_the_managers(crs: 
     assert undone == [("m", "t", f"{delegated[0]}@m")]
     with crs.db.read() as s:
         assert list(s.scalars(select(Reservation))) == []
+
+
+def _two_managers(crs: Crs) -> None:
+    crs.view.upsert("n", common_pb2.PhysicalResource(
+        id="h1", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+        location=common_pb2.Location(site="s", rack="r", host="h1"), generation=1))
+
+
+def _delegating(crs: Crs, delegated: list[str]) -> None:
+    def delegate(tenant, res_id, pinned):  # type: ignore[no-untyped-def]
+        delegated.append(res_id)
+        return [irm_pb2.AllocatedGroup(name=g.name, manager=m, manager_reservation_id=f"irm-{m}")
+                for m, parts in pinned.items() for g in parts], [], {}
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+
+
+def test_an_activation_that_landed_although_its_commit_answer_was_lost_keeps_its_parts(crs: Crs, monkeypatch) -> None:
+    delegated: list[str] = []
+    undone: list[str] = []
+    _delegating(crs, delegated)
+    crs._undo_or_remember = lambda m, t, rid, in_doubt=False: undone.append(m)  # type: ignore[method-assign]
+    real_execute = crs.db.execute
+
+    def execute(prepared, params, attempts=8):  # type: ignore[no-untyped-def]
+        out = real_execute(prepared, params, attempts)
+        if prepared is crs_service._ACTIVATE:
+            raise Unavailable("connection lost while committing")  # ... after the commit landed
+        return out
+
+    monkeypatch.setattr(crs.db, "execute", execute)
+    with pytest.raises(Unavailable):
+        crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+    assert undone == []  # it is active: nothing is taken from under it
+    again = crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+    assert again.id == delegated[0] and again.state == irm_pb2.Reservation.STATE_ACTIVE
+
+
+def test_one_part_that_cannot_be_given_back_does_not_keep_the_others(crs: Crs, monkeypatch) -> None:
+    _two_managers(crs)
+    delegated: list[str] = []
+    undone: list[str] = []
+    _delegating(crs, delegated)
+    original_place = crs._place
+
+    def spread(req, priority, token):  # type: ignore[no-untyped-def]
+        placement = original_place(req, priority, token)
+        assert {n.manager for nodes in placement.nodes.values() for n in nodes} == {"m", "n"}
+        return placement
+
+    crs._place = spread  # type: ignore[method-assign]
+
+    def undo(m, t, rid, in_doubt=False):  # type: ignore[no-untyped-def]
+        if m == "m":
+            raise RuntimeError("the compensation table is unreachable too")
+        undone.append(m)
+
+    crs._undo_or_remember = undo  # type: ignore[method-assign]
+    real_execute = crs.db.execute
+
+    def execute(prepared, params, attempts=8):  # type: ignore[no-untyped-def]
+        if prepared is crs_service._ACTIVATE:
+            raise Unavailable("the database went away")
+        return real_execute(prepared, params, attempts)
+
+    monkeypatch.setattr(crs.db, "execute", execute)
+    request = irm_pb2.ReserveRequest(tenant="t", request_id="r2", groups=[_group(6, count=2)], constraints=[
+        irm_pb2.GroupConstraint(expression="different_host(g, g)")])
+    with pytest.raises(Unavailable):
+        crs.Reserve(request, None)
+    assert undone == ["n"]
