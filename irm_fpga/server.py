@@ -496,10 +496,11 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 self.sinks[client] = tuple(k for k in mine if k is not sink)
             if handler:
                 self.waiting_handlers -= 1
-                # The dispatcher takes over driving the engine, if anything is left to drive. (Work
-                # submitted from now on comes with a _kick, which waits for this condition.)
-                if self.waiting_handlers == 0 and self.engine.busy():
-                    self.cond.notify_all()
+            # The dispatcher takes over driving the engine, if anything is left to drive (also after
+            # an Execute handler that never drove: its reader may have submitted work as it left).
+            # Work submitted from now on comes with a _kick, which waits for this condition.
+            if self.waiting_handlers == 0 and self.engine.busy():
+                self.cond.notify_all()
 
     def RunBatch(self, request, context):  # noqa: N802
         client = self._authorise(request)

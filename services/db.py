@@ -180,7 +180,10 @@ class Database:
         runs under its own savepoint, so a piece that fails rolls back alone, and
         one commit (one WAL flush on PostgreSQL, instead of one per piece) makes
         them all durable. A piece that failed on a transient conflict is retried
-        by itself."""
+        by itself. On PostgreSQL the row locks of every piece are held until the
+        one commit: a writer that takes the same rows in another order may
+        deadlock with the batch, which PostgreSQL breaks after `deadlock_timeout`
+        (the failed piece is then retried)."""
         outcomes: list[tuple[bool, T | Exception]]
         if self._committer is None:
             outcomes = self._one_transaction(fns)
