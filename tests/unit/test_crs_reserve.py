@@ -27,6 +27,18 @@ def crs(tmp_path) -> Iterator[Crs]:
     c.db.dispose()
 
 
+def _activation_fails(crs: Crs, monkeypatch) -> None:
+    """The CRS's database refuses the activation (and only it)."""
+    real_execute = crs.db.execute
+
+    def execute(prepared, params, attempts=8):  # type: ignore[no-untyped-def]
+        if prepared is crs_service._ACTIVATE:
+            raise Unavailable("the database went away")
+        return real_execute(prepared, params, attempts)
+
+    monkeypatch.setattr(crs.db, "execute", execute)
+
+
 def test_a_reservation_the_crs_cannot_record_is_given_back_at_the_managers(crs: Crs, monkeypatch) -> None:
     delegated: list[str] = []
     undone: list[tuple[str, str, str]] = []
@@ -38,14 +50,7 @@ def test_a_reservation_the_crs_cannot_record_is_given_back_at_the_managers(crs: 
 
     crs._delegate = delegate  # type: ignore[method-assign]
     crs._undo_or_remember = lambda m, t, rid, in_doubt=False: undone.append((m, t, rid))  # type: ignore[method-assign]
-    real_execute = crs.db.execute
-
-    def execute(prepared, params, attempts=8):  # type: ignore[no-untyped-def]
-        if prepared is crs_service._ACTIVATE:
-            raise Unavailable("the database went away")
-        return real_execute(prepared, params, attempts)
-
-    monkeypatch.setattr(crs.db, "execute", execute)
+    _activation_fails(crs, monkeypatch)
     with pytest.raises(Unavailable):
         crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
     assert len(delegated) == 1
@@ -111,14 +116,7 @@ def test_one_part_that_cannot_be_given_back_does_not_keep_the_others(crs: Crs, m
         undone.append(m)
 
     crs._undo_or_remember = undo  # type: ignore[method-assign]
-    real_execute = crs.db.execute
-
-    def execute(prepared, params, attempts=8):  # type: ignore[no-untyped-def]
-        if prepared is crs_service._ACTIVATE:
-            raise Unavailable("the database went away")
-        return real_execute(prepared, params, attempts)
-
-    monkeypatch.setattr(crs.db, "execute", execute)
+    _activation_fails(crs, monkeypatch)
     request = irm_pb2.ReserveRequest(tenant="t", request_id="r2", groups=[_group(6, count=2)], constraints=[
         irm_pb2.GroupConstraint(expression="different_host(g, g)")])
     with pytest.raises(Unavailable):
