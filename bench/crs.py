@@ -27,13 +27,13 @@ and 5,000 hosts: the pure placement function, same request, same pipeline.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import grpc
@@ -48,7 +48,7 @@ from harness.v1 import common_pb2, diagnostics_pb2, diagnostics_pb2_grpc, irm_pb
 from irm_compute.cost import CostModel
 from irm_compute.store import ComputeStore
 from services.clock import WallClock
-from services.db import Database
+from services.db import Database, scratch_database
 from services.launcher import spawn
 
 
@@ -100,6 +100,7 @@ def _cpu_ticks() -> tuple[int, int]:
             fields = [int(x) for x in f.readline().split()[1:]]
     except OSError:
         return 0, 0
+    fields = fields[:8]  # user .. steal: guest and guest_nice are counted in user and nice already
     return fields[3] + fields[4], sum(fields)
 
 
@@ -197,31 +198,6 @@ def placement_p50_ms(hosts: int, repeats: int, pipeline: Pipeline) -> float:
     return percentile(times, 0.5)
 
 
-class _ScratchDatabase:
-    """On a PostgreSQL server, a database of the run's own, dropped afterwards (reservations of an
-    earlier run would answer this run's request ids); another URL is used as given."""
-
-    def __init__(self, url: str) -> None:
-        from sqlalchemy import create_engine, text
-        from sqlalchemy.engine import make_url
-
-        self.url, self._admin, self._name = url, None, ""
-        if make_url(url).get_backend_name() == "postgresql":
-            self._name = f"harness_bench_{os.urandom(6).hex()}"
-            self._admin = create_engine(url, isolation_level="AUTOCOMMIT")
-            with self._admin.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{self._name}"'))
-            self.url = make_url(url).set(database=self._name).render_as_string(hide_password=False)
-
-    def drop(self) -> None:
-        from sqlalchemy import text
-
-        if self._admin is not None:
-            with self._admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)'))
-            self._admin.dispose()
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="harness bench crs")
     p.add_argument("--quick", action="store_true", help="a smaller run (under 60 s)")
@@ -237,15 +213,18 @@ def main(argv: list[str]) -> int:
     per_client = args.reservations or (50 if args.quick else 150)
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-crs-"))
     procs = []
-    scratch = _ScratchDatabase(args.database) if args.database else None
+    scratch = ExitStack()
     try:
+        # --database: the CRS and the compute IRM share it, as in compose.yaml; on a PostgreSQL
+        # server a scratch database of the run's own (an earlier run's reservations would answer
+        # this run's request ids).
+        database = scratch.enter_context(scratch_database(args.database, "harness_bench")) if args.database else ""
         (tmp / "inventory.yaml").write_text(_inventory(hosts))
-        # --database: the CRS and the compute IRM share it, as in compose.yaml.
-        crs_db = {"database": scratch.url} if scratch else {}
+        crs_db = {"database": database} if database else {}
         crs = spawn("crs", settings={"state_dir": tmp, "heartbeat_interval_s": 1.0, **crs_db})
         procs.append(crs)
         crs.wait_ready()
-        compute_db = scratch.url if scratch else f"sqlite:///{tmp}/compute.db"
+        compute_db = database or f"sqlite:///{tmp}/compute.db"
         compute = spawn("compute", settings={"state_dir": tmp, "crs_address": crs.address, "database": compute_db,
                                              "inventory": tmp / "inventory.yaml", "heartbeat_interval_s": 1.0})
         procs.append(compute)
@@ -308,11 +287,7 @@ def main(argv: list[str]) -> int:
         for proc in reversed(procs):
             proc.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-        if scratch:
-            try:
-                scratch.drop()
-            except Exception as e:  # noqa: BLE001 - the run's own outcome matters more
-                print(f"bench crs: could not drop the scratch database: {e}", file=sys.stderr)
+        scratch.close()
 
 
 if __name__ == "__main__":

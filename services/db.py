@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -401,3 +402,29 @@ def run_migrations(context, metadata: MetaData) -> None:  # type: ignore[no-unty
     with context.begin_transaction():
         context.run_migrations()
 
+
+@contextmanager
+def scratch_database(url: str, prefix: str = "harness_scratch") -> Iterator[str]:
+    """On a PostgreSQL server, a database of its own (named `prefix`_<random>), dropped afterwards;
+    any other URL is yielded as given. A failed drop is logged, not raised, so it never hides
+    the outcome of the work done inside."""
+    from sqlalchemy.engine import make_url
+
+    if make_url(url).get_backend_name() != "postgresql":
+        yield url
+        return
+    name = f"{prefix}_{os.urandom(6).hex()}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield make_url(url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            try:
+                with admin.connect() as conn:
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                log.warning("could not drop a scratch database", extra={"database": name, "error": repr(e)})
+    finally:
+        admin.dispose()

@@ -73,18 +73,7 @@ def postgres_url() -> str:
 @pytest.fixture
 def fresh_pg_url(postgres_url: str) -> Iterator[str]:
     """A PostgreSQL database of its own for one test, dropped afterwards."""
-    import uuid
+    from services.db import scratch_database
 
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"harness_t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(postgres_url, "harness_t") as url:
+        yield url
