@@ -215,7 +215,8 @@ class Database:
                         piece.commit()
                         outcomes.append((True, value))
         except Exception as e:  # noqa: BLE001 - the commit failed: no piece's work stands
-            return [(False, e)] * len(fns)
+            # A piece that failed by itself keeps its own error; the others get the commit's.
+            return [o if not o[0] else (False, e) for o in outcomes] + [(False, e)] * (len(fns) - len(outcomes))
         return outcomes
 
     def fetch(self, prepared: Prepared, params: Mapping[str, Any]) -> list[dict[str, Any]]:

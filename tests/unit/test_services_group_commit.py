@@ -116,6 +116,29 @@ def test_run_all_on_postgresql_is_one_transaction_and_isolates_failures(fresh_pg
         d.dispose()
 
 
+def test_run_all_on_postgresql_when_the_commit_fails_nothing_stands(fresh_pg_url):
+    from sqlalchemy import event
+
+    d = Database(fresh_pg_url)
+    try:
+        meta.create_all(d.engine)
+        d.run(lambda c: c.execute(insert(items).values(name="taken")))
+
+        def refuse(conn):  # type: ignore[no-untyped-def]
+            raise RuntimeError("the server went away while committing")
+
+        event.listen(d.engine, "commit", refuse)
+        out = d.run_all([lambda c: c.execute(insert(items).values(name="a")),
+                         lambda c: c.execute(insert(items).values(name="taken"))])
+        event.remove(d.engine, "commit", refuse)
+        assert [ok for ok, _ in out] == [False, False]
+        assert isinstance(out[0][1], RuntimeError)  # its work was lost with the commit
+        assert isinstance(out[1][1], IntegrityError)  # it failed by itself: its own error
+        assert d.query(lambda c: [r[0] for r in c.execute(select(items.c.name))]) == ["taken"]
+    finally:
+        d.dispose()
+
+
 def _run_all_isolates_failures(db: Database) -> None:
     def fail(c):  # type: ignore[no-untyped-def]
         c.execute(insert(items).values(name="half"))
