@@ -212,7 +212,8 @@ MANAGED_MODES = ("managed", "managed_deadline")
 
 def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = False,
                  late_after: float = hy.LATE_AFTER_S, elasticity: bool = False, beta: float = 2.5,
-                 pool_min: int = 1, algorithms: dict | None = None, forecast: int = 0) -> HydrogenMetrics:
+                 pool_min: int = 1, algorithms: dict | None = None, forecast: int = 0,
+                 trace: list | None = None) -> HydrogenMetrics:
     """One run of `algorithm` (a single algorithm, "managed" or "managed_deadline") on `sc` (seed 001 §VI).
 
     The scheduler decides on every arrival and completion (events at one
@@ -238,6 +239,8 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     job ends, and is counted as provisioned until then), and never exceeds
     `sc.pool`, so managed mode never has more devices than the single
     algorithms.
+
+    `trace`, if given, gets one (job, start, devices, seconds) per dispatch.
 
     N_L: jobs dispatched after waiting more than `late_after` s, plus jobs
     still waiting longer than that at the end. U_c: busy device-seconds over
@@ -330,6 +333,8 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
             n = picked[job.job_id]
             took = true_cost(job, n, sc.overhead)
             waits.append(now - job.arrival)
+            if trace is not None:
+                trace.append((job, now, n, took))
             end = now + took
             busy += n * (min(end, sc.duration) - now)
             running[job.job_id] = (end, n)

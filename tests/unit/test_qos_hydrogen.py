@@ -196,3 +196,24 @@ def test_managed_with_elasticity_stays_within_the_pool():
     assert set(el.chosen) <= set(PAPER_ALGORITHMS)
     single = run_hydrogen(sc, "fcfs_min", 0)
     assert single.S_T == pytest.approx(0.75) and single.mean_pool == pytest.approx(4.0)
+
+
+def test_trace_lists_every_dispatch_and_agrees_with_the_metrics():
+    sc = _scenario(rate=5.0, spread=1.0)          # over capacity at min: some jobs wait, some are late
+    trace: list = []
+    m = run_hydrogen(sc, "fcfs_amap", 3, trace=trace)
+    jobs = arrivals(sc, 3)
+    assert len({job.job_id for job, *_ in trace}) == len(trace) <= len(jobs)
+    waits = [start - job.arrival for job, start, _, _ in trace]
+    assert min(waits) >= 0.0 and sum(waits) / len(waits) == pytest.approx(m.W_T)
+    assert all(job.min_devices <= n <= job.max_devices for job, _, n, _ in trace)
+    assert m.N_C == sum(1 for _, start, _, took in trace if start + took <= sc.duration)
+    started = {job.job_id for job, *_ in trace}
+    never = sum(1 for j in jobs if j.job_id not in started and sc.duration - j.arrival > 1.0)
+    assert m.N_L == sum(1 for w in waits if w > 1.0) + never and m.N_L > 0
+    # Never more devices busy at once than the pool.
+    edges = sorted([(s, n) for _, s, n, _ in trace] + [(s + t, -n) for _, s, n, t in trace], key=lambda e: (e[0], e[1]))
+    busy = 0
+    for _, d in edges:
+        busy += d
+        assert busy <= sc.pool
