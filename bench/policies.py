@@ -232,6 +232,7 @@ def _tally(runs, attr: str) -> dict[str, int]:
 # Single algorithms: Table IV's four, then the ones the paper does not run standalone.
 TABLE4_SINGLES = tuple(hy.PAPER_ALGORITHMS)
 EXTRA_SINGLES = ("priority", "slack_min", "slack_amap")
+LOOKAHEAD_SAMPLES = 6   # futures the lookahead samples per decision
 FORECAST = 30        # expected arrivals the deadline-aware elasticity manager checks a shrink against (= window)
 MANAGED_VARIANTS = {
     # Seed 001 Algorithm 1 as written: the paper's four, its scoring, eq. 1, Algorithm 3 (line 9).
@@ -241,6 +242,10 @@ MANAGED_VARIANTS = {
     # late jobs counted first, the learned cost model, the guarded elasticity manager.
     "managed_deadline": {"algorithm": "managed_deadline", "learned": True, "elasticity": True, "forecast": FORECAST},
     "managed_deadline_fixed_pool": {"algorithm": "managed_deadline", "learned": True},
+    # The deadline-aware mode selecting with the one-step lookahead over sampled futures (irm_fpga.qos.lookahead)
+    # instead of among its candidate algorithms.
+    "managed_lookahead": {"algorithm": "managed_deadline", "learned": True, "elasticity": True, "forecast": FORECAST,
+                          "lookahead": LOOKAHEAD_SAMPLES},
 }
 
 

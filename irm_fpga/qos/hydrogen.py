@@ -569,7 +569,8 @@ def _misses(jlos: Sequence[float]) -> bool:
 def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_cost, *, now: float,
                         running: Sequence[RunningJob] = (), pool: int, lo: int, hi: int, beta: float,
                         algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
-                        late_after: float = LATE_AFTER_S, expected: Sequence[HJob] = ()) -> ElasticPlan:
+                        late_after: float = LATE_AFTER_S, expected: Sequence[HJob] = (),
+                        schedule: Callable[..., Projection] | None = None) -> ElasticPlan:
     """The deadline-aware managed mode with its elasticity manager (seed 001 Algorithm 1 line 9, Algorithm 3).
 
     * Grow: while the selected schedule predicts a window job missing its JLO (target - (finish -
@@ -582,6 +583,10 @@ def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_
       (under at least one of the candidate algorithms). A busy device that is removed leaves when
       its job ends.
 
+    `schedule(window_jobs, available, window, cost, now=, running_ends=, pool=)` selects the schedule
+    on a given pool (default: `managed_deadline_schedule` over `algorithms`; the lookahead,
+    `irm_fpga.qos.lookahead.lookahead_schedule`, fits too).
+
     `pool` is the pool now; devices in use are those of `running`. Jobs need `target` (their JLO).
     Returns the pool to provision and the selected schedule on it (its `allocation` is the dispatch).
     """
@@ -592,8 +597,11 @@ def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_
     head = list(queue[:window])
 
     def plan(p: int) -> tuple[Projection, list[float]]:
-        best = managed_deadline_schedule(head, max(0, p - used), window, cost, now=now, running_ends=ends, pool=p,
-                                         algorithms=algorithms, late_after=late_after)
+        if schedule is not None:
+            best = schedule(head, max(0, p - used), window, cost, now=now, running_ends=ends, pool=p)
+        else:
+            best = managed_deadline_schedule(head, max(0, p - used), window, cost, now=now, running_ends=ends,
+                                             pool=p, algorithms=algorithms, late_after=late_after)
         return best, schedule_jlos(best, head, cost)
 
     def holds_with_expected(p: int) -> bool:

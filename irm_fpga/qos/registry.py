@@ -9,7 +9,9 @@ Two families with different shapes:
   keywords for the projection (now, running_ends, pool, ...):
   `managed` (alias `managed_paper`) is seed 001 Algorithm 1 as written,
   `managed_deadline` the deadline-aware mode (`irm_fpga.qos.hydrogen`), with
-  its candidates `slack_min` and `slack_amap` also selectable alone.
+  its candidates `slack_min` and `slack_amap` also selectable alone, and
+  `managed_lookahead` that mode deciding by a one-step lookahead over futures
+  sampled from the recent arrivals (`history=`; `irm_fpga.qos.lookahead`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from collections.abc import Callable
 
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.hydrogen import ALGORITHMS, managed, managed_deadline, slack_amap, slack_min
+from irm_fpga.qos.lookahead import managed_lookahead
 from irm_fpga.qos.throughput import throughput_decide
 
 ALLOCATION_POLICIES: dict[str, Callable] = {"edf": edf_allocate, "throughput": throughput_decide}
 SCHEDULING_ALGORITHMS: dict[str, Callable] = {
     **ALGORITHMS, "slack_min": slack_min, "slack_amap": slack_amap,
     "managed": managed, "managed_paper": managed, "managed_deadline": managed_deadline,
+    "managed_lookahead": managed_lookahead,
 }
 
 

@@ -26,6 +26,7 @@ Two models, each the one its paper's experiments are defined on:
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import random
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from irm_fpga.qos import hydrogen as hy
+from irm_fpga.qos import lookahead as la
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, JobProgress, QosJob
 from irm_fpga.qos.throughput import DEFAULT_ALPHA, admit, initial_state, throughput_decide
@@ -213,7 +215,7 @@ MANAGED_MODES = ("managed", "managed_deadline")
 def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = False,
                  late_after: float = hy.LATE_AFTER_S, elasticity: bool = False, beta: float = 2.5,
                  pool_min: int = 1, algorithms: dict | None = None, forecast: int = 0,
-                 trace: list | None = None) -> HydrogenMetrics:
+                 trace: list | None = None, lookahead: int = 0) -> HydrogenMetrics:
     """One run of `algorithm` (a single algorithm, "managed" or "managed_deadline") on `sc` (seed 001 §VI).
 
     The scheduler decides on every arrival and completion (events at one
@@ -239,6 +241,11 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     job ends, and is counted as provisioned until then), and never exceeds
     `sc.pool`, so managed mode never has more devices than the single
     algorithms.
+
+    With `lookahead` > 0, "managed_deadline" selects with
+    `irm_fpga.qos.lookahead.lookahead_schedule` instead of its candidate
+    algorithms, over `lookahead` futures sampled from the arrivals of the last
+    `hy.FORECAST_SPAN_S` s (seeded by `seed` and the time: runs repeat).
 
     `trace`, if given, gets one (job, start, devices, seconds) per dispatch.
 
@@ -298,6 +305,11 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
             continue
         # The scheduler's view of a running job's end: its start plus the cost model's time (never before now).
         ends = {k: (max(now, s + model(running_jobs[k], n)), n) for k, (s, n) in starts.items()}
+        schedule = None
+        if deadline_mode and lookahead > 0:
+            futures = la.sample_arrivals(list(history), now, samples=lookahead, span=hy.FORECAST_SPAN_S,
+                                         rng=random.Random(f"{seed}:{now!r}"))
+            schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=late_after)
         if alg is not None:
             decision = alg(queue, free, window, model, now=now)
         elif deadline_mode:
@@ -306,10 +318,14 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
                     queue, window, model, now=now, pool=pool, lo=pool_min, hi=sc.pool, beta=beta,
                     algorithms=algs, late_after=late_after,
                     running=[hy.RunningJob(running_jobs[k], e, n) for k, (e, n) in ends.items()],
-                    expected=hy.forecast_arrivals(list(history), now, forecast) if forecast else ())
+                    expected=hy.forecast_arrivals(list(history), now, forecast) if forecast else (),
+                    schedule=schedule)
                 best = plan.schedule
                 scalings[plan.decision] = scalings.get(plan.decision, 0) + 1
                 pool = plan.pool
+            elif schedule is not None:
+                best = schedule(queue, max(0, free), window, model, now=now, running_ends=list(ends.values()),
+                                pool=pool)
             else:
                 best = hy.managed_deadline_schedule(queue, max(0, free), window, model, now=now,
                                                     running_ends=list(ends.values()), pool=pool,

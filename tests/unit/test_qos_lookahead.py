@@ -1,0 +1,76 @@
+"""The one-step lookahead over sampled futures (irm_fpga.qos.lookahead) on hand-computed cases."""
+
+import random
+
+import pytest
+
+from irm_fpga.qos.hydrogen import HJob, linear_cost, managed_deadline_schedule
+from irm_fpga.qos.lookahead import first_steps, lookahead_schedule, sample_arrivals
+from irm_fpga.qos.sim import JobType, Scenario, run_hydrogen
+
+
+def test_first_steps_are_every_dispatch_of_the_first_jobs_in_slack_order_that_fits():
+    a, b = HJob("a", 0.0, 1.0, 1, 2), HJob("b", 0.2, 1.0, 1, 1)
+    assert first_steps([b, a], 2, 0.5) == [[], [("a", 1)], [("a", 1), ("b", 1)], [("a", 2)], [("b", 1)]]
+    assert first_steps([a, b], 0, 0.5) == [[]]
+    assert first_steps([a, b], 1, 0.5, extra=0) == [[], [("a", 1)]]       # only the first job: 1 free + 0 more
+    late = HJob("late", -2.0, 1.0)                                           # waited 2.5 s: after the on-time ones
+    assert first_steps([late, b], 1, 0.5, extra=0) == [[], [("b", 1)]]
+
+
+def test_sampled_futures_repeat_the_recent_gaps_and_shapes_after_now():
+    history = [HJob(f"h{i}", 9.0 + 0.25 * i, 0.5 if i % 2 else 1.0) for i in range(5)]   # 9.0 .. 10.0
+    futures = sample_arrivals(history, 10.1, samples=3, horizon=1.0, rng=random.Random(1))
+    assert len(futures) == 3
+    for s, fut in enumerate(futures):
+        # Every gap is 0.25 s: the last arrival was at 10.0, so 10.25, 10.5, 10.75, 11.0 (<= 10.1 + 1).
+        assert [j.arrival for j in fut] == pytest.approx([10.25, 10.5, 10.75, 11.0])
+        assert [j.job_id for j in fut] == [f"~{s}.{k}" for k in range(4)]
+        assert {j.default_time for j in fut} <= {0.5, 1.0}
+    # Fewer than three recent arrivals (the others are older than the span): nothing known, one empty future.
+    assert sample_arrivals(history, 38.9, span=29.0, rng=random.Random(1)) == [[]]
+    # Seeded: the same futures again.
+    assert sample_arrivals(history, 10.1, samples=3, rng=random.Random(1)) == futures
+
+
+def test_a_future_burst_keeps_a_device_free_where_the_candidates_spread_the_long_job():
+    # Pool 2, both free at t = 0; a long job (3 s on one device, eq. 1). Seen alone, spreading it is best:
+    # 1.5 s instead of 3, nobody waits. With two 0.5 s jobs arriving at 0.1 and 0.2: on 2 devices they
+    # wait until 1.5 (1.4 and 1.3 s: late); on 1 device the first starts at 0.1 on the other, the second
+    # at 0.6 (waits 0.4): none late.
+    long_ = HJob("L", 0.0, 3.0, 1, 2)
+    burst = [HJob("s1", 0.1, 0.5), HJob("s2", 0.2, 0.5)]
+    assert managed_deadline_schedule([long_], 2, 30, linear_cost, now=0.0, pool=2).allocation == [("L", 2)]
+    assert lookahead_schedule([long_], 2, 30, linear_cost, now=0.0, pool=2).allocation == [("L", 2)]
+    best = lookahead_schedule([long_], 2, 30, linear_cost, now=0.0, pool=2, futures=[burst])
+    assert best.allocation == [("L", 1)] and best.algorithm == "lookahead"
+    assert best.starts == pytest.approx({"L": 0.0, "s1": 0.1, "s2": 0.6})
+    # Over two futures, one quiet and one with the burst: the late jobs of the burst still decide.
+    assert lookahead_schedule([long_], 2, 30, linear_cost, now=0.0, pool=2,
+                              futures=[[], burst]).allocation == [("L", 1)]
+
+
+def test_simulated_runs_with_the_lookahead_repeat_and_stay_within_the_pool():
+    sc = Scenario("t", (JobType("short", 0.5, 1, 2, 0.7), JobType("long", 4 / 3, 1, 4, 0.3)), rate=4.4,
+                  duration=40.0, strategy="completion time", spread=0.4)
+    trace: list = []
+    a = run_hydrogen(sc, "managed_deadline", 2, learned=True, lookahead=3, trace=trace)
+    b = run_hydrogen(sc, "managed_deadline", 2, learned=True, lookahead=3)
+    assert a == b and set(a.chosen) == {"lookahead"} and a.N_C > 100
+    edges = sorted([(s, n) for _, s, n, _ in trace] + [(s + t, -n) for _, s, n, t in trace])
+    busy = 0
+    for _, d in edges:
+        busy += d
+        assert busy <= sc.pool
+
+
+def test_managed_lookahead_by_name_draws_its_futures_from_the_history():
+    from irm_fpga.qos import get_policy
+
+    decide = get_policy("managed_lookahead")
+    long_ = HJob("L", 10.0, 3.0, 1, 2)
+    # Arrivals every 0.1 s until now: the sampled futures are bursts, so the long job keeps a device free.
+    busy = [HJob(f"h{i}", 9.0 + 0.1 * i, 0.5) for i in range(10)]
+    assert decide([long_], 2, 30, linear_cost, now=10.0, pool=2, history=busy) == ([("L", 1)], "lookahead")
+    # No recent arrivals: nothing expected, spreading it is best.
+    assert decide([long_], 2, 30, linear_cost, now=10.0, pool=2) == ([("L", 2)], "lookahead")
