@@ -17,7 +17,7 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
   pin down, and what is reconstructed), window 30, 10 repetitions of 300 s
   (3 with --quick; seeds from --base-seed, default 0). Rows (`metrics`, means
   of W_T, S_T, U_c, N_C, N_L and the mean pool): Table IV's four single
-  algorithms, then `priority`, `slack_min`, `slack_amap` alone, then four
+  algorithms, then `priority`, `slack_min`, `slack_amap` alone, then five
   managed variants, all on 4 devices at most:
   - `managed_paper`: seed 001 Algorithm 1 as written (the paper's four
     algorithms, its scoring by strategy, eq. 1, Algorithm 3 after each
@@ -26,11 +26,15 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
     last section: two more candidates, late jobs counted first, the learned
     cost model, an elasticity manager that grows before dispatching and
     never shrinks while a JLO would be missed, checked against 30 expected
-    arrivals); `managed_deadline_fixed_pool` without its elasticity manager.
+    arrivals); `managed_deadline_fixed_pool` without its elasticity manager;
+  - `managed_lookahead`: the same mode deciding by a one-step lookahead
+    (`irm_fpga.qos.lookahead`: every first dispatch of the first jobs in
+    slack order, continued by `slack_amap` over 6 futures sampled from the
+    recent arrivals) instead of among its candidate algorithms.
   Target (the issue's): managed mode has no late job in scenario 2 and
   completes at least as many jobs as any of Table IV's single algorithms in
   both scenarios. `verdicts` evaluates it for each variant; `target_met`
-  (and `pass`) is `managed_deadline`'s. `N_L_lower_bound_any_policy` is, per
+  (and `pass`) is `managed_lookahead`'s (`improved_mode`). `N_L_lower_bound_any_policy` is, per
   seed, a lower bound on each scenario's late jobs that holds for every
   policy, even one that knows the arrivals in advance: the larger of
   `irm_fpga.qos.sim.late_lower_bound` (runs of arrivals) and
@@ -247,6 +251,7 @@ MANAGED_VARIANTS = {
     "managed_lookahead": {"algorithm": "managed_deadline", "learned": True, "elasticity": True, "forecast": FORECAST,
                           "lookahead": LOOKAHEAD_SAMPLES},
 }
+IMPROVED_MODE = "managed_lookahead"     # the variant whose verdict is the experiment's
 
 
 def table4(quick: bool, base_seed: int = 0) -> dict:
@@ -254,7 +259,7 @@ def table4(quick: bool, base_seed: int = 0) -> dict:
     seeds = range(base_seed, base_seed + reps)
     out = {"window": 30, "repetitions": reps, "seeds": [seeds.start, seeds.stop - 1], "duration_s": TABLE4_RUN_S,
            "beta": 2.5, "pool": "1..4, starting at 4 (single algorithms: 4)",
-           "improved_mode": "managed_deadline",
+           "improved_mode": IMPROVED_MODE,
            "variants": MANAGED_VARIANTS}
     for sc in table4_scenarios():
         rows, runs = {}, {}
@@ -307,7 +312,7 @@ def table4(quick: bool, base_seed: int = 0) -> dict:
     # does not prove that it can be).
     out["no_late_s2_ruled_out"] = sum(bounds) > 0
     out["N_L_s2_lower_bound_mean"] = sum(bounds) / len(bounds)
-    out["target_met"] = out["verdicts"]["managed_deadline"]["target_met"]
+    out["target_met"] = out["verdicts"][IMPROVED_MODE]["target_met"]
     out["pass"] = out["target_met"]
     return out
 

@@ -48,7 +48,8 @@ deadline-aware ones can tell how long a job has waited.
 The deadline-aware managed mode (`managed_deadline`, with `slack_min`,
 `slack_amap`, `deadline_score` and `deadline_elasticity`; last section of this
 module) is this project's improvement on Algorithm 1, not the paper's; the
-paper's stays `managed`.
+paper's stays `managed`. `irm_fpga.qos.lookahead` makes that mode decide by
+a one-step lookahead over sampled futures instead of among algorithms.
 
 `forecast_arrivals` (expected arrivals from the recent arrival rate and mix,
 projected with the window through `managed(..., expected=...)`) is an
