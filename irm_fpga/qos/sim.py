@@ -470,6 +470,43 @@ def late_lower_bound_energy(jobs: Sequence[hy.HJob], pool: int,
     return best
 
 
+def check_schedule(jobs: Sequence[hy.HJob], dispatches: Sequence[tuple[str, float, int]], *, pool: int,
+                   overhead: float, duration: float, late_after: float = hy.LATE_AFTER_S,
+                   tol: float = 1e-9) -> list[str]:
+    """Check a whole run's schedule exactly, in continuous time; return the ids of its late jobs.
+
+    `dispatches`: (job id, start, devices) per started job; each runs `true_cost` seconds. Raises
+    ValueError naming the first fault: an unknown or repeated job, devices outside the job's min..max,
+    a start before the arrival, or more than `pool` devices busy at some instant (a job ending at t
+    frees its devices for one starting at t; `tol` absorbs float rounding). Late: started more than
+    `late_after` s after arriving, or never started though it arrived more than `late_after` s before
+    `duration`. Used to verify schedules found offline (a clairvoyant search), not by the simulation.
+    """
+    by_id = {j.job_id: j for j in jobs}
+    seen: set[str] = set()
+    edges: list[tuple[float, int]] = []
+    late = []
+    for job_id, start, n in dispatches:
+        job = by_id.get(job_id)
+        if job is None or job_id in seen:
+            raise ValueError(f"{job_id}: {'unknown' if job is None else 'dispatched twice'}")
+        seen.add(job_id)
+        if not job.min_devices <= n <= job.max_devices:
+            raise ValueError(f"{job_id}: {n} devices, allowed {job.min_devices}..{job.max_devices}")
+        if start < job.arrival - tol:
+            raise ValueError(f"{job_id}: starts at {start} before its arrival at {job.arrival}")
+        if start - job.arrival > late_after + tol:
+            late.append(job_id)
+        edges += [(start + true_cost(job, n, overhead) - tol, -n), (start, n)]
+    busy = 0
+    for t, d in sorted(edges):
+        busy += d
+        if busy > pool:
+            raise ValueError(f"{busy} devices busy at {t:.6f} s, pool {pool}")
+    late += [j.job_id for j in jobs if j.job_id not in seen and duration - j.arrival > late_after]
+    return late
+
+
 def true_sizes(job: hy.HJob, overhead: float) -> list[tuple[int, float]]:
     """Every (devices, seconds) `job` may run on under `true_cost`."""
     return [(r, true_cost(job, r, overhead)) for r in range(job.min_devices, job.max_devices + 1)]
