@@ -190,9 +190,9 @@ def table4_scenarios(duration: float = TABLE4_RUN_S) -> list[Scenario]:
     spread fitted to FCFSMin's row alone, both of its queueing figures at once
     (`spread_fit`: W_T and N_L, squared log-ratios, seeds 0-9, a 0.05 grid):
     0.9 in scenario 1 (W_T 0.0036, N_L 0) and 0.4 in scenario 2 (W_T 0.077
-    vs 0.088, N_L 2.0 vs 1.6; session 3's 0.5 fitted W_T alone, 0.087, and
-    left N_L at 5.1, three times the paper's). The other rows are then
-    predictions, not fits.
+    vs 0.088, N_L 2.0 vs 1.6; fitting W_T alone gives 0.5: W_T 0.087, but
+    N_L 5.1, three times the paper's). The other rows are then predictions,
+    not fits.
 
     Reconstructed (the paper is silent): each job's JLO target for the
     elasticity manager, 1 s (N_L's bound) plus eq. 1 at its min, counted from

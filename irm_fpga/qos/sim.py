@@ -478,9 +478,10 @@ def check_schedule(jobs: Sequence[hy.HJob], dispatches: Sequence[tuple[str, floa
     `dispatches`: (job id, start, devices) per started job; each runs `true_cost` seconds. Raises
     ValueError naming the first fault: an unknown or repeated job, devices outside the job's min..max,
     a start before the arrival, or more than `pool` devices busy at some instant (a job ending at t
-    frees its devices for one starting at t; `tol` absorbs float rounding). Late: started more than
-    `late_after` s after arriving, or never started though it arrived more than `late_after` s before
-    `duration`. Used to verify schedules found offline (a clairvoyant search), not by the simulation.
+    frees its devices for one starting at t; `tol` absorbs float rounding there and at the arrival).
+    Late: started more than `late_after` s after arriving, or never started though it arrived more
+    than `late_after` s before `duration`. Used to verify schedules found offline (a clairvoyant
+    search), not by the simulation.
     """
     by_id = {j.job_id: j for j in jobs}
     seen: set[str] = set()
@@ -495,7 +496,7 @@ def check_schedule(jobs: Sequence[hy.HJob], dispatches: Sequence[tuple[str, floa
             raise ValueError(f"{job_id}: {n} devices, allowed {job.min_devices}..{job.max_devices}")
         if start < job.arrival - tol:
             raise ValueError(f"{job_id}: starts at {start} before its arrival at {job.arrival}")
-        if start - job.arrival > late_after + tol:
+        if start - job.arrival > late_after:
             late.append(job_id)
         edges += [(start + true_cost(job, n, overhead) - tol, -n), (start, n)]
     busy = 0
