@@ -245,7 +245,8 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     With `lookahead` > 0, "managed_deadline" selects with
     `irm_fpga.qos.lookahead.lookahead_schedule` instead of its candidate
     algorithms, over `lookahead` futures sampled from the arrivals of the last
-    `hy.FORECAST_SPAN_S` s (seeded by `seed` and the time: runs repeat).
+    `hy.FORECAST_SPAN_S` s (seeded by `seed` and the latest arrival: runs
+    repeat, and decisions between two arrivals see the same futures).
 
     `trace`, if given, gets one (job, start, devices, seconds) per dispatch.
 
@@ -307,8 +308,7 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
         ends = {k: (max(now, s + model(running_jobs[k], n)), n) for k, (s, n) in starts.items()}
         schedule = None
         if deadline_mode and lookahead > 0:
-            futures = la.sample_arrivals(list(history), now, samples=lookahead, span=hy.FORECAST_SPAN_S,
-                                         rng=random.Random(f"{seed}:{now!r}"))
+            futures = la.futures_for(list(history), now, samples=lookahead, span=hy.FORECAST_SPAN_S, seed=seed)
             schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=late_after)
         if alg is not None:
             decision = alg(queue, free, window, model, now=now)

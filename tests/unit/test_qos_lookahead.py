@@ -74,3 +74,18 @@ def test_managed_lookahead_by_name_draws_its_futures_from_the_history():
     assert decide([long_], 2, 30, linear_cost, now=10.0, pool=2, history=busy) == ([("L", 1)], "lookahead")
     # No recent arrivals: nothing expected, spreading it is best.
     assert decide([long_], 2, 30, linear_cost, now=10.0, pool=2) == ([("L", 2)], "lookahead")
+
+
+def test_decisions_between_two_arrivals_plan_against_the_same_futures():
+    from irm_fpga.qos.lookahead import futures_for
+
+    history = [HJob(f"h{i}", 9.0 + 0.25 * i, 0.5 if i % 3 else 1.0) for i in range(5)]   # last arrival 10.0
+    at_arrival = futures_for(history, 10.0, samples=4, seed=7)
+    # A completion at 10.05 (no new arrival): the same draws, so the same jobs at the same times.
+    assert futures_for(history, 10.05, samples=4, seed=7) == at_arrival
+    # A new arrival brings new futures; so does another run seed.
+    later = [*history, HJob("h5", 10.1, 1.0)]
+    assert futures_for(later, 10.1, samples=4, seed=7) != at_arrival
+    assert futures_for(history, 10.0, samples=4, seed=8) != at_arrival
+    # Arrivals after `now` are not known yet: they neither seed nor shape the futures.
+    assert futures_for(later, 10.05, samples=4, seed=7) == at_arrival
