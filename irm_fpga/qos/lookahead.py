@@ -29,7 +29,6 @@ policy) 0.2 on seeds 0-9.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -40,6 +39,7 @@ from irm_fpga.qos.hydrogen import (
     Cost,
     HJob,
     Projection,
+    deadline_score,
     linear_cost,
     project,
     slack_amap,
@@ -154,10 +154,9 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
             proj = project(_then(step, now, base), "lookahead", head, now, running_ends, pool, window, cost,
                            fut, available)
             shown = shown or proj
-            for j in [*head, *fut]:
-                start = proj.starts.get(j.job_id, math.inf)
-                late += j.priority * (start - j.arrival > late_after + 1e-9)
-                sojourn += j.priority * ((start - j.arrival) + (proj.finishes.get(j.job_id, math.inf) - j.arrival))
+            neg_late, neg_waits, neg_ends = deadline_score(proj, [*head, *fut], late_after)
+            late -= neg_late
+            sojourn -= neg_waits + neg_ends
         key = (-late, -sojourn)
         if best_key is None or key > best_key:
             best, best_key = shown, key
