@@ -260,6 +260,8 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     if alg is None and algorithm not in MANAGED_MODES:
         raise KeyError(f"unknown algorithm {algorithm!r}; known: {sorted([*hy.DEADLINE_ALGORITHMS, *MANAGED_MODES])}")
     deadline_mode = algorithm == "managed_deadline"
+    if lookahead and not deadline_mode:
+        raise ValueError(f"lookahead={lookahead} needs algorithm 'managed_deadline' (got {algorithm!r})")
     algs = (hy.DEADLINE_ALGORITHMS if deadline_mode else hy.PAPER_ALGORITHMS) if algorithms is None else algorithms
     events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival, seq, payload)
     seq = 0

@@ -27,7 +27,7 @@ from irm_fpga.qos.hydrogen import (
     schedule_jlos,
     sjtf,
 )
-from irm_fpga.qos.sim import JobType, Scenario, arrivals, run_hydrogen
+from irm_fpga.qos.sim import JobType, Scenario, arrivals, check_schedule, run_hydrogen
 
 # Seed 001 Table III: (paths 1e6, target s, expected s, pool, decision); expected from Table II.
 TABLE3 = [(1, 5, 5.91, 1, SCALE_UP), (1, 5, 2.96, 2, PRESERVE), (2, 5.5, 5.89, 2, SCALE_UP),
@@ -211,9 +211,7 @@ def test_trace_lists_every_dispatch_and_agrees_with_the_metrics():
     started = {job.job_id for job, *_ in trace}
     never = sum(1 for j in jobs if j.job_id not in started and sc.duration - j.arrival > 1.0)
     assert m.N_L == sum(1 for w in waits if w > 1.0) + never and m.N_L > 0
-    # Never more devices busy at once than the pool.
-    edges = sorted([(s, n) for _, s, n, _ in trace] + [(s + t, -n) for _, s, n, t in trace], key=lambda e: (e[0], e[1]))
-    busy = 0
-    for _, d in edges:
-        busy += d
-        assert busy <= sc.pool
+    # Never more devices busy at once than the pool (check_schedule raises if so), and the same late jobs.
+    late = check_schedule(jobs, [(j.job_id, s, n) for j, s, n, _ in trace], pool=sc.pool, overhead=sc.overhead,
+                          duration=sc.duration)
+    assert len(late) == m.N_L

@@ -6,7 +6,7 @@ import pytest
 
 from irm_fpga.qos.hydrogen import HJob, linear_cost, managed_deadline_schedule
 from irm_fpga.qos.lookahead import first_steps, lookahead_schedule, sample_arrivals
-from irm_fpga.qos.sim import JobType, Scenario, run_hydrogen
+from irm_fpga.qos.sim import JobType, Scenario, arrivals, check_schedule, run_hydrogen
 
 
 def test_first_steps_are_every_dispatch_of_the_first_jobs_in_slack_order_that_fits():
@@ -57,11 +57,12 @@ def test_simulated_runs_with_the_lookahead_repeat_and_stay_within_the_pool():
     a = run_hydrogen(sc, "managed_deadline", 2, learned=True, lookahead=3, trace=trace)
     b = run_hydrogen(sc, "managed_deadline", 2, learned=True, lookahead=3)
     assert a == b and set(a.chosen) == {"lookahead"} and a.N_C > 100
-    edges = sorted([(s, n) for _, s, n, _ in trace] + [(s + t, -n) for _, s, n, t in trace])
-    busy = 0
-    for _, d in edges:
-        busy += d
-        assert busy <= sc.pool
+    # Never more devices busy at once than the pool (check_schedule raises if so), and the same late jobs.
+    late = check_schedule(arrivals(sc, 2), [(j.job_id, s, n) for j, s, n, _ in trace], pool=sc.pool,
+                          overhead=sc.overhead, duration=sc.duration)
+    assert len(late) == a.N_L
+    with pytest.raises(ValueError, match="lookahead"):
+        run_hydrogen(sc, "managed", 2, lookahead=3)          # only the deadline-aware mode has one
 
 
 def test_managed_lookahead_by_name_draws_its_futures_from_the_history():
