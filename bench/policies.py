@@ -66,6 +66,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench._common import emit
+from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.jobs import QosJob
 from irm_fpga.qos.sim import (
@@ -244,7 +245,7 @@ def _tally(runs, attr: str) -> dict[str, int]:
 TABLE4_SINGLES = tuple(hy.PAPER_ALGORITHMS)
 EXTRA_SINGLES = ("priority", "slack_min", "slack_amap")
 LOOKAHEAD_SAMPLES = 6   # futures the lookahead samples per decision
-FORECAST = 30        # expected arrivals the deadline-aware elasticity manager checks a shrink against (= window)
+FORECAST = dispatch.FORECAST   # expected arrivals the deadline-aware elasticity manager checks a shrink against
 MANAGED_VARIANTS = {
     # Seed 001 Algorithm 1 as written: the paper's four, its scoring, eq. 1, Algorithm 3 (line 9).
     "managed_paper": {"algorithm": "managed", "elasticity": True},

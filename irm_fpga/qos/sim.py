@@ -26,7 +26,6 @@ Two models, each the one its paper's experiments are defined on:
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import math
 import random
@@ -36,8 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
-from irm_fpga.qos import lookahead as la
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, JobProgress, QosJob
 from irm_fpga.qos.throughput import DEFAULT_ALPHA, admit, initial_state, throughput_decide
@@ -209,7 +208,7 @@ def arrivals(sc: Scenario, seed: int, late_after: float = hy.LATE_AFTER_S) -> li
         i += 1
 
 
-MANAGED_MODES = ("managed", "managed_deadline")
+MANAGED_MODES = dispatch.MANAGED_MODES
 
 
 def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = False,
@@ -256,13 +255,10 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     """
     jobs = arrivals(sc, seed, late_after)
     model: Callable = hy.LearnedCostModel() if learned else hy.linear_cost
-    alg = {**hy.ALGORITHMS, **hy.DEADLINE_ALGORITHMS}.get(algorithm)
-    if alg is None and algorithm not in MANAGED_MODES:
-        raise KeyError(f"unknown algorithm {algorithm!r}; known: {sorted([*hy.DEADLINE_ALGORITHMS, *MANAGED_MODES])}")
-    deadline_mode = algorithm == "managed_deadline"
-    if lookahead and not deadline_mode:
-        raise ValueError(f"lookahead={lookahead} needs algorithm 'managed_deadline' (got {algorithm!r})")
-    algs = (hy.DEADLINE_ALGORITHMS if deadline_mode else hy.PAPER_ALGORITHMS) if algorithms is None else algorithms
+    scheduler = dispatch.Scheduler(algorithm, window=window, late_after=late_after, strategy=sc.strategy,
+                                   elasticity=elasticity and algorithm in MANAGED_MODES, beta=beta,
+                                   pool_min=pool_min, forecast=forecast, lookahead=lookahead, seed=seed,
+                                   algorithms=algorithms)
     events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival, seq, payload)
     seq = 0
     for j in jobs:
@@ -304,48 +300,18 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
                 while history[0].arrival < now - hy.FORECAST_SPAN_S:
                     history.popleft()
         free = pool - sum(n for _, n in running.values())
-        if not queue or (free <= 0 and not elasticity):
+        if not queue or (free <= 0 and not scheduler.elasticity):
             continue
         # The scheduler's view of a running job's end: its start plus the cost model's time (never before now).
-        ends = {k: (max(now, s + model(running_jobs[k], n)), n) for k, (s, n) in starts.items()}
-        schedule = None
-        if deadline_mode and lookahead > 0:
-            futures = la.futures_for(list(history), now, samples=lookahead, span=hy.FORECAST_SPAN_S, seed=seed)
-            schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=late_after)
-        if alg is not None:
-            decision = alg(queue, free, window, model, now=now)
-        elif deadline_mode:
-            if elasticity:
-                plan = hy.deadline_elasticity(
-                    queue, window, model, now=now, pool=pool, lo=pool_min, hi=sc.pool, beta=beta,
-                    algorithms=algs, late_after=late_after,
-                    running=[hy.RunningJob(running_jobs[k], e, n) for k, (e, n) in ends.items()],
-                    expected=hy.forecast_arrivals(list(history), now, forecast) if forecast else (),
-                    schedule=schedule)
-                best = plan.schedule
-                scalings[plan.decision] = scalings.get(plan.decision, 0) + 1
-                pool = plan.pool
-            elif schedule is not None:
-                best = schedule(queue, max(0, free), window, model, now=now, running_ends=list(ends.values()),
-                                pool=pool)
-            else:
-                best = hy.managed_deadline_schedule(queue, max(0, free), window, model, now=now,
-                                                    running_ends=list(ends.values()), pool=pool,
-                                                    algorithms=algs, late_after=late_after)
-            decision = best.allocation
-            if decision:
-                chosen[best.algorithm] = chosen.get(best.algorithm, 0) + 1
-        else:
-            best = hy.managed_schedule(queue, max(0, free), window, model, now=now,
-                                       running_ends=list(ends.values()), pool=pool, strategy=sc.strategy,
-                                       algorithms=algs, late_after=late_after)
-            decision = best.allocation
-            if decision:
-                chosen[best.algorithm] = chosen.get(best.algorithm, 0) + 1
-            if elasticity:
-                d = hy.elasticity_from_jlos(hy.schedule_jlos(best, queue[:window], model), beta)
-                scalings[d.decision] = scalings.get(d.decision, 0) + 1
-                pool = hy.resize_pool(pool, d.decision, pool_min, sc.pool)
+        ends = [hy.RunningJob(running_jobs[k], max(now, s + model(running_jobs[k], n)), n)
+                for k, (s, n) in starts.items()]
+        d = dispatch.decide(scheduler, queue, now=now, pool=pool, pool_max=sc.pool, running=ends, cost=model,
+                            history=list(history))
+        decision, pool = d.allocation, d.pool
+        if d.scaling:
+            scalings[d.scaling] = scalings.get(d.scaling, 0) + 1
+        if decision and algorithm in MANAGED_MODES:
+            chosen[d.algorithm] = chosen.get(d.algorithm, 0) + 1
         picked = dict(decision)
         for job in [q for q in queue if q.job_id in picked]:
             n = picked[job.job_id]

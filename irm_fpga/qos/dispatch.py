@@ -1,0 +1,125 @@
+"""One dispatching decision of a Hydrogen scheduler (seed 001 Algorithm 1), the same live and simulated.
+
+`decide` is what both the simulator (`irm_fpga.qos.sim.run_hydrogen`) and
+the FPGA IRM's job manager (`irm_fpga.jobs`, a Hydrogen policy) call on
+every event: the ready queue, the running jobs and the pool in, the jobs to
+start now (and on how many devices) and the pool to provision out. A
+`Scheduler` says which algorithm decides: a single one (FCFSMax, ..., or
+`slack_min`/`slack_amap`), the paper's managed mode (with Algorithm 3 after
+the dispatch: line 9), or the deadline-aware managed mode (its elasticity
+manager before the dispatch; optionally the one-step lookahead of
+`irm_fpga.qos.lookahead`). `scheduler_for(name)` builds the one a policy
+name of `irm_fpga.qos.registry` stands for.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from irm_fpga.qos import hydrogen as hy
+from irm_fpga.qos import lookahead as la
+
+MANAGED_MODES = ("managed", "managed_deadline")
+SINGLE_ALGORITHMS: dict[str, Callable[..., hy.Allocation]] = {**hy.ALGORITHMS, **hy.DEADLINE_ALGORITHMS}
+FORECAST = 30       # expected arrivals the deadline-aware elasticity manager checks a shrink against (= window)
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """Which Hydrogen scheduler decides, and with what settings."""
+
+    algorithm: str                              # a single algorithm, "managed" or "managed_deadline"
+    window: int = 30                            # jobs of the ready queue each decision looks at
+    late_after: float = hy.LATE_AFTER_S         # a job waiting longer than this to start is late
+    strategy: str = hy.COMPLETION_TIME          # the paper's managed mode scores by it
+    elasticity: bool = False                    # run the mode's elasticity manager (managed modes only)
+    beta: float = 2.5                           # Algorithm 3's shrink threshold
+    pool_min: int = 1                           # the elasticity manager's lower bound on the pool
+    forecast: int = 0                           # deadline-aware shrink: expected arrivals checked (0: none)
+    lookahead: int = 0                          # deadline-aware mode: futures of the lookahead (0: candidates)
+    seed: int = 0                               # seeds the lookahead's futures
+    algorithms: Mapping[str, Callable[..., hy.Allocation]] | None = None   # managed candidates (None: default)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in SINGLE_ALGORITHMS and self.algorithm not in MANAGED_MODES:
+            known = sorted([*SINGLE_ALGORITHMS, *MANAGED_MODES])
+            raise KeyError(f"unknown algorithm {self.algorithm!r}; known: {known}")
+        if self.lookahead and self.algorithm != "managed_deadline":
+            raise ValueError(f"lookahead={self.lookahead} needs algorithm 'managed_deadline' (got {self.algorithm!r})")
+        if self.elasticity and self.algorithm not in MANAGED_MODES:
+            raise ValueError(f"{self.algorithm!r} has no elasticity manager (only {', '.join(MANAGED_MODES)})")
+        if self.window < 1 or not self.late_after > 0 or self.pool_min < 1 or not self.beta >= 0:
+            raise ValueError("need window >= 1, late_after > 0, pool_min >= 1 and beta >= 0")
+
+
+@dataclass(frozen=True)
+class Decision:
+    allocation: hy.Allocation   # (job, devices) to start now
+    algorithm: str              # whose schedule a managed mode took ("" for a single algorithm)
+    pool: int                   # the pool to provision from now on
+    scaling: str = ""           # the elasticity manager's decision, if one ran
+
+
+def scheduler_for(name: str, *, seed: int = 0, window: int = 30, late_after: float = hy.LATE_AFTER_S) -> Scheduler:
+    """The scheduler a Hydrogen policy name stands for (`irm_fpga.qos.registry.SCHEDULING_ALGORITHMS`).
+
+    Single algorithms run on a fixed pool; "managed"/"managed_paper" is
+    Algorithm 1 with Algorithm 3; "managed_deadline" the deadline-aware mode
+    with its elasticity manager (a shrink checked against `FORECAST` expected
+    arrivals); "managed_lookahead" that mode deciding by the lookahead.
+    """
+    common = {"window": window, "late_after": late_after, "seed": seed}
+    if name in ("managed", "managed_paper"):
+        return Scheduler("managed", elasticity=True, **common)
+    if name == "managed_deadline":
+        return Scheduler("managed_deadline", elasticity=True, forecast=FORECAST, **common)
+    if name == "managed_lookahead":
+        return Scheduler("managed_deadline", elasticity=True, forecast=FORECAST, lookahead=la.SAMPLES, **common)
+    return Scheduler(name, **common)
+
+
+def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, pool_max: int,
+           running: Sequence[hy.RunningJob] = (), cost: hy.Cost = hy.linear_cost,
+           history: Sequence[hy.HJob] = ()) -> Decision:
+    """Which queued jobs start now, on how many devices, and the pool from now on.
+
+    `queue`: the ready queue in arrival order; `pool`: the devices provisioned
+    now, of which `running` hold some (a running job's `end` is the cost
+    model's prediction); `pool_max`: the most the elasticity manager may
+    provision; `history`: the recent arrivals (the deadline-aware mode's
+    forecast and the lookahead's futures are drawn from them).
+    """
+    used = sum(r.devices for r in running)
+    free = max(0, pool - used)
+    ends = [(r.end, r.devices) for r in running]
+    if s.algorithm in SINGLE_ALGORITHMS:
+        return Decision(SINGLE_ALGORITHMS[s.algorithm](queue, free, s.window, cost, now=now), "", pool)
+    if s.algorithm == "managed_deadline":
+        algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms
+        schedule = None
+        if s.lookahead > 0:
+            futures = la.futures_for(list(history), now, samples=s.lookahead, span=hy.FORECAST_SPAN_S, seed=s.seed)
+            schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=s.late_after)
+        if s.elasticity:
+            expected = hy.forecast_arrivals(list(history), now, s.forecast) if s.forecast else ()
+            plan = hy.deadline_elasticity(queue, s.window, cost, now=now, pool=pool, lo=s.pool_min, hi=pool_max,
+                                          beta=s.beta, algorithms=algs, late_after=s.late_after, running=running,
+                                          expected=expected, schedule=schedule)
+            return Decision(plan.schedule.allocation, plan.schedule.algorithm, plan.pool, plan.decision)
+        if schedule is not None:
+            best = schedule(queue, free, s.window, cost, now=now, running_ends=ends, pool=pool)
+        else:
+            best = hy.managed_deadline_schedule(queue, free, s.window, cost, now=now, running_ends=ends, pool=pool,
+                                                algorithms=algs, late_after=s.late_after)
+        return Decision(best.allocation, best.algorithm, pool)
+    algs = hy.PAPER_ALGORITHMS if s.algorithms is None else s.algorithms
+    best = hy.managed_schedule(queue, free, s.window, cost, now=now, running_ends=ends, pool=pool,
+                               strategy=s.strategy, algorithms=algs, late_after=s.late_after)
+    if not s.elasticity:
+        return Decision(best.allocation, best.algorithm, pool)
+    # Seed 001 Algorithm 1, line 9: the selected schedule's JLOs go to Algorithm 3 after the dispatch.
+    d = hy.elasticity_from_jlos(hy.schedule_jlos(best, queue[:s.window], cost), s.beta)
+    return Decision(best.allocation, best.algorithm, hy.resize_pool(pool, d.decision, s.pool_min, pool_max),
+                    d.decision)
