@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from irm_fpga.models import Base
@@ -22,16 +22,18 @@ class FpgaJob(Base):
     goal: Mapped[str] = mapped_column(String(16))
     deadline_s: Mapped[float] = mapped_column(Float, default=0.0)      # relative, as registered
     deadline_at: Mapped[float] = mapped_column(Float, default=0.0)     # absolute, manager's clock
-    size_actions: Mapped[int] = mapped_column(Integer, default=0)
+    size_actions: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Hydrogen policies: expected seconds per action on one device (0: not given)
+    action_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     throughput_goal: Mapped[float] = mapped_column(Float, default=0.0)
     min_devices: Mapped[int] = mapped_column(Integer, default=1)
     max_devices: Mapped[int] = mapped_column(Integer, default=0)       # 0: no limit
     priority: Mapped[float] = mapped_column(Float, default=1.0)
-    # active | retired
+    # queued (Hydrogen policies: waiting in the ready queue) | active | retired
     state: Mapped[str] = mapped_column(String(16), default="active")
     devices: Mapped[int] = mapped_column(Integer, default=0)
-    observed_actions: Mapped[int] = mapped_column(Integer, default=0)
-    reported_actions: Mapped[int] = mapped_column(Integer, default=0)
+    observed_actions: Mapped[int] = mapped_column(BigInteger, default=0)
+    reported_actions: Mapped[int] = mapped_column(BigInteger, default=0)
     achieved_throughput: Mapped[float] = mapped_column(Float, default=0.0)
     # [[time, devices], ...]
     allocations: Mapped[list] = mapped_column(JSON, default=list)
@@ -52,14 +54,14 @@ class FpgaJobController(Base):
 
     job_id: Mapped[str] = mapped_column(String(64), ForeignKey("fpga_jobs.id", ondelete="CASCADE"), primary_key=True)
     last_time: Mapped[float] = mapped_column(Float)
-    last_actions: Mapped[int] = mapped_column(Integer)
+    last_actions: Mapped[int] = mapped_column(BigInteger)
     a_hat: Mapped[float | None] = mapped_column(Float, nullable=True)        # EMA of device-seconds per action
     throughput: Mapped[float | None] = mapped_column(Float, nullable=True)   # t_j(k)
     goal: Mapped[float | None] = mapped_column(Float, nullable=True)         # g_j(k); may be +inf
     request: Mapped[int] = mapped_column(Integer, default=0)                 # r_j(k)
     performance: Mapped[float] = mapped_column(Float, default=1.0)           # p_j(k); may be +inf
     sample_time: Mapped[float] = mapped_column(Float)
-    sample_actions: Mapped[int] = mapped_column(Integer)
+    sample_actions: Mapped[int] = mapped_column(BigInteger)
     # server name -> the last `completed` counter of the job's group part there
     seen: Mapped[dict] = mapped_column(JSON, default=dict)
     updated_at: Mapped[float] = mapped_column(Float)

@@ -14,6 +14,19 @@ by name (`irm_fpga.qos.registry`):
   control period (`control_period_s`, default 1 s) the job controllers and
   the resource broker (`throughput_decide`) from the measured progress;
   deadline goals become time-varying throughput goals.
+* a Hydrogen scheduler (seed 001 §IV: "fcfs_max", "fcfs_min", "fcfs_amap",
+  "sjtf", "priority", "slack_min", "slack_amap", "managed" (alias
+  "managed_paper"), "managed_deadline", "managed_lookahead"): a registered
+  job waits in a ready queue (state "queued", no group); on every event (a
+  registration, a retirement) and every control period the scheduler
+  (`irm_fpga.qos.dispatch.decide`, the code the simulator runs) picks the
+  jobs of the window to start now and their devices, and each gets its group
+  of that size until it retires (no resizing: seed 001's accelerators are
+  not preempted). The managed modes' elasticity manager sets the pool the
+  jobs may use, within [pool_min, pool_max]. Jobs need a deadline goal (a
+  size); the scheduler's cost model is learned from the jobs run so far
+  (`LearnedCostModel`, t(r) = a + b/r per design; rebuilt from the database
+  on start), starting from eq. 1 with the job's `action_seconds` x size.
 
 Progress is the cumulative `completed` counter of the job's group on every
 FPGA-server (GetMeasurements), summed and kept monotone across part
@@ -60,9 +73,11 @@ from harness.v1 import fpga_jobs_pb2, fpga_jobs_pb2_grpc, fpga_pb2
 from irm_fpga import designs as design_lib
 from irm_fpga.job_models import FpgaJob, FpgaJobController
 from irm_fpga.models import Group
+from irm_fpga.qos import dispatch
+from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, THROUGHPUT, JobProgress, QosJob
-from irm_fpga.qos.registry import ALLOCATION_POLICIES
+from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS
 from irm_fpga.qos.throughput import (
     DEFAULT_ALPHA,
     ControllerState,
@@ -77,39 +92,62 @@ from services.errors import (
     HarnessError,
     NotFound,
     ResourceExhausted,
+    Unavailable,
     Violations,
     owned,
     require_tenant,
 )
 
 log = logging.getLogger(__name__)
-ACTIVE, RETIRED = "active", "retired"
+ACTIVE, RETIRED, QUEUED = "active", "retired", "queued"
 SERVICE = "harness.v1.FpgaJobs"
+_STATES = {ACTIVE: fpga_jobs_pb2.Job.STATE_ACTIVE, RETIRED: fpga_jobs_pb2.Job.STATE_RETIRED,
+           QUEUED: fpga_jobs_pb2.Job.STATE_QUEUED}
+MAX_THROUGHPUT_GOAL = 1e9       # actions/s; a larger goal is a typo, and its device request overflows
+DEFAULT_ACTION_S = 1.0          # Hydrogen policies: seconds per action on one device when a job gives none
 
 
 @dataclass
 class JobsConfig:
-    policy: str = "edf"                # "edf" | "throughput"
-    control_period_s: float = 1.0      # throughput policy: control period; both: progress sampling
+    policy: str = "edf"                # "edf" | "throughput" | a Hydrogen scheduler (module docstring)
+    control_period_s: float = 1.0      # throughput: control period; all: progress sampling (Hydrogen: dispatch)
     alpha: float = DEFAULT_ALPHA       # EMA factor of the job controllers (seed 000 eq. 2)
+    window: int = 30                   # Hydrogen: ready-queue jobs each decision looks at (seed 001 §VI)
+    late_after_s: float = hy.LATE_AFTER_S   # Hydrogen: a job waiting longer to start is late (seed 001 §VI)
+    pool_min: int = 1                  # Hydrogen managed modes: the elasticity manager's bounds on the pool
+    pool_max: int = 0                  # 0: every usable device not held by other groups
+    beta: float = 2.5                  # Hydrogen managed modes: Algorithm 3's shrink threshold
 
     @classmethod
     def of(cls, config: Any) -> JobsConfig:
-        """A JobsConfig, or one read from `jobs_policy`/`jobs_control_period_s`/`jobs_alpha` of another config."""
+        """A JobsConfig, or one read from the `jobs_*` fields of another config (e.g. `jobs_policy`)."""
         if isinstance(config, JobsConfig):
             return config
         d = cls()
-        return cls(policy=getattr(config, "jobs_policy", d.policy),
-                   control_period_s=getattr(config, "jobs_control_period_s", d.control_period_s),
-                   alpha=getattr(config, "jobs_alpha", d.alpha))
+        return cls(**{f: getattr(config, f"jobs_{f}", getattr(d, f)) for f in cls.__dataclass_fields__})
 
 
 class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def __init__(self, orchestrator: Any, config: JobsConfig | None = None, clock: Clock | None = None) -> None:
         self.config = config or JobsConfig()
-        if self.config.policy not in ALLOCATION_POLICIES:
+        if self.config.policy not in ALLOCATION_POLICIES and self.config.policy not in SCHEDULING_ALGORITHMS:
             raise ValueError(f"job manager configuration: unknown policy {self.config.policy!r}; "
-                             f"known: {', '.join(sorted(ALLOCATION_POLICIES))}")
+                             f"known: {', '.join(sorted({*ALLOCATION_POLICIES, *SCHEDULING_ALGORITHMS}))}")
+        # A Hydrogen policy dispatches from a ready queue; None: "edf" or "throughput" resize groups.
+        self.scheduler: dispatch.Scheduler | None = None
+        if self.config.policy in SCHEDULING_ALGORITHMS:
+            if not (1 <= self.config.pool_min
+                    and (self.config.pool_max == 0 or self.config.pool_min <= self.config.pool_max)):
+                raise ValueError("job manager configuration: need 1 <= pool_min <= pool_max (pool_max 0: all)")
+            try:
+                s = dispatch.scheduler_for(self.config.policy, window=self.config.window,
+                                           late_after=self.config.late_after_s)
+                self.scheduler = dispatch.Scheduler(**{**s.__dict__, "beta": self.config.beta,
+                                                       "pool_min": self.config.pool_min})
+            except ValueError as e:
+                raise ValueError(f"job manager configuration: {e}") from None
+        self.cost = hy.LearnedCostModel()      # Hydrogen: fed with every job run to its size
+        self._pool_size: int | None = None     # Hydrogen: the pool provisioned for jobs (None: the most)
         if not self.config.control_period_s > 0:
             raise ValueError("job manager configuration: control_period_s must be > 0")
         if not 0.0 <= self.config.alpha <= 1.0:
@@ -126,9 +164,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
-        """Load every active job's persisted controller state (jobs without one start afresh)."""
+        """Load every active job's persisted controller state (jobs without one start afresh).
+
+        Refuses (ValueError) to run over jobs the policy cannot manage, registered under another
+        one: throughput goals need "throughput", queued jobs a Hydrogen policy, and a Hydrogen
+        policy takes deadline goals only. Retire them under the old policy first.
+        """
         now = self.clock.now()
         rows = self._active()
+        self._check_compatible(rows, self._queued())
+        self._learn_from_history()
         with self.db.read() as s:
             saved = {c.job_id: c for c in s.scalars(select(FpgaJobController))}
         for row in rows:
@@ -144,6 +189,32 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._last[row.id] = (c.sample_time, c.sample_actions)
             self._seen[row.id] = {k: int(v) for k, v in (c.seen or {}).items()}
         self._thread.start()
+
+    def _check_compatible(self, active: list[FpgaJob], queued: list[FpgaJob]) -> None:
+        policy = self.config.policy
+        bad = [r for r in active if r.goal == THROUGHPUT and policy != THROUGHPUT]
+        bad += queued if self.scheduler is None else []
+        if bad:
+            raise ValueError(
+                f"job manager configuration: policy {policy!r} cannot manage {len(bad)} job(s) registered under "
+                f"another policy ({', '.join(f'{r.id} ({r.policy}, {r.goal}, {r.state})' for r in bad[:5])}); "
+                f"run their policy and retire them first")
+
+    def _learn_from_history(self) -> None:
+        """Hydrogen: the cost model learns from every job that ran to its size (dispatch to retirement)."""
+        if self.scheduler is None:
+            return
+        with self.db.read() as s:
+            rows = list(s.scalars(select(FpgaJob).where(FpgaJob.state == RETIRED, FpgaJob.goal == DEADLINE)))
+        for r in rows:
+            self._observe_run(r, r.retired_at)
+
+    def _observe_run(self, row: FpgaJob, end: float) -> None:
+        if not row.allocations or max(row.observed_actions, row.reported_actions) < row.size_actions:
+            return                       # never dispatched, or retired before its size was done
+        start, n = row.allocations[0]
+        if end > start and n >= 1:
+            self.cost.observe(self._hjob(row, n), int(n), end - start)
 
     def stop(self) -> None:
         self._stop.set()
@@ -161,6 +232,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _active(self) -> list[FpgaJob]:
         with self.db.read() as s:
             return list(s.scalars(select(FpgaJob).where(FpgaJob.state == ACTIVE)
+                                  .order_by(FpgaJob.registered_at, FpgaJob.id)))
+
+    def _queued(self) -> list[FpgaJob]:
+        """The ready queue (Hydrogen policies), in arrival order."""
+        with self.db.read() as s:
+            return list(s.scalars(select(FpgaJob).where(FpgaJob.state == QUEUED)
                                   .order_by(FpgaJob.registered_at, FpgaJob.id)))
 
     def _job(self, tenant: str, job_id: str) -> FpgaJob:
@@ -237,6 +314,62 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         for row in ordered:
             self._resize(row, alloc[row.id], now)
 
+    # -- Hydrogen: the ready queue ---------------------------------------------
+    def _hjob(self, row: FpgaJob, hi: int) -> hy.HJob:
+        """The job as a Hydrogen scheduler sees it (seed 001 eq. 1: defaultTime = size x seconds per action)."""
+        mx = max(row.min_devices, min(row.max_devices or hi, hi))
+        return hy.HJob(row.id, row.registered_at, row.size_actions * (row.action_seconds or DEFAULT_ACTION_S),
+                       row.min_devices, mx, row.priority, design=row.design, target=row.deadline_s)
+
+    def _hydrogen_max(self, running: list[FpgaJob]) -> int:
+        hi = self._pool(running)
+        return min(hi, self.config.pool_max) if self.config.pool_max else hi
+
+    def _provisioned(self, hi: int) -> int:
+        """The pool now: the elasticity manager's last, within [pool_min, hi] (before any decision: hi)."""
+        assert self.scheduler is not None
+        return max(min(self._pool_size or hi, hi), min(self.scheduler.pool_min, hi))
+
+    def _dispatch(self, now: float) -> None:
+        """One scheduling decision over the ready queue (under the lock): start the jobs it picks."""
+        assert self.scheduler is not None
+        queued = self._queued()
+        if not queued:
+            return
+        running = self._active()
+        hi = self._hydrogen_max(running)
+        if hi < 1:
+            return
+        pool = self._provisioned(hi)
+        run = []
+        for r in running:
+            job = self._hjob(r, hi)
+            start = r.allocations[0][0] if r.allocations else r.registered_at
+            run.append(hy.RunningJob(job, max(now, start + self.cost(job, max(1, r.devices))), r.devices))
+        with self.db.read() as s:
+            recent = list(s.scalars(select(FpgaJob).where(FpgaJob.goal == DEADLINE,
+                                                          FpgaJob.registered_at >= now - hy.FORECAST_SPAN_S)))
+        d = dispatch.decide(self.scheduler, [self._hjob(r, hi) for r in queued], now=now, pool=pool, pool_max=hi,
+                            running=run, cost=self.cost, history=[self._hjob(r, hi) for r in recent])
+        if d.pool != pool:
+            log.info("job pool resized", extra={"devices": d.pool, "was": pool, "decision": d.scaling})
+        self._pool_size = d.pool
+        by_id = {r.id: r for r in queued}
+        for job_id, n in d.allocation:
+            self._start(by_id[job_id], n, now)
+
+    def _start(self, row: FpgaJob, n: int, now: float) -> None:
+        """Dispatch a queued job: its group of `n` devices, kept until it retires."""
+        try:
+            g = self.orch.create_group(row.tenant, f"job:{row.id}", row.design, n, min_size=n, max_size=n)
+        except HarnessError as e:       # e.g. another group took the devices meanwhile: it stays queued
+            log.warning("job dispatch refused", extra={"job": row.id, "devices": n, "reason": str(e)})
+            return
+        row = self._update(row.id, state=ACTIVE, group_id=g.id, devices=n, allocations=[[now, n]])
+        self._states[row.id] = initial_state(self._qos(row), now, 0, n)
+        self._last[row.id] = (now, 0)
+        self._save_controllers([row.id], now)      # the counters seen from now on survive a restart
+
     # -- decisions -----------------------------------------------------------
     def _observe(self, rows: list[FpgaJob]) -> dict[str, int]:
         """Completed actions per job: the servers' group counters (monotone) or the reports, the larger."""
@@ -278,6 +411,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             now = self.clock.now()
             rows = self._active()
             if not rows:
+                if self.scheduler is not None:
+                    self._dispatch(now)          # the period is also a timer: devices freed by other groups
                 return {}
             actions = self._observe(rows)
             done = [r for r in rows if r.goal == DEADLINE and actions[r.id] >= r.size_actions]
@@ -293,6 +428,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     self._last[r.id] = (now, actions[r.id])
             if self.config.policy != THROUGHPUT:
                 self._save_controllers([r.id for r in rows], now)
+                if self.scheduler is not None:
+                    self._dispatch(now)
                 return {r.id: r.devices for r in self._active()}
             jobs, obs = [], {}
             for r in rows:
@@ -329,7 +466,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             v.check(d.size_actions >= 1, "deadline.size_actions", "the job's size: at least 1 action")
         else:
             g = request.throughput.actions_per_s
-            v.check(math.isfinite(g) and g > 0, "throughput.actions_per_s", "must be > 0 actions/s")
+            v.check(math.isfinite(g) and 0 < g <= MAX_THROUGHPUT_GOAL, "throughput.actions_per_s",
+                    f"must be > 0 and at most {MAX_THROUGHPUT_GOAL:g} actions/s")
             v.check(self.config.policy == THROUGHPUT, "throughput",
                     f"the job manager runs {self.config.policy!r}, which takes deadline goals only")
         mn, mx = request.min_devices, request.max_devices
@@ -339,18 +477,29 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         v.check(max(1, mn) <= usable, "min_devices", f"the FPGA-servers have {usable} usable devices in all")
         v.check(mx <= usable, "max_devices", f"the FPGA-servers have {usable} usable devices in all")
         v.check(math.isfinite(request.priority) and request.priority >= 0, "priority", "must be >= 0")
+        a = request.action_seconds
+        v.check(math.isfinite(a) and 0 <= a <= 1e6, "action_seconds",
+                "seconds per action on one device: >= 0 (0: one second) and at most 1e6")
         v.raise_if_any()
+
+    def _usable_or_unavailable(self) -> int:
+        caps = self.orch._free_total_capacity()
+        if not caps:
+            raise Unavailable("no FPGA-server can be reached: the job manager cannot count devices; retry later")
+        if sum(caps.values()) == 0:
+            raise ResourceExhausted("every device of the FPGA-servers is blacklisted")
+        return sum(caps.values())
 
     def register(self, request: fpga_jobs_pb2.RegisterJobRequest) -> FpgaJob:
         tenant = require_tenant(request.tenant)
-        usable = self._usable()
+        usable = self._usable_or_unavailable()
         self._validate(request, usable)
-        with self.db.read() as s:
-            existing = s.scalar(select(FpgaJob).where(FpgaJob.tenant == tenant,
-                                                      FpgaJob.request_id == request.request_id))
-        if existing is not None:
-            return existing
-        with self.lock:
+        with self.lock:      # check-then-create as one step: a concurrent retry finds the first job
+            with self.db.read() as s:
+                existing = s.scalar(select(FpgaJob).where(FpgaJob.tenant == tenant,
+                                                          FpgaJob.request_id == request.request_id))
+            if existing is not None:
+                return existing
             now = self.clock.now()
             deadline = request.WhichOneof("goal") == "deadline"
             row = FpgaJob(id=f"job-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request.request_id,
@@ -363,7 +512,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                           min_devices=max(1, request.min_devices), max_devices=request.max_devices,
                           priority=request.priority or 1.0, state=ACTIVE, devices=0, observed_actions=0,
                           reported_actions=0, achieved_throughput=0.0, allocations=[], registered_at=now,
-                          retired_at=0.0)
+                          retired_at=0.0, action_seconds=request.action_seconds)
+            if self.scheduler is not None:          # Hydrogen: into the ready queue, then a decision
+                row.state = QUEUED
+                self._insert(row)
+                self._dispatch(now)
+                return self._job(tenant, row.id)
             job = self._qos(row)
             rows = self._active()
             pool = self._pool(rows)
@@ -377,6 +531,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             if n < 1:
                 raise ResourceExhausted(f"no device for the job's minimum ({row.min_devices}) under "
                                         f"{self.config.policy!r}: {pool} device(s) in the pool")
+            # A job's group never goes below one device: refuse before touching the others' groups.
+            starved = [r.id for r in rows if alloc.get(r.id, 0) < 1]
+            if starved:
+                raise ResourceExhausted(
+                    f"the job's minimum ({row.min_devices}) does not fit beside one device for each of the "
+                    f"{len(rows)} active job(s) ({pool} device(s) in the pool): {self.config.policy!r} would leave "
+                    f"{', '.join(starved[:5])} without one; ask for fewer devices or wait for a job to retire")
             self._apply({k: v for k, v in alloc.items() if k != row.id}, [r for r in rows if alloc[r.id] < r.devices],
                         now)
             try:
@@ -386,16 +547,34 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._rebalance(now)     # give the shrunk jobs their devices back
                 raise
             row.group_id, row.devices, row.allocations = g.id, n, [[now, n]]
-            self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name)
-                                                        for c in FpgaJob.__table__.c})))
+            try:
+                self._insert(row)
+            except Exception:
+                self._drop_group(row.group_id)     # never a group without its job
+                self._rebalance(now)
+                raise
             self._apply(alloc, [r for r in self._active() if r.id != row.id], now)
             self._states[row.id] = initial_state(job, now, 0, n)
             self._last[row.id] = (now, 0)
             self._save_controllers([row.id], now)
             return self._job(tenant, row.id)
 
+    def _insert(self, row: FpgaJob) -> None:
+        self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name) for c in FpgaJob.__table__.c})))
+
+    def _drop_group(self, group_id: str) -> None:
+        if not group_id:
+            return
+        try:
+            self.orch.delete(self.orch._group(group_id))
+        except NotFound:
+            pass
+
     def _rebalance(self, now: float) -> None:
-        """EDF's event: the allocation of the active jobs now (throughput waits for its next period)."""
+        """An event: EDF's allocation of the active jobs now, or a Hydrogen decision (throughput waits)."""
+        if self.scheduler is not None:
+            self._dispatch(now)
+            return
         if self.config.policy != "edf":
             return
         rows = self._active()
@@ -420,14 +599,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             row = s.get(FpgaJob, job_id)
         if row.state == RETIRED:
             return row
-        try:
-            self.orch.delete(self.orch._group(row.group_id))
-        except NotFound:
-            pass
+        self._drop_group(row.group_id)
+        if self.scheduler is not None and row.state == ACTIVE:
+            self._observe_run(row, now)        # a run to its size: the cost model learns its time
         end = max(row.observed_actions, row.reported_actions)
         t0, a0 = self._last.get(row.id, (row.registered_at, 0))
         fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
-                                  "allocations": [*row.allocations, [now, 0]]}
+                                  "allocations": [*row.allocations, [now, 0]] if row.allocations else []}
         if now > t0:
             fields["achieved_throughput"] = (end - a0) / (now - t0)
         row = self._update(row.id, **fields)
@@ -446,10 +624,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         v = Violations()
         v.check(completed >= 0, "completed_actions", "must be >= 0")
         v.raise_if_any()
-        row = self._job(tenant, job_id)
-        if row.state == RETIRED:
-            raise FailedPrecondition(f"job {job_id!r} is retired")
-        with self.lock:
+        with self.lock:        # the state read under the lock: a retirement cannot slip in between
+            row = self._job(tenant, job_id)
+            if row.state == RETIRED:
+                raise FailedPrecondition(f"job {job_id!r} is retired")
+            if row.state == QUEUED:
+                raise FailedPrecondition(f"job {job_id!r} is queued: it has no devices yet (GetJob shows "
+                                         f"STATE_ACTIVE once it is dispatched)")
             row = self._update(job_id, reported_actions=max(row.reported_actions, completed))
             if row.state == ACTIVE and row.goal == DEADLINE and \
                     max(row.observed_actions, row.reported_actions) >= row.size_actions:
@@ -463,7 +644,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         end = row.retired_at if row.state == RETIRED else self.clock.now()
         job = fpga_jobs_pb2.Job(
             id=row.id, tenant=row.tenant, request_id=row.request_id, design=row.design, group_id=row.group_id,
-            state=fpga_jobs_pb2.Job.STATE_ACTIVE if row.state == ACTIVE else fpga_jobs_pb2.Job.STATE_RETIRED,
+            state=_STATES[row.state], dispatched_at=row.allocations[0][0] if row.allocations else 0.0,
+            action_seconds=row.action_seconds,
             min_devices=row.min_devices, max_devices=row.max_devices, priority=row.priority, policy=row.policy,
             devices=row.devices, completed_actions=actions, achieved_throughput=row.achieved_throughput,
             mean_throughput=actions / (end - row.registered_at) if end > row.registered_at else 0.0,
@@ -496,7 +678,15 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             if request.active_only:
                 q = q.where(FpgaJob.state == ACTIVE)
             rows = list(s.scalars(q.order_by(FpgaJob.registered_at, FpgaJob.id)))
-        return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows])
+        return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows], pool_devices=self.pool_devices())
+
+    def pool_devices(self) -> int:
+        """Devices the manager may give jobs now (a Hydrogen managed mode: its elastic pool)."""
+        with self.lock:
+            active = self._active()
+            if self.scheduler is None:
+                return self._pool(active)
+            return self._provisioned(self._hydrogen_max(active))
 
 
 def job_component_parts(orchestrator: Any, config: Any = None

@@ -73,10 +73,17 @@ class OrchestratorConfig:
     autoscaler: str = "improved"
     autoscaler_interval_s: float = 10.0
     server_timeout_s: float = 10.0
-    # QoS job manager (harness.v1.FpgaJobs): "edf" | "throughput" (seed 000 §III).
+    # QoS job manager (harness.v1.FpgaJobs): "edf" | "throughput" (seed 000 §III), or a Hydrogen
+    # scheduler (seed 001: "fcfs_min", ..., "managed_deadline", "managed_lookahead"; irm_fpga.jobs).
     jobs_policy: str = "edf"
     jobs_control_period_s: float = 1.0
     jobs_alpha: float = 0.5
+    # Hydrogen policies: window, start-latency bound, the managed modes' elastic pool (0: all) and beta.
+    jobs_window: int = 30
+    jobs_late_after_s: float = 1.0
+    jobs_pool_min: int = 1
+    jobs_pool_max: int = 0
+    jobs_beta: float = 2.5
 
 
 @dataclass

@@ -98,7 +98,7 @@ def controller_step(job: QosJob, state: ControllerState, obs: JobProgress, *,
     elif math.isinf(g):
         r = hi
     else:
-        r = math.ceil(a_hat * g - 1e-9)                                               # eq. 3
+        r = math.ceil(min(a_hat * g, float(hi)) - 1e-9)                                # eq. 3 (capped: no overflow)
     r = max(job.min_devices, min(r, hi)) if g > 0 or job.goal != DEADLINE else 0
     p = math.inf if g == 0 else t / g                                                 # eq. 4
     return replace(state, last_time=obs.time, last_actions=obs.actions, a_hat=a_hat,

@@ -27,7 +27,7 @@ FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
 TASK_S = 0.1
 
 
-def start_irm(suite, policy: str, period: float = 1.0, servers=None):
+def start_irm(suite, policy: str, period: float = 1.0, servers=None, **config):
     """FPGA-servers (unless given: a restart reuses them), then the Orchestrator and the job manager."""
     servers = servers or [suite.start("fpga-server", name=f"fpga-{i}", devices=4, **FAST) for i in range(2)]
     cfg = OrchestratorConfig(address="127.0.0.1:0", servers=[s.address for s in servers], autoscaler="none",
@@ -40,7 +40,8 @@ def start_irm(suite, policy: str, period: float = 1.0, servers=None):
     orch_comp = Component(name="fpga", register=register_orch, service_names=["harness.v1.FpgaOrchestrator"],
                           stop=orch.stop)
     orch_comp.start = lambda: orch.start(orch_comp.extra["port"])
-    register, names, start, stop = job_component_parts(orch, JobsConfig(policy=policy, control_period_s=period))
+    register, names, start, stop = job_component_parts(orch, JobsConfig(policy=policy, control_period_s=period,
+                                                                               **config))
     running = srv.start("127.0.0.1:0", [orch_comp, Component(name="fpga-jobs", register=register,
                                                              service_names=names, start=start, stop=stop)])
     address = f"127.0.0.1:{running.port}"
@@ -246,5 +247,39 @@ def test_throughput_controller_state_survives_an_orchestrator_restart(suite):
         again = jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id))
         assert again.completed_actions == 60 and again.state == jp.Job.STATE_ACTIVE
         assert manager._states[job.id].a_hat == pytest.approx(before.a_hat)   # no progress: estimate kept
+    finally:
+        stop_irm(running, register)
+
+
+def test_a_hydrogen_policy_queues_dispatches_and_learns_from_real_tasks(suite):
+    """managed_deadline live: a job waits in the ready queue while the pool is busy, is dispatched when a job
+    that ran its size on the FPGA-servers retires, and the manager learns the design's time from that run."""
+    # The pool held at 8 (pool_min = 8): the elastic pool is test_fpga_jobs_hydrogen's; here, the queue.
+    running, address, jobs, orch, register = start_irm(suite, "managed_deadline", period=0.3, pool_min=8)
+    try:
+        get = lambda jid: jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=jid))  # noqa: E731
+        first = jobs.RegisterJob(deadline_job("first", 60.0, size=40, max_devices=8, action_seconds=TASK_S))
+        assert first.state == jp.Job.STATE_ACTIVE and first.devices >= 1 and first.dispatched_at > 0
+        queued = []
+        for i in range(8):                         # more jobs than devices: some must wait
+            j = jobs.RegisterJob(deadline_job(f"j{i}", 60.0, size=10, min_devices=1, max_devices=1))
+            if j.state == jp.Job.STATE_QUEUED:
+                assert j.devices == 0 and j.group_id == "" and j.dispatched_at == 0
+                queued.append(j.id)
+        assert queued, "8 single-device jobs beside a running one must not all fit on 8 devices"
+        listed = jobs.ListJobs(jp.ListJobsRequest(tenant="alice", active_only=True))
+        assert listed.pool_devices == 8 and sum(j.devices for j in listed.jobs) == 8
+        with VirtualFpga.attach(address, "alice", first.group_id) as f:
+            f.map([{"duration": TASK_S}] * 40)
+        done = eventually(lambda: (lambda j: j if j.state == jp.Job.STATE_RETIRED else None)(get(first.id)),
+                          what="the first job retires once its 40 actions ran")
+        assert done.completed_actions >= 40
+        # Its devices went back to the pool: a queued job is dispatched onto them (the next event or period).
+        started = eventually(lambda: (lambda j: j if j.state == jp.Job.STATE_ACTIVE else None)(get(queued[0])),
+                             what="the head of the queue dispatched")
+        assert started.dispatched_at >= done.retired_at and started.devices == 1
+        assert group_size(orch, "alice", started.group_id) == 1
+        model = register.manager.cost
+        assert model._obs["sleep"][0][0] == first.devices      # learned from the run: (devices, time share)
     finally:
         stop_irm(running, register)

@@ -4,163 +4,22 @@ The manager runs over an in-memory stand-in for the Orchestrator (groups in
 the real database, FPGA-servers reduced to the `completed` counters the
 manager reads) so every step is a direct call: auto-retirement of deadline
 jobs whose size is done, priority in EDF and in the throughput broker, and
-the controller state carried across a restart. `test_fpga_jobs.py` runs the
-same manager against real FPGA-server processes.
+the controller state carried across a restart (`tests.integration.fake_orchestrator`).
+`test_fpga_jobs.py` runs the same manager against real FPGA-server processes.
 """
 
 from __future__ import annotations
 
 import math
-import uuid
-from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import inspect, select
 
 from harness.v1 import fpga_jobs_pb2 as jp
-from harness.v1 import fpga_pb2
 from irm_fpga.job_models import FpgaJob, FpgaJobController
-from irm_fpga.jobs import RETIRED, JobManager, JobsConfig
-from irm_fpga.models import Group
-from irm_fpga.orchestrator import MIGRATIONS, Orchestrator
-from services.clock import VirtualClock
-from services.db import Database
+from irm_fpga.jobs import RETIRED
 from services.errors import NotFound
-
-DEVICES = 8
-
-
-class FakeServer:
-    """An FPGA-server as the job manager sees it: cumulative `completed` counters per group."""
-
-    def __init__(self) -> None:
-        self.completed: dict[str, int] = {}
-
-    def stub(self) -> FakeServer:
-        return self
-
-    def GetMeasurements(self, request, timeout=None):  # noqa: N802
-        return fpga_pb2.ServerMeasurements(
-            groups=[fpga_pb2.GroupCounters(group_id=g, completed=c) for g, c in self.completed.items()]
-        )
-
-
-class FakeOrchestrator:
-    """Groups in the database (so the manager's pool is computed as live), devices counted, nothing placed."""
-
-    def __init__(self, url: str, clock: VirtualClock, servers: dict[str, FakeServer]) -> None:
-        self.db = Database(url)
-        self.db.migrate(MIGRATIONS, "alembic_version_fpga")
-        self.clock = clock
-        self.servers = servers
-        self.config = SimpleNamespace(server_timeout_s=1.0)
-
-    def _free_total_capacity(self) -> dict[str, int]:
-        return {"s1": DEVICES}
-
-    _group = Orchestrator._group  # the real lookup: it needs only `db`
-
-    def create_group(self, tenant, request_id, design, size, min_size=0, max_size=0, **_):
-        g = Group(
-            id=f"fg-{uuid.uuid4().hex[:12]}",
-            tenant=tenant,
-            request_id=request_id,
-            design=design,
-            size=size,
-            min_size=min_size,
-            max_size=max_size,
-            shared=False,
-            elastic=False,
-            parts={"s1": size},
-            created_at=self.clock.now(),
-            deleted=False,
-            reservation_id="",
-        )
-        self.db.transact(lambda s: s.add(Group(**{c.name: getattr(g, c.name) for c in Group.__table__.c})))
-        return g
-
-    def resize(self, g: Group, size: int) -> Group:
-        def save(s):  # noqa: ANN001, ANN202
-            row = s.get(Group, g.id)
-            row.size, row.parts = size, {"s1": size}
-            return row
-
-        return self.db.transact(save)
-
-    def delete(self, g: Group) -> Group:
-        def save(s):  # noqa: ANN001, ANN202
-            row = s.get(Group, g.id)
-            row.deleted = True
-            return row
-
-        return self.db.transact(save)
-
-    def size_of(self, group_id: str) -> int:
-        return self._group(group_id).size
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'jobs.db'}"
-    return request.getfixturevalue("fresh_pg_url")
-
-
-class Irm:
-    """A manager over a fake Orchestrator; `restart()` builds both afresh on the same database and servers."""
-
-    def __init__(self, url: str, policy: str, alpha: float = 0.5) -> None:
-        self.url, self.policy, self.alpha = url, policy, alpha
-        self.clock = VirtualClock(1000.0)
-        self.server = FakeServer()
-        self.orch: FakeOrchestrator | None = None
-        self.manager: JobManager | None = None
-        self._build()
-
-    def _build(self) -> None:
-        self.orch = FakeOrchestrator(self.url, self.clock, {"s1": self.server})
-        self.manager = JobManager(
-            self.orch, JobsConfig(policy=self.policy, control_period_s=3600.0, alpha=self.alpha)
-        )
-        self.manager.start()  # loads the persisted state; its loop waits an hour: we step by hand
-
-    def restart(self) -> None:
-        self.close()
-        self._build()
-
-    def close(self) -> None:
-        self.manager.stop()
-        self.orch.db.dispose()
-
-    def register(self, request_id: str, **kw) -> FpgaJob:
-        return self.manager.register(
-            jp.RegisterJobRequest(tenant="alice", request_id=request_id, design="sleep", **kw)
-        )
-
-    def job(self, job_id: str) -> FpgaJob:
-        return self.manager._job("alice", job_id)
-
-    def complete(self, job: FpgaJob, n: int) -> None:
-        """The data plane completes `n` more of the job's actions."""
-        self.server.completed[job.group_id] = self.server.completed.get(job.group_id, 0) + n
-
-
-@pytest.fixture
-def irm_factory(db_url):
-    made: list[Irm] = []
-
-    def make(policy: str, **kw) -> Irm:
-        made.append(Irm(db_url, policy, **kw))
-        return made[-1]
-
-    yield make
-    for i in made:
-        i.close()
-
-
-def deadline(seconds: float, size: int) -> dict:
-    return {"deadline": jp.DeadlineGoal(deadline_s=seconds, size_actions=size)}
-
+from tests.integration.fake_orchestrator import DEVICES, deadline
 
 # -- auto-retirement -------------------------------------------------------------------------
 

@@ -47,6 +47,13 @@ def test_controller_keeps_estimate_without_progress_and_clamps_to_min_max():
     assert s3.request == 2                                      # ceil(0.25) = 1 raised to min 2
 
 
+def test_controller_request_for_a_goal_beyond_any_pool_is_the_max_not_an_overflow():
+    s = ControllerState(last_time=0.0, last_actions=0, a_hat=2.0)
+    s2 = controller_step(tjob(1e308, mx=6), s, JobProgress(2.0, 0, 0))   # a_hat * goal overflows to inf
+    assert s2.request == 6
+    assert controller_step(tjob(1e308), s, JobProgress(2.0, 0, 0), max_devices=8).request == 8
+
+
 def test_broker_fit_branch_gives_slack_to_deadline_jobs_worst_first():
     jobs = [BrokerJob("thr", 2, 1.0, False), BrokerJob("d1", 1, 0.9, True), BrokerJob("d2", 0, 0.5, True)]
     alloc, fit = resource_broker(jobs, 8)

@@ -22,7 +22,7 @@ class ThroughputGoal(_message.Message):
     def __init__(self, actions_per_s: _Optional[float] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("tenant", "request_id", "design", "deadline", "throughput", "min_devices", "max_devices", "priority")
+    __slots__ = ("tenant", "request_id", "design", "deadline", "throughput", "min_devices", "max_devices", "priority", "action_seconds")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DESIGN_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class RegisterJobRequest(_message.Message):
     MIN_DEVICES_FIELD_NUMBER: _ClassVar[int]
     MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     request_id: str
     design: str
@@ -39,7 +40,8 @@ class RegisterJobRequest(_message.Message):
     min_devices: int
     max_devices: int
     priority: float
-    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., design: _Optional[str] = ..., deadline: _Optional[_Union[DeadlineGoal, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputGoal, _Mapping]] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., priority: _Optional[float] = ...) -> None: ...
+    action_seconds: float
+    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., design: _Optional[str] = ..., deadline: _Optional[_Union[DeadlineGoal, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputGoal, _Mapping]] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., priority: _Optional[float] = ..., action_seconds: _Optional[float] = ...) -> None: ...
 
 class RetireJobRequest(_message.Message):
     __slots__ = ("tenant", "job_id")
@@ -76,10 +78,12 @@ class ListJobsRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., active_only: _Optional[bool] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "pool_devices")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    POOL_DEVICES_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+    pool_devices: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., pool_devices: _Optional[int] = ...) -> None: ...
 
 class AllocationChange(_message.Message):
     __slots__ = ("time", "devices")
@@ -90,15 +94,17 @@ class AllocationChange(_message.Message):
     def __init__(self, time: _Optional[float] = ..., devices: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "tenant", "request_id", "design", "group_id", "state", "deadline", "throughput", "min_devices", "max_devices", "priority", "policy", "devices", "completed_actions", "achieved_throughput", "mean_throughput", "allocations", "registered_at", "deadline_at", "retired_at")
+    __slots__ = ("id", "tenant", "request_id", "design", "group_id", "state", "deadline", "throughput", "min_devices", "max_devices", "priority", "policy", "devices", "completed_actions", "achieved_throughput", "mean_throughput", "allocations", "registered_at", "deadline_at", "retired_at", "dispatched_at", "action_seconds")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[Job.State]
         STATE_ACTIVE: _ClassVar[Job.State]
         STATE_RETIRED: _ClassVar[Job.State]
+        STATE_QUEUED: _ClassVar[Job.State]
     STATE_UNSPECIFIED: Job.State
     STATE_ACTIVE: Job.State
     STATE_RETIRED: Job.State
+    STATE_QUEUED: Job.State
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +125,8 @@ class Job(_message.Message):
     REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_AT_FIELD_NUMBER: _ClassVar[int]
     RETIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant: str
     request_id: str
@@ -139,4 +147,6 @@ class Job(_message.Message):
     registered_at: float
     deadline_at: float
     retired_at: float
-    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., design: _Optional[str] = ..., group_id: _Optional[str] = ..., state: _Optional[_Union[Job.State, str]] = ..., deadline: _Optional[_Union[DeadlineGoal, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputGoal, _Mapping]] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., priority: _Optional[float] = ..., policy: _Optional[str] = ..., devices: _Optional[int] = ..., completed_actions: _Optional[int] = ..., achieved_throughput: _Optional[float] = ..., mean_throughput: _Optional[float] = ..., allocations: _Optional[_Iterable[_Union[AllocationChange, _Mapping]]] = ..., registered_at: _Optional[float] = ..., deadline_at: _Optional[float] = ..., retired_at: _Optional[float] = ...) -> None: ...
+    dispatched_at: float
+    action_seconds: float
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., design: _Optional[str] = ..., group_id: _Optional[str] = ..., state: _Optional[_Union[Job.State, str]] = ..., deadline: _Optional[_Union[DeadlineGoal, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputGoal, _Mapping]] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., priority: _Optional[float] = ..., policy: _Optional[str] = ..., devices: _Optional[int] = ..., completed_actions: _Optional[int] = ..., achieved_throughput: _Optional[float] = ..., mean_throughput: _Optional[float] = ..., allocations: _Optional[_Iterable[_Union[AllocationChange, _Mapping]]] = ..., registered_at: _Optional[float] = ..., deadline_at: _Optional[float] = ..., retired_at: _Optional[float] = ..., dispatched_at: _Optional[float] = ..., action_seconds: _Optional[float] = ...) -> None: ...

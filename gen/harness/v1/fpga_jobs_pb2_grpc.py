@@ -65,10 +65,12 @@ class FpgaJobsServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterJob(self, request, context):
-        """Register a job and create its private group. Idempotent on
+        """Register a job and create its private group (Hydrogen policies: queue it,
+        and create the group when it is dispatched). Idempotent on
         (tenant, request_id): a repeated call returns the job already registered.
         INVALID_ARGUMENT (with field violations) for bad input;
-        RESOURCE_EXHAUSTED when the policy cannot give it its minimum.
+        RESOURCE_EXHAUSTED when the policy cannot give it its minimum;
+        UNAVAILABLE when no FPGA-server can be reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,6 +87,7 @@ class FpgaJobsServicer:
 
     def ReportProgress(self, request, context):
         """Report the job's completed actions (optional; cumulative, never decreasing).
+        FAILED_PRECONDITION for a job that is queued or retired.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,135 @@
+"""A job manager over an in-memory stand-in for the Orchestrator, on virtual time (issue 5's tests).
+
+Groups live in the real database (SQLite or PostgreSQL: the `db_url`
+fixture's two parameters), FPGA-servers are reduced to the `completed`
+counters the manager reads, and every step is a direct call.
+`tests/integration/conftest.py` makes `db_url` and `irm_factory` fixtures of these.
+"""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+
+from harness.v1 import fpga_jobs_pb2 as jp
+from harness.v1 import fpga_pb2
+from irm_fpga.job_models import FpgaJob
+from irm_fpga.jobs import JobManager, JobsConfig
+from irm_fpga.models import Group
+from irm_fpga.orchestrator import MIGRATIONS, Orchestrator
+from services.clock import VirtualClock
+from services.db import Database
+
+DEVICES = 8
+
+
+class FakeServer:
+    """An FPGA-server as the job manager sees it: cumulative `completed` counters per group."""
+
+    def __init__(self) -> None:
+        self.completed: dict[str, int] = {}
+
+    def stub(self) -> FakeServer:
+        return self
+
+    def GetMeasurements(self, request, timeout=None):  # noqa: N802
+        return fpga_pb2.ServerMeasurements(
+            groups=[fpga_pb2.GroupCounters(group_id=g, completed=c) for g, c in self.completed.items()]
+        )
+
+
+class FakeOrchestrator:
+    """Groups in the database (so the manager's pool is computed as live), devices counted, nothing placed."""
+
+    def __init__(self, url: str, clock: VirtualClock, servers: dict[str, FakeServer]) -> None:
+        self.db = Database(url)
+        self.db.migrate(MIGRATIONS, "alembic_version_fpga")
+        self.clock = clock
+        self.servers = servers
+        self.config = SimpleNamespace(server_timeout_s=1.0)
+
+    def _free_total_capacity(self) -> dict[str, int]:
+        return {"s1": DEVICES}
+
+    _group = Orchestrator._group  # the real lookup: it needs only `db`
+
+    def create_group(self, tenant, request_id, design, size, min_size=0, max_size=0, **_):
+        g = Group(
+            id=f"fg-{uuid.uuid4().hex[:12]}",
+            tenant=tenant,
+            request_id=request_id,
+            design=design,
+            size=size,
+            min_size=min_size,
+            max_size=max_size,
+            shared=False,
+            elastic=False,
+            parts={"s1": size},
+            created_at=self.clock.now(),
+            deleted=False,
+            reservation_id="",
+        )
+        self.db.transact(lambda s: s.add(Group(**{c.name: getattr(g, c.name) for c in Group.__table__.c})))
+        return g
+
+    def resize(self, g: Group, size: int) -> Group:
+        def save(s):  # noqa: ANN001, ANN202
+            row = s.get(Group, g.id)
+            row.size, row.parts = size, {"s1": size}
+            return row
+
+        return self.db.transact(save)
+
+    def delete(self, g: Group) -> Group:
+        def save(s):  # noqa: ANN001, ANN202
+            row = s.get(Group, g.id)
+            row.deleted = True
+            return row
+
+        return self.db.transact(save)
+
+    def size_of(self, group_id: str) -> int:
+        return self._group(group_id).size
+
+
+class Irm:
+    """A manager over a fake Orchestrator; `restart()` builds both afresh on the same database and servers."""
+
+    def __init__(self, url: str, policy: str, alpha: float = 0.5, **config) -> None:
+        self.url, self.policy, self.alpha, self.config = url, policy, alpha, config
+        self.clock = VirtualClock(1000.0)
+        self.server = FakeServer()
+        self.orch: FakeOrchestrator | None = None
+        self.manager: JobManager | None = None
+        self._build()
+
+    def _build(self) -> None:
+        self.orch = FakeOrchestrator(self.url, self.clock, {"s1": self.server})
+        self.manager = JobManager(
+            self.orch, JobsConfig(policy=self.policy, control_period_s=3600.0, alpha=self.alpha, **self.config)
+        )
+        self.manager.start()  # loads the persisted state; its loop waits an hour: we step by hand
+
+    def restart(self) -> None:
+        self.close()
+        self._build()
+
+    def close(self) -> None:
+        self.manager.stop()
+        self.orch.db.dispose()
+
+    def register(self, request_id: str, **kw) -> FpgaJob:
+        return self.manager.register(
+            jp.RegisterJobRequest(tenant="alice", request_id=request_id, design="sleep", **kw)
+        )
+
+    def job(self, job_id: str) -> FpgaJob:
+        return self.manager._job("alice", job_id)
+
+    def complete(self, job: FpgaJob, n: int) -> None:
+        """The data plane completes `n` more of the job's actions."""
+        self.server.completed[job.group_id] = self.server.completed.get(job.group_id, 0) + n
+
+
+def deadline(seconds: float, size: int) -> dict:
+    return {"deadline": jp.DeadlineGoal(deadline_s=seconds, size_actions=size)}

@@ -1,0 +1,197 @@
+"""Hydrogen policies live on the FPGA IRM (issue 5, seed 001 §IV): a ready queue, dispatches, the elastic pool.
+
+The job manager over the fake Orchestrator (`tests.integration.fake_orchestrator`: groups
+in the real database, SQLite and PostgreSQL; virtual time), plus the Job
+API's loose ends found in review (duplicate registrations, wide counters,
+unreachable servers, refused registrations that must not disturb others).
+`test_fpga_jobs.py` runs a Hydrogen policy against real FPGA-server processes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import select
+
+from harness.v1 import fpga_jobs_pb2 as jp
+from irm_fpga.job_models import FpgaJob
+from irm_fpga.jobs import QUEUED, RETIRED, JobManager, JobsConfig
+from irm_fpga.models import Group
+from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from tests.integration.fake_orchestrator import DEVICES, deadline
+
+ACTIVE = "active"
+
+
+def live_groups(irm) -> list[Group]:
+    with irm.orch.db.read() as s:
+        return list(s.scalars(select(Group).where(Group.deleted.is_(False))))
+
+
+# -- the ready queue -------------------------------------------------------------------------------
+
+
+def test_fcfs_min_queues_what_does_not_fit_and_dispatches_it_when_devices_come_back(irm_factory):
+    irm = irm_factory("fcfs_min")
+    a = irm.register("a", min_devices=3, **deadline(60.0, 30))
+    b = irm.register("b", min_devices=3, **deadline(60.0, 30))
+    c = irm.register("c", min_devices=3, **deadline(60.0, 30))
+    # First come, first served at the minimum: a and b start on 3 devices each; 2 are left, c waits.
+    assert [(irm.job(j.id).state, irm.job(j.id).devices) for j in (a, b, c)] == \
+        [(ACTIVE, 3), (ACTIVE, 3), (QUEUED, 0)]
+    assert irm.job(c.id).group_id == "" and sorted(g.size for g in live_groups(irm)) == [3, 3]
+    assert irm.orch.size_of(irm.job(a.id).group_id) == 3
+    proto = irm.manager.to_proto(irm.job(c.id))
+    assert proto.state == jp.Job.STATE_QUEUED and proto.dispatched_at == 0.0 and proto.policy == "fcfs_min"
+    with pytest.raises(FailedPrecondition, match="queued"):
+        irm.manager.report("alice", c.id, 1)          # no devices yet: nothing can have run
+
+    irm.clock.advance(4.0)
+    irm.complete(irm.job(a.id), 30)                    # a's size is done: it retires, c gets its devices
+    irm.manager.control_once()
+    assert irm.job(a.id).state == RETIRED
+    job_c = irm.job(c.id)
+    assert (job_c.state, job_c.devices, job_c.allocations) == (ACTIVE, 3, [[1004.0, 3]])
+    assert irm.manager.to_proto(job_c).dispatched_at == 1004.0
+    assert irm.orch.size_of(job_c.group_id) == 3
+
+
+def test_fcfs_amap_gives_the_head_of_the_queue_every_free_device_up_to_its_max(irm_factory):
+    irm = irm_factory("fcfs_amap")
+    a = irm.register("a", max_devices=5, **deadline(60.0, 30))
+    b = irm.register("b", **deadline(60.0, 30))
+    assert (irm.job(a.id).devices, irm.job(b.id).devices) == (5, 3)
+    c = irm.register("c", **deadline(60.0, 30))
+    assert irm.job(c.id).state == QUEUED
+
+
+def test_a_queued_job_retires_without_a_group_and_throughput_goals_are_refused(irm_factory):
+    irm = irm_factory("fcfs_max")
+    a = irm.register("a", **deadline(60.0, 30))            # max 0: the whole pool
+    q = irm.register("q", **deadline(60.0, 30))
+    assert irm.job(a.id).devices == DEVICES and irm.job(q.id).state == QUEUED
+    gone = irm.manager.retire("alice", q.id)
+    assert (gone.state, gone.devices, gone.allocations, gone.group_id) == (RETIRED, 0, [], "")
+    assert len(live_groups(irm)) == 1
+    with pytest.raises(InvalidArgument) as e:
+        irm.register("t", throughput=jp.ThroughputGoal(actions_per_s=5.0))
+    assert "deadline goals only" in str(e.value)
+    with pytest.raises(InvalidArgument, match="action_seconds"):
+        irm.register("neg", action_seconds=-1.0, **deadline(60.0, 30))
+
+
+# -- the managed modes: elastic pool, learned cost model ---------------------------------------------
+
+
+def test_managed_deadline_shrinks_an_easy_pool_grows_it_for_a_job_that_would_miss_and_learns_times(irm_factory):
+    irm = irm_factory("managed_deadline")
+    assert irm.manager.pool_devices() == DEVICES        # before any decision: every usable device
+    # 10 actions of 1 s: 10 s on one device, its JLO 100 s: easily met, so Algorithm 3 gives a device back.
+    a = irm.register("a", action_seconds=1.0, **deadline(100.0, 10))
+    assert irm.manager.pool_devices() == DEVICES - 1
+    assert irm.job(a.id).devices == DEVICES - 1          # the whole (smaller) pool: the soonest completion
+    # b (10 s on one device) must end 2.5 s after it arrives; on 7 devices it would wait for a and miss:
+    # the elasticity manager grows the pool (before dispatching) to its most.
+    b = irm.register("b", action_seconds=1.0, **deadline(2.5, 10))
+    assert irm.manager.pool_devices() == DEVICES
+    assert irm.job(b.id).state in (ACTIVE, QUEUED)
+
+    irm.clock.advance(2.0)
+    irm.complete(irm.job(a.id), 10)
+    irm.manager.control_once()
+    assert irm.job(a.id).state == RETIRED and irm.job(b.id).state == ACTIVE
+    # The learned cost model saw a's run (7 devices, 2 s for 10 s of work) and sees it again after a restart.
+    seen = irm.manager.cost._obs["sleep"]
+    assert seen == [(DEVICES - 1, pytest.approx(0.2))]
+    irm.restart()
+    assert irm.manager.cost._obs["sleep"] == seen
+
+
+def test_a_running_hydrogen_job_keeps_its_progress_across_a_restart(irm_factory):
+    irm = irm_factory("fcfs_min")
+    a = irm.register("a", **deadline(60.0, 100))
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(a.id), 40)
+    irm.manager.control_once()
+    irm.restart()
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(a.id), 10)
+    irm.manager.control_once()
+    assert irm.job(a.id).observed_actions == 50            # the server's counter (50) not counted twice
+
+
+def test_a_policy_that_cannot_manage_the_jobs_left_by_another_refuses_to_start(irm_factory):
+    irm = irm_factory("fcfs_min", pool_max=3)
+    irm.register("a", min_devices=3, **deadline(60.0, 30))
+    q = irm.register("q", **deadline(60.0, 30))
+    assert irm.job(q.id).state == QUEUED                    # pool_max 3: a holds all of it
+    irm.policy = "edf"
+    with pytest.raises(ValueError, match=f"cannot manage 1 job.*{q.id}"):
+        irm.restart()
+
+
+def test_unknown_hydrogen_settings_fail_at_start_up(irm_factory):
+    irm = irm_factory("edf")
+    for cfg, match in [(JobsConfig(policy="fcfs_fastest"), "unknown policy 'fcfs_fastest'"),
+                       (JobsConfig(policy="fcfs_min", pool_min=3, pool_max=2), "pool_min <= pool_max"),
+                       (JobsConfig(policy="managed_deadline", window=0), "window >= 1")]:
+        with pytest.raises(ValueError, match=match):
+            JobManager(irm.orch, cfg)
+
+
+# -- the Job API's loose ends ---------------------------------------------------------------------------
+
+
+def test_concurrent_duplicate_registrations_make_one_job_and_one_group(irm_factory):
+    irm = irm_factory("edf")
+    first = irm.register("first", **deadline(100.0, 10))
+    barrier, out, errors = threading.Barrier(6), [], []
+
+    def register() -> None:
+        barrier.wait()
+        try:
+            out.append(irm.register("dup", **deadline(30.0, 10)).id)
+        except Exception as e:  # noqa: BLE001 - any failure fails the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=register) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(set(out)) == 1
+    assert len(live_groups(irm)) == 2
+    with irm.orch.db.read() as s:
+        assert len(list(s.scalars(select(FpgaJob)))) == 2
+    assert irm.job(first.id).devices + irm.job(out[0]).devices == DEVICES
+
+
+def test_action_counts_beyond_32_bits_round_trip(irm_factory):
+    irm = irm_factory("edf")
+    big = irm.register("big", **deadline(100.0, 2**40))
+    assert irm.job(big.id).size_actions == 2**40
+    assert irm.manager.report("alice", big.id, 2**35).reported_actions == 2**35
+
+
+def test_an_absurd_throughput_goal_is_refused(irm_factory):
+    irm = irm_factory("throughput")
+    with pytest.raises(InvalidArgument, match="at most"):
+        irm.register("t", throughput=jp.ThroughputGoal(actions_per_s=1e308))
+
+
+def test_unreachable_servers_are_unavailable_not_bad_input(irm_factory):
+    irm = irm_factory("edf")
+    irm.orch._free_total_capacity = lambda: {}
+    with pytest.raises(Unavailable, match="no FPGA-server can be reached"):
+        irm.register("a", **deadline(100.0, 10))
+
+
+def test_an_edf_registration_that_cannot_fit_leaves_the_other_jobs_untouched(irm_factory):
+    irm = irm_factory("edf")
+    a = irm.register("a", **deadline(100.0, 10))
+    assert irm.job(a.id).devices == DEVICES
+    with pytest.raises(ResourceExhausted, match="beside one device for each"):
+        irm.register("b", min_devices=DEVICES, **deadline(50.0, 10))
+    assert irm.job(a.id).allocations == [[1000.0, DEVICES]]
+    assert [g.size for g in live_groups(irm)] == [DEVICES]
