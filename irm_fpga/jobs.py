@@ -193,7 +193,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _check_compatible(self, active: list[FpgaJob], queued: list[FpgaJob]) -> None:
         policy = self.config.policy
         bad = [r for r in active if r.goal == THROUGHPUT and policy != THROUGHPUT]
-        bad += queued if self.scheduler is None else []
+        if self.scheduler is None:       # queued jobs, and groups a Hydrogen scheduler fixed at their size
+            bad += queued + [r for r in active if r.policy in SCHEDULING_ALGORITHMS]
         if bad:
             raise ValueError(
                 f"job manager configuration: policy {policy!r} cannot manage {len(bad)} job(s) registered under "
@@ -210,9 +211,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._observe_run(r, r.retired_at)
 
     def _observe_run(self, row: FpgaJob, end: float) -> None:
-        if not row.allocations or max(row.observed_actions, row.reported_actions) < row.size_actions:
-            return                       # never dispatched, or retired before its size was done
-        start, n = row.allocations[0]
+        """One run the cost model can learn from: dispatched once on n devices, kept to its size."""
+        runs = [a for a in row.allocations if a[1] > 0]
+        if len(runs) != 1 or max(row.observed_actions, row.reported_actions) < row.size_actions:
+            return                       # never dispatched, resized (EDF, throughput), or retired early
+        start, n = runs[0]
         if end > start and n >= 1:
             self.cost.observe(self._hjob(row, n), int(n), end - start)
 
@@ -476,6 +479,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         v.check(mx == 0 or mx >= max(1, mn), "max_devices", f"must be >= min_devices and >= 1 (got {mx})")
         v.check(max(1, mn) <= usable, "min_devices", f"the FPGA-servers have {usable} usable devices in all")
         v.check(mx <= usable, "max_devices", f"the FPGA-servers have {usable} usable devices in all")
+        if self.scheduler is not None and self.config.pool_max:
+            v.check(max(1, mn) <= self.config.pool_max, "min_devices",
+                    f"the job manager's pool holds at most {self.config.pool_max} devices (jobs_pool_max)")
         v.check(math.isfinite(request.priority) and request.priority >= 0, "priority", "must be >= 0")
         a = request.action_seconds
         v.check(math.isfinite(a) and 0 <= a <= 1e6, "action_seconds",
@@ -583,10 +589,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def retire(self, tenant: str, job_id: str) -> FpgaJob:
         tenant = require_tenant(tenant)
-        row = self._job(tenant, job_id)
-        if row.state == RETIRED:
-            return row
-        with self.lock:
+        with self.lock:          # the row read under the lock: a control round may be updating it
+            row = self._job(tenant, job_id)
+            if row.state == RETIRED:
+                return row
             now = self.clock.now()
             self._observe([row])
             row = self._finish(job_id, now)
@@ -676,7 +682,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         with self.db.read() as s:
             q = select(FpgaJob).where(FpgaJob.tenant == tenant)
             if request.active_only:
-                q = q.where(FpgaJob.state == ACTIVE)
+                q = q.where(FpgaJob.state != RETIRED)
             rows = list(s.scalars(q.order_by(FpgaJob.registered_at, FpgaJob.id)))
         return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows], pool_devices=self.pool_devices())
 

@@ -93,6 +93,7 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
     """
     used = sum(r.devices for r in running)
     free = max(0, pool - used)
+    lo = min(s.pool_min, pool_max)          # fewer devices than pool_min may be left (other groups hold them)
     ends = [(r.end, r.devices) for r in running]
     if s.algorithm in SINGLE_ALGORITHMS:
         return Decision(SINGLE_ALGORITHMS[s.algorithm](queue, free, s.window, cost, now=now), "", pool)
@@ -104,7 +105,7 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
             schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=s.late_after)
         if s.elasticity:
             expected = hy.forecast_arrivals(list(history), now, s.forecast) if s.forecast else ()
-            plan = hy.deadline_elasticity(queue, s.window, cost, now=now, pool=pool, lo=s.pool_min, hi=pool_max,
+            plan = hy.deadline_elasticity(queue, s.window, cost, now=now, pool=pool, lo=lo, hi=pool_max,
                                           beta=s.beta, algorithms=algs, late_after=s.late_after, running=running,
                                           expected=expected, schedule=schedule)
             return Decision(plan.schedule.allocation, plan.schedule.algorithm, plan.pool, plan.decision)
@@ -121,5 +122,5 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
         return Decision(best.allocation, best.algorithm, pool)
     # Seed 001 Algorithm 1, line 9: the selected schedule's JLOs go to Algorithm 3 after the dispatch.
     d = hy.elasticity_from_jlos(hy.schedule_jlos(best, queue[:s.window], cost), s.beta)
-    return Decision(best.allocation, best.algorithm, hy.resize_pool(pool, d.decision, s.pool_min, pool_max),
+    return Decision(best.allocation, best.algorithm, hy.resize_pool(pool, d.decision, lo, pool_max),
                     d.decision)

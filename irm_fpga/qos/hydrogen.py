@@ -407,17 +407,16 @@ def elasticity_decide(allocations: Sequence[tuple[HJob, int]], beta: float,
 def schedule_jlos(proj: Projection, jobs: Sequence[HJob], cost: Cost = linear_cost) -> list[float]:
     """Each of `jobs`' JLO in the schedule `proj`: target - (projected finish - arrival) (seed 001 §IV-B).
 
-    A job the schedule could not start (its min exceeds the pool) is put
-    after the schedule's makespan at its min.
+    A job the schedule could not start (its min exceeds the pool) misses
+    its JLO by its time at its min: it cannot end at all on this pool, so
+    the elasticity manager must not shrink the pool further, and grows it.
     """
     out = []
     for job in jobs:
         if job.target is None:
             raise ValueError(f"job {job.job_id} has no target time (JLO)")
         fin = proj.finishes.get(job.job_id)
-        if fin is None:
-            fin = max(proj.finishes.values(), default=job.arrival) + cost(job, job.min_devices)
-        out.append(job.target - (fin - job.arrival))
+        out.append(-cost(job, job.min_devices) if fin is None else job.target - (fin - job.arrival))
     return out
 
 

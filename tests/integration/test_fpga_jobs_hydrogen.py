@@ -126,8 +126,8 @@ def test_a_policy_that_cannot_manage_the_jobs_left_by_another_refuses_to_start(i
     irm.register("a", min_devices=3, **deadline(60.0, 30))
     q = irm.register("q", **deadline(60.0, 30))
     assert irm.job(q.id).state == QUEUED                    # pool_max 3: a holds all of it
-    irm.policy = "edf"
-    with pytest.raises(ValueError, match=f"cannot manage 1 job.*{q.id}"):
+    irm.policy = "edf"              # the queued job, and a's group that fcfs_min fixed at 3 devices
+    with pytest.raises(ValueError, match=f"cannot manage 2 job.*{q.id}"):
         irm.restart()
 
 
@@ -195,3 +195,63 @@ def test_an_edf_registration_that_cannot_fit_leaves_the_other_jobs_untouched(irm
         irm.register("b", min_devices=DEVICES, **deadline(50.0, 10))
     assert irm.job(a.id).allocations == [[1000.0, DEVICES]]
     assert [g.size for g in live_groups(irm)] == [DEVICES]
+
+
+# -- found in review of the live schedulers ---------------------------------------------------------------
+
+
+def test_a_minimum_above_the_pool_max_is_refused_not_queued_forever(irm_factory):
+    irm = irm_factory("fcfs_min", pool_max=3)
+    with pytest.raises(InvalidArgument, match="jobs_pool_max"):
+        irm.register("wide", min_devices=5, **deadline(60.0, 30))
+
+
+def test_the_pool_grows_back_for_a_queued_job_that_does_not_fit_it(irm_factory):
+    irm = irm_factory("managed_deadline")
+    a = irm.register("a", action_seconds=1.0, **deadline(100.0, 10))
+    assert irm.manager.pool_devices() == DEVICES - 1          # shrunk: a's JLO is easy
+    b = irm.register("b", min_devices=DEVICES, action_seconds=1.0, **deadline(1000.0, 10))
+    irm.clock.advance(2.0)
+    irm.complete(irm.job(a.id), 10)
+    for _ in range(3):                                        # a retires; b cannot start on 7 devices
+        irm.clock.advance(1.0)
+        irm.manager.control_once()
+    job_b = irm.job(b.id)
+    assert (job_b.state, job_b.devices) == (ACTIVE, DEVICES)
+    assert irm.manager.pool_devices() == DEVICES
+
+
+def test_a_pool_min_above_what_is_left_still_dispatches(irm_factory):
+    irm = irm_factory("managed_lookahead", pool_min=10)      # more than the 8 devices there are
+    a = irm.register("a", action_seconds=0.1, **deadline(60.0, 10))
+    assert irm.job(a.id).state == ACTIVE and irm.manager.pool_devices() == DEVICES
+
+
+def test_the_cost_model_learns_only_from_runs_on_one_fixed_size(irm_factory):
+    irm = irm_factory("edf")
+    a = irm.register("a", **deadline(100.0, 10))             # 8 devices, then 1 once b arrives
+    irm.register("b", **deadline(50.0, 1000))
+    irm.clock.advance(5.0)
+    irm.complete(irm.job(a.id), 10)
+    irm.manager.control_once()
+    assert irm.job(a.id).state == RETIRED
+    irm.policy = "managed_deadline"
+    irm.restart()                                             # b (a deadline job under EDF) carries on
+    assert irm.manager.cost._obs.get("sleep", []) == []       # a's run was resized: not one size's time
+
+
+def test_edf_refuses_to_start_over_groups_a_hydrogen_scheduler_fixed(irm_factory):
+    irm = irm_factory("fcfs_max")
+    a = irm.register("a", **deadline(60.0, 30))
+    irm.policy = "edf"
+    with pytest.raises(ValueError, match=f"cannot manage 1 job.*{a.id}"):
+        irm.restart()
+
+
+def test_list_jobs_active_only_includes_the_queue(irm_factory):
+    irm = irm_factory("fcfs_max")
+    a = irm.register("a", **deadline(60.0, 30))
+    q = irm.register("q", **deadline(60.0, 30))
+    listed = irm.manager.ListJobs(jp.ListJobsRequest(tenant="alice", active_only=True), None)
+    assert {j.id: j.state for j in listed.jobs} == {a.id: jp.Job.STATE_ACTIVE, q.id: jp.Job.STATE_QUEUED}
+    assert listed.pool_devices == DEVICES

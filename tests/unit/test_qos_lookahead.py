@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from irm_fpga.qos.hydrogen import HJob, linear_cost, managed_deadline_schedule
-from irm_fpga.qos.lookahead import first_steps, lookahead_schedule, sample_arrivals
+from irm_fpga.qos.hydrogen import HJob, linear_cost, managed_deadline_schedule, slack_order
+from irm_fpga.qos.lookahead import first_steps, lookahead_schedule, sample_arrivals, sizes
 from irm_fpga.qos.sim import JobType, Scenario, arrivals, check_schedule, run_hydrogen
 
 
@@ -90,3 +90,16 @@ def test_decisions_between_two_arrivals_plan_against_the_same_futures():
     assert futures_for(history, 10.0, samples=4, seed=8) != at_arrival
     # Arrivals after `now` are not known yet: they neither seed nor shape the futures.
     assert futures_for(later, 10.05, samples=4, seed=7) == at_arrival
+
+
+def test_first_steps_stay_few_on_a_large_pool():
+    # 8 free devices, jobs of 1..8: without the caps 43,758 first steps; with them the first 4 + 2 jobs in
+    # slack order, each on at most 4 device counts spread over what is left (1, 3, 6 or 8 on all 8), or skipped.
+    q = [HJob(f"j{i}", 0.1 * i, 2.0, 1, 8) for i in range(20)]
+    steps = first_steps(q, 8, now=2.0)
+    assert sizes(1, 8) == [1, 3, 6, 8] and sizes(1, 4) == [1, 2, 3, 4]
+    assert 1 < len(steps) < 1500
+    assert {j for s in steps for j, _ in s} == {j.job_id for j in slack_order(q, 2.0)[:6]}
+    assert all(sum(n for _, n in s) <= 8 for s in steps)
+    head = slack_order(q, 2.0)[0].job_id
+    assert sorted(s[0][1] for s in steps if len(s) == 1 and s[0][0] == head) == [1, 3, 6, 8]
