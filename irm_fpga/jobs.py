@@ -63,7 +63,7 @@ import math
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -142,8 +142,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             try:
                 s = dispatch.scheduler_for(self.config.policy, window=self.config.window,
                                            late_after=self.config.late_after_s)
-                self.scheduler = dispatch.Scheduler(**{**s.__dict__, "beta": self.config.beta,
-                                                       "pool_min": self.config.pool_min})
+                self.scheduler = replace(s, beta=self.config.beta, pool_min=self.config.pool_min)
             except ValueError as e:
                 raise ValueError(f"job manager configuration: {e}") from None
         self.cost = hy.LearnedCostModel()      # Hydrogen: fed with every job run to its size
