@@ -175,6 +175,14 @@ def test_schedule_jlos_count_from_arrival_and_drive_algorithm_3():
         schedule_jlos(best, [HJob("x", 0.0, 1.0)])
 
 
+def test_a_job_the_pool_cannot_hold_misses_its_jlo_so_algorithm_3_grows_the_pool():
+    # min 3 on a pool of 2: no schedule starts it. Its JLO is its time at min, negative (it cannot end).
+    wide = HJob("w", 0.0, 6.0, 3, 3, target=100.0)
+    proj = project(fcfs_min, "fcfs_min", [wide], 0.0, [], 2, 30, linear_cost)
+    assert proj.starts == {} and schedule_jlos(proj, [wide]) == [-2.0]
+    assert elasticity_from_jlos(schedule_jlos(proj, [wide]), 2.5).decision == SCALE_UP
+
+
 def _scenario(rate=2.0, spread=None, duration=60.0):
     return Scenario("t", (JobType("a", 0.75, 1, 3, 1.0),), rate=rate, duration=duration, strategy=FAIRNESS,
                     spread=spread)
