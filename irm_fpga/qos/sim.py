@@ -247,6 +247,9 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     `hy.FORECAST_SPAN_S` s (seeded by `seed` and the latest arrival: runs
     repeat, and decisions between two arrivals see the same futures).
 
+    Every decision is `irm_fpga.qos.dispatch.decide`, the call the FPGA IRM's job
+    manager makes live under a Hydrogen policy.
+
     `trace`, if given, gets one (job, start, devices, seconds) per dispatch.
 
     N_L: jobs dispatched after waiting more than `late_after` s, plus jobs
