@@ -177,13 +177,19 @@ def _paired(calls: tuple, pairs: int, warmup: int = 0,
 def _process_cpu_s(pid: int) -> float | None:
     """CPU time of all of a process's threads so far (Linux /proc; None elsewhere)."""
     try:
-        total = 0
-        for task in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for task in tasks:
+        try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as f:
                 total += int(f.read().split()[0])
-        return total / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
+        except FileNotFoundError:
+            continue            # a thread that ended between the listing and the read (its time is lost)
+        except (OSError, ValueError, IndexError):
+            return None
+    return total / 1e9
 
 
 def _cpu_blocks(calls: tuple, blocks: int, per_block: int, server_pid: int) -> dict[str, float]:
