@@ -117,6 +117,7 @@ class JobsConfig:
     pool_min: int = 1                  # Hydrogen managed modes: the elasticity manager's bounds on the pool
     pool_max: int = 0                  # 0: every usable device not held by other groups
     beta: float = 2.5                  # Hydrogen managed modes: Algorithm 3's shrink threshold
+    lookahead_budget_s: float = 0.25   # managed_lookahead: search time per decision (it holds the manager's lock)
 
     @classmethod
     def of(cls, config: Any) -> JobsConfig:
@@ -133,6 +134,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if self.config.policy not in ALLOCATION_POLICIES and self.config.policy not in SCHEDULING_ALGORITHMS:
             raise ValueError(f"job manager configuration: unknown policy {self.config.policy!r}; "
                              f"known: {', '.join(sorted({*ALLOCATION_POLICIES, *SCHEDULING_ALGORITHMS}))}")
+        if not self.config.lookahead_budget_s >= 0:
+            raise ValueError("job manager configuration: lookahead_budget_s must be >= 0 seconds")
         # A Hydrogen policy dispatches from a ready queue; None: "edf" or "throughput" resize groups.
         self.scheduler: dispatch.Scheduler | None = None
         if self.config.policy in SCHEDULING_ALGORITHMS:
@@ -142,7 +145,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             try:
                 s = dispatch.scheduler_for(self.config.policy, window=self.config.window,
                                            late_after=self.config.late_after_s)
-                self.scheduler = replace(s, beta=self.config.beta, pool_min=self.config.pool_min)
+                self.scheduler = replace(s, beta=self.config.beta, pool_min=self.config.pool_min,
+                                         budget_s=self.config.lookahead_budget_s)
             except ValueError as e:
                 raise ValueError(f"job manager configuration: {e}") from None
         self.cost = hy.LearnedCostModel()      # Hydrogen: fed with every job run to its size

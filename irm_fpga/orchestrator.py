@@ -84,6 +84,8 @@ class OrchestratorConfig:
     jobs_pool_min: int = 1
     jobs_pool_max: int = 0
     jobs_beta: float = 2.5
+    # managed_lookahead: seconds one dispatching decision may search (registrations wait for it).
+    jobs_lookahead_budget_s: float = 0.25
 
 
 @dataclass

@@ -15,6 +15,7 @@ name of `irm_fpga.qos.registry` stands for.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ class Scheduler:
     forecast: int = 0                           # deadline-aware shrink: expected arrivals checked (0: none)
     lookahead: int = 0                          # deadline-aware mode: futures of the lookahead (0: candidates)
     seed: int = 0                               # seeds the lookahead's futures
+    budget_s: float | None = None               # lookahead: seconds one decision may search (None: no limit)
     algorithms: Mapping[str, Callable[..., hy.Allocation]] | None = None   # managed candidates (None: default)
 
     def __post_init__(self) -> None:
@@ -52,6 +54,8 @@ class Scheduler:
             raise ValueError(f"{self.algorithm!r} has no elasticity manager (only {', '.join(MANAGED_MODES)})")
         if self.window < 1 or not self.late_after > 0 or self.pool_min < 1 or not self.beta >= 0:
             raise ValueError("need window >= 1, late_after > 0, pool_min >= 1 and beta >= 0")
+        if self.budget_s is not None and not self.budget_s >= 0:
+            raise ValueError(f"budget_s must be >= 0 seconds or None (got {self.budget_s!r})")
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,10 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
         schedule = None
         if s.lookahead > 0:
             futures = la.futures_for(list(history), now, samples=s.lookahead, span=hy.FORECAST_SPAN_S, seed=s.seed)
-            schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=s.late_after)
+            # One deadline for the whole decision: the elasticity manager may search on several pool sizes.
+            stop_at = None if s.budget_s is None else time.monotonic() + s.budget_s
+            schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=s.late_after,
+                                         stop_at=stop_at)
         if s.elasticity:
             expected = hy.forecast_arrivals(list(history), now, s.forecast) if s.forecast else ()
             plan = hy.deadline_elasticity(queue, s.window, cost, now=now, pool=pool, lo=lo, hi=pool_max,

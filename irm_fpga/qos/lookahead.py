@@ -30,6 +30,7 @@ policy) 0.2 on seeds 0-9.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -144,7 +145,8 @@ def _then(step: Allocation, now: float, base: Callable[..., Allocation]) -> Call
 def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
                        now: float, running_ends: Sequence[tuple[float, int]] = (), pool: int | None = None,
                        futures: Sequence[Sequence[HJob]] = ((),), base: Callable[..., Allocation] = slack_amap,
-                       late_after: float = LATE_AFTER_S) -> Projection:
+                       late_after: float = LATE_AFTER_S, stop_at: float | None = None,
+                       clock: Callable[[], float] = time.monotonic) -> Projection:
     """The first step (`first_steps`) whose schedules, continued by `base` over `futures`, are best on average.
 
     Best: fewest priority-weighted late jobs (window and future jobs), then
@@ -152,6 +154,11 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
     never started counts as infinite). Ties go to the earlier first step.
     Returns the chosen step's projection on the first future (its
     `allocation` is the dispatch now; its `algorithm` is "lookahead").
+
+    `stop_at` (a `clock()` time; None: no limit) bounds the search: once
+    it has passed, no further first step is tried, except that the step
+    `base` itself would take now is always weighed, so a cut-short search
+    is never worse (in its own projections) than `base` alone.
     """
     if pool is None:
         pool = available + sum(n for _, n in running_ends)
@@ -159,7 +166,9 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
     futures = list(futures) or [[]]
     best: Projection | None = None
     best_key: tuple[float, float] | None = None
-    for step in first_steps(head, available, now, late_after):
+
+    def weigh(step: Allocation) -> None:
+        nonlocal best, best_key
         late = sojourn = 0.0
         shown: Projection | None = None
         for fut in futures:
@@ -172,6 +181,16 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
         key = (-late, -sojourn)
         if best_key is None or key > best_key:
             best, best_key = shown, key
+
+    tried: list[Allocation] = []
+    for step in first_steps(head, available, now, late_after):
+        weigh(step)
+        tried.append(step)
+        if stop_at is not None and clock() >= stop_at:
+            fallback = base(head, available, window, cost, now=now)
+            if sorted(fallback) not in (sorted(t) for t in tried):
+                weigh(fallback)
+            break
     assert best is not None
     return best
 

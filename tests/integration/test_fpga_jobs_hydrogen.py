@@ -135,9 +135,12 @@ def test_unknown_hydrogen_settings_fail_at_start_up(irm_factory):
     irm = irm_factory("edf")
     for cfg, match in [(JobsConfig(policy="fcfs_fastest"), "unknown policy 'fcfs_fastest'"),
                        (JobsConfig(policy="fcfs_min", pool_min=3, pool_max=2), "pool_min <= pool_max"),
-                       (JobsConfig(policy="managed_deadline", window=0), "window >= 1")]:
+                       (JobsConfig(policy="managed_deadline", window=0), "window >= 1"),
+                       (JobsConfig(policy="managed_lookahead", lookahead_budget_s=-1.0), "lookahead_budget_s")]:
         with pytest.raises(ValueError, match=match):
             JobManager(irm.orch, cfg)
+    # The live lookahead's search budget reaches the scheduler (the simulator's has none).
+    assert JobManager(irm.orch, JobsConfig(policy="managed_lookahead", lookahead_budget_s=0.1)).scheduler.budget_s == 0.1
 
 
 # -- the Job API's loose ends ---------------------------------------------------------------------------

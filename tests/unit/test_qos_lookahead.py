@@ -103,3 +103,56 @@ def test_first_steps_stay_few_on_a_large_pool():
     assert all(sum(n for _, n in s) <= 8 for s in steps)
     head = slack_order(q, 2.0)[0].job_id
     assert sorted(s[0][1] for s in steps if len(s) == 1 and s[0][0] == head) == [1, 3, 6, 8]
+
+
+def _counting_projections(monkeypatch) -> list[int]:
+    """Counts the lookahead's projections (one per first step and future weighed)."""
+    from irm_fpga.qos import lookahead as la
+
+    calls = [0]
+    real = la.project
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(la, "project", counted)
+    return calls
+
+
+def test_a_search_cut_short_weighs_waiting_and_the_base_step_and_keeps_the_better(monkeypatch):
+    from irm_fpga.qos.hydrogen import slack_amap
+
+    q = [HJob(f"j{i}", 0.1 * i, 2.0, 1, 3) for i in range(6)]
+    calls = _counting_projections(monkeypatch)
+    full = lookahead_schedule(q, 4, 30, now=0.6, pool=4)
+    assert calls[0] == len(first_steps(q, 4, 0.6)) > 2
+    # The deadline passed before the first step was weighed: only waiting (the first step) and what slack_amap
+    # would start now are weighed, and starting beats waiting.
+    calls[0] = 0
+    cut = lookahead_schedule(q, 4, 30, now=0.6, pool=4, stop_at=5.0, clock=lambda: 5.0)
+    assert calls[0] == 2
+    assert cut.allocation == slack_amap(q, 4, 30, now=0.6) != []
+    # A deadline the search never reaches changes nothing.
+    calls[0] = 0
+    later = lookahead_schedule(q, 4, 30, now=0.6, pool=4, stop_at=5.0, clock=lambda: 4.0)
+    assert later.allocation == full.allocation and calls[0] == len(first_steps(q, 4, 0.6))
+
+
+def test_a_decision_budget_bounds_the_search_across_the_pools_the_elasticity_manager_tries(monkeypatch):
+    from dataclasses import replace
+
+    from irm_fpga.qos import dispatch
+
+    # 16 devices, the pool shrunk to 1, 30 queued jobs that can each use all 16: the elasticity manager
+    # searches on every pool size from 1 to 16 (tens of thousands of projections without a budget).
+    q = [HJob(f"j{i}", 100 + 0.1 * i, 2.0 + i % 3, 1, 16, target=3.0 + i % 3) for i in range(30)]
+    history = [HJob(f"h{i}", 70.0 + i, 2.0, 1, 16, target=3.0) for i in range(30)] + q
+    s = replace(dispatch.scheduler_for("managed_lookahead"), budget_s=0.0)
+    calls = _counting_projections(monkeypatch)
+    d = dispatch.decide(s, q, now=103.0, pool=1, pool_max=16, history=history)
+    # Each pool size tried weighs waiting and slack_amap's step over the 6 futures, and nothing more.
+    assert d.pool == 16 and d.scaling == "Scale Up" and d.allocation
+    assert 0 < calls[0] <= 16 * 2 * 6
+    with pytest.raises(ValueError, match="budget_s"):
+        replace(s, budget_s=-0.5)
