@@ -332,8 +332,14 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         return min(hi, self.config.pool_max) if self.config.pool_max else hi
 
     def _provisioned(self, hi: int) -> int:
-        """The pool now: the elasticity manager's last, within [pool_min, hi] (before any decision: hi)."""
+        """The pool now: the elasticity manager's last, within [pool_min, hi] (before any decision: hi).
+
+        A single algorithm has no elasticity manager: its pool is all of `hi`, which grows back by itself when
+        devices return (a server back from a timeout, another group retired).
+        """
         assert self.scheduler is not None
+        if not self.scheduler.elasticity:
+            return hi
         return max(min(self._pool_size or hi, hi), min(self.scheduler.pool_min, hi))
 
     def _dispatch(self, now: float) -> None:

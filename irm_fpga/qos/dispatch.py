@@ -100,7 +100,8 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
     lo = min(s.pool_min, pool_max)          # fewer devices than pool_min may be left (other groups hold them)
     ends = [(r.end, r.devices) for r in running]
     if s.algorithm in SINGLE_ALGORITHMS:
-        return Decision(SINGLE_ALGORITHMS[s.algorithm](queue, free, s.window, cost, now=now), "", pool)
+        alg = hy.with_late_after(SINGLE_ALGORITHMS[s.algorithm], s.late_after)
+        return Decision(alg(queue, free, s.window, cost, now=now), "", pool)
     if s.algorithm == "managed_deadline":
         algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms
         schedule = None

@@ -74,7 +74,9 @@ jloMetric = min(max(jloPos - beta, 0), jloNeg) is `jlo_metric`.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -346,8 +348,8 @@ def managed_schedule(queue: Sequence[HJob], available: int, window: int, cost: C
     if pool is None:
         pool = available + sum(n for _, n in running_ends)
     head = list(queue[:window])
-    projs = [project(alg, name, head, now, running_ends, pool, window, cost, expected, available)
-             for name, alg in algs.items()]
+    projs = [project(with_late_after(alg, late_after), name, head, now, running_ends, pool, window, cost, expected,
+                     available) for name, alg in algs.items()]
     horizon = min(p.makespan for p in projs)    # inf when no schedule starts every job: count all finishes
     counted = head + list(expected)
     return max(projs, key=lambda p: score(p, counted, strategy, horizon, now, late_after))
@@ -465,6 +467,13 @@ def start_deadline(job: HJob, late_after: float = LATE_AFTER_S) -> float:
     return job.arrival + late_after
 
 
+def with_late_after(alg: Callable[..., Allocation], late_after: float) -> Callable[..., Allocation]:
+    """`alg` with `late_after` bound if it takes one (the slack orders), so it counts lateness as its caller does."""
+    if "late_after" in inspect.signature(alg).parameters:
+        return functools.partial(alg, late_after=late_after)
+    return alg
+
+
 def slack_order(jobs: Sequence[HJob], now: float, late_after: float = LATE_AFTER_S) -> list[HJob]:
     """On-time jobs by (start deadline, -priority, id), then jobs already late by (-priority, arrival, id)."""
     on_time = [j for j in jobs if now <= start_deadline(j, late_after) + DEADLINE_EPS]
@@ -530,8 +539,8 @@ def managed_deadline_schedule(queue: Sequence[HJob], available: int, window: int
     if pool is None:
         pool = available + sum(n for _, n in running_ends)
     head = list(queue[:window])
-    projs = [project(alg, name, head, now, running_ends, pool, window, cost, (), available)
-             for name, alg in algs.items()]
+    projs = [project(with_late_after(alg, late_after), name, head, now, running_ends, pool, window, cost, (),
+                     available) for name, alg in algs.items()]
     return max(projs, key=lambda p: deadline_score(p, head, late_after))
 
 
@@ -609,8 +618,8 @@ def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_
         if not expected:
             return True
         algs = DEADLINE_ALGORITHMS if algorithms is None else algorithms
-        runs = [project(alg, name, head, now, ends, p, window, cost, expected, max(0, p - used))
-                for name, alg in algs.items()]
+        runs = [project(with_late_after(alg, late_after), name, head, now, ends, p, window, cost, expected,
+                        max(0, p - used)) for name, alg in algs.items()]
         return any(not _misses(schedule_jlos(r, [*head, *expected], cost)) for r in runs)
 
     start = max(lo, min(hi, pool))

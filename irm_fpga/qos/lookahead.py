@@ -45,8 +45,10 @@ from irm_fpga.qos.hydrogen import (
     project,
     slack_amap,
     slack_order,
+    with_late_after,
 )
 
+BASE = slack_amap       # the continuation of every first step (the rollout's base policy)
 SAMPLES = 6             # futures per decision
 HORIZON_S = 1.0         # how far each sampled future reaches (a job's start limit)
 HISTORY_S = 30.0        # the recent arrivals the futures are drawn from
@@ -144,7 +146,7 @@ def _then(step: Allocation, now: float, base: Callable[..., Allocation]) -> Call
 
 def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,
                        now: float, running_ends: Sequence[tuple[float, int]] = (), pool: int | None = None,
-                       futures: Sequence[Sequence[HJob]] = ((),), base: Callable[..., Allocation] = slack_amap,
+                       futures: Sequence[Sequence[HJob]] = ((),), base: Callable[..., Allocation] = BASE,
                        late_after: float = LATE_AFTER_S, stop_at: float | None = None,
                        clock: Callable[[], float] = time.monotonic) -> Projection:
     """The first step (`first_steps`) whose schedules, continued by `base` over `futures`, are best on average.
@@ -162,6 +164,7 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
     """
     if pool is None:
         pool = available + sum(n for _, n in running_ends)
+    base = with_late_after(base, late_after)
     head = list(queue[:window])
     futures = list(futures) or [[]]
     best: Projection | None = None

@@ -258,3 +258,29 @@ def test_list_jobs_active_only_includes_the_queue(irm_factory):
     listed = irm.manager.ListJobs(jp.ListJobsRequest(tenant="alice", active_only=True), None)
     assert {j.id: j.state for j in listed.jobs} == {a.id: jp.Job.STATE_ACTIVE, q.id: jp.Job.STATE_QUEUED}
     assert listed.pool_devices == DEVICES
+
+
+def test_a_single_algorithm_uses_devices_that_come_back(irm_factory):
+    # fcfs_min has no elasticity manager: a decision taken while half the devices could not be counted (a server
+    # timed out, say) must not cap its pool once they are back.
+    irm = irm_factory("fcfs_min")
+    real = irm.orch._free_total_capacity
+    irm.orch._free_total_capacity = lambda: {name: n // 2 for name, n in real().items()}
+    irm.register("a", min_devices=3, **deadline(60.0, 30))
+    irm.orch._free_total_capacity = real
+    b = irm.register("b", min_devices=3, **deadline(60.0, 30))
+    assert irm.job(b.id).state == "active" and irm.manager.pool_devices() == DEVICES
+
+
+def test_the_late_after_setting_reaches_the_slack_orders(irm_factory):
+    # Under a 10 s start bound, jobs that waited 1.5-2 s are on time: slack_min starts the earliest start deadline
+    # (a), not the higher priority (b), which is how it orders jobs that are already late (the 1 s default).
+    irm = irm_factory("slack_min", late_after_s=10.0)
+    irm.register("r1", min_devices=DEVICES - 1, max_devices=DEVICES - 1, **deadline(600.0, 30))
+    r2 = irm.register("r2", min_devices=1, max_devices=1, **deadline(600.0, 30))
+    a = irm.register("a", max_devices=1, **deadline(60.0, 30))
+    irm.clock.advance(0.5)
+    b = irm.register("b", max_devices=1, priority=5.0, **deadline(60.0, 30))
+    irm.clock.advance(1.5)
+    irm.manager.retire("alice", r2.id)
+    assert (irm.job(a.id).state, irm.job(b.id).state) == ("active", "queued")

@@ -223,3 +223,17 @@ def test_trace_lists_every_dispatch_and_agrees_with_the_metrics():
     late = check_schedule(jobs, [(j.job_id, s, n) for j, s, n, _ in trace], pool=sc.pool, overhead=sc.overhead,
                           duration=sc.duration)
     assert len(late) == m.N_L
+
+
+def test_the_slack_orders_count_lateness_with_their_callers_bound():
+    from irm_fpga.qos import dispatch
+    from irm_fpga.qos.hydrogen import managed_deadline_schedule, slack_min
+
+    # At t=2, a (arrived at 0) and b (0.5, priority 5) waited 2 and 1.5 s: late under the 1 s default, so the
+    # higher priority goes first; on time under a 10 s bound, so the earlier start deadline (a) does.
+    a, b = HJob("a", 0.0, 1.0), HJob("b", 0.5, 1.0, priority=5.0)
+    assert slack_min([a, b], 1, 30, now=2.0) == [("b", 1)]
+    assert managed_deadline_schedule([a, b], 1, 30, now=2.0, algorithms={"slack_min": slack_min},
+                                     late_after=10.0).allocation == [("a", 1)]
+    s = dispatch.Scheduler("slack_amap", late_after=10.0)
+    assert dispatch.decide(s, [a, b], now=2.0, pool=1, pool_max=1).allocation == [("a", 1)]
