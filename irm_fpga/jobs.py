@@ -374,10 +374,23 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """Dispatch a queued job: its group of `n` devices, kept until it retires."""
         try:
             g = self.orch.create_group(row.tenant, f"job:{row.id}", row.design, n, min_size=n, max_size=n)
+            if g.deleted or g.size != n:
+                # An earlier attempt's group (dropped, or of another size, when recording it failed): a new one.
+                if not g.deleted:
+                    self._drop_group(g.id)
+                g = self.orch.create_group(row.tenant, f"job:{row.id}:{uuid.uuid4().hex[:8]}", row.design, n,
+                                           min_size=n, max_size=n)
         except HarnessError as e:       # e.g. another group took the devices meanwhile: it stays queued
             log.warning("job dispatch refused", extra={"job": row.id, "devices": n, "reason": str(e)})
             return
-        row = self._update(row.id, state=ACTIVE, group_id=g.id, devices=n, allocations=[[now, n]])
+        try:
+            row = self._update(row.id, state=ACTIVE, group_id=g.id, devices=n, allocations=[[now, n]])
+        except Exception:
+            try:                        # never a group without its job: the job stays queued for the next decision
+                self._drop_group(g.id)
+            except Exception:           # kept, it is adopted by the next attempt (same request id and size)
+                log.exception("could not drop the group of a job whose dispatch failed", extra={"job": row.id})
+            raise
         self._states[row.id] = initial_state(self._qos(row), now, 0, n)
         self._last[row.id] = (now, 0)
         self._save_controllers([row.id], now)      # the counters seen from now on survive a restart
@@ -505,15 +518,19 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             raise ResourceExhausted("every device of the FPGA-servers is blacklisted")
         return sum(caps.values())
 
+    def _registered(self, tenant: str, request_id: str) -> FpgaJob | None:
+        with self.db.read() as s:
+            return s.scalar(select(FpgaJob).where(FpgaJob.tenant == tenant, FpgaJob.request_id == request_id))
+
     def register(self, request: fpga_jobs_pb2.RegisterJobRequest) -> FpgaJob:
         tenant = require_tenant(request.tenant)
+        # A retry gets its job whatever the devices are doing now (blacklisted, unreachable).
+        if request.request_id and (existing := self._registered(tenant, request.request_id)) is not None:
+            return existing
         usable = self._usable_or_unavailable()
         self._validate(request, usable)
         with self.lock:      # check-then-create as one step: a concurrent retry finds the first job
-            with self.db.read() as s:
-                existing = s.scalar(select(FpgaJob).where(FpgaJob.tenant == tenant,
-                                                          FpgaJob.request_id == request.request_id))
-            if existing is not None:
+            if (existing := self._registered(tenant, request.request_id)) is not None:
                 return existing
             now = self.clock.now()
             deadline = request.WhichOneof("goal") == "deadline"

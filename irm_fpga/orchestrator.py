@@ -326,7 +326,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 self._apply(g, parts)
             except BaseException:
                 self._delete_parts(g, parts)
-                self.db.transact(lambda s: setattr(s.get(Group, g.id), "deleted", True))
+                # A creation that failed leaves no group, so a retry of the same request tries again (a row kept
+                # as deleted would answer every retry with a dead group).
+                self.db.transact(lambda s: s.delete(s.get(Group, g.id)))
                 raise
             g.parts = parts
             self.db.transact(lambda s: setattr(s.get(Group, g.id), "parts", dict(parts)))

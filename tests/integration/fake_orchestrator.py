@@ -11,6 +11,8 @@ from __future__ import annotations
 import uuid
 from types import SimpleNamespace
 
+from sqlalchemy import select
+
 from harness.v1 import fpga_jobs_pb2 as jp
 from harness.v1 import fpga_pb2
 from irm_fpga.job_models import FpgaJob
@@ -54,6 +56,10 @@ class FakeOrchestrator:
     _group = Orchestrator._group  # the real lookup: it needs only `db`
 
     def create_group(self, tenant, request_id, design, size, min_size=0, max_size=0, **_):
+        with self.db.read() as s:      # idempotent by (tenant, request_id), as the real one
+            existing = s.scalar(select(Group).where(Group.tenant == tenant, Group.request_id == request_id))
+        if existing is not None:
+            return existing
         g = Group(
             id=f"fg-{uuid.uuid4().hex[:12]}",
             tenant=tenant,

@@ -283,3 +283,61 @@ def test_a_hydrogen_policy_queues_dispatches_and_learns_from_real_tasks(suite):
         assert model._obs["sleep"][0][0] == first.devices      # learned from the run: (devices, time share)
     finally:
         stop_irm(running, register)
+
+
+class _FlakyCreates:
+    """Fault injection at the network edge: the next `n` CreateGroupPart calls to any FPGA-server time out."""
+
+    class Timeout(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+        def details(self):
+            return "injected: CreateGroupPart timed out"
+
+    def __init__(self, orch: Orchestrator, n: int) -> None:
+        self.left = n
+        for name, handle in list(orch.servers.items()):
+            orch.servers[name] = self._wrap(handle)
+
+    def _wrap(self, handle):
+        flaky = self
+
+        class Stub:
+            def __init__(self, real):
+                self._real = real
+
+            def __getattr__(self, name):
+                return getattr(self._real, name)
+
+            def CreateGroupPart(self, *args, **kwargs):  # noqa: N802
+                if flaky.left > 0:
+                    flaky.left -= 1
+                    raise _FlakyCreates.Timeout()
+                return self._real.CreateGroupPart(*args, **kwargs)
+
+        class Handle:
+            name, address = handle.name, handle.address
+
+            def stub(self):
+                return Stub(handle.stub())
+
+        return Handle()
+
+
+def test_a_dispatch_that_failed_on_a_server_is_retried_onto_a_working_group(suite):
+    """A Hydrogen job whose group could not be made (a server timed out) stays queued; the next decision makes
+    it a group that exists and runs its tasks (the failed attempt's request id must not answer with a dead one)."""
+    running, address, jobs, orch, register = start_irm(suite, "fcfs_min", period=0.2)
+    try:
+        flaky = _FlakyCreates(register.manager.orch, 1)
+        job = jobs.RegisterJob(deadline_job("j", 60.0, size=4, min_devices=2, max_devices=2))
+        assert flaky.left == 0 and job.state == jp.Job.STATE_QUEUED and job.group_id == ""
+        get = lambda: jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id))  # noqa: E731
+        active = eventually(lambda: (lambda j: j if j.state == jp.Job.STATE_ACTIVE else None)(get()),
+                            what="the job dispatched by a later decision")
+        assert group_size(orch, "alice", active.group_id) == 2
+        with VirtualFpga.attach(address, "alice", active.group_id) as f:
+            assert len(f.map([{"duration": 0.01}] * 4)) == 4
+    finally:
+        stop_irm(running, register)

@@ -185,9 +185,14 @@ def test_an_absurd_throughput_goal_is_refused(irm_factory):
 
 def test_unreachable_servers_are_unavailable_not_bad_input(irm_factory):
     irm = irm_factory("edf")
+    a = irm.register("a", **deadline(100.0, 10))
     irm.orch._free_total_capacity = lambda: {}
     with pytest.raises(Unavailable, match="no FPGA-server can be reached"):
-        irm.register("a", **deadline(100.0, 10))
+        irm.register("b", **deadline(100.0, 10))
+    # A retry of a registration that went through gets its job, whatever the servers are doing now.
+    assert irm.register("a", **deadline(100.0, 10)).id == a.id
+    irm.orch._free_total_capacity = lambda: {"s1": 1}     # all but one device blacklisted
+    assert irm.register("a", min_devices=2, **deadline(100.0, 10)).id == a.id
 
 
 def test_an_edf_registration_that_cannot_fit_leaves_the_other_jobs_untouched(irm_factory):
@@ -284,3 +289,29 @@ def test_the_late_after_setting_reaches_the_slack_orders(irm_factory):
     irm.clock.advance(1.5)
     irm.manager.retire("alice", r2.id)
     assert (irm.job(a.id).state, irm.job(b.id).state) == ("active", "queued")
+
+
+def test_a_dispatch_the_database_failed_to_record_leaves_no_group_and_is_retried(irm_factory):
+    from sqlalchemy.exc import OperationalError
+
+    irm = irm_factory("fcfs_min")
+    real, failures = irm.manager._update, [1]
+
+    def update(job_id, **fields):          # the database drops the connection once, as the dispatch is recorded
+        if fields.get("state") == "active" and failures[0]:
+            failures[0] -= 1
+            raise OperationalError("UPDATE fpga_jobs", {}, Exception("connection lost"))
+        return real(job_id, **fields)
+
+    irm.manager._update = update
+    with pytest.raises(OperationalError):
+        irm.register("a", min_devices=DEVICES, **deadline(60.0, 30))
+    with irm.orch.db.read() as s:
+        job = s.scalar(select(FpgaJob).where(FpgaJob.request_id == "a"))
+        live = list(s.scalars(select(Group).where(Group.deleted.is_(False))))
+    assert job.state == QUEUED and live == []            # its devices are not held by a group without a job
+    irm.clock.advance(1.0)
+    irm.manager.control_once()                            # the next decision dispatches it
+    with irm.orch.db.read() as s:
+        live = list(s.scalars(select(Group).where(Group.deleted.is_(False))))
+    assert irm.job(job.id).state == "active" and [g.id for g in live] == [irm.job(job.id).group_id]
