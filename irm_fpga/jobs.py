@@ -105,6 +105,7 @@ _STATES = {ACTIVE: fpga_jobs_pb2.Job.STATE_ACTIVE, RETIRED: fpga_jobs_pb2.Job.ST
            QUEUED: fpga_jobs_pb2.Job.STATE_QUEUED}
 MAX_THROUGHPUT_GOAL = 1e9       # actions/s; a larger goal is a typo, and its device request overflows
 DEFAULT_ACTION_S = 1.0          # Hydrogen policies: seconds per action on one device when a job gives none
+MIN_ACTION_S, MAX_ACTION_S = 1e-6, 1e6   # a job's own estimate of that: a microsecond to about eleven days
 
 
 @dataclass
@@ -325,7 +326,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """The job as a Hydrogen scheduler sees it (seed 001 eq. 1: defaultTime = size x seconds per action)."""
         mx = max(row.min_devices, min(row.max_devices or hi, hi))
         return hy.HJob(row.id, row.registered_at, row.size_actions * (row.action_seconds or DEFAULT_ACTION_S),
-                       row.min_devices, mx, row.priority, design=row.design, target=row.deadline_s)
+                       row.min_devices, mx, row.priority, design=row.design, target=row.deadline_s,
+                       actions=row.size_actions)
 
     def _hydrogen_max(self, running: list[FpgaJob]) -> int:
         hi = self._pool(running)
@@ -506,8 +508,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     f"the job manager's pool holds at most {self.config.pool_max} devices (jobs_pool_max)")
         v.check(math.isfinite(request.priority) and request.priority >= 0, "priority", "must be >= 0")
         a = request.action_seconds
-        v.check(math.isfinite(a) and 0 <= a <= 1e6, "action_seconds",
-                "seconds per action on one device: >= 0 (0: one second) and at most 1e6")
+        v.check(math.isfinite(a) and (a == 0 or MIN_ACTION_S <= a <= MAX_ACTION_S), "action_seconds",
+                f"seconds per action on one device: 0 (one second) or {MIN_ACTION_S:g} to {MAX_ACTION_S:g}")
         v.raise_if_any()
 
     def _usable_or_unavailable(self) -> int:

@@ -101,6 +101,7 @@ class HJob:
     priority: float = 1.0
     design: str = "mc_bond_option"
     target: float | None = None  # JLO: target execution time (s)
+    actions: int = 0             # the job's size in actions, when known (live jobs): the learned model's unit
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_devices <= self.max_devices:
@@ -120,18 +121,28 @@ def linear_cost(job: HJob, devices: int) -> float:
 
 
 class LearnedCostModel:
-    """t(r) = a + b/r per design, fitted by least squares on observed (r, seconds / defaultTime).
+    """t(r) = a + b/r per design, fitted by least squares on observed (r, seconds / size).
 
-    Observations are normalised by the job's defaultTime so jobs of one design
-    but different sizes share one fit. A plain object; call it as a `Cost`.
+    Observations are normalised by the job's size so jobs of one design but
+    different sizes share one fit: its actions when known (live jobs, whose
+    defaultTime rests on each tenant's own guess of seconds per action, which
+    must not skew the fit once runs are measured), else its defaultTime (the
+    simulator's jobs). A plain object; call it as a `Cost`.
     """
 
     def __init__(self) -> None:
         self._obs: dict[str, list[tuple[int, float]]] = {}
         self._fit: dict[str, tuple[float, float]] = {}
 
+    @staticmethod
+    def _size(job: HJob) -> float:
+        return float(job.actions) if job.actions > 0 else job.default_time
+
     def observe(self, job: HJob, devices: int, seconds: float) -> None:
-        self._obs.setdefault(job.design, []).append((devices, seconds / job.default_time))
+        share = seconds / self._size(job)
+        if devices < 1 or not math.isfinite(share) or share <= 0:
+            return                      # nothing to learn from a run that took no (or no finite) time
+        self._obs.setdefault(job.design, []).append((devices, share))
         self._fit.pop(job.design, None)
 
     def coefficients(self, design: str) -> tuple[float, float] | None:
@@ -150,7 +161,7 @@ class LearnedCostModel:
         c = self.coefficients(job.design)
         if c is None:
             return linear_cost(job, devices)
-        return max(1e-9, job.default_time * (c[0] + c[1] / devices))
+        return max(1e-9, self._size(job) * (c[0] + c[1] / devices))
 
 
 def design_default_time(design: str, params: Mapping, actions: int = 1) -> float:

@@ -315,3 +315,25 @@ def test_a_dispatch_the_database_failed_to_record_leaves_no_group_and_is_retried
     with irm.orch.db.read() as s:
         live = list(s.scalars(select(Group).where(Group.deleted.is_(False))))
     assert irm.job(job.id).state == "active" and [g.id for g in live] == [irm.job(job.id).group_id]
+
+
+def test_measured_runs_outweigh_each_tenants_guess_of_an_actions_time(irm_factory):
+    from types import SimpleNamespace
+
+    irm = irm_factory("fcfs_amap")
+    # 20 actions take 2 s on 8 devices and 4 s on 4: 0.1 s and 0.2 s per action, whatever the jobs guessed
+    # (a: 0.1 s per action, b: the 1 s default).
+    for rid, guess, devices, took in [("a", 0.1, DEVICES, 2.0), ("b", 0.0, 4, 4.0)]:
+        job = irm.register(rid, action_seconds=guess, min_devices=devices, max_devices=devices, **deadline(100.0, 20))
+        irm.clock.advance(took)
+        irm.complete(irm.job(job.id), 20)
+        irm.manager.control_once()
+        assert irm.job(job.id).state == RETIRED
+    assert irm.manager.cost._obs["sleep"] == [(DEVICES, pytest.approx(0.1)), (4, pytest.approx(0.2))]
+    # So two 20-action jobs of the design are predicted alike (4 s on 4 devices) however far off their guesses.
+    row = SimpleNamespace(id="x", registered_at=0.0, size_actions=20, min_devices=1, max_devices=0, priority=1.0,
+                          design="sleep", deadline_s=100.0)
+    low, high = (irm.manager._hjob(SimpleNamespace(**vars(row), action_seconds=g), DEVICES) for g in (1e-3, 1e3))
+    assert irm.manager.cost(low, 4) == pytest.approx(4.0) == irm.manager.cost(high, 4)
+    with pytest.raises(InvalidArgument, match="action_seconds"):
+        irm.register("tiny", action_seconds=1e-320, **deadline(100.0, 20))
