@@ -233,6 +233,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(e)
 
 
+# -- jobs: the FPGA IRM's QoS job API (harness.v1.FpgaJobs) ------------------------------------
+def _jobs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from harness.v1 import fpga_jobs_pb2_grpc
+    from services import suite
+
+    address = args.fpga or suite.addresses(args.state_dir).get("fpga") or f"127.0.0.1:{suite.DEFAULT_PORTS['fpga']}"
+    return fpga_jobs_pb2_grpc.FpgaJobsStub(grpc.insecure_channel(address))
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from harness.v1 import fpga_jobs_pb2 as jp
+
+    t = args.tenant
+    if args.verb == "register":
+        if (args.deadline is None) == (args.throughput is None):
+            print("harness jobs register: give one goal: --deadline SECONDS with --size ACTIONS, or --throughput "
+                  "ACTIONS_PER_S", file=sys.stderr)
+            return 2
+        req = jp.RegisterJobRequest(tenant=t, request_id=args.request_id or uuid.uuid4().hex, design=args.design,
+                                    min_devices=args.min, max_devices=args.max, priority=args.priority,
+                                    action_seconds=args.action_seconds)
+        if args.deadline is not None:
+            req.deadline.CopyFrom(jp.DeadlineGoal(deadline_s=args.deadline, size_actions=args.size))
+        else:
+            req.throughput.CopyFrom(jp.ThroughputGoal(actions_per_s=args.throughput))
+        return _show(lambda: _jobs(args).RegisterJob(req, timeout=30))
+    if args.verb == "list":
+        return _show(lambda: _jobs(args).ListJobs(jp.ListJobsRequest(tenant=t, active_only=not args.all), timeout=30))
+    if args.verb == "get":
+        return _show(lambda: _jobs(args).GetJob(jp.GetJobRequest(tenant=t, job_id=args.job), timeout=30))
+    if args.verb == "retire":
+        return _show(lambda: _jobs(args).RetireJob(jp.RetireJobRequest(tenant=t, job_id=args.job), timeout=30))
+    return _show(lambda: _jobs(args).ReportProgress(jp.ReportProgressRequest(
+        tenant=t, job_id=args.job, completed_actions=args.completed), timeout=30))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from services import demo
 
@@ -321,6 +357,41 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     from application_manager import cli as am_cli
 
     am_cli.add_commands(sub)
+
+    p = sub.add_parser("jobs", help="QoS jobs on FPGAs (the FPGA IRM's FpgaJobs API): register, list, get, "
+                                    "retire, report")
+    verbs = p.add_subparsers(dest="verb", required=True)
+
+    def jobs_common(v: argparse.ArgumentParser) -> None:
+        v.add_argument("--state-dir", default=DEFAULT_STATE, help="where `harness up` keeps state (default ~/.harness)")
+        v.add_argument("--fpga", help="FPGA IRM address (default: from the running suite)")
+        v.add_argument("--tenant", default=os.environ.get("HARNESS_TENANT", "demo"))
+
+    v = verbs.add_parser("register", help="register a job with a deadline or a throughput goal")
+    jobs_common(v)
+    v.add_argument("--design", required=True, help="e.g. sleep, black_scholes, mc_bond_option")
+    v.add_argument("--deadline", type=float, help="seconds from now to finish --size actions")
+    v.add_argument("--size", type=int, default=0, help="the job's size in actions (with --deadline)")
+    v.add_argument("--throughput", type=float, help="goal in actions per second (the throughput policy)")
+    v.add_argument("--min", type=int, default=0, help="fewest devices (default 1)")
+    v.add_argument("--max", type=int, default=0, help="most devices (default: no limit)")
+    v.add_argument("--priority", type=float, default=0.0, help="default 1; higher first")
+    v.add_argument("--action-seconds", type=float, default=0.0,
+                   help="Hydrogen policies: your estimate of one action on one device (default 1 s)")
+    v.add_argument("--request-id", help="idempotency key (default: random)")
+    v = verbs.add_parser("list", help="the tenant's active and queued jobs, and the job pool")
+    jobs_common(v)
+    v.add_argument("--all", action="store_true", help="include retired jobs")
+    for verb, text in [("get", "one job: state, devices, allocation history, throughput"),
+                       ("retire", "retire a job (its devices go back to the pool)")]:
+        v = verbs.add_parser(verb, help=text)
+        jobs_common(v)
+        v.add_argument("job")
+    v = verbs.add_parser("report", help="report a job's completed actions (when the data plane cannot see them)")
+    jobs_common(v)
+    v.add_argument("job")
+    v.add_argument("completed", type=int)
+    p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("bench", help="run a benchmark (prints JSON): crs, fpga-overhead, fpga-elasticity, "
                                      "autoscaler, profilers")

@@ -184,3 +184,29 @@ def test_cli_tenant_verbs_against_the_suite(running):
     assert json.loads(harness("release", res["id"]).stdout)["state"] == "STATE_RELEASED"
     bad = harness("reserve", "--group", "name=web,cores=0,memory_gb=1")
     assert bad.returncode == 1 and "groups[0].attributes[cores]" in bad.stderr
+
+
+def test_cli_jobs_verbs_against_the_suites_fpga_irm(running):
+    def harness(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "services.cli", "jobs", *argv, "--state-dir", running["state"],
+                               "--tenant", "cli-jobs"], capture_output=True, text=True, timeout=60)
+
+    made = harness("register", "--design", "sleep", "--deadline", "120", "--size", "5", "--request-id", "cli-j1")
+    assert made.returncode == 0, made.stderr
+    job = json.loads(made.stdout)
+    assert job["state"] == "STATE_ACTIVE" and job["policy"] == "edf" and job["devices"] >= 1
+    again = harness("register", "--design", "sleep", "--deadline", "120", "--size", "5", "--request-id", "cli-j1")
+    assert json.loads(again.stdout)["id"] == job["id"]                  # the same request: the same job
+    assert [j["id"] for j in json.loads(harness("list").stdout)["jobs"]] == [job["id"]]
+    # Reporting the job's whole size completes it: it retires itself and leaves the active list.
+    reported = json.loads(harness("report", job["id"], "5").stdout)
+    assert reported["state"] == "STATE_RETIRED" and int(reported["completed_actions"]) == 5
+    assert json.loads(harness("get", job["id"]).stdout)["allocations"]
+    assert "jobs" not in json.loads(harness("list").stdout)
+    assert [j["id"] for j in json.loads(harness("list", "--all").stdout)["jobs"]] == [job["id"]]
+    # Bad input: the field to fix, on stderr, and a failing exit code.
+    bad = harness("register", "--design", "sleep", "--deadline", "-1", "--size", "5")
+    assert bad.returncode == 1 and "deadline.deadline_s" in bad.stderr
+    other = harness("get", "job-0000")
+    assert other.returncode == 1 and "NOT_FOUND" in other.stderr
+    assert harness("register", "--design", "sleep").returncode == 2     # no goal given
