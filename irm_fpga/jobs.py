@@ -373,15 +373,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._start(by_id[job_id], n, now)
 
     def _start(self, row: FpgaJob, n: int, now: float) -> None:
-        """Dispatch a queued job: its group of `n` devices, kept until it retires."""
+        """Dispatch a queued job: its group of `n` devices, kept until it retires.
+
+        Each attempt makes a new group (request id `job:<id>:<attempt>`), after dropping any an earlier attempt
+        left (its dispatch could not be recorded, nor the group dropped then): a group whose drop failed half-way
+        may have lost its devices on the servers, so it is never reused.
+        """
         try:
-            g = self.orch.create_group(row.tenant, f"job:{row.id}", row.design, n, min_size=n, max_size=n)
-            if g.deleted or g.size != n:
-                # An earlier attempt's group (dropped, or of another size, when recording it failed): a new one.
-                if not g.deleted:
-                    self._drop_group(g.id)
-                g = self.orch.create_group(row.tenant, f"job:{row.id}:{uuid.uuid4().hex[:8]}", row.design, n,
-                                           min_size=n, max_size=n)
+            self._drop_strays(row.tenant, row.id, keep="")
+            g = self.orch.create_group(row.tenant, f"job:{row.id}:{uuid.uuid4().hex[:8]}", row.design, n,
+                                       min_size=n, max_size=n)
         except HarnessError as e:       # e.g. another group took the devices meanwhile: it stays queued
             log.warning("job dispatch refused", extra={"job": row.id, "devices": n, "reason": str(e)})
             return
@@ -390,7 +391,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         except Exception:
             try:                        # never a group without its job: the job stays queued for the next decision
                 self._drop_group(g.id)
-            except Exception:           # kept, it is adopted by the next attempt (same request id and size)
+            except Exception:           # the next attempt, or the job's retirement, drops it
                 log.exception("could not drop the group of a job whose dispatch failed", extra={"job": row.id})
             raise
         self._states[row.id] = initial_state(self._qos(row), now, 0, n)
@@ -596,6 +597,15 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _insert(self, row: FpgaJob) -> None:
         self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name) for c in FpgaJob.__table__.c})))
 
+    def _drop_strays(self, tenant: str, job_id: str, keep: str) -> None:
+        """Drop the live groups made for the job (request id `job:<id>` or `job:<id>:...`) other than `keep`."""
+        with self.db.read() as s:
+            strays = [g.id for g in s.scalars(select(Group).where(
+                Group.tenant == tenant, Group.deleted.is_(False), Group.id != keep,
+                (Group.request_id == f"job:{job_id}") | Group.request_id.startswith(f"job:{job_id}:", autoescape=True)))]
+        for gid in strays:
+            self._drop_group(gid)
+
     def _drop_group(self, group_id: str) -> None:
         if not group_id:
             return
@@ -634,6 +644,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if row.state == RETIRED:
             return row
         self._drop_group(row.group_id)
+        if self.scheduler is not None:
+            self._drop_strays(row.tenant, row.id, keep=row.group_id)    # an earlier failed dispatch's, if any
         if self.scheduler is not None and row.state == ACTIVE:
             self._observe_run(row, now)        # a run to its size: the cost model learns its time
         end = max(row.observed_actions, row.reported_actions)

@@ -363,7 +363,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def delete(self, g: Group) -> Group:
         with self.lock:
             with self.db.read() as s:
-                g = s.get(Group, g.id) or g  # the parts as they are now, not as the caller saw them
+                now = s.get(Group, g.id)    # the parts as they are now, not as the caller saw them
+            if now is None:                 # its creation failed meanwhile (a failed creation leaves no group)
+                raise NotFound(f"group {g.id!r} does not exist (its creation failed)")
+            g = now
             self._delete_parts(g, g.parts)
 
             def save(s):  # type: ignore[no-untyped-def]

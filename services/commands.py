@@ -242,6 +242,21 @@ def _jobs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return fpga_jobs_pb2_grpc.FpgaJobsStub(grpc.insecure_channel(address))
 
 
+def _count(bits: int):  # type: ignore[no-untyped-def]
+    """argparse type: a whole number >= 0 that fits the proto field (int32 or int64)."""
+    top = 2 ** (bits - 1) - 1
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not 0 <= n <= top:
+            raise argparse.ArgumentTypeError(f"{n} is outside 0..{top}")
+        return n
+    return parse
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     from harness.v1 import fpga_jobs_pb2 as jp
 
@@ -371,10 +386,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     jobs_common(v)
     v.add_argument("--design", required=True, help="e.g. sleep, black_scholes, mc_bond_option")
     v.add_argument("--deadline", type=float, help="seconds from now to finish --size actions")
-    v.add_argument("--size", type=int, default=0, help="the job's size in actions (with --deadline)")
+    v.add_argument("--size", type=_count(64), default=0, help="the job's size in actions (with --deadline)")
     v.add_argument("--throughput", type=float, help="goal in actions per second (the throughput policy)")
-    v.add_argument("--min", type=int, default=0, help="fewest devices (default 1)")
-    v.add_argument("--max", type=int, default=0, help="most devices (default: no limit)")
+    v.add_argument("--min", type=_count(32), default=0, help="fewest devices (default 1)")
+    v.add_argument("--max", type=_count(32), default=0, help="most devices (default: no limit)")
     v.add_argument("--priority", type=float, default=0.0, help="default 1; higher first")
     v.add_argument("--action-seconds", type=float, default=0.0,
                    help="Hydrogen policies: your estimate of one action on one device (default 1 s)")
@@ -390,7 +405,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     v = verbs.add_parser("report", help="report a job's completed actions (when the data plane cannot see them)")
     jobs_common(v)
     v.add_argument("job")
-    v.add_argument("completed", type=int)
+    v.add_argument("completed", type=_count(64))
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("bench", help="run a benchmark (prints JSON): crs, fpga-overhead, fpga-elasticity, "

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 from irm_fpga.qos.hydrogen import (
@@ -66,19 +66,24 @@ def first_steps(queue: Sequence[HJob], available: int, now: float, late_after: f
     decision on a large pool to hundreds of first steps (8 free devices and jobs of up to 8: 43,758
     without them, about a minute per decision); on seed 001 §VI's 4 devices they change nothing.
     """
-    order = slack_order(queue, now, late_after)[:min(max(0, available), MAX_JOBS) + extra]
-    out: list[Allocation] = [[]]
+    return list(iter_first_steps(queue, available, now, late_after, extra))
 
-    def grow(i: int, left: int, cur: Allocation) -> None:
+
+def iter_first_steps(queue: Sequence[HJob], available: int, now: float, late_after: float = LATE_AFTER_S,
+                     extra: int = EXTRA_JOBS) -> Iterator[Allocation]:
+    """`first_steps` one at a time, in the same order (a search cut short builds no more of them)."""
+    order = slack_order(queue, now, late_after)[:min(max(0, available), MAX_JOBS) + extra]
+
+    def grow(i: int, left: int, cur: Allocation) -> Iterator[Allocation]:
         for k in range(i, len(order)):
             job = order[k]
             for r in sizes(job.min_devices, min(job.max_devices, left)):
                 nxt = [*cur, (job.job_id, r)]
-                out.append(nxt)
-                grow(k + 1, left - r, nxt)
+                yield nxt
+                yield from grow(k + 1, left - r, nxt)
 
-    grow(0, available, [])
-    return out
+    yield []
+    yield from grow(0, available, [])
 
 
 def sizes(lo: int, hi: int, most: int = MAX_SIZES) -> list[int]:
@@ -186,7 +191,7 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
             best, best_key = shown, key
 
     tried: list[Allocation] = []
-    for step in first_steps(head, available, now, late_after):
+    for step in iter_first_steps(head, available, now, late_after):
         weigh(step)
         tried.append(step)
         if stop_at is not None and clock() >= stop_at:

@@ -337,3 +337,32 @@ def test_measured_runs_outweigh_each_tenants_guess_of_an_actions_time(irm_factor
     assert irm.manager.cost(low, 4) == pytest.approx(4.0) == irm.manager.cost(high, 4)
     with pytest.raises(InvalidArgument, match="action_seconds"):
         irm.register("tiny", action_seconds=1e-320, **deadline(100.0, 20))
+
+
+def test_a_group_left_by_a_dispatch_that_failed_twice_over_is_dropped_by_the_next_attempt(irm_factory):
+    from sqlalchemy.exc import OperationalError
+
+    irm = irm_factory("fcfs_min")
+    real_update, real_delete = irm.manager._update, irm.orch.delete
+
+    def update(job_id, **fields):          # recording the dispatch fails, and so does dropping its group
+        if fields.get("state") == "active":
+            raise OperationalError("UPDATE fpga_jobs", {}, Exception("connection lost"))
+        return real_update(job_id, **fields)
+
+    def delete(g):
+        raise OperationalError("UPDATE fpga_groups", {}, Exception("connection lost"))
+
+    irm.manager._update, irm.orch.delete = update, delete
+    with pytest.raises(OperationalError):
+        irm.register("a", min_devices=2, max_devices=2, **deadline(60.0, 30))
+    (stray,) = live_groups(irm)                           # its drop failed too
+    irm.manager._update, irm.orch.delete = real_update, real_delete
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    # The next attempt drops the stray (a half-dropped group may have lost its devices: never reused) and
+    # makes the job its own group.
+    (job,) = irm.manager._active()
+    assert [g.id for g in live_groups(irm)] == [job.group_id] and job.group_id != stray.id
+    irm.manager.retire("alice", job.id)
+    assert live_groups(irm) == []

@@ -210,3 +210,5 @@ def test_cli_jobs_verbs_against_the_suites_fpga_irm(running):
     other = harness("get", "job-0000")
     assert other.returncode == 1 and "NOT_FOUND" in other.stderr
     assert harness("register", "--design", "sleep").returncode == 2     # no goal given
+    huge = harness("register", "--design", "sleep", "--deadline", "9", "--size", "5", "--min", "3000000000")
+    assert huge.returncode == 2 and "--min: 3000000000 is outside" in huge.stderr
