@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -339,5 +340,44 @@ def test_a_dispatch_that_failed_on_a_server_is_retried_onto_a_working_group(suit
         assert group_size(orch, "alice", active.group_id) == 2
         with VirtualFpga.attach(address, "alice", active.group_id) as f:
             assert len(f.map([{"duration": 0.01}] * 4)) == 4
+    finally:
+        stop_irm(running, register)
+
+
+def test_concurrent_registrations_under_the_lookahead_lose_no_job_and_overbook_no_device(suite):
+    """managed_lookahead live over gRPC: 4 tenants register 16 jobs at once while the control loop decides;
+    every registration answers (each decision's search is bounded by its budget), every job is queued or
+    active, the active ones hold at most the 8 devices, and all of them end up dispatched once others retire."""
+    running, address, jobs, orch, register = start_irm(suite, "managed_lookahead", period=0.2, pool_min=8,
+                                                       lookahead_budget_s=0.05)
+    try:
+        def reg(i: int) -> jp.Job:
+            return jobs.RegisterJob(deadline_job(f"c{i}", 120.0, size=10, tenant=f"t{i % 4}", min_devices=1,
+                                                 max_devices=2, action_seconds=TASK_S), timeout=30)
+
+        with ThreadPoolExecutor(8) as pool:
+            made = list(pool.map(reg, range(16)))
+        assert len({j.id for j in made}) == 16
+        assert {j.state for j in made} <= {jp.Job.STATE_ACTIVE, jp.Job.STATE_QUEUED}
+
+        def listed() -> list[jp.Job]:
+            return [j for t in range(4) for j in jobs.ListJobs(jp.ListJobsRequest(tenant=f"t{t}", active_only=True),
+                                                               timeout=30).jobs]
+
+        def active() -> list[jp.Job]:
+            return [j for j in listed() if j.state == jp.Job.STATE_ACTIVE]
+
+        assert len(listed()) == 16 and 1 <= sum(j.devices for j in active()) <= 8
+        # Retire the active jobs as they come: the queue drains onto the devices they free.
+        retired: set[str] = set()
+
+        def drain() -> bool:
+            for j in active():
+                jobs.RetireJob(jp.RetireJobRequest(tenant=j.tenant, job_id=j.id), timeout=30)
+                retired.add(j.id)
+            return len(retired) == 16
+
+        eventually(drain, what="every job dispatched and retired", timeout=60)
+        assert listed() == []
     finally:
         stop_irm(running, register)
