@@ -67,7 +67,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from harness.v1 import fpga_jobs_pb2, fpga_jobs_pb2_grpc, fpga_pb2
 from irm_fpga import designs as design_lib
@@ -600,9 +600,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _drop_strays(self, tenant: str, job_id: str, keep: str) -> None:
         """Drop the live groups made for the job (request id `job:<id>` or `job:<id>:...`) other than `keep`."""
         with self.db.read() as s:
+            prefix = f"job:{job_id}:"     # compared exactly: SQLite's LIKE ignores case
             strays = [g.id for g in s.scalars(select(Group).where(
                 Group.tenant == tenant, Group.deleted.is_(False), Group.id != keep,
-                (Group.request_id == f"job:{job_id}") | Group.request_id.startswith(f"job:{job_id}:", autoescape=True)))]
+                (Group.request_id == f"job:{job_id}") | (func.substr(Group.request_id, 1, len(prefix)) == prefix)))]
         for gid in strays:
             self._drop_group(gid)
 

@@ -366,3 +366,12 @@ def test_a_group_left_by_a_dispatch_that_failed_twice_over_is_dropped_by_the_nex
     assert [g.id for g in live_groups(irm)] == [job.group_id] and job.group_id != stray.id
     irm.manager.retire("alice", job.id)
     assert live_groups(irm) == []
+
+
+def test_retiring_a_job_leaves_the_tenants_other_groups_alone(irm_factory):
+    irm = irm_factory("fcfs_min")
+    job = irm.register("a", **deadline(60.0, 30))
+    # The tenant's own groups, named much like the job's (SQLite's LIKE would match the first one).
+    mine = [irm.orch.create_group("alice", rid, "sleep", 1) for rid in (f"JOB:{job.id}:mine", f"job:{job.id}x")]
+    irm.manager.retire("alice", job.id)
+    assert sorted(g.id for g in live_groups(irm)) == sorted(g.id for g in mine)

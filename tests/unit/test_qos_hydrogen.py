@@ -237,3 +237,22 @@ def test_the_slack_orders_count_lateness_with_their_callers_bound():
                                      late_after=10.0).allocation == [("a", 1)]
     s = dispatch.Scheduler("slack_amap", late_after=10.0)
     assert dispatch.decide(s, [a, b], now=2.0, pool=1, pool_max=1).allocation == [("a", 1)]
+
+
+def test_a_callers_bound_reaches_algorithms_whatever_their_own_and_however_they_are_made():
+    import functools
+    from dataclasses import dataclass
+
+    from irm_fpga.qos.hydrogen import slack_min, with_late_after
+
+    a, b = HJob("a", 0.0, 1.0), HJob("b", 0.5, 1.0, priority=5.0)
+    # A partial with its own 10 s bound, run by a caller counting 1 s: both late at t=2, so priority first.
+    lenient = functools.partial(slack_min, late_after=10.0)
+    assert with_late_after(lenient, 1.0)([a, b], 1, 30, now=2.0) == [("b", 1)]
+
+    @dataclass
+    class Unhashable:                     # a callable object that cannot key a cache
+        def __call__(self, queue, available, window, cost=None, *, now=0.0, late_after=1.0):
+            return slack_min(queue, available, window, now=now, late_after=late_after)
+
+    assert with_late_after(Unhashable(), 10.0)([a, b], 1, 30, now=2.0) == [("a", 1)]
