@@ -97,6 +97,7 @@ from services.errors import (
     owned,
     require_tenant,
 )
+from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
 ACTIVE, RETIRED, QUEUED = "active", "retired", "queued"
@@ -165,6 +166,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._last: dict[str, tuple[float, int]] = {}        # job -> (time, actions) at the last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
+        self.watchers: Broadcaster[fpga_jobs_pb2.Job] = Broadcaster()     # WatchJobs streams
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -225,6 +227,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def stop(self) -> None:
         self._stop.set()
+        self.watchers.close()                  # WatchJobs streams end (clients reconnect elsewhere)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
@@ -261,7 +264,14 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             for k, v in fields.items():
                 setattr(row, k, v)
             return row
-        return self.db.transact(save)
+        row = self.db.transact(save)
+        self._publish([row])
+        return row
+
+    def _publish(self, rows: list[FpgaJob]) -> None:
+        """Every job row written goes to the WatchJobs streams (built only when someone watches)."""
+        if rows and self.watchers.has_subscribers():
+            self.watchers.publish([self.to_proto(r) for r in rows])
 
     def _save_controllers(self, job_ids: list[str], now: float) -> None:
         """Persist the in-memory controller state of `job_ids` (one transaction)."""
@@ -431,6 +441,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     if c is not None:
                         c.seen = dict(self._seen[r.id])
             self.db.transact(save)
+            self._publish([r for r in rows if r.id in changed])
         return {r.id: max(r.observed_actions, r.reported_actions) for r in rows}
 
     def control_once(self) -> dict[str, int]:
@@ -596,6 +607,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def _insert(self, row: FpgaJob) -> None:
         self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name) for c in FpgaJob.__table__.c})))
+        self._publish([row])
 
     def _drop_strays(self, tenant: str, job_id: str, keep: str) -> None:
         """Drop the live groups made for the job (request id `job:<id>` or `job:<id>:...`) other than `keep`."""
@@ -726,6 +738,29 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 q = q.where(FpgaJob.state != RETIRED)
             rows = list(s.scalars(q.order_by(FpgaJob.registered_at, FpgaJob.id)))
         return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows], pool_devices=self.pool_devices())
+
+    def WatchJobs(self, request, context):  # noqa: N802
+        tenant = require_tenant(request.tenant)
+        one = request.job_id
+        if one:
+            self._job(tenant, one)           # NOT_FOUND before the stream starts
+
+        def snapshot() -> list[fpga_jobs_pb2.Job]:
+            if one:
+                return [self.to_proto(self._job(tenant, one))]
+            with self.db.read() as s:
+                rows = list(s.scalars(select(FpgaJob).where(FpgaJob.tenant == tenant, FpgaJob.state != RETIRED)
+                                      .order_by(FpgaJob.registered_at, FpgaJob.id)))
+            return [self.to_proto(r) for r in rows]
+
+        # Subscribed before the snapshot is read: a change in between is sent (again), never lost.
+        for batch in self.watchers.stream_batches(snapshot, context.is_active):
+            for job in batch:
+                if job.tenant != tenant or (one and job.id != one):
+                    continue
+                yield job
+                if one and job.state == fpga_jobs_pb2.Job.STATE_RETIRED:
+                    return
 
     def pool_devices(self) -> int:
         """Devices the manager may give jobs now (a Hydrogen managed mode: its elastic pool)."""

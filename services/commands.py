@@ -278,6 +278,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return _show(lambda: _jobs(args).ListJobs(jp.ListJobsRequest(tenant=t, active_only=not args.all), timeout=30))
     if args.verb == "get":
         return _show(lambda: _jobs(args).GetJob(jp.GetJobRequest(tenant=t, job_id=args.job), timeout=30))
+    if args.verb == "watch":
+        try:
+            for job in _jobs(args).WatchJobs(jp.WatchJobsRequest(tenant=t, job_id=args.job or "")):
+                print(json.dumps(json_format.MessageToDict(job, preserving_proto_field_name=True)), flush=True)
+        except grpc.RpcError as e:
+            return _fail(e)
+        except KeyboardInterrupt:
+            pass
+        return 0
     if args.verb == "retire":
         return _show(lambda: _jobs(args).RetireJob(jp.RetireJobRequest(tenant=t, job_id=args.job), timeout=30))
     return _show(lambda: _jobs(args).ReportProgress(jp.ReportProgressRequest(
@@ -374,7 +383,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     am_cli.add_commands(sub)
 
     p = sub.add_parser("jobs", help="QoS jobs on FPGAs (the FPGA IRM's FpgaJobs API): register, list, get, "
-                                    "retire, report")
+                                    "watch, report, retire")
     verbs = p.add_subparsers(dest="verb", required=True)
 
     def jobs_common(v: argparse.ArgumentParser) -> None:
@@ -402,6 +411,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         v = verbs.add_parser(verb, help=text)
         jobs_common(v)
         v.add_argument("job")
+    v = verbs.add_parser("watch", help="print the jobs (or one job, until it retires) as they change, one JSON "
+                                       "line each")
+    jobs_common(v)
+    v.add_argument("job", nargs="?", help="one job (default: every job of the tenant, until Ctrl-C)")
     v = verbs.add_parser("report", help="report a job's completed actions (when the data plane cannot see them)")
     jobs_common(v)
     v.add_argument("job")

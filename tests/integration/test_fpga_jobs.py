@@ -381,3 +381,36 @@ def test_concurrent_registrations_under_the_lookahead_lose_no_job_and_overbook_n
         assert listed() == []
     finally:
         stop_irm(running, register)
+
+
+def test_watch_jobs_streams_a_queued_job_until_it_is_dispatched_and_retires(suite):
+    running, address, jobs, orch, register = start_irm(suite, "fcfs_min", period=0.2)
+    try:
+        big = jobs.RegisterJob(deadline_job("big", 120.0, size=10, min_devices=8, max_devices=8))
+        w = jobs.RegisterJob(deadline_job("w", 120.0, size=10))
+        assert (big.state, w.state) == (jp.Job.STATE_ACTIVE, jp.Job.STATE_QUEUED)
+        # The whole tenant: the jobs not retired, as they are now.
+        everyone = jobs.WatchJobs(jp.WatchJobsRequest(tenant="alice"), timeout=30)
+        assert {next(everyone).id, next(everyone).id} == {big.id, w.id}
+        everyone.cancel()
+        stream = jobs.WatchJobs(jp.WatchJobsRequest(tenant="alice", job_id=w.id), timeout=30)
+        assert next(stream).state == jp.Job.STATE_QUEUED            # its state now, first
+        jobs.RetireJob(jp.RetireJobRequest(tenant="alice", job_id=big.id))
+        seen = next(j for j in stream if j.state != jp.Job.STATE_QUEUED)
+        assert seen.state == jp.Job.STATE_ACTIVE and seen.devices == 1 and seen.dispatched_at > 0
+        with VirtualFpga.attach(address, "alice", seen.group_id) as f:      # progress the servers count
+            f.map([{"duration": 0.01}] * 3)
+        assert next(j for j in stream if j.completed_actions >= 3).state == jp.Job.STATE_ACTIVE
+        jobs.RetireJob(jp.RetireJobRequest(tenant="alice", job_id=w.id))
+        rest = list(stream)                                          # ends once the job has retired
+        assert rest and rest[-1].state == jp.Job.STATE_RETIRED
+        # A retired job: its last state, then the end.
+        assert [j.state for j in jobs.WatchJobs(jp.WatchJobsRequest(tenant="alice", job_id=w.id), timeout=30)] \
+            == [jp.Job.STATE_RETIRED]
+        for tenant, job_id, code in [("alice", "job-unknown", grpc.StatusCode.NOT_FOUND),
+                                     ("mallory", w.id, grpc.StatusCode.PERMISSION_DENIED)]:
+            with pytest.raises(grpc.RpcError) as e:
+                next(jobs.WatchJobs(jp.WatchJobsRequest(tenant=tenant, job_id=job_id), timeout=30))
+            assert e.value.code() == code
+    finally:
+        stop_irm(running, register)

@@ -198,8 +198,14 @@ def test_cli_jobs_verbs_against_the_suites_fpga_irm(running):
     again = harness("register", "--design", "sleep", "--deadline", "120", "--size", "5", "--request-id", "cli-j1")
     assert json.loads(again.stdout)["id"] == job["id"]                  # the same request: the same job
     assert [j["id"] for j in json.loads(harness("list").stdout)["jobs"]] == [job["id"]]
-    # Reporting the job's whole size completes it: it retires itself and leaves the active list.
+    # Reporting the job's whole size completes it: it retires itself and leaves the active list; a watch on it
+    # prints its state now, then its changes, and ends with its retirement.
+    watch = subprocess.Popen([sys.executable, "-m", "services.cli", "jobs", "watch", job["id"], "--state-dir",
+                              running["state"], "--tenant", "cli-jobs"], stdout=subprocess.PIPE, text=True)
+    assert json.loads(watch.stdout.readline())["state"] == "STATE_ACTIVE"
     reported = json.loads(harness("report", job["id"], "5").stdout)
+    out, _ = watch.communicate(timeout=30)
+    assert watch.returncode == 0 and json.loads(out.splitlines()[-1])["state"] == "STATE_RETIRED"
     assert reported["state"] == "STATE_RETIRED" and int(reported["completed_actions"]) == 5
     assert json.loads(harness("get", job["id"]).stdout)["allocations"]
     assert "jobs" not in json.loads(harness("list").stdout)

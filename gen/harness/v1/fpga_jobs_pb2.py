@@ -24,35 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharness/v1/fpga_jobs.proto\x12\nharness.v1\"8\n\x0c\x44\x65\x61\x64lineGoal\x12\x12\n\ndeadline_s\x18\x01 \x01(\x01\x12\x14\n\x0csize_actions\x18\x02 \x01(\x03\"\'\n\x0eThroughputGoal\x12\x15\n\ractions_per_s\x18\x01 \x01(\x01\"\x84\x02\n\x12RegisterJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65sign\x18\x03 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x0b\x32\x18.harness.v1.DeadlineGoalH\x00\x12\x30\n\nthroughput\x18\x05 \x01(\x0b\x32\x1a.harness.v1.ThroughputGoalH\x00\x12\x13\n\x0bmin_devices\x18\x06 \x01(\x05\x12\x13\n\x0bmax_devices\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x01\x12\x16\n\x0e\x61\x63tion_seconds\x18\t \x01(\x01\x42\x06\n\x04goal\"2\n\x10RetireJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"R\n\x15ReportProgressRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x19\n\x11\x63ompleted_actions\x18\x03 \x01(\x03\"/\n\rGetJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"6\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x63tive_only\x18\x02 \x01(\x08\"G\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.harness.v1.Job\x12\x14\n\x0cpool_devices\x18\x02 \x01(\x05\"1\n\x10\x41llocationChange\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0f\n\x07\x64\x65vices\x18\x02 \x01(\x05\"\x8c\x05\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65sign\x18\x04 \x01(\t\x12\x10\n\x08group_id\x18\x05 \x01(\t\x12$\n\x05state\x18\x06 \x01(\x0e\x32\x15.harness.v1.Job.State\x12,\n\x08\x64\x65\x61\x64line\x18\x07 \x01(\x0b\x32\x18.harness.v1.DeadlineGoalH\x00\x12\x30\n\nthroughput\x18\x08 \x01(\x0b\x32\x1a.harness.v1.ThroughputGoalH\x00\x12\x13\n\x0bmin_devices\x18\t \x01(\x05\x12\x13\n\x0bmax_devices\x18\n \x01(\x05\x12\x10\n\x08priority\x18\x0b \x01(\x01\x12\x0e\n\x06policy\x18\x0c \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\r \x01(\x05\x12\x19\n\x11\x63ompleted_actions\x18\x0e \x01(\x03\x12\x1b\n\x13\x61\x63hieved_throughput\x18\x0f \x01(\x01\x12\x17\n\x0fmean_throughput\x18\x10 \x01(\x01\x12\x31\n\x0b\x61llocations\x18\x11 \x03(\x0b\x32\x1c.harness.v1.AllocationChange\x12\x15\n\rregistered_at\x18\x12 \x01(\x01\x12\x13\n\x0b\x64\x65\x61\x64line_at\x18\x13 \x01(\x01\x12\x12\n\nretired_at\x18\x14 \x01(\x01\x12\x15\n\rdispatched_at\x18\x15 \x01(\x01\x12\x16\n\x0e\x61\x63tion_seconds\x18\x16 \x01(\x01\"U\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_ACTIVE\x10\x01\x12\x11\n\rSTATE_RETIRED\x10\x02\x12\x10\n\x0cSTATE_QUEUED\x10\x03\x42\x06\n\x04goal2\xc9\x02\n\x08\x46pgaJobs\x12>\n\x0bRegisterJob\x12\x1e.harness.v1.RegisterJobRequest\x1a\x0f.harness.v1.Job\x12:\n\tRetireJob\x12\x1c.harness.v1.RetireJobRequest\x1a\x0f.harness.v1.Job\x12\x44\n\x0eReportProgress\x12!.harness.v1.ReportProgressRequest\x1a\x0f.harness.v1.Job\x12\x34\n\x06GetJob\x12\x19.harness.v1.GetJobRequest\x1a\x0f.harness.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.harness.v1.ListJobsRequest\x1a\x1c.harness.v1.ListJobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharness/v1/fpga_jobs.proto\x12\nharness.v1\"2\n\x10WatchJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"8\n\x0c\x44\x65\x61\x64lineGoal\x12\x12\n\ndeadline_s\x18\x01 \x01(\x01\x12\x14\n\x0csize_actions\x18\x02 \x01(\x03\"\'\n\x0eThroughputGoal\x12\x15\n\ractions_per_s\x18\x01 \x01(\x01\"\x84\x02\n\x12RegisterJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65sign\x18\x03 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x0b\x32\x18.harness.v1.DeadlineGoalH\x00\x12\x30\n\nthroughput\x18\x05 \x01(\x0b\x32\x1a.harness.v1.ThroughputGoalH\x00\x12\x13\n\x0bmin_devices\x18\x06 \x01(\x05\x12\x13\n\x0bmax_devices\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x01\x12\x16\n\x0e\x61\x63tion_seconds\x18\t \x01(\x01\x42\x06\n\x04goal\"2\n\x10RetireJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"R\n\x15ReportProgressRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x19\n\x11\x63ompleted_actions\x18\x03 \x01(\x03\"/\n\rGetJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"6\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x63tive_only\x18\x02 \x01(\x08\"G\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.harness.v1.Job\x12\x14\n\x0cpool_devices\x18\x02 \x01(\x05\"1\n\x10\x41llocationChange\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0f\n\x07\x64\x65vices\x18\x02 \x01(\x05\"\x8c\x05\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65sign\x18\x04 \x01(\t\x12\x10\n\x08group_id\x18\x05 \x01(\t\x12$\n\x05state\x18\x06 \x01(\x0e\x32\x15.harness.v1.Job.State\x12,\n\x08\x64\x65\x61\x64line\x18\x07 \x01(\x0b\x32\x18.harness.v1.DeadlineGoalH\x00\x12\x30\n\nthroughput\x18\x08 \x01(\x0b\x32\x1a.harness.v1.ThroughputGoalH\x00\x12\x13\n\x0bmin_devices\x18\t \x01(\x05\x12\x13\n\x0bmax_devices\x18\n \x01(\x05\x12\x10\n\x08priority\x18\x0b \x01(\x01\x12\x0e\n\x06policy\x18\x0c \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\r \x01(\x05\x12\x19\n\x11\x63ompleted_actions\x18\x0e \x01(\x03\x12\x1b\n\x13\x61\x63hieved_throughput\x18\x0f \x01(\x01\x12\x17\n\x0fmean_throughput\x18\x10 \x01(\x01\x12\x31\n\x0b\x61llocations\x18\x11 \x03(\x0b\x32\x1c.harness.v1.AllocationChange\x12\x15\n\rregistered_at\x18\x12 \x01(\x01\x12\x13\n\x0b\x64\x65\x61\x64line_at\x18\x13 \x01(\x01\x12\x12\n\nretired_at\x18\x14 \x01(\x01\x12\x15\n\rdispatched_at\x18\x15 \x01(\x01\x12\x16\n\x0e\x61\x63tion_seconds\x18\x16 \x01(\x01\"U\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_ACTIVE\x10\x01\x12\x11\n\rSTATE_RETIRED\x10\x02\x12\x10\n\x0cSTATE_QUEUED\x10\x03\x42\x06\n\x04goal2\x87\x03\n\x08\x46pgaJobs\x12>\n\x0bRegisterJob\x12\x1e.harness.v1.RegisterJobRequest\x1a\x0f.harness.v1.Job\x12:\n\tRetireJob\x12\x1c.harness.v1.RetireJobRequest\x1a\x0f.harness.v1.Job\x12\x44\n\x0eReportProgress\x12!.harness.v1.ReportProgressRequest\x1a\x0f.harness.v1.Job\x12\x34\n\x06GetJob\x12\x19.harness.v1.GetJobRequest\x1a\x0f.harness.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.harness.v1.ListJobsRequest\x1a\x1c.harness.v1.ListJobsResponse\x12<\n\tWatchJobs\x12\x1c.harness.v1.WatchJobsRequest\x1a\x0f.harness.v1.Job0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'harness.v1.fpga_jobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DEADLINEGOAL']._serialized_start=42
-  _globals['_DEADLINEGOAL']._serialized_end=98
-  _globals['_THROUGHPUTGOAL']._serialized_start=100
-  _globals['_THROUGHPUTGOAL']._serialized_end=139
-  _globals['_REGISTERJOBREQUEST']._serialized_start=142
-  _globals['_REGISTERJOBREQUEST']._serialized_end=402
-  _globals['_RETIREJOBREQUEST']._serialized_start=404
-  _globals['_RETIREJOBREQUEST']._serialized_end=454
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=456
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=538
-  _globals['_GETJOBREQUEST']._serialized_start=540
-  _globals['_GETJOBREQUEST']._serialized_end=587
-  _globals['_LISTJOBSREQUEST']._serialized_start=589
-  _globals['_LISTJOBSREQUEST']._serialized_end=643
-  _globals['_LISTJOBSRESPONSE']._serialized_start=645
-  _globals['_LISTJOBSRESPONSE']._serialized_end=716
-  _globals['_ALLOCATIONCHANGE']._serialized_start=718
-  _globals['_ALLOCATIONCHANGE']._serialized_end=767
-  _globals['_JOB']._serialized_start=770
-  _globals['_JOB']._serialized_end=1422
-  _globals['_JOB_STATE']._serialized_start=1329
-  _globals['_JOB_STATE']._serialized_end=1414
-  _globals['_FPGAJOBS']._serialized_start=1425
-  _globals['_FPGAJOBS']._serialized_end=1754
+  _globals['_WATCHJOBSREQUEST']._serialized_start=42
+  _globals['_WATCHJOBSREQUEST']._serialized_end=92
+  _globals['_DEADLINEGOAL']._serialized_start=94
+  _globals['_DEADLINEGOAL']._serialized_end=150
+  _globals['_THROUGHPUTGOAL']._serialized_start=152
+  _globals['_THROUGHPUTGOAL']._serialized_end=191
+  _globals['_REGISTERJOBREQUEST']._serialized_start=194
+  _globals['_REGISTERJOBREQUEST']._serialized_end=454
+  _globals['_RETIREJOBREQUEST']._serialized_start=456
+  _globals['_RETIREJOBREQUEST']._serialized_end=506
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=508
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=590
+  _globals['_GETJOBREQUEST']._serialized_start=592
+  _globals['_GETJOBREQUEST']._serialized_end=639
+  _globals['_LISTJOBSREQUEST']._serialized_start=641
+  _globals['_LISTJOBSREQUEST']._serialized_end=695
+  _globals['_LISTJOBSRESPONSE']._serialized_start=697
+  _globals['_LISTJOBSRESPONSE']._serialized_end=768
+  _globals['_ALLOCATIONCHANGE']._serialized_start=770
+  _globals['_ALLOCATIONCHANGE']._serialized_end=819
+  _globals['_JOB']._serialized_start=822
+  _globals['_JOB']._serialized_end=1474
+  _globals['_JOB_STATE']._serialized_start=1381
+  _globals['_JOB_STATE']._serialized_end=1466
+  _globals['_FPGAJOBS']._serialized_start=1477
+  _globals['_FPGAJOBS']._serialized_end=1868
 # @@protoc_insertion_point(module_scope)

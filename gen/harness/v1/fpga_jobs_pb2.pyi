@@ -7,6 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WatchJobsRequest(_message.Message):
+    __slots__ = ("tenant", "job_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    job_id: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
 class DeadlineGoal(_message.Message):
     __slots__ = ("deadline_s", "size_actions")
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class FpgaJobsStub:
                 request_serializer=harness_dot_v1_dot_fpga__jobs__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=harness_dot_v1_dot_fpga__jobs__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.WatchJobs = channel.unary_stream(
+                '/harness.v1.FpgaJobs/WatchJobs',
+                request_serializer=harness_dot_v1_dot_fpga__jobs__pb2.WatchJobsRequest.SerializeToString,
+                response_deserializer=harness_dot_v1_dot_fpga__jobs__pb2.Job.FromString,
+                _registered_method=True)
 
 
 class FpgaJobsServicer:
@@ -107,6 +112,18 @@ class FpgaJobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchJobs(self, request, context):
+        """The calling tenant's jobs as they change, instead of polling GetJob: first
+        their current state (every job not retired, or the one job asked for),
+        then a job each time it changes (dispatched, resized, progress observed or
+        reported, retired). Asked for one job, the stream ends once it has retired
+        (at once if it already had). NOT_FOUND for an unknown job,
+        PERMISSION_DENIED for another tenant's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FpgaJobsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -134,6 +151,11 @@ def add_FpgaJobsServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=harness_dot_v1_dot_fpga__jobs__pb2.ListJobsRequest.FromString,
                     response_serializer=harness_dot_v1_dot_fpga__jobs__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'WatchJobs': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJobs,
+                    request_deserializer=harness_dot_v1_dot_fpga__jobs__pb2.WatchJobsRequest.FromString,
+                    response_serializer=harness_dot_v1_dot_fpga__jobs__pb2.Job.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -271,6 +293,33 @@ class FpgaJobs:
             '/harness.v1.FpgaJobs/ListJobs',
             harness_dot_v1_dot_fpga__jobs__pb2.ListJobsRequest.SerializeToString,
             harness_dot_v1_dot_fpga__jobs__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/harness.v1.FpgaJobs/WatchJobs',
+            harness_dot_v1_dot_fpga__jobs__pb2.WatchJobsRequest.SerializeToString,
+            harness_dot_v1_dot_fpga__jobs__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
