@@ -271,7 +271,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _publish(self, rows: list[FpgaJob]) -> None:
         """Every job row written goes to the WatchJobs streams (built only when someone watches)."""
         if rows and self.watchers.has_subscribers():
-            self.watchers.publish([self.to_proto(r) for r in rows])
+            try:
+                self.watchers.publish([self.to_proto(r) for r in rows])
+            except Exception:     # a watcher's event must never undo or fail the change it reports
+                log.exception("could not publish a job change to WatchJobs streams")
 
     def _save_controllers(self, job_ids: list[str], now: float) -> None:
         """Persist the in-memory controller state of `job_ids` (one transaction)."""
