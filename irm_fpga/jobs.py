@@ -88,6 +88,7 @@ from irm_fpga.qos.throughput import (
 )
 from services.clock import Clock
 from services.errors import (
+    Aborted,
     FailedPrecondition,
     HarnessError,
     NotFound,
@@ -107,6 +108,9 @@ _STATES = {ACTIVE: fpga_jobs_pb2.Job.STATE_ACTIVE, RETIRED: fpga_jobs_pb2.Job.ST
 MAX_THROUGHPUT_GOAL = 1e9       # actions/s; a larger goal is a typo, and its device request overflows
 DEFAULT_ACTION_S = 1.0          # Hydrogen policies: seconds per action on one device when a job gives none
 MIN_ACTION_S, MAX_ACTION_S = 1e-6, 1e6   # a job's own estimate of that: a microsecond to about eleven days
+# Open WatchJobs streams at most: each holds one of the server's 32 worker threads, which the Orchestrator,
+# the CRS's calls and health checks share.
+MAX_WATCHES = 16
 
 
 @dataclass
@@ -167,6 +171,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
         self.watchers: Broadcaster[fpga_jobs_pb2.Job] = Broadcaster()     # WatchJobs streams
+        self._watch_slots = threading.BoundedSemaphore(MAX_WATCHES)
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -259,13 +264,17 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         return row
 
     def _update(self, job_id: str, **fields: Any) -> FpgaJob:
+        changed = [False]
+
         def save(s):  # type: ignore[no-untyped-def]
             row = s.get(FpgaJob, job_id)
             for k, v in fields.items():
+                changed[0] = changed[0] or getattr(row, k) != v
                 setattr(row, k, v)
             return row
         row = self.db.transact(save)
-        self._publish([row])
+        if changed[0]:                  # a periodic write of the same values is no change to stream
+            self._publish([row])
         return row
 
     def _publish(self, rows: list[FpgaJob]) -> None:
@@ -747,6 +756,15 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         one = request.job_id
         if one:
             self._job(tenant, one)           # NOT_FOUND before the stream starts
+        if not self._watch_slots.acquire(blocking=False):
+            raise ResourceExhausted(f"{MAX_WATCHES} WatchJobs streams are open on this FPGA IRM; close one, "
+                                    "or poll GetJob")
+        try:
+            yield from self._watch(tenant, one, context)
+        finally:
+            self._watch_slots.release()
+
+    def _watch(self, tenant: str, one: str, context: Any):  # type: ignore[no-untyped-def]
 
         def snapshot() -> list[fpga_jobs_pb2.Job]:
             if one:
@@ -764,6 +782,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 yield job
                 if one and job.state == fpga_jobs_pb2.Job.STATE_RETIRED:
                     return
+        if not context.is_active():
+            return                           # the client went away
+        # Not the end the contract promises: say so, so that the client reconnects (its first message is the
+        # current state again) instead of taking an OK end for a retired job.
+        if self.watchers.closed:
+            raise Unavailable("the FPGA IRM's job manager is stopping; reconnect to go on watching")
+        raise Aborted("this watch fell too far behind the changes and was dropped; reconnect to go on watching")
 
     def pool_devices(self) -> int:
         """Devices the manager may give jobs now (a Hydrogen managed mode: its elastic pool)."""

@@ -279,13 +279,18 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.verb == "get":
         return _show(lambda: _jobs(args).GetJob(jp.GetJobRequest(tenant=t, job_id=args.job), timeout=30))
     if args.verb == "watch":
+        last = None
         try:
-            for job in _jobs(args).WatchJobs(jp.WatchJobsRequest(tenant=t, job_id=args.job or "")):
-                print(json.dumps(json_format.MessageToDict(job, preserving_proto_field_name=True)), flush=True)
+            for last in _jobs(args).WatchJobs(jp.WatchJobsRequest(tenant=t, job_id=args.job or "")):
+                print(json.dumps(json_format.MessageToDict(last, preserving_proto_field_name=True)), flush=True)
         except grpc.RpcError as e:
             return _fail(e)
         except KeyboardInterrupt:
-            pass
+            return 130
+        # One job's stream ends when it retires; any other end is not that, whatever the status said.
+        if args.job and (last is None or last.state != jp.Job.STATE_RETIRED):
+            print("error: the watch ended before the job retired; run it again", file=sys.stderr)
+            return 1
         return 0
     if args.verb == "retire":
         return _show(lambda: _jobs(args).RetireJob(jp.RetireJobRequest(tenant=t, job_id=args.job), timeout=30))

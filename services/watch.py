@@ -22,6 +22,12 @@ class Broadcaster(Generic[E]):
         # takes a fresh snapshot) rather than going silently stale.
         self._dropped: set[queue.Queue] = set()
         self._max = max_backlog
+        self._closed = False      # for good: a stream opened after close() ends at once
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called (a stream that ended may tell shutdown from falling behind by it)."""
+        return self._closed
 
     def has_subscribers(self) -> bool:
         """Whether anyone listens now (a publisher may skip building events nobody reads:
@@ -48,6 +54,7 @@ class Broadcaster(Generic[E]):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             subs = list(self._subs)
             self._subs.clear()
         for q in subs:
@@ -64,6 +71,8 @@ class Broadcaster(Generic[E]):
         changes can go out as one message."""
         q: queue.Queue = queue.Queue(self._max)
         with self._lock:
+            if self._closed:
+                return
             self._subs.add(q)
         try:
             first = list(snapshot())

@@ -414,3 +414,41 @@ def test_watch_jobs_streams_a_queued_job_until_it_is_dispatched_and_retires(suit
             assert e.value.code() == code
     finally:
         stop_irm(running, register)
+
+
+def test_watch_jobs_is_capped_and_ends_unavailable_when_the_manager_stops(suite):
+    running, address, jobs, orch, register = start_irm(suite, "edf", period=0.2)
+    try:
+        job = jobs.RegisterJob(deadline_job("w", 120.0, size=10))
+        watch = lambda: jobs.WatchJobs(jp.WatchJobsRequest(tenant="alice", job_id=job.id), timeout=30)  # noqa: E731
+        streams = [watch() for _ in range(16)]
+        assert all(next(s).id == job.id for s in streams)
+        with pytest.raises(grpc.RpcError) as e:                    # one too many: refused, not a stuck server
+            next(watch())
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "16 WatchJobs" in e.value.details()
+        assert jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id), timeout=5).id == job.id
+        for s in streams[1:]:
+            s.cancel()
+
+        def opens() -> bool:
+            s = watch()
+            try:
+                return next(s).id == job.id
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                return False
+            finally:
+                s.cancel()
+
+        eventually(opens, what="a slot freed by the cancelled streams")
+        # The manager stops: an open stream ends UNAVAILABLE (not OK, which would read as "retired"), and so
+        # does one opened after.
+        register.manager.stop()
+        with pytest.raises(grpc.RpcError) as e:
+            list(streams[0])
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError) as e:
+            list(watch())
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        stop_irm(running, register)

@@ -375,3 +375,19 @@ def test_retiring_a_job_leaves_the_tenants_other_groups_alone(irm_factory):
     mine = [irm.orch.create_group("alice", rid, "sleep", 1) for rid in (f"JOB:{job.id}:mine", f"job:{job.id}x")]
     irm.manager.retire("alice", job.id)
     assert sorted(g.id for g in live_groups(irm)) == sorted(g.id for g in mine)
+
+
+def test_watchers_hear_of_changes_not_of_every_periodic_write(irm_factory):
+    irm = irm_factory("fcfs_min")
+    job = irm.register("a", **deadline(60.0, 30))
+    events = []
+    irm.manager.watchers.has_subscribers = lambda: True
+    irm.manager.watchers.publish = events.extend
+    for _ in range(3):                                   # periods without progress: nothing to tell
+        irm.clock.advance(1.0)
+        irm.manager.control_once()
+    assert events == []
+    irm.complete(irm.job(job.id), 5)
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert events and events[-1].completed_actions == 5

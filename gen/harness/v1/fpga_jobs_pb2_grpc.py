@@ -117,8 +117,10 @@ class FpgaJobsServicer:
         their current state (every job not retired, or the one job asked for),
         then a job each time it changes (dispatched, resized, progress observed or
         reported, retired). Asked for one job, the stream ends once it has retired
-        (at once if it already had). NOT_FOUND for an unknown job,
-        PERMISSION_DENIED for another tenant's.
+        (at once if it already had); any other end is an error to reconnect on:
+        UNAVAILABLE (the IRM is stopping) or ABORTED (the watcher fell too far
+        behind). NOT_FOUND for an unknown job, PERMISSION_DENIED for another
+        tenant's, RESOURCE_EXHAUSTED when 16 streams are open on the IRM already.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
