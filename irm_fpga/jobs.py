@@ -765,6 +765,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._watch_slots.release()
 
     def _watch(self, tenant: str, one: str, context: Any):  # type: ignore[no-untyped-def]
+        """The stream of one WatchJobs call (it holds a slot): snapshot, changes, then the end or an error."""
 
         def snapshot() -> list[fpga_jobs_pb2.Job]:
             if one:
