@@ -17,7 +17,8 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
   pin down, and what is reconstructed), window 30, 10 repetitions of 300 s
   (3 with --quick; seeds from --base-seed, default 0). Rows (`metrics`, means
   of W_T, S_T, U_c, N_C, N_L and the mean pool): Table IV's four single
-  algorithms, then `priority`, `slack_min`, `slack_amap` alone, then five
+  algorithms, then `priority`, `slack_min`, `slack_amap` alone (and each
+  `--algorithm NAME`, a plug-in: `irm_fpga.qos.plugins`), then five
   managed variants, all on 4 devices at most:
   - `managed_paper`: seed 001 Algorithm 1 as written (the paper's four
     algorithms, its scoring by strategy, eq. 1, Algorithm 3 after each
@@ -75,6 +76,7 @@ from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.jobs import QosJob
 from irm_fpga.qos.late_milp import late_lower_bound_milp, late_windows
+from irm_fpga.qos.plugins import PolicyError, single_algorithm
 from irm_fpga.qos.sim import (
     JobType,
     Scenario,
@@ -324,7 +326,7 @@ def milp_certificates(sc: Scenario, seeds: range) -> dict:
             "elapsed_s": round(time.monotonic() - t0, 1)}
 
 
-def table4(quick: bool, base_seed: int = 0) -> dict:
+def table4(quick: bool, base_seed: int = 0, plug_ins: tuple[str, ...] = ()) -> dict:
     reps = 3 if quick else 10
     seeds = range(base_seed, base_seed + reps)
     out = {"window": 30, "repetitions": reps, "seeds": [seeds.start, seeds.stop - 1], "duration_s": TABLE4_RUN_S,
@@ -333,7 +335,7 @@ def table4(quick: bool, base_seed: int = 0) -> dict:
            "variants": MANAGED_VARIANTS}
     for sc in table4_scenarios():
         rows, runs = {}, {}
-        for alg in TABLE4_SINGLES + EXTRA_SINGLES:
+        for alg in TABLE4_SINGLES + EXTRA_SINGLES + plug_ins:
             runs[alg] = [run_hydrogen(sc, alg, seed, window=30) for seed in seeds]
             rows[alg] = mean_metrics(runs[alg])
         for name, kw in MANAGED_VARIANTS.items():
@@ -401,10 +403,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     p.add_argument("--quick", action="store_true", help="fewer Hydrogen repetitions (3 instead of 10)")
     p.add_argument("--base-seed", type=int, default=0, help="first seed of the Hydrogen repetitions (default 0)")
+    p.add_argument("--algorithm", action="append", default=[], metavar="NAME",
+                   help="also run this scheduling algorithm alone in hydrogen_table4 (package.module:function, "
+                        "or an entry point of harness.qos_algorithms); repeatable")
     args = p.parse_args(argv)
+    for name in args.algorithm:
+        try:
+            single_algorithm(name)
+        except PolicyError as e:
+            p.error(str(e))
     t0 = time.monotonic()
     result = {"edf_deadlines": deadlines("edf"), "throughput_deadlines": deadlines("throughput"),
-              "throughput_goals": goals(), "hydrogen_table3": table3(), "hydrogen_table4": table4(args.quick, args.base_seed)}
+              "throughput_goals": goals(), "hydrogen_table3": table3(), "hydrogen_table4": table4(args.quick, args.base_seed, tuple(dict.fromkeys(args.algorithm)))}
     result["targets"] = {k: v["pass"] for k, v in result.items() if isinstance(v, dict) and "pass" in v}
     result["elapsed_s"] = round(time.monotonic() - t0, 2)
     emit(result)

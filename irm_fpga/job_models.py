@@ -17,7 +17,7 @@ class FpgaJob(Base):
     request_id: Mapped[str] = mapped_column(String(256))
     design: Mapped[str] = mapped_column(String(64))
     group_id: Mapped[str] = mapped_column(String(64), default="")
-    policy: Mapped[str] = mapped_column(String(32))
+    policy: Mapped[str] = mapped_column(String(255))     # a plug-in is named package.module:function
     # "deadline" | "throughput" (irm_fpga.qos.jobs)
     goal: Mapped[str] = mapped_column(String(16))
     deadline_s: Mapped[float] = mapped_column(Float, default=0.0)      # relative, as registered

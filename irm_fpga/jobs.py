@@ -77,7 +77,7 @@ from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, THROUGHPUT, JobProgress, QosJob
-from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS
+from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS, is_scheduling
 from irm_fpga.qos.throughput import (
     DEFAULT_ALPHA,
     ControllerState,
@@ -137,14 +137,17 @@ class JobsConfig:
 class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def __init__(self, orchestrator: Any, config: JobsConfig | None = None, clock: Clock | None = None) -> None:
         self.config = config or JobsConfig()
-        if self.config.policy not in ALLOCATION_POLICIES and self.config.policy not in SCHEDULING_ALGORITHMS:
+        if len(self.config.policy) > 255:
+            raise ValueError("job manager configuration: a policy name is at most 255 characters")
+        if self.config.policy not in ALLOCATION_POLICIES and not is_scheduling(self.config.policy):
             raise ValueError(f"job manager configuration: unknown policy {self.config.policy!r}; "
-                             f"known: {', '.join(sorted({*ALLOCATION_POLICIES, *SCHEDULING_ALGORITHMS}))}")
+                             f"known: {', '.join(sorted({*ALLOCATION_POLICIES, *SCHEDULING_ALGORITHMS}))}; "
+                             f"or a scheduling algorithm of your own as 'package.module:function'")
         if not self.config.lookahead_budget_s >= 0:
             raise ValueError("job manager configuration: lookahead_budget_s must be >= 0 seconds")
         # A Hydrogen policy dispatches from a ready queue; None: "edf" or "throughput" resize groups.
         self.scheduler: dispatch.Scheduler | None = None
-        if self.config.policy in SCHEDULING_ALGORITHMS:
+        if is_scheduling(self.config.policy):
             if not (1 <= self.config.pool_min
                     and (self.config.pool_max == 0 or self.config.pool_min <= self.config.pool_max)):
                 raise ValueError("job manager configuration: need 1 <= pool_min <= pool_max (pool_max 0: all)")
@@ -205,7 +208,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         policy = self.config.policy
         bad = [r for r in active if r.goal == THROUGHPUT and policy != THROUGHPUT]
         if self.scheduler is None:       # queued jobs, and groups a Hydrogen scheduler fixed at their size
-            bad += queued + [r for r in active if r.policy in SCHEDULING_ALGORITHMS]
+            bad += queued + [r for r in active if is_scheduling(r.policy)]
         if bad:
             raise ValueError(
                 f"job manager configuration: policy {policy!r} cannot manage {len(bad)} job(s) registered under "
@@ -385,8 +388,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         with self.db.read() as s:
             recent = list(s.scalars(select(FpgaJob).where(FpgaJob.goal == DEADLINE,
                                                           FpgaJob.registered_at >= now - hy.FORECAST_SPAN_S)))
-        d = dispatch.decide(self.scheduler, [self._hjob(r, hi) for r in queued], now=now, pool=pool, pool_max=hi,
-                            running=run, cost=self.cost, history=[self._hjob(r, hi) for r in recent])
+        try:
+            d = dispatch.decide(self.scheduler, [self._hjob(r, hi) for r in queued], now=now, pool=pool,
+                                pool_max=hi, running=run, cost=self.cost, history=[self._hjob(r, hi) for r in recent])
+        except Exception:   # noqa: BLE001 - e.g. a plug-in's bug: the jobs stay queued, the next event retries
+            log.exception("scheduling decision failed; the queue waits", extra={"policy": self.config.policy})
+            return
         if d.pool != pool:
             log.info("job pool resized", extra={"devices": d.pool, "was": pool, "decision": d.scaling})
         self._pool_size = d.pool

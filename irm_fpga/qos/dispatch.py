@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos import lookahead as la
+from irm_fpga.qos import plugins
 
 MANAGED_MODES = ("managed", "managed_deadline")
-SINGLE_ALGORITHMS: dict[str, Callable[..., hy.Allocation]] = {**hy.ALGORITHMS, **hy.DEADLINE_ALGORITHMS}
+SINGLE_ALGORITHMS: dict[str, Callable[..., hy.Allocation]] = plugins.BUILT_IN   # and plug-ins by name (plugins)
 FORECAST = 30       # expected arrivals the deadline-aware elasticity manager checks a shrink against (= window)
 
 
@@ -31,7 +32,7 @@ FORECAST = 30       # expected arrivals the deadline-aware elasticity manager ch
 class Scheduler:
     """Which Hydrogen scheduler decides, and with what settings."""
 
-    algorithm: str                              # a single algorithm, "managed" or "managed_deadline"
+    algorithm: str                              # a single algorithm (or plug-in), "managed" or "managed_deadline"
     window: int = 30                            # jobs of the ready queue each decision looks at
     late_after: float = hy.LATE_AFTER_S         # a job waiting longer than this to start is late
     strategy: str = hy.COMPLETION_TIME          # the paper's managed mode scores by it
@@ -45,9 +46,8 @@ class Scheduler:
     algorithms: Mapping[str, Callable[..., hy.Allocation]] | None = None   # managed candidates (None: default)
 
     def __post_init__(self) -> None:
-        if self.algorithm not in SINGLE_ALGORITHMS and self.algorithm not in MANAGED_MODES:
-            known = sorted([*SINGLE_ALGORITHMS, *MANAGED_MODES])
-            raise KeyError(f"unknown algorithm {self.algorithm!r}; known: {known}")
+        if self.algorithm not in MANAGED_MODES:
+            plugins.single_algorithm(self.algorithm)     # UnknownPolicy / PolicyError saying what is wrong
         if self.lookahead and self.algorithm != "managed_deadline":
             raise ValueError(f"lookahead={self.lookahead} needs algorithm 'managed_deadline' (got {self.algorithm!r})")
         if self.elasticity and self.algorithm not in MANAGED_MODES:
@@ -99,9 +99,12 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
     free = max(0, pool - used)
     lo = min(s.pool_min, pool_max)          # fewer devices than pool_min may be left (other groups hold them)
     ends = [(r.end, r.devices) for r in running]
-    if s.algorithm in SINGLE_ALGORITHMS:
-        alg = hy.with_late_after(SINGLE_ALGORITHMS[s.algorithm], s.late_after)
-        return Decision(alg(queue, free, s.window, cost, now=now), "", pool)
+    if s.algorithm not in MANAGED_MODES:
+        alg = hy.with_late_after(plugins.single_algorithm(s.algorithm), s.late_after)
+        picked = alg(queue, free, s.window, cost, now=now)
+        if s.algorithm not in SINGLE_ALGORITHMS:        # a plug-in's answer is checked before anyone acts on it
+            picked = plugins.check_allocation(s.algorithm, picked, queue, s.window, free)
+        return Decision(picked, "", pool)
     if s.algorithm == "managed_deadline":
         algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms
         schedule = None

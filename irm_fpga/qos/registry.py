@@ -1,5 +1,8 @@
 """Policies by name. Unknown names raise `KeyError` listing the known ones.
 
+Scheduling algorithms may also come from outside (`irm_fpga.qos.plugins`:
+`package.module:function`, or an entry point of `harness.qos_algorithms`).
+
 Two families with different shapes:
 
 * allocation policies (seed 000): resize each running job's group;
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.hydrogen import ALGORITHMS, managed, managed_deadline, slack_amap, slack_min
 from irm_fpga.qos.lookahead import managed_lookahead
+from irm_fpga.qos.plugins import is_external, single_algorithm
 from irm_fpga.qos.throughput import throughput_decide
 
 ALLOCATION_POLICIES: dict[str, Callable] = {"edf": edf_allocate, "throughput": throughput_decide}
@@ -31,10 +35,17 @@ SCHEDULING_ALGORITHMS: dict[str, Callable] = {
 }
 
 
+def is_scheduling(name: str) -> bool:
+    """Whether `name` names a scheduling algorithm: built in, or a plug-in's name (not loaded here)."""
+    return name in SCHEDULING_ALGORITHMS or is_external(name)
+
+
 def get_policy(name: str) -> Callable:
     if name in ALLOCATION_POLICIES:
         return ALLOCATION_POLICIES[name]
     if name in SCHEDULING_ALGORITHMS:
         return SCHEDULING_ALGORITHMS[name]
+    if is_external(name):
+        return single_algorithm(name)     # PolicyError (a KeyError if nothing has that name) saying what is wrong
     known = ", ".join(sorted({**ALLOCATION_POLICIES, **SCHEDULING_ALGORITHMS}))
     raise KeyError(f"unknown policy {name!r}; known: {known}")

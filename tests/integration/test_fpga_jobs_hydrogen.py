@@ -391,3 +391,45 @@ def test_watchers_hear_of_changes_not_of_every_periodic_write(irm_factory):
     irm.clock.advance(1.0)
     irm.manager.control_once()
     assert events and events[-1].completed_actions == 5
+
+
+# -- a scheduling algorithm plugged in by name (irm_fpga.qos.plugins) ----------------------------------------
+
+PLUG_IN = "examples.qos.longest_first:longest_first"
+
+
+def test_a_plugged_in_algorithm_runs_live(irm_factory):
+    irm = irm_factory(PLUG_IN)
+    first = irm.register("first", min_devices=DEVICES, **deadline(60.0, 30))
+    short = irm.register("short", **deadline(60.0, 10))
+    long = irm.register("long", **deadline(60.0, 500))
+    assert irm.job(first.id).state == ACTIVE and irm.job(short.id).state == irm.job(long.id).state == QUEUED
+    assert irm.manager.to_proto(irm.job(long.id)).policy == PLUG_IN
+    irm.clock.advance(3.0)
+    irm.complete(irm.job(first.id), 30)
+    irm.manager.control_once()
+    # The plug-in's rule, not arrival order: the long job (500 actions) starts first, each on its minimum.
+    assert irm.job(long.id).allocations == [[1003.0, 1]] and irm.job(short.id).allocations == [[1003.0, 1]]
+    # The same configuration comes back after a restart (the jobs it dispatched are its own).
+    irm.restart()
+    assert irm.manager.scheduler.algorithm == PLUG_IN
+
+
+def test_a_plug_in_that_over_allocates_leaves_the_queue_waiting_and_the_service_up(irm_factory, caplog):
+    irm = irm_factory("tests.unit.test_qos_plugins:greedy")
+    a = irm.register("a", **deadline(60.0, 30))        # alone, on its max (all devices): that fits
+    assert irm.job(a.id).devices == DEVICES
+    b = irm.register("b", **deadline(60.0, 30))        # greedy starts b on its max too, with none free
+    assert irm.job(b.id).state == QUEUED and len(live_groups(irm)) == 1
+    assert f"started jobs on {DEVICES} devices; 0 are free" in caplog.text
+    irm.manager.retire("alice", a.id)                   # the retirement's decision: b fits now
+    assert (irm.job(b.id).state, irm.job(b.id).devices) == (ACTIVE, DEVICES)
+
+
+def test_a_plug_in_that_cannot_be_loaded_stops_the_start_up(irm_factory):
+    irm = irm_factory("edf")
+    for name, match in [("no.such.module:f", "cannot load 'f' from module 'no.such.module'"),
+                        ("tests.unit.test_qos_plugins:wrong_arity", "must accept"),
+                        ("no_such_policy", "unknown policy 'no_such_policy'.*package.module:function")]:
+        with pytest.raises(ValueError, match=match):
+            JobManager(irm.orch, JobsConfig(policy=name))

@@ -1,0 +1,127 @@
+"""Scheduling algorithms from outside the project: a researcher's function, by name, live and simulated.
+
+A Hydrogen scheduling algorithm (seed 001 §IV) is a pure function
+
+    alg(queue, available, window, cost, *, now) -> [(job_id, devices), ...]
+
+of the ready queue (`hydrogen.HJob`s in arrival order), the free devices,
+the window (how many queued jobs it may look at) and the cost model
+(`cost(job, devices) -> seconds`). Besides the built-in names, a policy name
+may be
+
+* `package.module:function` -- imported on first use; or
+* the name of an entry point in the `harness.qos_algorithms` group, so an
+  installed package can offer algorithms by short names.
+
+The same name then works everywhere a built-in one does: the FPGA IRM's
+`jobs_policy` (checked at start-up: an unknown or ill-formed one stops the
+service with a message), `irm_fpga.qos.sim.run_hydrogen`, and
+`harness bench policies --algorithm NAME`. Whatever an algorithm returns is
+checked before it is acted on (`check_allocation`): a plug-in with a bug
+gets a `PolicyError` naming its fault, never a group on devices it had no
+right to.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from irm_fpga.qos import hydrogen as hy
+
+ENTRY_POINT_GROUP = "harness.qos_algorithms"
+BUILT_IN: dict[str, Callable[..., hy.Allocation]] = {**hy.ALGORITHMS, **hy.DEADLINE_ALGORITHMS}
+
+
+class PolicyError(ValueError):
+    """A scheduling algorithm cannot be loaded, or returned what it may not."""
+
+
+class UnknownPolicy(PolicyError, KeyError):
+    """No algorithm has that name (a KeyError too, as unknown names always were)."""
+
+    def __str__(self) -> str:          # KeyError's would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def is_external(name: str) -> bool:
+    """Whether `name` is not built in but may name a plug-in (a `module:function` path or an entry point)."""
+    return name not in BUILT_IN and (":" in name or any(ep.name == name for ep in _entry_points()))
+
+
+def _entry_points():
+    return entry_points(group=ENTRY_POINT_GROUP)
+
+
+@functools.lru_cache(maxsize=64)
+def single_algorithm(name: str) -> Callable[..., hy.Allocation]:
+    """The algorithm `name` stands for: built in, `module:function`, or an entry point; else PolicyError."""
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise UnknownPolicy(f"scheduling algorithm {name!r}: cannot load {attr!r} from module {module!r} ({e})") \
+                from None
+    else:
+        found = [ep for ep in _entry_points() if ep.name == name]
+        if not found:
+            known = ", ".join(sorted(BUILT_IN))
+            raise UnknownPolicy(f"unknown scheduling algorithm {name!r}; built in: {known}; or give "
+                              f"'package.module:function', or an entry point of group {ENTRY_POINT_GROUP!r}")
+        fn = found[0].load()
+    _check_signature(name, fn)
+    return fn
+
+
+def _check_signature(name: str, fn: object) -> None:
+    if not callable(fn):
+        raise PolicyError(f"scheduling algorithm {name!r} is a {type(fn).__name__}, not a function")
+    try:
+        inspect.signature(fn).bind([], 0, 1, hy.linear_cost, now=0.0)
+    except (TypeError, ValueError):
+        raise PolicyError(f"scheduling algorithm {name!r} must accept (queue, available, window, cost, *, now); "
+                          f"its signature is {_signature(fn)}") from None
+
+
+def _signature(fn: object) -> str:
+    try:
+        return str(inspect.signature(fn))        # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "unknown"
+
+
+def check_allocation(name: str, allocation: object, queue: Sequence[hy.HJob], window: int,
+                     available: int) -> hy.Allocation:
+    """`allocation` as a list of (job id, devices) if an algorithm may return it, else PolicyError.
+
+    Each job started at most once, from the first `window` queued jobs, on min..max of its devices, all of
+    them within `available`.
+    """
+    by_id = {j.job_id: j for j in queue[:window]}
+    try:
+        pairs = [(str(job_id), int(n)) for job_id, n in allocation]     # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise PolicyError(f"scheduling algorithm {name!r} returned {allocation!r}; "
+                          f"expected a list of (job id, devices)") from None
+    seen: set[str] = set()
+    for job_id, n in pairs:
+        job = by_id.get(job_id)
+        if job is None:
+            raise PolicyError(f"scheduling algorithm {name!r} started {job_id!r}, which is not among the first "
+                              f"{window} queued jobs")
+        if job_id in seen:
+            raise PolicyError(f"scheduling algorithm {name!r} started {job_id!r} twice")
+        seen.add(job_id)
+        if not job.min_devices <= n <= job.max_devices:
+            raise PolicyError(f"scheduling algorithm {name!r} gave {job_id!r} {n} devices; it allows "
+                              f"{job.min_devices}..{job.max_devices}")
+    used = sum(n for _, n in pairs)
+    if used > available:
+        raise PolicyError(f"scheduling algorithm {name!r} started jobs on {used} devices; {available} are free")
+    return pairs
