@@ -94,7 +94,9 @@ def controller_step(job: QosJob, state: ControllerState, obs: JobProgress, *,
     g = throughput_goal(job, obs.time, obs.actions)
     hi = job.cap(max_devices if max_devices is not None else 1 << 30)
     if a_hat is None:
-        r = obs.allocation
+        # No estimate yet: ask for the minimum (as `initial_state` does), not for what the job holds -- a job that
+        # has completed nothing would otherwise keep every device as its request and lock admission for all.
+        r = max(1, job.min_devices)
     elif math.isinf(g):
         r = hi
     else:
@@ -118,6 +120,7 @@ class BrokerJob:
     deadline_goal: bool
     max_devices: int | None = None
     priority: float = 1.0   # w_j: p_j / w_j ranks the jobs (module docstring)
+    min_devices: int = 0    # never allocated fewer (the job manager keeps a job on >= 1 device)
 
     @property
     def rank(self) -> float:
@@ -148,16 +151,24 @@ def allocate_fit(jobs: Sequence[BrokerJob], max_: int) -> dict[str, int]:
 
 
 def allocate_not_fit(jobs: Sequence[BrokerJob], max_: int) -> dict[str, int]:
-    """Algorithm 3: entries (p_j / w_j * 0.75^i, j) for i < r_j, sorted ascending, first `max` granted."""
+    """Algorithm 3: entries (p_j / w_j * 0.75^i, j) for i < r_j, sorted ascending, first `max` granted.
+
+    Each job's minimum is granted first (seed 000 §III: the manager honours min/max; the paper's jobs have
+    none), best rank first if even the minimums do not all fit; its entries then start at i = min.
+    """
+    alloc = {j.job_id: 0 for j in jobs}
+    left = max_
+    for order, j in sorted(enumerate(jobs), key=lambda e: (e[1].rank, -e[1].priority, e[0])):
+        alloc[j.job_id] = min(j.min_devices, left)
+        left -= alloc[j.job_id]
     available: list[tuple[float, float, int, str]] = []
     for order, j in enumerate(jobs):
-        prio = j.rank
-        for _ in range(j.request):
+        prio = j.rank * ALG3_DECAY ** alloc[j.job_id]
+        for _ in range(alloc[j.job_id], j.request):
             available.append((prio, -j.priority, order, j.job_id))
             prio *= ALG3_DECAY
     available.sort(key=lambda e: e[:3])
-    alloc = {j.job_id: 0 for j in jobs}
-    for *_, job_id in available[:max_]:
+    for *_, job_id in available[:left]:
         alloc[job_id] += 1
     return alloc
 
@@ -213,6 +224,6 @@ def throughput_decide(jobs: Sequence[QosJob], states: Mapping[str, ControllerSta
     new_states = {j.job_id: controller_step(j, states[j.job_id], observations[j.job_id], alpha=alpha,
                                             max_devices=max_) for j in jobs}
     bjobs = [BrokerJob(j.job_id, new_states[j.job_id].request, new_states[j.job_id].performance,
-                       j.goal == DEADLINE, j.max_devices, j.priority) for j in jobs]
+                       j.goal == DEADLINE, j.max_devices, j.priority, j.min_devices) for j in jobs]
     alloc, fit = resource_broker(bjobs, max_)
     return alloc, new_states, fit

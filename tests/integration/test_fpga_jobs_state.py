@@ -161,3 +161,30 @@ def test_jobs_without_a_saved_controller_start_afresh(irm_factory):
     with irm.orch.db.read() as s:
         assert "fpga_job_controllers" in inspect(s.get_bind()).get_table_names()
         assert [r.id for r in s.scalars(select(FpgaJob))] == [job.id]
+
+
+def test_a_throughput_job_that_has_done_nothing_yet_does_not_lock_out_other_tenants(irm_factory):
+    irm = irm_factory("throughput")
+    a = irm.register("a", throughput=jp.ThroughputGoal(actions_per_s=10.0))
+    assert irm.job(a.id).devices == DEVICES
+    irm.clock.advance(1.0)
+    irm.manager.control_once()            # a's application has not started: no action completed, no estimate
+    assert irm.manager._states[a.id].request == 1
+    b = irm.manager.register(jp.RegisterJobRequest(tenant="bob", request_id="b", design="sleep",
+                                                   throughput=jp.ThroughputGoal(actions_per_s=10.0)))
+    assert b.devices >= 1 and irm.job(a.id).devices == DEVICES - b.devices
+
+
+def test_the_broker_keeps_every_job_at_its_minimum_when_requests_do_not_fit(irm_factory):
+    irm = irm_factory("throughput")
+    a = irm.register("a", min_devices=3, throughput=jp.ThroughputGoal(actions_per_s=10.0))
+    irm.clock.advance(2.0)
+    irm.complete(irm.job(a.id), 400)      # 200 actions/s on 8 devices against a goal of 10: request -> its min 3
+    irm.manager.control_once()
+    assert irm.job(a.id).devices == 3
+    b = irm.register("b", **deadline(1.0, 100_000))
+    irm.clock.advance(2.0)                # b is past its deadline: it wants the whole pool (requests do not fit)
+    irm.complete(irm.job(a.id), 400)
+    irm.complete(irm.job(b.id), 10)
+    irm.manager.control_once()
+    assert (irm.job(a.id).devices, irm.job(b.id).devices) == (3, DEVICES - 3)

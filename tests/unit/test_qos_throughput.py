@@ -75,6 +75,28 @@ def test_broker_not_fit_branch_algorithm_3():
     assert allocate_not_fit([BrokerJob("a", 2, 1.0, True), BrokerJob("b", 2, 1.0, True)], 2) == {"a": 1, "b": 1}
 
 
+def test_algorithm_3_grants_each_minimum_first():
+    # a: min 3, doing well (rank 2.0); b: behind (rank 0.1) asking for 8 of 8. Without minimums b's entries
+    # (0.1, 0.075, ...) all rank before a's first (2.0): a would get 0. With them a keeps its 3, b the other 5.
+    a, b = BrokerJob("a", 3, 2.0, False, min_devices=3), BrokerJob("b", 8, 0.1, True, min_devices=1)
+    alloc, fit = resource_broker([a, b], 8)
+    assert not fit and alloc == {"a": 3, "b": 5}
+    # Above its minimum a job's entries start at i = min: c's 3rd entry is 1.0 * 0.75^2 = 0.5625, ahead of d's
+    # first (0.6); d's second (0.45) before c's 4th (0.42).
+    c, d = BrokerJob("c", 4, 1.0, True, min_devices=2), BrokerJob("d", 4, 0.6, True)
+    assert allocate_not_fit([c, d], 5) == {"c": 3, "d": 2}
+    # Minimums that do not all fit: the best rank first.
+    assert allocate_not_fit([BrokerJob("x", 4, 0.9, True, min_devices=3), BrokerJob("y", 4, 0.2, True, min_devices=3)],
+                            4) == {"x": 1, "y": 3}
+
+
+def test_a_controller_without_an_estimate_asks_for_its_minimum_not_what_it_holds():
+    # Nothing completed yet (no a_hat): the request is the minimum, so admission may take the surplus.
+    s = controller_step(tjob(30.0, mn=2), ControllerState(last_time=0.0, last_actions=0), JobProgress(1.0, 0, 8))
+    assert s.a_hat is None and s.request == 2
+    assert controller_step(tjob(30.0), ControllerState(last_time=0.0, last_actions=0), JobProgress(1.0, 0, 8)).request == 1
+
+
 def test_broker_max_excludes_blacklisted_and_reserved():
     assert broker_max(8, blacklisted=2, reserved=1) == 5
     alloc, fit = resource_broker([BrokerJob("a", 6, 1.0, False)], broker_max(8, blacklisted=2))
