@@ -158,7 +158,7 @@ def allocate_not_fit(jobs: Sequence[BrokerJob], max_: int) -> dict[str, int]:
     """
     alloc = {j.job_id: 0 for j in jobs}
     left = max_
-    for order, j in sorted(enumerate(jobs), key=lambda e: (e[1].rank, -e[1].priority, e[0])):
+    for _, j in sorted(enumerate(jobs), key=lambda e: (e[1].rank, -e[1].priority, e[0])):
         alloc[j.job_id] = min(j.min_devices, left)
         left -= alloc[j.job_id]
     available: list[tuple[float, float, int, str]] = []
