@@ -28,6 +28,7 @@ from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grp
 from irm_fpga import autoscaler
 from irm_fpga import designs as design_lib
 from irm_fpga import engine as eng
+from irm_fpga.job_models import FpgaJob
 from irm_fpga.models import Client, Group, Reservation
 from services import client as rpc
 from services.clock import Clock, WallClock
@@ -407,6 +408,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         owned(tenant, g.tenant, f"FPGA group {g.id!r}")
         if request.size < 1:
             raise InvalidArgument.of("size", "at least 1 device")
+        self._not_a_jobs(g, "resized")
         return self._to_proto(self.resize(g, request.size))
 
     def DeleteGroup(self, request, context):  # noqa: N802
@@ -418,7 +420,17 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         owned(tenant, g.tenant, f"FPGA group {g.id!r}")
         if g.deleted:
             return self._to_proto(g)
+        self._not_a_jobs(g, "deleted")
         return self._to_proto(self.delete(g))
+
+    def _not_a_jobs(self, g: Group, what: str) -> None:
+        """A job's group is sized by the job manager alone: a tenant resizing it would keep devices the manager
+        gave others (it never looks), one deleting it would leave the job counting devices it no longer has."""
+        with self.db.read() as s:
+            job = s.scalars(select(FpgaJob.id).where(FpgaJob.group_id == g.id, FpgaJob.state != "retired")).first()
+        if job is not None:
+            raise FailedPrecondition(f"FPGA group {g.id!r} belongs to job {job!r}, whose devices the job manager "
+                                     f"decides; it cannot be {what} directly: retire the job (FpgaJobs.RetireJob)")
 
     def AttachClient(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

@@ -131,6 +131,15 @@ def test_tenant_isolation_and_bad_input(edf):
     with pytest.raises(grpc.RpcError) as e:                     # bob cannot attach to alice's job group either
         VirtualFpga.attach(edf["address"], "bob", mine.group_id)
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # Nor can alice herself resize or delete her job's group: the job manager sizes it (it would never notice).
+    orch = edf["orch"]
+    for call in (lambda: orch.ResizeGroup(fpga_pb2.ResizeGroupRequest(tenant="alice", group_id=mine.group_id, size=8)),
+                 lambda: orch.DeleteGroup(fpga_pb2.DeleteGroupRequest(tenant="alice", group_id=mine.group_id))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "RetireJob" in e.value.details()
+    assert group_size(orch, "alice", mine.group_id) == jobs.GetJob(jp.GetJobRequest(tenant="alice",
+                                                                                   job_id=mine.id)).devices
     with pytest.raises(grpc.RpcError) as e:
         jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id="job-nope"))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
