@@ -7,6 +7,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from irm_fpga.models import Base
 
+# Request ids of the groups the job manager makes for its jobs (`job:<job id>[:<attempt>]`): the Orchestrator
+# refuses them from tenants, so the manager may drop any such group no job owns.
+JOB_GROUP_PREFIX = "job:"
+
 
 class FpgaJob(Base):
     __tablename__ = "fpga_jobs"

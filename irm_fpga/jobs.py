@@ -71,7 +71,7 @@ from sqlalchemy import func, select
 
 from harness.v1 import fpga_jobs_pb2, fpga_jobs_pb2_grpc, fpga_pb2
 from irm_fpga import designs as design_lib
-from irm_fpga.job_models import FpgaJob, FpgaJobController
+from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob, FpgaJobController
 from irm_fpga.models import Group
 from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
@@ -187,6 +187,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         now = self.clock.now()
         rows = self._active()
         self._check_compatible(rows, self._queued())
+        self._drop_orphans()
         self._learn_from_history()
         with self.db.read() as s:
             saved = {c.job_id: c for c in s.scalars(select(FpgaJobController))}
@@ -627,6 +628,19 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _insert(self, row: FpgaJob) -> None:
         self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name) for c in FpgaJob.__table__.c})))
         self._publish([row])
+
+    def _drop_orphans(self) -> None:
+        """Drop the job groups no job owns: a process that died between making a job's group and recording the job
+        (or a dispatch) left them holding devices nobody would ever give back. Tenants cannot make such groups
+        (`JOB_GROUP_PREFIX` is refused from them)."""
+        prefix = JOB_GROUP_PREFIX
+        with self.db.read() as s:
+            owned = set(s.scalars(select(FpgaJob.group_id).where(FpgaJob.state != RETIRED)))
+            orphans = [g.id for g in s.scalars(select(Group).where(
+                Group.deleted.is_(False), func.substr(Group.request_id, 1, len(prefix)) == prefix)) if g.id not in owned]
+        for gid in orphans:
+            log.warning("dropping a job group no job owns", extra={"group": gid})
+            self._drop_group(gid)
 
     def _drop_strays(self, tenant: str, job_id: str, keep: str) -> None:
         """Drop the live groups made for the job (request id `job:<id>` or `job:<id>:...`) other than `keep`."""

@@ -28,7 +28,7 @@ from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grp
 from irm_fpga import autoscaler
 from irm_fpga import designs as design_lib
 from irm_fpga import engine as eng
-from irm_fpga.job_models import FpgaJob
+from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob
 from irm_fpga.models import Client, Group, Reservation
 from services import client as rpc
 from services.clock import Clock, WallClock
@@ -383,6 +383,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     # -- FpgaOrchestrator API -------------------------------------------
     def CreateGroup(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
+        if request.request_id.startswith(JOB_GROUP_PREFIX):
+            # The job manager finds the groups it made (and drops those a crash left without their job) by it.
+            raise InvalidArgument.of("request_id", f"request ids starting with {JOB_GROUP_PREFIX!r} are the job "
+                                                   f"manager's; register a job (FpgaJobs.RegisterJob) or pick another")
         g = self.create_group(tenant, request.request_id, request.design, request.size, request.min_size,
                               request.max_size, request.sharing == fpga_pb2.FpgaGroup.SHARING_SHARED,
                               request.scaling == fpga_pb2.FpgaGroup.SCALING_ELASTIC)

@@ -140,6 +140,10 @@ def test_tenant_isolation_and_bad_input(edf):
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "RetireJob" in e.value.details()
     assert group_size(orch, "alice", mine.group_id) == jobs.GetJob(jp.GetJobRequest(tenant="alice",
                                                                                    job_id=mine.id)).devices
+    with pytest.raises(grpc.RpcError) as e:     # job groups' request ids are the manager's (it drops orphans by them)
+        orch.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="alice", request_id=f"job:{mine.id}", design="sleep",
+                                                     size=1))
+    assert [f for f, _ in field_violations(e.value)] == ["request_id"]
     with pytest.raises(grpc.RpcError) as e:
         jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id="job-nope"))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND

@@ -17,7 +17,7 @@ from sqlalchemy import inspect, select
 
 from harness.v1 import fpga_jobs_pb2 as jp
 from irm_fpga.job_models import FpgaJob, FpgaJobController
-from irm_fpga.jobs import RETIRED
+from irm_fpga.jobs import RETIRED, JobManager
 from services.errors import NotFound
 from tests.integration.fake_orchestrator import DEVICES, deadline
 
@@ -188,3 +188,25 @@ def test_the_broker_keeps_every_job_at_its_minimum_when_requests_do_not_fit(irm_
     irm.complete(irm.job(b.id), 10)
     irm.manager.control_once()
     assert (irm.job(a.id).devices, irm.job(b.id).devices) == (3, DEVICES - 3)
+
+
+class _Crash(BaseException):
+    """The process dies here (kill -9, power): no except clause runs."""
+
+
+def test_a_group_left_by_a_crash_before_its_job_was_recorded_is_dropped_on_restart(irm_factory, monkeypatch):
+    irm = irm_factory("edf")
+    kept = irm.register("kept", **deadline(100.0, 10))
+
+    def die(self, row):
+        raise _Crash()
+
+    monkeypatch.setattr(JobManager, "_insert", die)
+    with pytest.raises(_Crash):
+        irm.register("lost", **deadline(100.0, 10))
+    monkeypatch.undo()
+    assert irm.manager.pool_devices() < DEVICES           # the orphan holds devices no job will give back
+    irm.restart()
+    assert [r.id for r in irm.manager._active()] == [kept.id]
+    assert irm.manager.pool_devices() == DEVICES
+    assert irm.orch.size_of(irm.job(kept.id).group_id) >= 1   # the job's own group stays
