@@ -335,7 +335,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if n == row.devices:
             return row
         try:
-            self.orch.resize(self.orch._group(row.group_id), n)
+            # No max of its own: the group's (the devices usable when it was made) must not hold the job back.
+            self.orch.resize(self.orch._group(row.group_id), n, max_size=None if row.max_devices else n)
         except HarnessError as e:
             log.warning("job resize refused", extra={"job": row.id, "devices": n, "reason": str(e)})
             return row

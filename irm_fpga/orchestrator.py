@@ -335,9 +335,12 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             self.db.transact(lambda s: setattr(s.get(Group, g.id), "parts", dict(parts)))
         return g
 
-    def resize(self, g: Group, size: int) -> Group:
-        if not g.min_size <= size <= g.max_size:
-            raise FailedPrecondition(f"size {size} is outside the group's [{g.min_size}, {g.max_size}]")
+    def resize(self, g: Group, size: int, *, max_size: int | None = None) -> Group:
+        """`max_size` above the group's raises it first: a job's group (the job manager's) may grow onto devices
+        that were not usable when it was made, which capped its max then."""
+        mx = max(g.max_size, max_size or 0)
+        if not g.min_size <= size <= mx:
+            raise FailedPrecondition(f"size {size} is outside the group's [{g.min_size}, {mx}]")
         with self.lock:
             g = self._group(g.id)
             parts = self._spread(size, g.parts)
@@ -345,7 +348,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
             def save(s):  # type: ignore[no-untyped-def]
                 row = s.get(Group, g.id)
-                row.size, row.parts = size, dict(parts)
+                row.size, row.parts, row.max_size = size, dict(parts), max(row.max_size, mx)
                 return row
             return self.db.transact(save)
 

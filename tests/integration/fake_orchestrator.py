@@ -21,6 +21,7 @@ from irm_fpga.models import Group
 from irm_fpga.orchestrator import MIGRATIONS, Orchestrator
 from services.clock import VirtualClock
 from services.db import Database
+from services.errors import FailedPrecondition, InvalidArgument
 
 DEVICES = 8
 
@@ -49,9 +50,10 @@ class FakeOrchestrator:
         self.clock = clock
         self.servers = servers
         self.config = SimpleNamespace(server_timeout_s=1.0)
+        self.capacity = {"s1": DEVICES}     # usable devices per server now (tests change it)
 
     def _free_total_capacity(self) -> dict[str, int]:
-        return {"s1": DEVICES}
+        return dict(self.capacity)
 
     _group = Orchestrator._group  # the real lookup: it needs only `db`
 
@@ -60,6 +62,10 @@ class FakeOrchestrator:
             existing = s.scalar(select(Group).where(Group.tenant == tenant, Group.request_id == request_id))
         if existing is not None:
             return existing
+        total = sum(self._free_total_capacity().values())
+        max_size = max_size or total
+        if max_size > total:        # as the real one's _validate_group
+            raise InvalidArgument.of("max_size", f"the FPGA-servers have {total} usable devices in all")
         g = Group(
             id=f"fg-{uuid.uuid4().hex[:12]}",
             tenant=tenant,
@@ -78,10 +84,14 @@ class FakeOrchestrator:
         self.db.transact(lambda s: s.add(Group(**{c.name: getattr(g, c.name) for c in Group.__table__.c})))
         return g
 
-    def resize(self, g: Group, size: int) -> Group:
+    def resize(self, g: Group, size: int, *, max_size: int | None = None) -> Group:
+        mx = max(g.max_size, max_size or 0)
+        if not g.min_size <= size <= mx:           # as the real one's
+            raise FailedPrecondition(f"size {size} is outside the group's [{g.min_size}, {mx}]")
+
         def save(s):  # noqa: ANN001, ANN202
             row = s.get(Group, g.id)
-            row.size, row.parts = size, {"s1": size}
+            row.size, row.parts, row.max_size = size, {"s1": size}, mx
             return row
 
         return self.db.transact(save)

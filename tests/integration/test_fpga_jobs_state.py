@@ -210,3 +210,14 @@ def test_a_group_left_by_a_crash_before_its_job_was_recorded_is_dropped_on_resta
     assert [r.id for r in irm.manager._active()] == [kept.id]
     assert irm.manager.pool_devices() == DEVICES
     assert irm.orch.size_of(irm.job(kept.id).group_id) >= 1   # the job's own group stays
+
+
+def test_a_job_registered_while_devices_were_missing_grows_onto_them_when_they_return(irm_factory):
+    irm = irm_factory("edf")
+    irm.orch.capacity = {"s1": DEVICES // 2}        # half the devices out (a server away, or blacklisted)
+    a = irm.register("a", **deadline(100.0, 1000))   # no max of its own
+    b = irm.register("b", **deadline(200.0, 1000))
+    assert (irm.job(a.id).devices, irm.job(b.id).devices) == (DEVICES // 2 - 1, 1)
+    irm.orch.capacity = {"s1": DEVICES}             # back
+    irm.manager.retire("alice", b.id)               # EDF's event: every device to a
+    assert irm.job(a.id).devices == DEVICES == irm.orch.size_of(irm.job(a.id).group_id)
