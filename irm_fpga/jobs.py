@@ -321,13 +321,29 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _usable(self) -> int:
         return sum(self.orch._free_total_capacity().values())
 
-    def _pool(self, active: list[FpgaJob]) -> int:
-        """The broker's max: usable devices minus those of groups that are not active jobs' (seed 000 §III-B)."""
+    def _pool(self, active: list[FpgaJob], caps: dict[str, int] | None = None) -> int:
+        """The broker's max: usable devices minus those of groups that are not active jobs' (seed 000 §III-B).
+
+        `caps`: usable devices per server, if just read (else read now)."""
         mine = {r.group_id for r in active}
         with self.db.read() as s:
             others = sum(g.size for g in s.scalars(select(Group).where(Group.deleted.is_(False)))
                          if g.id not in mine)
-        return broker_max(self._usable(), reserved=others)
+        usable = sum((self.orch._free_total_capacity() if caps is None else caps).values())
+        return broker_max(usable, reserved=others)
+
+    def _pool_if_known(self, active: list[FpgaJob]) -> int | None:
+        """`_pool`, or None while a server holding part of an active job's group does not answer: its devices
+        would count as gone and every job shrink (the next round, once it answers, decides again)."""
+        caps = self.orch._free_total_capacity()
+        with self.db.read() as s:
+            held = {n for r in active if r.group_id for g in [s.get(Group, r.group_id)] if g for n in (g.parts or {})}
+        missing = sorted(held - set(caps))
+        if missing:
+            log.warning("job allocation skipped: servers holding job groups did not answer",
+                        extra={"servers": missing})
+            return None
+        return self._pool(active, caps)
 
     # -- applying decisions ------------------------------------------------
     def _resize(self, row: FpgaJob, n: int, now: float) -> FpgaJob:
@@ -499,11 +515,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 if now > st.last_time:
                     jobs.append(self._qos(r))
                     obs[r.id] = JobProgress(now, actions[r.id], r.devices)
-            if not jobs:
+            pool = self._pool_if_known(rows) if jobs else None
+            if pool is None:
                 self._save_controllers([r.id for r in rows], now)
                 return {}
             alloc, states, _ = throughput_decide(jobs, {j.job_id: self._states[j.job_id] for j in jobs}, obs,
-                                                 self._pool(rows), alpha=self.config.alpha)
+                                                 pool, alpha=self.config.alpha)
             self._states.update(states)
             self._save_controllers([r.id for r in rows], now)
             self._apply(alloc, [r for r in rows if r.id in alloc], now)
@@ -669,8 +686,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if self.config.policy != "edf":
             return
         rows = self._active()
-        if rows:
-            self._apply(edf_allocate([self._qos(r) for r in rows], self._pool(rows)), rows, now)
+        pool = self._pool_if_known(rows) if rows else None
+        if pool is not None:
+            self._apply(edf_allocate([self._qos(r) for r in rows], pool), rows, now)
 
     def retire(self, tenant: str, job_id: str) -> FpgaJob:
         tenant = require_tenant(tenant)

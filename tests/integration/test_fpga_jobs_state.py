@@ -221,3 +221,27 @@ def test_a_job_registered_while_devices_were_missing_grows_onto_them_when_they_r
     irm.orch.capacity = {"s1": DEVICES}             # back
     irm.manager.retire("alice", b.id)               # EDF's event: every device to a
     assert irm.job(a.id).devices == DEVICES == irm.orch.size_of(irm.job(a.id).group_id)
+
+
+@pytest.mark.parametrize("policy", ["throughput", "edf"])
+def test_a_server_that_does_not_answer_for_a_moment_shrinks_no_job(irm_factory, policy):
+    irm = irm_factory(policy)
+    irm.orch.capacity = {"s1": DEVICES // 2, "s2": DEVICES // 2}
+    d = irm.register("d", **deadline(100.0, 100_000))
+    irm.orch.capacity = {"s1": DEVICES}             # the fake puts every group on s1: s2 holds no part of it
+    irm.clock.advance(2.0)
+    irm.complete(irm.job(d.id), 20)
+    irm.manager.control_once()
+    assert irm.job(d.id).devices == DEVICES
+    irm.orch.capacity = {}                          # s1 (holding d's group) does not answer GetServer
+    irm.clock.advance(2.0)
+    irm.complete(irm.job(d.id), 20)
+    irm.manager.control_once()
+    irm.manager._rebalance(irm.clock.now())         # EDF's event path too
+    assert irm.job(d.id).devices == DEVICES and irm.orch.size_of(irm.job(d.id).group_id) == DEVICES
+    irm.orch.capacity = {"s1": DEVICES // 2}        # it answers again, with half its devices blacklisted
+    irm.clock.advance(2.0)
+    irm.complete(irm.job(d.id), 20)
+    irm.manager.control_once()
+    irm.manager._rebalance(irm.clock.now())
+    assert irm.job(d.id).devices == DEVICES // 2
