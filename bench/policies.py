@@ -56,7 +56,7 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
   --base-seed, the late jobs every schedule must have, certified by a
   time-indexed MILP relaxation (`irm_fpga.qos.late_milp`, HiGHS) around
   the late jobs of `slack_amap`; they also raise the per-seed bound
-  above. `no_late_s2_ruled_out_in_expectation` is true when some seed has
+  above. `no_late_s2_ruled_out_on_some_draw` is true when some seed has
   one: no policy then meets the first half of the target on every draw.
 
 Simulation models: see `irm_fpga.qos.sim`.
@@ -389,9 +389,10 @@ def table4(quick: bool, base_seed: int = 0, plug_ins: tuple[str, ...] = ()) -> d
     # does not prove that it can be).
     out["no_late_s2_ruled_out"] = sum(bounds) > 0
     out["N_L_s2_lower_bound_mean"] = sum(bounds) / len(bounds)
-    # Over the certificates' wider set of seeds: when true, some draws of this arrival model force a late job on
-    # every policy, clairvoyant ones included; "no late job" then holds on a set of repetitions only by luck.
-    out["no_late_s2_ruled_out_in_expectation"] = out["scenario2"]["N_L_milp_certificates"]["seeds_with_a_forced_late_job"] > 0
+    # Over the certificates' wider set of seeds: when true, some draw of this arrival model forces a late job on
+    # every policy, clairvoyant ones included, so none has zero late jobs on every set of repetitions. (It says
+    # nothing of the bench's own seeds when the draw is outside them.)
+    out["no_late_s2_ruled_out_on_some_draw"] = out["scenario2"]["N_L_milp_certificates"]["seeds_with_a_forced_late_job"] > 0
     out["clairvoyant_late_s2"] = clairvoyant_late(table4_scenarios()[1], seeds)
     out["target_met"] = out["verdicts"][IMPROVED_MODE]["target_met"]
     out["pass"] = out["target_met"]

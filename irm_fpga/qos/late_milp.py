@@ -20,10 +20,12 @@ The relaxation, on a grid of cells [k h, (k + 1) h):
 * a late job is dropped (it may run anywhere, later: it uses no cell);
 * jobs outside the set given are left out (fewer jobs only loosen it).
 
-Minimising the dropped jobs thus bounds N_L from below. A finer grid is
-tighter (h -> 0 loses only the rounding) and larger. The MILP's dual bound
-is valid even when the time limit stops the search, so the bound is always
-sound, only sometimes weaker.
+Minimising the dropped jobs thus bounds N_L from below. Halving the step
+never loosens it (the grids nest; h -> 0 loses only the rounding) and makes
+it larger. Holds are counted in exact arithmetic (`_cells_within`). The
+MILP's dual bound is valid even when the time limit stops the search, so
+the bound stays sound -- but the LP relaxation alone proves nothing on the
+overloads we met, so a search cut short usually certifies 0.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -39,9 +42,16 @@ from scipy.sparse import coo_matrix
 
 from irm_fpga.qos import hydrogen as hy
 
-# Float slack in the rounding: start windows widen by it; a hold of K cells needs K h <= t(r) up to it (the
-# model's durations are floats; `irm_fpga.qos.sim.check_schedule` gives ends the same tolerance).
+# Float slack in the start windows: they widen by it (wider is always sound).
 _EPS = 1e-9
+
+
+def _cells_within(t: float, step: float) -> int:
+    """The most whole cells K with K * step <= t, in exact arithmetic: a float floor(t / step) can round up past
+    t (t a hair under a multiple of the step), which a chain of jobs ending just before the next one starts
+    turns into a late job no real schedule has. The grid is the decimal step (0.02 is 1/50, not the binary
+    float a hair above it, which would cut a 0.5 s hold to 24 cells); start windows absorb the difference."""
+    return math.floor(Fraction(t) / Fraction(step).limit_denominator(10**9))
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,7 @@ def late_lower_bound_milp(jobs: Sequence[hy.HJob], pool: int,
         for r, t in sizes(j):
             if r > pool:
                 continue
-            held = math.floor(t / step + _EPS)
+            held = _cells_within(t, step)
             opts += [(i, r, k, held) for k in range(first, last + 1)]
     n, nx = len(jobs), len(opts)
     if n == 0:

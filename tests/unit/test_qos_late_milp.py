@@ -69,6 +69,17 @@ def test_a_start_exactly_one_second_late_is_on_time():
     assert late_lower_bound_milp([*two, HJob("z", 0.0, 1.0)], 1, one_size).late == 1
 
 
+def test_holds_are_counted_exactly_not_in_floats():
+    # Durations a hair under a whole number of 0.02 s cells (floats: t / step rounds up to the next whole), each
+    # job starting the instant the one before ends: nothing is late, but holds one cell too long made one late.
+    spec = [(0.0400000000392745, 0.6199999999819555), (0.5962791404699256, 0.6799999999809572),
+            (0.34000000000218733, 0.9399999999837632), (1.2799999999859506, 1.4599999999814117),
+            (2.7399999999673623, 1.3199999999850274)]
+    jobs = [HJob(f"j{i}", a, t) for i, (a, t) in enumerate(spec)]
+    assert fewest_late_on_one_device(jobs) == 0
+    assert late_lower_bound_milp(jobs, 1, one_size).late == 0
+
+
 def test_sizes_matter():
     # Jobs at 0 on two devices, 1.2 s on one device or 0.7 s on two. Two jobs: on time either way (side by
     # side, or one after the other on both devices: the second waits 0.7 s).
