@@ -170,6 +170,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self.lock = threading.RLock()          # one decision at a time
         self._states: dict[str, ControllerState] = {}
         self._seen: dict[str, dict[str, int]] = {}           # job -> server -> last `completed` counter
+        # Jobs whose counters were not saved (before the controllers' table) -> the servers that did not answer
+        # when the manager started: their first reading is a baseline, not progress (it counts everything since
+        # the group was made, already in observed_actions).
+        self._unseen: dict[str, set[str]] = {}
         self._last: dict[str, tuple[float, int]] = {}        # job -> (time, actions) at the last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
@@ -197,12 +201,15 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 actions = max(row.observed_actions, row.reported_actions)
                 self._states[row.id] = initial_state(self._qos(row), now, actions, row.devices)
                 self._last[row.id] = (now, actions)
+                self._unseen[row.id] = set(self.orch.servers)
                 continue
             self._states[row.id] = ControllerState(
                 last_time=c.last_time, last_actions=c.last_actions, a_hat=c.a_hat, throughput=c.throughput,
                 goal=c.goal, request=c.request, performance=c.performance)
             self._last[row.id] = (c.sample_time, c.sample_actions)
             self._seen[row.id] = {k: int(v) for k, v in (c.seen or {}).items()}
+        if self._unseen:
+            self._observe([r for r in rows if r.id in self._unseen])      # the baselines, where servers answer
         self._thread.start()
 
     def _check_compatible(self, active: list[FpgaJob], queued: list[FpgaJob]) -> None:
@@ -461,12 +468,22 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 if row is None:
                     continue
                 seen = self._seen.setdefault(row.id, {})
+                if name in self._unseen.get(row.id, ()):
+                    seen[name] = g.completed           # the baseline (see `_unseen`)
+                    changed.add(row.id)
+                    continue
                 last = seen.get(name, 0)
                 delta = g.completed - last if g.completed >= last else g.completed   # a re-created part restarts at 0
                 if g.completed != last:
                     changed.add(row.id)
                 seen[name] = g.completed
                 row.observed_actions += delta
+            for r in rows:                             # this server answered: its baselines are taken
+                pending = self._unseen.get(r.id)
+                if pending is not None:
+                    pending.discard(name)
+                    if not pending:
+                        del self._unseen[r.id]
         if changed:
             # The counters seen and the actions they added, in one transaction: a restart never counts twice.
             def save(s):  # type: ignore[no-untyped-def]

@@ -245,3 +245,26 @@ def test_a_server_that_does_not_answer_for_a_moment_shrinks_no_job(irm_factory, 
     irm.manager.control_once()
     irm.manager._rebalance(irm.clock.now())
     assert irm.job(d.id).devices == DEVICES // 2
+
+
+def test_a_job_without_saved_counters_is_not_counted_twice_after_a_restart(irm_factory):
+    irm = irm_factory("edf")
+    job = irm.register("d", **deadline(100.0, 100))
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(job.id), 50)                # half done
+    irm.manager.control_once()
+    assert irm.job(job.id).observed_actions == 50
+    irm.orch.db.transact(lambda s: s.delete(s.get(FpgaJobController, job.id)))   # as before that table existed
+    irm.restart()
+    irm.clock.advance(1.0)
+    irm.manager.control_once()                       # nothing new: the servers' 50 are not progress again
+    assert (irm.job(job.id).state, irm.job(job.id).observed_actions) == ("active", 50)
+    irm.complete(irm.job(job.id), 10)
+    irm.clock.advance(1.0)
+    irm.manager.control_once()                       # what is done after the restart counts
+    assert irm.job(job.id).observed_actions == 60
+    irm.restart()                                    # and its counters are saved from then on
+    irm.complete(irm.job(job.id), 5)
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert irm.job(job.id).observed_actions == 65
