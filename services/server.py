@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc
-from services.errors import HarnessError, to_status
+from services.errors import HarnessError, InvalidArgument, to_status
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,39 @@ def _internal(context: grpc.ServicerContext, method: str, exc: BaseException) ->
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}; see the service log")
 
 
+def nul_field(message: Any, prefix: str = "") -> str | None:
+    """The path of the first string field of `message` holding a NUL character, if any (nested, repeated, maps).
+
+    PostgreSQL's text cannot hold one (the driver raises, which read as an internal error) and no name, id or
+    key of ours needs it: every service refuses it up front, the same on every database.
+    """
+    for fd, value in message.ListFields():
+        path = f"{prefix}{fd.name}"
+        if fd.type == fd.TYPE_STRING:
+            items = value if fd.is_repeated else [value]
+            if any("\x00" in v for v in items):
+                return path
+        elif fd.type == fd.TYPE_MESSAGE:
+            if fd.message_type.GetOptions().map_entry:
+                for k, v in value.items():
+                    if isinstance(k, str) and "\x00" in k or isinstance(v, str) and "\x00" in v:
+                        return f"{path}[{k!r}]"
+                    if hasattr(v, "ListFields") and (found := nul_field(v, f"{path}[{k!r}].")):
+                        return found
+            else:
+                items = value if fd.is_repeated else [value]
+                for i, item in enumerate(items):
+                    sub = f"{path}[{i}]." if fd.is_repeated else f"{path}."
+                    if found := nul_field(item, sub):
+                        return found
+    return None
+
+
+def _refuse_nul(request: Any) -> None:
+    if hasattr(request, "ListFields") and (path := nul_field(request)):
+        raise InvalidArgument.of(path, "must not contain a NUL character (\\x00)")
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps domain errors to statuses; nothing escapes as UNKNOWN."""
 
@@ -80,6 +113,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guard_unary(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context):  # type: ignore[no-untyped-def]
                 try:
+                    _refuse_nul(request)
                     return behaviour(request, context)
                 except HarnessError as e:
                     _abort(context, e)
@@ -93,6 +127,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guard_stream(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context) -> Iterator[Any]:  # type: ignore[no-untyped-def]
                 try:
+                    _refuse_nul(request)
                     yield from behaviour(request, context)
                 except HarnessError as e:
                     _abort(context, e)

@@ -166,6 +166,9 @@ def test_tenant_isolation_and_bad_input(edf):
     with pytest.raises(grpc.RpcError) as e:
         jobs.RegisterJob(deadline_job("n1", 10.0, tenant=""))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:                     # PostgreSQL cannot store it: refused everywhere
+        jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=f"{mine.id}\x00"))
+    assert [f for f, _ in field_violations(e.value)] == ["job_id"]
     assert [j.id for j in jobs.ListJobs(jp.ListJobsRequest(tenant="alice")).jobs] == [mine.id]
 
 
