@@ -27,6 +27,24 @@ from scipy.special import ndtr
 
 from application_manager.profilers.base import Observation, Profiler, Proposal
 
+# Above this many configurations the kernel's length scale comes from a sample of pairs, not all of them.
+EXACT_PAIRS = 2000
+SAMPLED_PAIRS = 200_000
+
+
+def _median_sq_distance(x: np.ndarray) -> float:
+    """The median squared distance between two different configurations (the RBF kernel's length scale)."""
+    n = len(x)
+    if n <= EXACT_PAIRS:
+        d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
+        pos = d2[d2 > 0]
+    else:   # a seeded sample: the same space always gets the same scale
+        rng = np.random.default_rng(n)
+        i, j = rng.integers(0, n, SAMPLED_PAIRS), rng.integers(0, n, SAMPLED_PAIRS)
+        d2 = ((x[i] - x[j]) ** 2).sum(axis=1)
+        pos = d2[d2 > 0]
+    return float(np.median(pos)) if pos.size else 1.0
+
 
 class ModelBased(Profiler):
     name = "bo"
@@ -45,12 +63,27 @@ class ModelBased(Profiler):
             self.logp = np.zeros(n)
         x = self.space.features
         self.x = x
-        d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
-        med = float(np.median(d2[d2 > 0])) if (d2 > 0).any() else 1.0
-        self.d2 = d2
-        self.ell2 = max(med, 1e-6)
-        u = self.space.units
-        self.ud2 = ((u[:, None, :] - u[None, :, :]) ** 2).sum(axis=2) / max(1, u.shape[1])
+        self.u = self.space.units
+        # Distances to the configurations that ran only, a column each as they run: the full n x n matrices
+        # took n^2 x features memory (16,000 configurations: 8 GB; the space may hold 200,000).
+        self._d2: dict[int, np.ndarray] = {}
+        self._ud2: dict[int, np.ndarray] = {}
+        self.ell2 = max(_median_sq_distance(x), 1e-6)
+
+    def d2(self, cols: list[int] | np.ndarray) -> np.ndarray:
+        """Squared feature distances from every configuration to each of `cols` (n x len(cols))."""
+        return self._columns(self._d2, self.x, cols, 1)
+
+    def ud2(self, cols: list[int] | np.ndarray) -> np.ndarray:
+        """Squared distances in unit coordinates, per dimension, from every configuration to each of `cols`."""
+        return self._columns(self._ud2, self.u, cols, max(1, self.u.shape[1]))
+
+    @staticmethod
+    def _columns(cache: dict[int, np.ndarray], pts: np.ndarray, cols, divisor: int) -> np.ndarray:
+        for c in cols:
+            if int(c) not in cache:
+                cache[int(c)] = ((pts - pts[int(c)]) ** 2).sum(axis=1) / divisor
+        return np.stack([cache[int(c)] for c in cols], axis=1) if len(cols) else np.zeros((len(pts), 0))
 
     # -- the model -----------------------------------------------------------
     def prior(self, ok: dict[int, float], failed: set[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -108,8 +141,8 @@ class ModelBased(Profiler):
                 mu = np.full(n, next(iter(ok.values())) if ok else 0.0)
             pf = np.full(n, 0.05)
             if failed:
-                k_f = np.exp(-self.ud2[:, sorted(failed)] / (2 * 0.12 ** 2)).sum(axis=1)
-                k_o = np.exp(-self.ud2[:, sorted(ok)] / (2 * 0.12 ** 2)).sum(axis=1) if ok else 0.0
+                k_f = np.exp(-self.ud2(sorted(failed)) / (2 * 0.12 ** 2)).sum(axis=1)
+                k_o = np.exp(-self.ud2(sorted(ok)) / (2 * 0.12 ** 2)).sum(axis=1) if ok else 0.0
                 pf = np.clip((k_f + 0.05) / (k_f + k_o + 1.0), 0.0, 0.95)
         for c in failed:
             pf[c] = 1.0
@@ -124,7 +157,7 @@ class ModelBased(Profiler):
         r = np.array([ok[c] for c in obs]) - mu[obs]
         if len(r) >= 3:
             sf2 = max(sf2 * 0.5, float(r.var()))
-        k_all = sf2 * np.exp(-self.d2[:, obs] / (2 * self.ell2))
+        k_all = sf2 * np.exp(-self.d2(obs) / (2 * self.ell2))
         k_oo = k_all[obs] + self.noise * np.eye(len(obs))
         chol = np.linalg.cholesky(k_oo)
         alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, r))

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,3 +203,34 @@ def test_replay_dataset_merges_duplicates_and_replays(tmp_path):
 def test_space_from_records_handles_not_applicable_values():
     s = from_records(["p", "a"], [{"p": "A", "a": 1}, {"p": "B", "a": None}])
     assert s.dim("a").values == (None, 1) and isinstance(s.dims[0], Dimension)
+
+
+def test_bo_on_a_large_space_runs_in_bounded_memory():
+    # 100 x 160 = 16,000 configurations (the space allows 200,000): the full pairwise distance tensors took
+    # n^2 x features memory (8 GB here). Run in a child capped at 1.5 GB of address space, so a regression
+    # fails this test instead of the machine.
+    code = textwrap.dedent("""
+        import json, resource
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))
+        import numpy as np
+        from application_manager.manifest import parse_manifest
+        from application_manager.profilers import PROFILERS, Observation
+        from application_manager.space import from_manifest
+        m = json.load(open("examples/rtm/manifest.json"))
+        impl = m["Modules"][0]["Implementations"][0]
+        impl["Resources"]["Groups"][0]["Attributes"] = {
+            "Cores": {"Var": "%master_cores", "Range": [1, 100]},
+            "Memory": {"Var": "%master_mem", "Range": [1024, 1183]}}
+        impl["GlobalConstraints"] = []
+        space = from_manifest(parse_manifest(m), {}, {"vm"})
+        prof = PROFILERS["bo"](space, np.random.default_rng(0), max_runs=10)
+        seen = []
+        for i in range(4):
+            c = prof.propose(seen).config
+            seen.append(Observation(config=c, time_s=10.0 + i, cost=1.0, ok=True))
+        print(len(space), len({o.config for o in seen}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr[-600:]
+    assert r.stdout.split() == ["16000", "4"]
