@@ -173,7 +173,12 @@ class LocalBackend:
             main.join()
             exited = main.exited
             if exited is None:
-                raise RuntimeError(main.error or "the agent's stream ended without an exit status")
+                # The agent went away mid-run (its stream broke): a failed run that held its reservation this long,
+                # not an error of the caller's -- an execution must end "failed", a session go on to the next run.
+                elapsed = time.monotonic() - t0
+                why = main.error or "the agent's stream ended without an exit status"
+                return RunDetail(Observation(proposal.config, False, elapsed, res.price_per_minute * elapsed / 60.0,
+                                             proposal.input, error=f"the run was lost: {why}"), res.id, main.tail())
             minutes = (exited.wall_time_s + startup_s) / 60.0
             # A replaying agent knows what the measured run cost; a live run costs its reservation.
             cost = exited.replayed_cost or res.price_per_minute * minutes

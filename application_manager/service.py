@@ -18,7 +18,7 @@ import queue
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from sqlalchemy import select as sql_select
 
 from application_manager import models as m
 from application_manager.local import LocalBackend
-from application_manager.manifest import Manifest, parse_manifest
+from application_manager.manifest import Manifest, _get, parse_manifest
 from application_manager.model import Point, pareto, select
 from application_manager.profilers import BENCHMARK, PRODUCTION, PROFILERS, History, Observation, Proposal
 from application_manager.runner import StopRules, profile
@@ -496,7 +496,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                                                m.Execution.request_id == request.request_id))
             if prior is not None:
                 return self._execution_pb(loaded, prior)
-        slo = parse_slo(request.slo_json, loaded.manifest, "slo_json") if request.slo_json else loaded.slo
+        slo = self._execution_slo(loaded, request.slo_json) if request.slo_json else loaded.slo
         with self.db.read() as s:
             model = s.get(m.Model, loaded.app.id)
         front = [Point(p["config"], p["time_s"], p["cost"], True, p["predicted"]) for p in (model.frontier or [])]
@@ -514,7 +514,18 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                           slo=slo.describe(), predicted_time_s=chosen.time_s, predicted_cost=chosen.cost,
                           started_at=self.clock.now())
         self.db.transact(lambda s: s.add(row))
-        detail = self._backend(loaded, slo).run(Proposal(i), timeout_s=request.timeout_s or self.config.run_timeout_s)
+        try:
+            detail = self._backend(loaded, slo).run(Proposal(i),
+                                                    timeout_s=request.timeout_s or self.config.run_timeout_s)
+        except Exception as exc:
+            # Never an execution left "running" (a retry with its request id would return it so forever).
+            why = f"{type(exc).__name__}: {exc}"[:2000]
+
+            def fail(s):  # type: ignore[no-untyped-def]
+                e = s.get(m.Execution, row.id)
+                e.state, e.error, e.ended_at = "failed", why, self.clock.now()
+            self.db.transact(fail)
+            raise
         o = detail.observation
 
         def finish(s) -> m.Execution:  # type: ignore[no-untyped-def]
@@ -533,6 +544,25 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         e = self.db.transact(finish)
         self._refresh_model(loaded)
         return self._execution_pb(loaded, e)
+
+    @staticmethod
+    def _execution_slo(loaded: Loaded, text: str) -> Slo:
+        """An execution's own SLO: its bounds; the input parameters are the ones the model was profiled on.
+
+        Other parameters are another input: the frontier says nothing of it (and the run, recorded as one more
+        measurement, would skew the model), so they are refused; left out, they are the application's.
+        """
+        slo = parse_slo(text, loaded.manifest, "slo_json")
+        given = _get(slo.raw, "Parameters") or _get(slo.raw, "ExecutionArgs")
+        if not given:
+            return replace(slo, parameters=dict(loaded.slo.parameters))
+        if slo.parameters != loaded.slo.parameters:
+            differ = sorted(k for k in {*slo.parameters, *loaded.slo.parameters}
+                            if slo.parameters.get(k) != loaded.slo.parameters.get(k))
+            raise InvalidArgument.of("slo_json.Parameters", "the model was profiled with " + ", ".join(
+                f"{k}={loaded.slo.parameters.get(k)!r}" for k in differ) + "; leave Parameters out, or submit "
+                "the application again with these parameters and profile it")
+        return slo
 
     def _explore(self, loaded: Loaded) -> Point:
         """Online profiling: the next configuration the model-based profiler would try."""

@@ -191,7 +191,7 @@ def test_bad_input_names_the_fields(cloud):
     with pytest.raises(grpc.RpcError) as e:
         am.SubmitApplication(pb.SubmitApplicationRequest(tenant="", manifest_json="{}"), timeout=10)
     assert dict(field_violations(e.value)).keys() == {"tenant"}
-    app = submit(am, "option_pricing")
+    app = submit(am, "option_pricing", million_options=0.25)
     # The suite has an FPGA IRM, so the FPGA implementation is part of the search space.
     assert not any("BlackScholes-FPGA" in n for n in app.notes)
     with pytest.raises(grpc.RpcError) as e:
@@ -202,6 +202,15 @@ def test_bad_input_names_the_fields(cloud):
     with pytest.raises(grpc.RpcError) as e:
         am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant=TENANT, application_id=app.id), timeout=30)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # Another input than the one the application was submitted (and is profiled) with: its model says nothing of it.
+    other = json.dumps({"Manifest": "OptionPricing", "Parameters": {"%million_options": 1}})
+    with pytest.raises(grpc.RpcError) as e:
+        am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant=TENANT, application_id=app.id, online=True,
+                                                           slo_json=other), timeout=30)
+    assert [f for f, _ in field_violations(e.value)] == ["slo_json.Parameters"]
+    assert "%million_options=0.25" in e.value.details()
+    assert am.ListExecutions(pb.ListExecutionsRequest(tenant=TENANT, application_id=app.id), timeout=10).executions \
+        == []
     small = json.dumps({"Manifest": "OptionPricing", "Parameters": {"%million_options": 0.25}})
     ex = am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant=TENANT, application_id=app.id, online=True,
                                                             slo_json=small), timeout=120)

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 
+import grpc
+import pytest
+
 import examples
+from application_manager import local
 from application_manager.local import LocalBackend
 from application_manager.manifest import parse_manifest
+from application_manager.profilers.base import Proposal
 from application_manager.slo import parse_slo
 from application_manager.space import from_manifest
+from harness.v1 import agent_pb2, irm_pb2
 
 
 def backend(name: str, **params) -> LocalBackend:  # type: ignore[no-untyped-def]
@@ -47,3 +53,46 @@ def test_fpga_implementation_slot_and_distances():
     assert [c.expression for c in constraints] == ["hops(host, dfe) <= 4"]
     assert b.argv_env(space.configs[i], "production")[0][-1] == "--fpga"
     assert len(from_manifest(m, {}, {"vm"})) == 6  # today: the CPU implementation only
+
+
+class _Broken(grpc.RpcError):
+    """What a stub raises when the agent's process or VM goes away mid-stream."""
+
+    def code(self):  # noqa: ANN201
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):  # noqa: ANN201
+        return "Socket closed"
+
+
+class _Crs:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    def Reserve(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+        return irm_pb2.Reservation(id="r1", price_per_minute=6.0, groups=[irm_pb2.AllocatedGroup(
+            name=g.name, resources=[irm_pb2.AllocatedResource(id="vm1", address="127.0.0.1:1")]) for g in req.groups])
+
+    def ReleaseReservation(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+        self.released.append(req.reservation_id)
+
+
+class _DyingAgent:
+    def __init__(self, channel) -> None:  # noqa: ANN001
+        pass
+
+    def Execute(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+        yield agent_pb2.ExecuteEvent(started=agent_pb2.ExecutionStarted(execution_id="e1"))
+        raise _Broken()
+
+
+def test_an_agent_lost_mid_run_is_a_failed_run_that_cost_its_reservation(monkeypatch):
+    crs = _Crs()
+    monkeypatch.setattr(local.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
+    monkeypatch.setattr(local.agent_pb2_grpc, "ExecutionAgentStub", _DyingAgent)
+    b = backend("rtm", rows=800, steps=40)
+    detail = b.run(Proposal(0))
+    o = detail.observation
+    assert not o.ok and o.error.startswith("the run was lost") and "UNAVAILABLE" in o.error
+    assert o.time_s >= 0.0 and o.cost == pytest.approx(6.0 * o.time_s / 60.0)
+    assert detail.reservation_id == "r1" and crs.released == ["r1"]

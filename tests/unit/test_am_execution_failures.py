@@ -1,0 +1,52 @@
+"""ExecuteApplication when the run itself cannot be carried out: the execution ends "failed", never "running".
+
+The Application Manager runs in-process on SQLite; the CRS and agent are out of reach (127.0.0.1:1), so the
+back-end's `run` and `prices` are stood in for -- the edge this test is about.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import examples
+from application_manager import service as svc
+from application_manager.local import LocalBackend, RunDetail
+from application_manager.profilers.base import Observation
+from harness.v1 import application_manager_pb2 as pb
+
+
+class _Ctx:
+    def is_active(self) -> bool:
+        return True
+
+
+def test_a_run_that_raises_leaves_a_failed_execution_not_a_running_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
+    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
+
+    def measured(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+        t = 10.0 / self.space.configs[proposal.config]["%master_cores"]
+        return RunDetail(Observation(proposal.config, True, t, t, proposal.input))
+
+    monkeypatch.setattr(LocalBackend, "run", measured)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        app = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=200, steps=20),
+            app_dir="/x"), _Ctx())
+        list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                        max_runs=3), _Ctx()))
+
+        def broken(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+            raise RuntimeError("the back-end broke")
+
+        monkeypatch.setattr(LocalBackend, "run", broken)
+        request = pb.ExecuteApplicationRequest(tenant="t", application_id=app.id, request_id="once")
+        with pytest.raises(RuntimeError):
+            am.ExecuteApplication(request, _Ctx())
+        (e,) = am.ListExecutions(pb.ListExecutionsRequest(tenant="t", application_id=app.id), _Ctx()).executions
+        assert e.state == pb.ApplicationExecution.STATE_FAILED and "the back-end broke" in e.error and e.ended_at > 0
+        assert am.ExecuteApplication(request, _Ctx()).state == pb.ApplicationExecution.STATE_FAILED   # its retry
+    finally:
+        am.stop()
