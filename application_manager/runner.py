@@ -26,10 +26,11 @@ def profile(profiler: Profiler, execute: Callable[[Proposal], Observation], rule
             clock: Clock | None = None, stopped: Callable[[], bool] = lambda: False,
             on_run: Callable[[Proposal, Observation, list[Observation]], None] | None = None,
             observed: list[Observation] | None = None) -> tuple[list[Observation], str]:
-    """Returns (observations, why it stopped)."""
+    """Returns (observations, why it stopped). `observed`: earlier runs the profiler learns from; the stop rules
+    count only the runs made here."""
     obs = list(observed or [])
     start = clock.now() if clock else 0.0
-    spent = sum(o.cost for o in obs)
+    spent = 0.0     # this session's runs only, as `runs`: earlier sessions' costs are not this budget's
     runs = 0
     while True:
         if stopped():

@@ -91,6 +91,12 @@ def test_stop_rules_budget_and_duration():
     p = PROFILERS["uniform"](s, np.random.default_rng(0), max_runs=16)
     obs, why = profile(p, lambda pr: synthetic(s, pr.config), StopRules(max_runs=16, max_cost=30))
     assert why == "budget" and sum(o.cost for o in obs[:-1]) < 30 <= sum(o.cost for o in obs)
+    # A later session with its own budget: the earlier runs teach the profiler but are not this budget's.
+    more, why = profile(PROFILERS["uniform"](s, np.random.default_rng(1), max_runs=16),
+                        lambda pr: synthetic(s, pr.config), StopRules(max_runs=16, max_cost=10), observed=obs)
+    new = more[len(obs):]
+    assert why == "budget" and new and sum(o.cost for o in new[:-1]) < 10 <= sum(o.cost for o in new)
+    assert not {o.config for o in new} & {o.config for o in obs}       # it knew what had run
 
     class Tick:
         t = 0.0
