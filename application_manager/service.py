@@ -174,7 +174,16 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         owned(tenant, app.tenant, f"application {application_id}")
         manifest = parse_manifest(app.manifest, "manifest_json")
         slo = parse_slo(app.slo or "{}", manifest, "slo_json")
-        space = from_manifest(manifest, slo.parameters, self._offered_types())
+        try:
+            space = from_manifest(manifest, slo.parameters, self._offered_types())
+        except (Unavailable, InvalidArgument) as e:
+            # It was accepted once: an application whose resource types are not offered now (an IRM away, or the
+            # CRS) stays readable -- its model, runs, executions -- over all of its implementations, uncached
+            # (the next call asks again); runs of what is not offered fail to reserve, saying why.
+            space = from_manifest(manifest, slo.parameters, None)
+            space.notes.append(f"not every resource type it needs is offered now ({e.message}); "
+                               "its configurations cannot all run until they are")
+            return Loaded(app, manifest, slo, space)
         loaded = Loaded(app, manifest, slo, space)
         with self._lock:
             self._loaded[application_id] = loaded

@@ -1,10 +1,13 @@
-"""ExecuteApplication when the run itself cannot be carried out: the execution ends "failed", never "running".
+"""The Application Manager when parts of the cloud fail: a run that cannot be carried out ends "failed", never
+"running"; applications whose resource types are not offered after a restart stay readable.
 
 The Application Manager runs in-process on SQLite; the CRS and agent are out of reach (127.0.0.1:1), so the
 back-end's `run` and `prices` are stood in for -- the edge this test is about.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from application_manager import service as svc
 from application_manager.local import LocalBackend, RunDetail
 from application_manager.profilers.base import Observation
 from harness.v1 import application_manager_pb2 as pb
+from services.errors import Unavailable
 
 
 class _Ctx:
@@ -48,5 +52,42 @@ def test_a_run_that_raises_leaves_a_failed_execution_not_a_running_one(tmp_path,
         (e,) = am.ListExecutions(pb.ListExecutionsRequest(tenant="t", application_id=app.id), _Ctx()).executions
         assert e.state == pb.ApplicationExecution.STATE_FAILED and "the back-end broke" in e.error and e.ended_at > 0
         assert am.ExecuteApplication(request, _Ctx()).state == pb.ApplicationExecution.STATE_FAILED   # its retry
+    finally:
+        am.stop()
+
+
+def _fpga_only() -> str:
+    m = json.loads(examples.manifest("option_pricing"))
+    m["Modules"][0]["Implementations"] = [i for i in m["Modules"][0]["Implementations"]
+                                          if "FPGA" in i["ImplementationName"]]
+    return json.dumps(m)
+
+
+@pytest.mark.parametrize("offered_after", [{"vm"}, None])      # the FPGA IRM away; the CRS itself away
+def test_applications_stay_readable_when_their_resource_types_are_not_offered_after_a_restart(
+        tmp_path, monkeypatch, offered_after):
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm", "vfpga"})
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    cpu = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=examples.manifest("rtm"),
+                                                           slo_json=examples.slo("rtm"), app_dir="/x"), _Ctx())
+    fpga = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=_fpga_only(),
+                                                            slo_json=examples.slo("option_pricing"), app_dir="/x"),
+                                _Ctx())
+    am.stop()
+
+    def offered(self):  # noqa: ANN001, ANN202
+        if offered_after is None:
+            raise Unavailable("the CRS at 127.0.0.1:1 did not answer: UNAVAILABLE")
+        return offered_after
+
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", offered)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        apps = {a.id: a for a in am.ListApplications(pb.ListApplicationsRequest(tenant="t"), _Ctx()).applications}
+        assert set(apps) == {cpu.id, fpga.id}
+        assert apps[fpga.id].configurations == fpga.configurations
+        assert any("not every resource type it needs is offered now" in n for n in apps[fpga.id].notes)
+        assert am.ListExecutions(pb.ListExecutionsRequest(tenant="t", application_id=fpga.id), _Ctx()).executions \
+            == []
     finally:
         am.stop()
