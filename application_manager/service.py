@@ -18,6 +18,7 @@ import queue
 import sys
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -510,6 +511,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             model = s.get(m.Model, loaded.app.id)
         front = [Point(p["config"], p["time_s"], p["cost"], True, p["predicted"]) for p in (model.frontier or [])]
         try:
+            if not front:
+                self._why_no_model(loaded)
             chosen = select(front, slo)
         except FailedPrecondition:
             if not request.online:
@@ -553,6 +556,21 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         e = self.db.transact(finish)
         self._refresh_model(loaded)
         return self._execution_pb(loaded, e)
+
+    def _why_no_model(self, loaded: Loaded) -> None:
+        """No frontier: say whether nothing ran, or everything that ran failed (and how, most often)."""
+        with self.db.read() as s:
+            runs = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id,
+                                                          m.Run.input == PRODUCTION)))
+        if not runs:
+            raise FailedPrecondition("no performance model yet: profile the application first")
+        errors = Counter(r.error or "no error recorded" for r in runs if not r.ok)
+        if len(errors) and all(not r.ok for r in runs):
+            top, n = errors.most_common(1)[0]
+            raise FailedPrecondition(
+                f"no performance model: all {len(runs)} run(s) on {len({json.dumps(r.config, sort_keys=True) for r in runs})} "
+                f"configuration(s) failed ({n} of them: {top[:300]}); fix the application or its resources, then "
+                f"profile again")
 
     @staticmethod
     def _execution_slo(loaded: Loaded, text: str) -> Slo:

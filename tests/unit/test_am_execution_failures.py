@@ -17,7 +17,7 @@ from application_manager import service as svc
 from application_manager.local import LocalBackend, RunDetail
 from application_manager.profilers.base import Observation
 from harness.v1 import application_manager_pb2 as pb
-from services.errors import Unavailable
+from services.errors import FailedPrecondition, Unavailable
 
 
 class _Ctx:
@@ -89,5 +89,30 @@ def test_applications_stay_readable_when_their_resource_types_are_not_offered_af
         assert any("not every resource type it needs is offered now" in n for n in apps[fpga.id].notes)
         assert am.ListExecutions(pb.ListExecutionsRequest(tenant="t", application_id=fpga.id), _Ctx()).executions \
             == []
+    finally:
+        am.stop()
+
+
+def test_when_every_profiled_run_failed_the_answer_says_so_and_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
+    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
+
+    def out_of_memory(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+        return RunDetail(Observation(proposal.config, False, 3.0, 0.01, proposal.input, 40.0, 100.0,
+                                     "memory limit exceeded"))
+
+    monkeypatch.setattr(LocalBackend, "run", out_of_memory)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        app = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm"), app_dir="/x"), _Ctx())
+        request = pb.ExecuteApplicationRequest(tenant="t", application_id=app.id)
+        with pytest.raises(FailedPrecondition, match="profile the application first"):
+            am.ExecuteApplication(request, _Ctx())                  # nothing ran yet
+        list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                        max_runs=3), _Ctx()))
+        with pytest.raises(FailedPrecondition) as e:
+            am.ExecuteApplication(request, _Ctx())
+        assert "all 3 run(s) on 3 configuration(s) failed (3 of them: memory limit exceeded)" in str(e.value)
     finally:
         am.stop()
