@@ -16,6 +16,12 @@ they are parsed by a recursive-descent parser into a tree that only knows number
     atom    := NUMBER | %NAME | "(" expr ")" | "true" | "false"
 
 Errors carry the character position so a caller can say where the text is wrong.
+
+Expressions are bounded (MAX_LENGTH characters, MAX_NESTING open parentheses and prefix
+operators, trees MAX_DEPTH operators deep): the parser and the walkers below recurse, and
+the text comes from users, so an oversized expression must be a parse error rather than a
+RecursionError. Arithmetic that has no value (0 / 0, a modulo of infinity) is NaN, and a
+NaN is false wherever truth is asked for, so such a constraint is simply not satisfied.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Union
+
+MAX_LENGTH = 1000
+MAX_NESTING = 40
+MAX_DEPTH = 100
 
 
 class ExprError(ValueError):
@@ -100,6 +110,22 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.toks = _tokenize(text)
         self.i = 0
+        self.nesting = 0
+        self.depths: dict[int, int] = {}  # id(node) -> operators on its deepest path
+
+    def enter(self, pos: int) -> None:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise ExprError(f"nested too deeply (at most {MAX_NESTING} parentheses, '-' or 'not' inside each "
+                            "other); simplify the expression", pos)
+
+    def made(self, node: Node, *children: Node) -> Node:
+        depth = 1 + max((self.depths.get(id(c), 0) for c in children), default=0)
+        if depth > MAX_DEPTH:
+            raise ExprError(f"too many operators in a row (at most {MAX_DEPTH} deep); "
+                            "split it into several constraints", self.peek().pos)
+        self.depths[id(node)] = depth
+        return node
 
     def peek(self) -> _Tok:
         return self.toks[self.i]
@@ -128,25 +154,32 @@ class _Parser:
     def or_(self) -> Node:
         node = self.and_()
         while self.accept("||"):
-            node = Binary("or", node, self.and_())
+            right = self.and_()
+            node = self.made(Binary("or", node, right), node, right)
         return node
 
     def and_(self) -> Node:
         node = self.not_()
         while self.accept("&&"):
-            node = Binary("and", node, self.not_())
+            right = self.not_()
+            node = self.made(Binary("and", node, right), node, right)
         return node
 
     def not_(self) -> Node:
+        pos = self.peek().pos
         if self.accept("!"):
-            return Unary("not", self.not_())
+            self.enter(pos)
+            operand = self.not_()
+            self.nesting -= 1
+            return self.made(Unary("not", operand), operand)
         return self.compare()
 
     def compare(self) -> Node:
         node = self.sum_()
         op = self.accept(*COMPARISONS)
         if op:
-            node = Binary(op, node, self.sum_())
+            right = self.sum_()
+            node = self.made(Binary(op, node, right), node, right)
             t = self.peek()
             if t.kind == "op" and t.text in COMPARISONS:
                 raise ExprError("chained comparisons are not allowed; join them with 'and'", t.pos)
@@ -158,7 +191,8 @@ class _Parser:
             op = self.accept("+", "-")
             if not op:
                 return node
-            node = Binary(op, node, self.product())
+            right = self.product()
+            node = self.made(Binary(op, node, right), node, right)
 
     def product(self) -> Node:
         node = self.unary()
@@ -166,11 +200,16 @@ class _Parser:
             op = self.accept("*", "/", "%")
             if not op:
                 return node
-            node = Binary(op, node, self.unary())
+            right = self.unary()
+            node = self.made(Binary(op, node, right), node, right)
 
     def unary(self) -> Node:
+        pos = self.peek().pos
         if self.accept("-"):
-            return Unary("-", self.unary())
+            self.enter(pos)
+            operand = self.unary()
+            self.nesting -= 1
+            return self.made(Unary("-", operand), operand)
         return self.atom()
 
     def atom(self) -> Node:
@@ -182,7 +221,9 @@ class _Parser:
         if t.kind == "const":
             return Num(1.0 if t.text == "true" else 0.0)
         if t.kind == "op" and t.text == "(":
+            self.enter(t.pos)
             node = self.or_()
+            self.nesting -= 1
             close = self.take()
             if not (close.kind == "op" and close.text == ")"):
                 raise ExprError("expected ')'", close.pos)
@@ -195,6 +236,8 @@ class _Parser:
 def parse(text: str) -> Node:
     if not isinstance(text, str):
         raise ExprError("expected a string", 0)
+    if len(text) > MAX_LENGTH:
+        raise ExprError(f"too long: {len(text)} characters, at most {MAX_LENGTH}", MAX_LENGTH)
     return _Parser(text).parse()
 
 
@@ -223,13 +266,13 @@ def evaluate(node: Node, env: dict[str, float]) -> float:
         return float(env[node.name])
     if isinstance(node, Unary):
         v = evaluate(node.operand, env)
-        return -v if node.op == "-" else float(not v)
+        return -v if node.op == "-" else float(not _truth(v))
     a = evaluate(node.left, env)
     op = node.op
     if op == "and":
-        return float(bool(a) and bool(evaluate(node.right, env)))
+        return float(_truth(a) and _truth(evaluate(node.right, env)))
     if op == "or":
-        return float(bool(a) or bool(evaluate(node.right, env)))
+        return float(_truth(a) or _truth(evaluate(node.right, env)))
     b = evaluate(node.right, env)
     if op == "+":
         return a + b
@@ -240,12 +283,17 @@ def evaluate(node: Node, env: dict[str, float]) -> float:
     if op == "/":
         return a / b if b else (math.inf if a > 0 else -math.inf if a < 0 else math.nan)
     if op == "%":
-        return math.fmod(a, b) if b else math.nan
+        # fmod raises on an infinite dividend; like 0 / 0, the remainder has no value.
+        return math.fmod(a, b) if b and math.isfinite(a) and not math.isnan(b) else math.nan
     return float({"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[op])
 
 
+def _truth(x: float) -> bool:
+    return x == x and x != 0  # NaN (which bool() calls true) is false
+
+
 def holds(node: Node, env: dict[str, float]) -> bool:
-    return bool(evaluate(node, env))
+    return _truth(evaluate(node, env))
 
 
 def render(node: Node) -> str:

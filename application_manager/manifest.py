@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import re
+import reprlib
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,10 @@ MAX_VALUES = 4096
 MAX_VARIANTS = 256
 READY_LINE = "HARNESS_READY"
 _VAR = re.compile(r"%[A-Za-z_][A-Za-z0-9_]*")
+# Bad values are quoted back in messages; a deeply nested or huge one must not make the
+# message itself fail (repr recurses) or flood it.
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother = 3, 80, 80
 
 
 @dataclass(frozen=True)
@@ -228,11 +233,37 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
+def _is_finite(x: Any) -> bool:
+    """A number the search can compute with: JSON admits Infinity, NaN and ints beyond any float."""
+    if not _is_number(x):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _is_scalar(x: Any) -> bool:
+    """A value a configuration can hold: it is hashed, sorted and compared, so no lists or objects."""
+    return isinstance(x, str | bool) or _is_finite(x)
+
+
+def _show(x: Any) -> str:
+    return _SHOW.repr(x)
+
+
+def _is_textual(values: Any) -> bool:
+    """Whether a variable can hold text, which a constraint cannot compute with (other bad values are
+    reported where they are given)."""
+    return any(isinstance(x, str) for x in values)
+
+
 def _var(value: Any, path: str, v: Violations) -> str:
     if value is None:
         return ""
     if not (isinstance(value, str) and re.fullmatch(r"%[A-Za-z_][A-Za-z0-9_]*", value)):
-        v.add(path, f"expected a variable name such as \"%master_cores\" ('%' then letters, digits, _), got {value!r}")
+        v.add(path, f"expected a variable name such as \"%master_cores\" ('%' then letters, digits, _), "
+                    f"got {_show(value)}")
         return ""
     if value in BUILTIN_VARS:
         v.add(path, f"{value} is provided by the manager; choose another name")
@@ -262,8 +293,8 @@ def _choice(spec: Any, path: str, v: Violations, *, numeric: bool, integer: bool
             return None
         values = list(raw)
     else:
-        if not (isinstance(raw, list) and len(raw) == 2 and all(_is_number(x) for x in raw)):
-            v.add(f"{path}.Range", "expected [lowest, highest], two numbers")
+        if not (isinstance(raw, list) and len(raw) == 2 and all(_is_finite(x) for x in raw)):
+            v.add(f"{path}.Range", "expected [lowest, highest], two finite numbers")
             return None
         lo, hi = raw
         if lo != int(lo) or hi != int(hi):
@@ -279,14 +310,19 @@ def _choice(spec: Any, path: str, v: Violations, *, numeric: bool, integer: bool
     if numeric:
         for i, x in enumerate(values):
             where = f"{path}.{key}" + (f"[{i}]" if key == "Values" else "")
-            if not _is_number(x):
-                v.add(where, f"expected a number, got {x!r}")
+            if not _is_finite(x):
+                v.add(where, f"expected a {'finite ' if _is_number(x) else ''}number, got {_show(x)}")
                 return None
             if x <= 0 or (integer and x != int(x)):
                 v.add(where, f"expected a {'whole ' if integer else ''}number > 0, got {x!r}")
                 return None
         values = [int(x) if integer or x == int(x) else float(x) for x in values]
         values = sorted(set(values))
+    elif bad := [i for i, x in enumerate(values) if not _is_scalar(x)]:
+        i = bad[0]
+        v.add(f"{path}.{key}" + (f"[{i}]" if key == "Values" else ""),
+              f"expected a string or a finite number, got {_show(values[i])}")
+        return None
     elif len(set(map(str, values))) != len(values):
         v.add(f"{path}.{key}", "values must be distinct")
         return None
@@ -296,7 +332,8 @@ def _choice(spec: Any, path: str, v: Violations, *, numeric: bool, integer: bool
     return Choice(var, tuple(values), kind)
 
 
-_DIST = re.compile(r"^\s*(hops|latency_ms|latency|bandwidth_gbps|bandwidth)\s*(<=|<|>=|>|==)\s*([0-9.]+)\s*(\w*)\s*$")
+_DIST = re.compile(r"^\s*(hops|latency_ms|latency|bandwidth_gbps|bandwidth)\s*(<=|<|>=|>|==)\s*(\d+(?:\.\d*)?|\.\d+)"
+                   r"\s*(\w*)\s*$")
 
 
 def _distance_constraint(text: Any, src: str, dst: str, path: str, v: Violations) -> str | None:
@@ -313,6 +350,9 @@ def _distance_constraint(text: Any, src: str, dst: str, path: str, v: Violations
         return None
     what, op, num, unit = m.groups()
     n = float(num)
+    if not math.isfinite(n):
+        v.add(path, f"the bound must be a finite number, got {_show(num)}")
+        return None
     if what == "hops":
         if op not in ("<", "<="):
             v.add(path, "hops take an upper bound: hops < N or hops <= N")
@@ -352,7 +392,8 @@ def _command(spec: Any, path: str, v: Violations) -> tuple[str, ...]:
 
 
 def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], module: str = "Main",
-                    other_groups: frozenset[str] = frozenset()) -> Implementation | None:
+                    other_groups: frozenset[str] = frozenset(),
+                    textual_vars: frozenset[str] = frozenset()) -> Implementation | None:
     if not isinstance(spec, dict):
         v.add(path, "expected an object")
         return None
@@ -420,7 +461,11 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
         if inst is not None:
             groups.append(Group(gid, role, rtype, inst, attrs))
     distances: list[Distance] = []
-    for i, d in enumerate(_get(res, "Distances") or _get(spec, "Distances") or []):
+    raw_dist = _get(res, "Distances") or _get(spec, "Distances") or []
+    if not isinstance(raw_dist, list):
+        v.add(f"{path}.Resources.Distances", "expected a list of {Source, Target, Constraints} objects")
+        raw_dist = []
+    for i, d in enumerate(raw_dist):
         dp = f"{path}.Resources.Distances[{i}]"
         if not isinstance(d, dict):
             v.add(dp, "expected an object with Source, Target, Constraints")
@@ -428,8 +473,9 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
         src, dst = _get(d, "Source"), _get(d, "Target")
         ok = True
         for key, val in (("Source", src), ("Target", dst)):
-            if val not in ids:
-                v.add(f"{dp}.{key}", f"expected a GroupID of this implementation ({', '.join(sorted(ids))}), got {val!r}")
+            if not (isinstance(val, str) and val in ids):
+                v.add(f"{dp}.{key}", f"expected a GroupID of this implementation ({', '.join(sorted(ids))}), "
+                                     f"got {_show(val)}")
                 ok = False
         cons = _get(d, "Constraints") or []
         if not isinstance(cons, list):
@@ -442,6 +488,7 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
 
     chosen = {c.var for g in groups for c in [g.instances, *g.attributes.values()] if c.var}
     scope = chosen | known_vars
+    textual = textual_vars | {c.var for g in groups for c in g.attributes.values() if c.var and _is_textual(c.values)}
     gcs: list[tuple[str, expr.Node]] = []
     raw_gc = _get(spec, "GlobalConstraints") or []
     if not isinstance(raw_gc, list):
@@ -460,6 +507,13 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
         unknown = sorted(expr.variables(node) - scope)
         if unknown:
             v.add(cp, f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(sorted(scope)) or 'none'}")
+            continue
+        # Text has no numeric value: such a constraint would fail every configuration (or,
+        # for a fixed value, every evaluation), which reads as "no configuration fits".
+        text_vars = sorted(expr.variables(node) & textual)
+        if text_vars:
+            v.add(cp, f"{', '.join(text_vars)} {'has' if len(text_vars) == 1 else 'have'} text values, but a "
+                      "constraint computes with numbers; constrain numeric variables only")
             continue
         gcs.append((text, node))
     env = _get(spec, "EnvironmentVars") or {}
@@ -508,21 +562,24 @@ def _parameter(spec: Any, path: str, v: Violations) -> Parameter | None:
     if not (isinstance(values, list) and values):
         v.add(f"{path}.Values", "required: a non-empty list of acceptable values")
         return None
-    if ptype != "STR" and not all(_is_number(x) for x in values):
-        v.add(f"{path}.Values", f"a {ptype} parameter takes numbers")
+    if ptype != "STR" and not all(_is_finite(x) for x in values):
+        v.add(f"{path}.Values", f"a {ptype} parameter takes finite numbers")
+        return None
+    if bad := [i for i, x in enumerate(values) if not _is_scalar(x)]:
+        v.add(f"{path}.Values[{bad[0]}]", f"expected a string or a finite number, got {_show(values[bad[0]])}")
         return None
     default = _get(spec, "Default")
     if default is None:
         default = values[0]
     elif default not in values:
-        v.add(f"{path}.Default", f"must be one of Values, got {default!r}")
+        v.add(f"{path}.Default", f"must be one of Values, got {_show(default)}")
     bench = _get(spec, "Benchmark")
     if bench is not None and bench not in values:
-        v.add(f"{path}.Benchmark", f"the benchmarking input must be one of Values, got {bench!r}")
+        v.add(f"{path}.Benchmark", f"the benchmarking input must be one of Values, got {_show(bench)}")
         bench = None
     tunable = _get(spec, "Tunable") or False
     if not isinstance(tunable, bool):
-        v.add(f"{path}.Tunable", f"expected true or false, got {tunable!r}")
+        v.add(f"{path}.Tunable", f"expected true or false, got {_show(tunable)}")
         tunable = False
     if tunable and bench is not None:
         v.add(f"{path}.Benchmark", "an input has a Benchmark value; a Tunable parameter is a knob the manager "
@@ -538,6 +595,9 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
     if isinstance(data, str | bytes):
         try:
             data = json.loads(data)
+        except RecursionError:
+            v.add(field_prefix, "not valid JSON: nested too deeply")
+            v.raise_if_any()
         except ValueError as e:
             v.add(field_prefix, f"not valid JSON: {e}")
             v.raise_if_any()
@@ -555,12 +615,17 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
         modules_raw = []
     # What every module declares, so one module may constrain or address another's groups.
     declared = [_declared(m) for m in modules_raw]
+    textual = frozenset(x for d in declared for x in d[3])
     for mi, m in enumerate(modules_raw):
         mp = f"{field_prefix}.Modules[{mi}]"
         if not isinstance(m, dict):
             v.add(mp, "expected an object")
             continue
-        params = [p for i, ps in enumerate(_get(m, "Parameters") or [])
+        params_raw = _get(m, "Parameters") or []
+        if not isinstance(params_raw, list):
+            v.add(f"{mp}.Parameters", "expected a list of parameters ({Var, Name, Type, Values})")
+            params_raw = []
+        params = [p for i, ps in enumerate(params_raw)
                   if (p := _parameter(ps, f"{mp}.Parameters[{i}]", v)) is not None]
         known = {p.var for d in declared for p in d[0]} | {x for d in declared for x in d[1]}
         others = frozenset(g for j, d in enumerate(declared) if j != mi for g in d[2])
@@ -573,7 +638,8 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
             v.add(f"{mp}.Implementations", "required: a non-empty list of implementations")
             impls_raw = []
         impls = [im for i, s in enumerate(impls_raw)
-                 if (im := _implementation(s, f"{mp}.Implementations[{i}]", v, known, mname, others)) is not None]
+                 if (im := _implementation(s, f"{mp}.Implementations[{i}]", v, known, mname, others, textual))
+                 is not None]
         names = [im.name for im in impls]
         if len(set(names)) != len(names):
             v.add(f"{mp}.Implementations", "implementation names must be distinct")
@@ -591,24 +657,35 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
     return manifest
 
 
-def _declared(module: Any) -> tuple[list[Parameter], set[str], set[str]]:
-    """A module's parameters, chosen variables and group ids, read leniently (errors come later)."""
+def _list(x: Any) -> list:
+    return x if isinstance(x, list) else []
+
+
+def _declared(module: Any) -> tuple[list[Parameter], set[str], set[str], set[str]]:
+    """A module's parameters, chosen variables, group ids and variables that may hold text,
+    read leniently (errors come later)."""
     if not isinstance(module, dict):
-        return [], set(), set()
-    params = [p for ps in (_get(module, "Parameters") or []) if (p := _parameter(ps, "", Violations()))]
+        return [], set(), set(), set()
+    params = [p for ps in _list(_get(module, "Parameters")) if (p := _parameter(ps, "", Violations()))]
+    textual = {p.var for p in params if _is_textual(p.values)}
     chosen: set[str] = set()
     groups: set[str] = set()
-    for impl in _get(module, "Implementations") or []:
+    for impl in _list(_get(module, "Implementations")):
         res = _get(impl, "Resources") if isinstance(impl, dict) else None
-        for g in (_get(res, "Groups") or []) if isinstance(res, dict) else []:
+        for g in _list(_get(res, "Groups")) if isinstance(res, dict) else []:
             if not isinstance(g, dict):
                 continue
             if isinstance(_get(g, "GroupID"), str):
                 groups.add(_get(g, "GroupID"))
             specs = [_get(g, "NumInstances"), *((_get(g, "Attributes") or {}).values()
                                                 if isinstance(_get(g, "Attributes"), dict) else [])]
-            chosen |= {_get(c, "Var") for c in specs if isinstance(c, dict) and isinstance(_get(c, "Var"), str)}
-    return params, chosen, groups
+            for c in specs:
+                if isinstance(c, dict) and isinstance(var := _get(c, "Var"), str):
+                    chosen.add(var)
+                    given = _get(c, "Values") if _get(c, "Value") is None else [_get(c, "Value")]
+                    if isinstance(given, list) and _is_textual(given):
+                        textual.add(var)
+    return params, chosen, groups, textual
 
 
 def _check_modules(modules: list[Module], prefix: str, v: Violations) -> None:

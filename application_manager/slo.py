@@ -13,6 +13,7 @@ meets the time bound).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +80,8 @@ def _bound(text: Any, path: str, v: Violations) -> Bound | None:
                 v.add(path, f"{left.name} takes an upper bound (<= or <)")
                 return None
             value = expr.evaluate(right, {})
-            if not value > 0:
-                v.add(path, f"the bound must be > 0, got {value:g}")
+            if not (value > 0 and math.isfinite(value)):
+                v.add(path, f"the bound must be a finite number > 0, got {value:g}")
                 return None
             return Bound(left.name, op, value)
     v.add(path, "expected \"%cost <= NUMBER\" or \"%execution_time <= SECONDS\"")
@@ -93,6 +94,9 @@ def parse_slo(data: Any, manifest: Manifest | None = None, field_prefix: str = "
     if isinstance(data, str | bytes):
         try:
             data = json.loads(data) if data else {}
+        except RecursionError:
+            v.add(field_prefix, "not valid JSON: nested too deeply")
+            v.raise_if_any()
         except ValueError as e:
             v.add(field_prefix, f"not valid JSON: {e}")
             v.raise_if_any()

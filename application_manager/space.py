@@ -156,7 +156,9 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
         kept = 0
         for combo in itertools.product(*(choices[n].values for n in names)):
             cfg = dict(zip(names, combo, strict=True))
-            env = {**params, **fixed, **{k: v for k, v in cfg.items() if isinstance(v, int | float)}}
+            # Only numbers: a text value (an FPGA design name) has no place in arithmetic; the
+            # manifest rejects constraints that mention one, so leaving it out cannot hide a match.
+            env = {**params, **{k: v for k, v in {**fixed, **cfg}.items() if isinstance(v, int | float)}}
             try:
                 if not all(expr.holds(node, env) for node in constraints):
                     continue
