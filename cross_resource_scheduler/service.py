@@ -9,6 +9,7 @@ be found again and released, now or (if the IRM is unreachable) later.
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import math
 import os
@@ -111,6 +112,18 @@ class CrsConfig:
     seed: int = 0
 
 
+def irm_request_id(res_id: str, attempt: int, manager: str) -> str:
+    """The request id of a reservation's part at one manager, one per placement attempt.
+
+    A retry must never meet the part an earlier attempt took and gave back: the manager would answer the
+    same request id with that released reservation (its idempotent replay) and the CRS activate a
+    reservation holding nothing there. A long manager name is hashed: the id stays within the 128
+    characters a manager accepts.
+    """
+    tail = manager if len(manager) <= 64 else hashlib.sha256(manager.encode()).hexdigest()[:16]
+    return f"{res_id}#{attempt}@{tail}"
+
+
 def _err_from_rpc(manager: str, e: grpc.RpcError) -> HarnessError:
     return from_rpc_error(f"manager {manager!r}", e, "nothing was reserved")
 
@@ -188,10 +201,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 everyone = [m.name for m in s.scalars(select(Manager))]
 
             def run(s, r=r, everyone=everyone):  # type: ignore[no-untyped-def]
-                # Which managers it reached is unknown: ask each for the derived request id.
+                # Which managers (and attempts) it reached is unknown: ask each for every derived request id.
                 for m in everyone:
-                    s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=f"{r.id}@{m}",
-                                       created_at=self.clock.now()))
+                    for a in range(self._attempts()):
+                        s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=irm_request_id(r.id, a, m),
+                                           created_at=self.clock.now()))
                 s.execute(delete(Reservation).where(Reservation.id == r.id))
             self.db.transact(run)
             log.warning("recovered a reservation left pending", extra={"reservation": r.id})
@@ -472,7 +486,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                  req: PlacementRequest) -> irm_pb2.Reservation:
         groups = list(request.groups)
         last_error: HarnessError | None = None
-        for attempt in range(max(1, self.config.place_attempts)):
+        for attempt in range(self._attempts()):
             token = f"{res_id}#{attempt}"
             placement = self._place(req, request.priority, token)
             pinned = self._pinned(groups, placement)
@@ -483,7 +497,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         raise FailedPrecondition(
                             f"quoted price {quote.price_per_minute:.4f}/min exceeds max_price_per_minute "
                             f"{request.max_price_per_minute:.4f}; nothing was reserved")
-                allocated, notes, caught_up = self._delegate(tenant, res_id, pinned)
+                allocated, notes, caught_up = self._delegate(tenant, res_id, attempt, pinned)
             except ResourceExhausted as e:
                 # An IRM saw capacity our view had not caught up with: place again.
                 self.view.forget(token)
@@ -502,7 +516,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             try:
                 self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
             except BaseException:
-                self._give_back_unrecorded(tenant, res_id, list(pinned))
+                self._give_back_unrecorded(tenant, res_id, attempt, list(pinned))
                 raise
             out.id, out.tenant, out.request_id, out.state = res_id, tenant, request.request_id, _ACTIVE
             out.priority, out.price_per_minute, out.created_at = request.priority, price, created_at
@@ -511,7 +525,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         assert last_error is not None
         raise last_error
 
-    def _give_back_unrecorded(self, tenant: str, res_id: str, managers: list[str]) -> None:
+    def _attempts(self) -> int:
+        return max(1, self.config.place_attempts)
+
+    def _give_back_unrecorded(self, tenant: str, res_id: str, attempt: int, managers: list[str]) -> None:
         """The activation failed: unless it landed after all (a commit whose answer was lost),
         the reservation is not the client's, and what the managers hold for it goes back.
         When that cannot be told, the parts stay (capacity leaks until an operator looks)
@@ -526,11 +543,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return  # it landed: the reservation stands
         for manager in managers:
             try:
-                self._undo_or_remember(manager, tenant, f"{res_id}@{manager}")
+                self._undo_or_remember(manager, tenant, irm_request_id(res_id, attempt, manager))
             except Exception:  # noqa: BLE001 - the others still go back
                 log.exception("could not give back a part", extra={"reservation": res_id, "manager": manager})
 
-    def _delegate(self, tenant: str, res_id: str, pinned: dict[str, list[irm_pb2.ResourceGroup]]
+    def _delegate(self, tenant: str, res_id: str, attempt: int, pinned: dict[str, list[irm_pb2.ResourceGroup]]
                   ) -> tuple[list[irm_pb2.AllocatedGroup], list[str], dict[str, int]]:
         """All-or-nothing: reserve at every manager, or give back everything taken.
 
@@ -551,12 +568,18 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 try:
                     # Overlapping delegations to one manager share a call (delegation.py).
                     reply = state.delegator.reserve(
-                        irm_pb2.ReserveRequest(tenant=tenant, request_id=f"{res_id}@{manager}", groups=parts),
+                        irm_pb2.ReserveRequest(tenant=tenant, request_id=irm_request_id(res_id, attempt, manager),
+                                               groups=parts),
                         timeout=self.config.irm_timeout_s)
                 except grpc.RpcError as e:
                     if e.code() not in DEFINITE_REFUSALS:
                         in_doubt.add(manager)
                     raise _err_from_rpc(manager, e) from None
+                if reply.state != irm_pb2.Reservation.STATE_ACTIVE:
+                    # Never activate on a part that holds nothing (it cannot happen with fresh ids; if it does,
+                    # say so rather than double-book).
+                    raise Aborted(f"manager {manager!r} answered with a reservation in state "
+                                  f"{irm_pb2.Reservation.State.Name(reply.state)}; nothing was reserved, retry")
                 allocated.extend(reply.groups)
                 notes.extend(f"{manager}: {n}" for n in reply.notes)
                 for g in reply.groups:
@@ -566,7 +589,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                             caught_up[key] = max(caught_up.get(key, 0), r.physical_generation)
         except BaseException:
             for manager in touched:
-                self._undo_or_remember(manager, tenant, f"{res_id}@{manager}", in_doubt=manager in in_doubt)
+                self._undo_or_remember(manager, tenant, irm_request_id(res_id, attempt, manager),
+                                       in_doubt=manager in in_doubt)
             raise
         return allocated, notes, caught_up
 
@@ -626,7 +650,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         parts = {(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups}
         for manager, irm_id in sorted(parts):
             if not self._release_part(manager, tenant, irm_id):
-                self._undo_or_remember(manager, tenant, f"{r.id}@{manager}")
+                # Which attempt placed it is not kept: ask for each (the others hold nothing).
+                for a in range(self._attempts()):
+                    self._undo_or_remember(manager, tenant, irm_request_id(r.id, a, manager))
         now = self.clock.now()
         self.db.execute(_RELEASE, {"rid": r.id, "at": now})
         r.state, r.released_at = "released", now

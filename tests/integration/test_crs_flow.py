@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from cross_resource_scheduler.service import irm_request_id
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.errors import field_violations
 from tests.conftest import eventually
@@ -87,9 +88,10 @@ def test_register_discover_quote_reserve_release(cloud):
         assert any("confines each VM" in n for n in res.notes), res.notes
     assert res.price_per_minute == pytest.approx(sum(g.price_per_minute for g in res.groups))
 
-    # The compute IRM holds exactly the same thing, under the CRS's derived request id.
+    # The compute IRM holds exactly the same thing, under the CRS's derived request id (its first attempt's).
     irm = irm_stub(cloud["a"] if by_group["master"].manager == "compute-a" else cloud["b"])
-    held = irm.GetReservation(irm_pb2.GetReservationRequest(tenant="t1", request_id=f"{res.id}@{by_group['master'].manager}"))
+    held = irm.GetReservation(irm_pb2.GetReservationRequest(
+        tenant="t1", request_id=irm_request_id(res.id, 0, by_group["master"].manager)))
     assert sorted(r.id for g in held.groups for r in g.resources) == sorted(
         r.id for g in res.groups for r in g.resources)
 

@@ -43,7 +43,7 @@ def test_a_reservation_the_crs_cannot_record_is_given_back_at_the_managers(crs: 
     delegated: list[str] = []
     undone: list[tuple[str, str, str]] = []
 
-    def delegate(tenant, res_id, pinned):  # type: ignore[no-untyped-def]
+    def delegate(tenant, res_id, attempt, pinned):  # type: ignore[no-untyped-def]
         delegated.append(res_id)
         group = irm_pb2.AllocatedGroup(name="g", manager="m", manager_reservation_id="irm-1")
         return [group], [], {}
@@ -55,7 +55,7 @@ def test_a_reservation_the_crs_cannot_record_is_given_back_at_the_managers(crs: 
         crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
     assert len(delegated) == 1
     # What manager m holds for it is released (or remembered for retry), and no row is left.
-    assert undone == [("m", "t", f"{delegated[0]}@m")]
+    assert undone == [("m", "t", crs_service.irm_request_id(delegated[0], 0, "m"))]
     with crs.db.read() as s:
         assert list(s.scalars(select(Reservation))) == []
 
@@ -67,7 +67,7 @@ def _two_managers(crs: Crs) -> None:
 
 
 def _delegating(crs: Crs, delegated: list[str]) -> None:
-    def delegate(tenant, res_id, pinned):  # type: ignore[no-untyped-def]
+    def delegate(tenant, res_id, attempt, pinned):  # type: ignore[no-untyped-def]
         delegated.append(res_id)
         return [irm_pb2.AllocatedGroup(name=g.name, manager=m, manager_reservation_id=f"irm-{m}")
                 for m, parts in pinned.items() for g in parts], [], {}
