@@ -61,10 +61,18 @@ class ConstraintSyntaxError(ValueError):
         self.position = position
 
 
+_BLANK_TO_END = re.compile(r"\s*\Z")
+# A constraint is one relation between two groups; anything longer is not one (and each token used to copy
+# the rest of the text: a megabyte took seconds of a server thread).
+MAX_EXPRESSION = 1000
+
+
 def _tokens(text: str) -> list[tuple[str, str, int]]:
+    if len(text) > MAX_EXPRESSION:
+        raise ConstraintSyntaxError(f"too long: {len(text)} characters, at most {MAX_EXPRESSION}", MAX_EXPRESSION)
     out, pos = [], 0
     while pos < len(text):
-        if text[pos:].strip() == "":
+        if _BLANK_TO_END.match(text, pos):
             break
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:

@@ -454,6 +454,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         tenant = require_tenant(request.tenant)
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
+        if request.HasField("max_price_per_minute") and not math.isfinite(request.max_price_per_minute):
+            # Every comparison with NaN is false: the cap would cap nothing.
+            raise InvalidArgument.of("max_price_per_minute", f"a finite price, got {request.max_price_per_minute}")
         req = self._parse(list(request.groups), list(request.constraints))
         res_id = f"crs-{os.urandom(10).hex()}"
         claim = dict(id=res_id, tenant=tenant, request_id=request.request_id, state="pending",

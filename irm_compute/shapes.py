@@ -10,6 +10,10 @@ from services.errors import Violations
 
 VM_TYPE = "vm"
 MAX_COUNT = 1000
+# Beyond any host this manager could hold, and within what the store's columns take.
+MAX_CORES = 4096
+MAX_MEMORY_GB = 65536.0
+MAX_NAME = 128
 KNOWN_ATTRIBUTES = ("cores", "memory_gb", "frequency_ghz")
 
 
@@ -55,6 +59,7 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
         p = f"{field_prefix}[{i}]"
         if not v.check(bool(g.name), f"{p}.name", "required: a name unique within the request"):
             continue
+        v.check(len(g.name) <= MAX_NAME, f"{p}.name", f"at most {MAX_NAME} characters")
         v.check(g.name not in names, f"{p}.name", f"duplicate group name {g.name!r}")
         names.add(g.name)
         v.check(g.resource_type == VM_TYPE, f"{p}.resource_type",
@@ -66,15 +71,16 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
         cores = memory_gb = None
         if "cores" in g.attributes:
             cores = _number(g.attributes["cores"], f"{p}.attributes[cores]", v)
-            if cores is not None and (cores < 1 or cores != int(cores)):
-                v.add(f"{p}.attributes[cores]", f"must be a whole number >= 1, got {cores:g}")
+            # NaN, inf and absurd counts are bad input, not a shape to price or to store (int(inf) raised).
+            if cores is not None and not (1 <= cores <= MAX_CORES and cores == int(cores)):
+                v.add(f"{p}.attributes[cores]", f"must be a whole number >= 1 (at most {MAX_CORES}), got {cores:g}")
                 cores = None
         else:
             v.add(f"{p}.attributes[cores]", "required: the number of cores per VM")
         if "memory_gb" in g.attributes:
             memory_gb = _number(g.attributes["memory_gb"], f"{p}.attributes[memory_gb]", v)
-            if memory_gb is not None and not (memory_gb > 0 and math.isfinite(memory_gb)):
-                v.add(f"{p}.attributes[memory_gb]", f"must be > 0, got {memory_gb:g}")
+            if memory_gb is not None and not (0 < memory_gb <= MAX_MEMORY_GB):
+                v.add(f"{p}.attributes[memory_gb]", f"must be > 0 and at most {MAX_MEMORY_GB:g}, got {memory_gb:g}")
                 memory_gb = None
         else:
             v.add(f"{p}.attributes[memory_gb]", "required: the memory per VM in GB")
@@ -84,10 +90,12 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
             which = f.WhichOneof("value")
             if which == "number":
                 fmin = fmax = f.number
+                v.check(math.isfinite(f.number) and f.number > 0, f"{p}.attributes[frequency_ghz]",
+                        f"a frequency in GHz > 0, got {f.number:g}")
             elif which == "range":
                 fmin = f.range.min if f.range.HasField("min") else 0.0
                 fmax = f.range.max if f.range.HasField("max") else math.inf
-                v.check(fmin <= fmax, f"{p}.attributes[frequency_ghz].range", "min must not exceed max")
+                v.check(fmin <= fmax, f"{p}.attributes[frequency_ghz].range", "min must not exceed max (nor NaN)")
             else:
                 v.add(f"{p}.attributes[frequency_ghz]", "expected a number or a range of GHz")
         if g.placement:

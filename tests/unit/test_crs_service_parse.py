@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
 
 from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import common_pb2, irm_pb2
-from services.errors import HarnessError
+from services.errors import HarnessError, InvalidArgument
 
 
 def _specs() -> dict[str, dict[str, irm_pb2.AttributeSpec]]:
@@ -64,3 +65,11 @@ def test_the_compensation_poll_with_nothing_pending_touches_no_manager(crs: Crs)
     crs._remember("m", "t", "crs-x@m")
     crs._compensate_pending()  # m is unknown: it stays, to be retried
     assert asked == ["m"] and crs.pending_compensations() == 1
+
+
+def test_a_nan_price_cap_is_refused_not_ignored(crs: Crs) -> None:
+    # Every comparison with NaN is false: the cap would have capped nothing.
+    with pytest.raises(InvalidArgument) as e:
+        crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[_group(2)],
+                                           max_price_per_minute=math.nan), None)
+    assert [v.field for v in e.value.violations] == ["max_price_per_minute"]
