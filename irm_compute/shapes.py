@@ -73,7 +73,7 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
             cores = _number(g.attributes["cores"], f"{p}.attributes[cores]", v)
             # NaN, inf and absurd counts are bad input, not a shape to price or to store (int(inf) raised).
             if cores is not None and not (1 <= cores <= MAX_CORES and cores == int(cores)):
-                v.add(f"{p}.attributes[cores]", f"must be a whole number >= 1 (at most {MAX_CORES}), got {cores:g}")
+                v.add(f"{p}.attributes[cores]", f"must be a whole number >= 1, got {cores:g} (at most {MAX_CORES})")
                 cores = None
         else:
             v.add(f"{p}.attributes[cores]", "required: the number of cores per VM")
