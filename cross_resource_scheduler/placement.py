@@ -60,6 +60,9 @@ def _order(req: PlacementRequest) -> list[GroupDemand]:
 
 def _pool(view: CapacityView, ctx: Context) -> list[Node]:
     g, topo = ctx.group, ctx.topology
+    # A link may make another rack or site faster than its level: latency bounds cannot narrow the pool by
+    # level then (the distance filter still checks each candidate). Links never change hops.
+    by_latency = not any(link.latency_ms for link in topo.links.values())
     pools: list[list[Node]] = []
     for c in ctx.constraints:
         peers = ctx.peers(c)
@@ -69,10 +72,10 @@ def _pool(view: CapacityView, ctx: Context) -> list[Node]:
         if c.kind == "same_host":
             pools.append([n for n in {x.key: x for x in peers}.values() if n.resource_type == g.resource_type])
         elif (c.kind == "max_hops" and c.value < topo.same_site.hops) or (
-                c.kind == "max_latency_ms" and c.value < topo.same_site.latency_ms):
+                by_latency and c.kind == "max_latency_ms" and c.value < topo.same_site.latency_ms):
             pools.append(view.in_rack(g.resource_type, p.location.site, p.location.rack))
         elif (c.kind == "max_hops" and c.value < topo.cross_site.hops) or (
-                c.kind == "max_latency_ms" and c.value < topo.cross_site.latency_ms):
+                by_latency and c.kind == "max_latency_ms" and c.value < topo.cross_site.latency_ms):
             pools.append(view.in_site(g.resource_type, p.location.site))
     return min(pools, key=len) if pools else view.of_type(g.resource_type)
 

@@ -535,3 +535,25 @@ def test_sample_size_bounds_candidates_per_instance() -> None:
     assert _count_filter_calls(1000, sample_size=50, instances=5) == 5 * 50
     # a pool smaller than the sample is scanned once per instance
     assert _count_filter_calls(20, sample_size=50, instances=5) == 5 * 20
+
+
+@pytest.mark.parametrize(("link", "bound", "far"), [
+    (("s1", "s2", 1.0), 2.0, ("far", "s2", "r1")),         # a cross-site link faster than the 5 ms site level
+    (("r1", "r2", 0.1), 0.15, ("next", "s1", "r2")),       # a rack link faster than the 0.2 ms same-site level
+])
+def test_a_fast_link_satisfies_a_latency_bound_its_level_would_not(link, bound, far) -> None:
+    # The pool was narrowed by the levels' latency before the distance filter saw the link: a feasible
+    # request was refused as one that "cannot fit even on an empty cloud".
+    view = CapacityView()
+    add(view, "anchor", site="s1", rack="r1", traits=("anchor",))
+    add(view, far[0], site=far[1], rack=far[2], traits=("far",))
+    add(view, "decoy", site="s1", rack="r3")
+    topo = TopologyModel()
+    topo.add_link(common_pb2.Link(a=link[0], b=link[1], latency_ms=link[2]))
+    p = place(view, [group("a", required=("anchor",)), group("b", required=("far",))],
+              [f"latency_ms(a, b) <= {bound}"], topology=topo)
+    assert hosts(p, "b") == [far[0]]
+    # Without the link the bound cannot be met.
+    with pytest.raises(Unschedulable):
+        place(view, [group("a", required=("anchor",)), group("b", required=("far",))],
+              [f"latency_ms(a, b) <= {bound}"], topology=TopologyModel())
