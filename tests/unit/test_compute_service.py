@@ -142,3 +142,26 @@ def test_stream_batches_hands_out_what_is_queued_at_once() -> None:
     assert next(stream) == [2, 3, 4] and next(stream) == [5]
     b.close()
     assert list(stream) == []
+
+
+def test_a_quote_is_what_reserve_charges_and_a_reserve_capped_at_it_passes(tmp_path: Path) -> None:
+    # Reserve packs (fullest host with room first, then by id), whatever the host's frequency; the quote priced
+    # the cheapest matching host, so a Reserve capped at it was refused.
+    (tmp_path / "hosts.yaml").write_text("hosts:\n"
+                                         "  - {id: a-fast, site: s, rack: r, cores: 8, memory_gb: 32, frequency_ghz: 3.0}\n"
+                                         "  - {id: b-slow, site: s, rack: r, cores: 8, memory_gb: 32, frequency_ghz: 2.0}\n")
+    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
+    try:
+        for rid, cores in (("first", 4), ("second", 2), ("third", 4)):
+            r = req(rid, cores, "")
+            del r.groups[0].placement[:]
+            quote = irm.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=r.groups), None)
+            r.max_price_per_minute = quote.price_per_minute
+            got = irm.Reserve(r, None)
+            assert got.price_per_minute == pytest.approx(quote.price_per_minute), rid
+        # first and second packed a-fast (6 of 8 cores), third went to b-slow: the quotes followed.
+        hosts = {h.id: h.used_cores for h in irm.store.hosts()}
+        assert hosts == {"a-fast": 6, "b-slow": 4}
+    finally:
+        irm.watchers.close()
+        irm.db.dispose()
