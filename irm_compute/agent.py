@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from irm_compute.sandbox import (
 )
 from services.errors import (
     FailedPrecondition,
+    HarnessError,
     InvalidArgument,
     NotFound,
     Unavailable,
@@ -79,6 +81,10 @@ class AgentConfig:
     # measured run from `dataset` (see irm_compute.replay), without running it.
     backend: str = "local"
     dataset: str = ""
+    # How stale the agent's knowledge that a VM is still reserved may be: an Execute on a VM not confirmed
+    # for this long asks the compute IRM first, and a background check kills what runs on VMs it released.
+    # The IRM also tells the agent of a release, once and best effort; this makes a missed one harmless.
+    vm_check_interval_s: float = 2.0
 
 
 class ComputeClient:
@@ -125,6 +131,7 @@ class ComputeClient:
 class _Vm:
     tenant: str
     slot: VmSlot
+    confirmed: float = 0.0      # monotonic time the compute IRM last said it is active
 
 
 @dataclass
@@ -150,6 +157,8 @@ class Agent:
         self._runs: dict[str, _Run] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.replay: ReplayBackend | None = None
+        self._stop = threading.Event()
+        self._checker: threading.Thread | None = None
         if config.backend == "replay":
             self.replay = ReplayBackend.load(config.dataset)
         elif config.backend != "local":
@@ -166,6 +175,10 @@ class Agent:
             raise FailedPrecondition(f"VM {vm_id} was released")
         if cached is not None:
             owned(tenant, cached.tenant, f"VM {vm_id}")
+            if time.monotonic() - cached.confirmed <= self.config.vm_check_interval_s:
+                return cached
+            if self._released_at_compute(vm_id):
+                raise FailedPrecondition(f"VM {vm_id} was released")
             return cached
 
         # Outside the lock: a slow compute IRM must not stall other VMs. Also asked for a VM released
@@ -184,8 +197,45 @@ class Agent:
             cached = self._vms.get(vm_id)  # another request may have cached it meanwhile
             if cached is None:
                 slot = self.allocator.slot(vm_id, vm.cores, vm.memory_gb * 1024)
-                cached = self._vms[vm_id] = _Vm(vm.tenant, slot)
+                cached = self._vms[vm_id] = _Vm(vm.tenant, slot, time.monotonic())
         return cached
+
+    def _released_at_compute(self, vm_id: str) -> bool:
+        """Ask the compute IRM whether the VM is still reserved; if not, release it here (kill what runs).
+
+        Unreachable, the answer is "still reserved" (the agent keeps serving on what it knew) and the next
+        check asks again.
+        """
+        try:
+            vm = self.compute.get_vm(vm_id)
+        except NotFound:
+            released = True
+        except HarnessError as e:
+            log.warning("could not confirm a VM with the compute IRM", extra={"vm": vm_id, "reason": str(e)})
+            return False
+        else:
+            released = vm.state == compute_pb2.Vm.STATE_RELEASED
+        if released:
+            log.warning("VM released at the compute IRM without word to this agent: releasing it",
+                        extra={"vm": vm_id})
+            self.release_vm(vm_id)
+            return True
+        with self._lock:
+            cached = self._vms.get(vm_id)
+            if cached is not None:
+                cached.confirmed = time.monotonic()
+        return False
+
+    def _check_vms(self) -> None:
+        while not self._stop.wait(self.config.vm_check_interval_s):
+            with self._lock:
+                stale = [k for k, v in self._vms.items()
+                         if time.monotonic() - v.confirmed > self.config.vm_check_interval_s]
+            for vm_id in stale:
+                try:
+                    self._released_at_compute(vm_id)
+                except Exception:  # noqa: BLE001 - the checker must outlive one bad answer
+                    log.exception("VM check failed", extra={"vm": vm_id})
 
     def release_vm(self, vm_id: str) -> int:
         """Kill the VM's running executions and forget it; returns how many were killed."""
@@ -343,9 +393,13 @@ class Agent:
     def open(self) -> None:
         """Fail at start-up, not at the first Execute, if scratch space cannot be made."""
         Path(self.config.work_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        if self.config.vm_check_interval_s > 0 and self._checker is None:
+            self._checker = threading.Thread(target=self._check_vms, name="vm-check", daemon=True)
+            self._checker.start()
 
     def shutdown(self) -> None:
         """Kill every running execution (the agent's processes must not outlive it)."""
+        self._stop.set()
         with self._lock:
             running = [r.execution for r in self._runs.values() if r.execution.running]
         for e in running:
