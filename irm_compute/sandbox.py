@@ -11,7 +11,12 @@ A VM of `cores` cores and `memory_mb` MB becomes, on this machine:
   address-space limit cannot (several processes, small VMs; see
   `data_rlimit_bytes`) and kills the tree;
 * utilisation samples (CPU as a percentage of the pinned CPUs, RSS as a
-  percentage of the allowance) every `sample_interval_s`.
+  percentage of the allowance) every `sample_interval_s`;
+* every process of the execution carries a mark in its environment, so one
+  that leaves the tree (a double fork into a new session) is still watched
+  and killed with it, and a process that widens its own CPU affinity is
+  pinned back at the next sample. This confines honest programs so their
+  measurements mean something; it is not a security boundary (cgroups are).
 
 `LocalExecution` runs one command and reports through a queue of events
 (`Started`, `Output`, `Sample`, `Exited`) that one consumer drains, while the
@@ -33,6 +38,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +49,8 @@ import psutil
 log = logging.getLogger(__name__)
 
 MEMORY_LIMIT_EXCEEDED = "memory limit exceeded"
+# The environment variable marking an execution's processes (see LocalExecution).
+EXECUTION_MARK = "HARNESS_EXECUTION_MARK"
 TIMEOUT = "timeout"
 STOPPED = "stopped"
 
@@ -307,7 +315,11 @@ class LocalExecution:
         self.slot = slot
         self.argv = list(argv)
         self.working_dir = working_dir
-        self.env = child_env(slot, env or {})
+        # A mark every descendant inherits: one that leaves the tree (a double fork into a new session) is
+        # still found, watched and killed with the execution (unless it scrubs its environment: the sandbox
+        # confines honest programs for measurement; it is not a security boundary).
+        self._mark = uuid.uuid4().hex
+        self.env = {**child_env(slot, env or {}), EXECUTION_MARK: self._mark}
         self.timeout_s = timeout_s
         self.sample_interval_s = sample_interval_s
         self.max_output_bytes = max_output_bytes
@@ -508,12 +520,18 @@ class LocalExecution:
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return None
+        seen = {p.pid for p in procs}
+        procs += [p for p in self._marked() if p.pid not in seen]
+        allowed = set(self.slot.cpus)
         cpu = rss = 0.0
         for p in procs:
             try:
                 with p.oneshot():
                     t = p.cpu_times()
                     rss += p.memory_info().rss
+                    # A process may widen its own affinity (sched_setaffinity): pinned back at every sample.
+                    if allowed and not set(p.cpu_affinity()) <= allowed:
+                        p.cpu_affinity(sorted(allowed))
             except psutil.Error:
                 continue  # exited between listing and reading
             # children_* hold descendants already reaped, so the total does not drop when one exits.
@@ -523,11 +541,25 @@ class LocalExecution:
 
     def _kill_known(self) -> None:
         """Kill descendants that left the process group (setsid); psutil refuses reused pids."""
-        for p in list(self._known.values()):
+        for p in [*self._known.values(), *self._marked()]:
             try:
                 p.kill()
             except psutil.Error:
                 pass
+
+    def _marked(self) -> list[psutil.Process]:
+        """This execution's processes wherever they went: started since it began, carrying its mark."""
+        out = []
+        since = self.started_at - 1.0
+        for p in psutil.process_iter(["create_time"]):
+            try:
+                if (p.info["create_time"] or 0.0) < since or p.pid == os.getpid():
+                    continue
+                if p.environ().get(EXECUTION_MARK) == self._mark:
+                    out.append(p)
+            except psutil.Error:
+                continue      # gone, or not ours to read
+        return out
 
     def _record_death_at_peak(self, peak_mb: float, cpu_seconds: float, end: float) -> None:
         """A last sample at the exit of a command that ran out of memory.

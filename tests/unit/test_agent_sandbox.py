@@ -358,6 +358,41 @@ def test_execution_ends_with_its_command_even_if_a_background_child_holds_the_pi
     wait_dead(left_over)  # left-overs go with the command
 
 
+def test_a_descendant_that_leaves_the_tree_before_any_sample_still_goes_with_the_execution(
+    tmp_path: Path, allocator: CpuAllocator
+) -> None:
+    # A double fork into a new session, over before the first sample (0.5 s): it is nobody's child in the
+    # tree any more, but it carries the execution's mark.
+    inner = "import time; time.sleep(60)"
+    middle = (f"import subprocess; p = subprocess.Popen([{PY!r}, '-c', {inner!r}], start_new_session=True); "
+              "print(p.pid, flush=True)")
+    code = f"import subprocess, time\nsubprocess.run([{PY!r}, '-c', {middle!r}])\ntime.sleep(60)\n"
+    ex = LocalExecution("ex", allocator.slot("vm", 1, 1024), [PY, "-c", code], working_dir=str(tmp_path),
+                        timeout_s=1.0)
+    ex.start()
+    escaped = os.pidfd_open(int(first_line(ex)))
+    x = ex.wait(10)
+    assert x is not None and x.reason == TIMEOUT
+    wait_dead(escaped)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to widen onto")
+def test_a_command_that_widens_its_cpu_affinity_is_pinned_back(tmp_path: Path, allocator: CpuAllocator) -> None:
+    slot = allocator.slot("vm", 1, 1024)
+    code = ("import os, time\n"
+            "os.sched_setaffinity(0, range(os.cpu_count()))\n"
+            "wide = len(os.sched_getaffinity(0))\n"
+            "deadline = time.monotonic() + 10\n"
+            "while len(os.sched_getaffinity(0)) > 1 and time.monotonic() < deadline:\n"
+            "    time.sleep(0.02)\n"
+            "print(wide, sorted(os.sched_getaffinity(0)))\n")
+    ex = LocalExecution("ex", slot, [PY, "-c", code], working_dir=str(tmp_path), sample_interval_s=0.1)
+    ex.start()
+    wide, now = first_line(ex).split(" ", 1)
+    ex.wait(10)
+    assert int(wide) > 1 and json.loads(now) == list(slot.cpus)
+
+
 # --- VM-wide series ------------------------------------------------------------------
 
 
