@@ -82,8 +82,9 @@ class AgentConfig:
     backend: str = "local"
     dataset: str = ""
     # How stale the agent's knowledge that a VM is still reserved may be: an Execute on a VM not confirmed
-    # for this long asks the compute IRM first, and a background check kills what runs on VMs it released.
-    # The IRM also tells the agent of a release, once and best effort; this makes a missed one harmless.
+    # for this long asks the compute IRM first (0: every time), and a background check (at least every
+    # 0.1 s) kills what runs on VMs it released. The IRM also tells the agent of a release, once and best
+    # effort; this makes a missed one harmless.
     vm_check_interval_s: float = 2.0
 
 
@@ -127,11 +128,11 @@ class ComputeClient:
             self._channel = self._stub = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Vm:
     tenant: str
     slot: VmSlot
-    confirmed: float = 0.0      # monotonic time the compute IRM last said it is active
+    confirmed: float = 0.0      # monotonic time the compute IRM last said it is active (set under the lock)
 
 
 @dataclass
@@ -227,7 +228,7 @@ class Agent:
         return False
 
     def _check_vms(self) -> None:
-        while not self._stop.wait(self.config.vm_check_interval_s):
+        while not self._stop.wait(max(self.config.vm_check_interval_s, 0.1)):
             with self._lock:
                 stale = [k for k, v in self._vms.items()
                          if time.monotonic() - v.confirmed > self.config.vm_check_interval_s]
@@ -393,7 +394,7 @@ class Agent:
     def open(self) -> None:
         """Fail at start-up, not at the first Execute, if scratch space cannot be made."""
         Path(self.config.work_dir).expanduser().mkdir(parents=True, exist_ok=True)
-        if self.config.vm_check_interval_s > 0 and self._checker is None:
+        if self._checker is None:
             self._checker = threading.Thread(target=self._check_vms, name="vm-check", daemon=True)
             self._checker.start()
 

@@ -35,7 +35,7 @@ def host(tmp_path: Path, monkeypatch):
         address=f"127.0.0.1:{compute_port}", name="c", database=f"sqlite:///{tmp_path / 'c.db'}", inventory=str(inv)))
     agent = agent_mod.component(agent_mod.AgentConfig(
         address=f"127.0.0.1:{agent_port}", compute_address=f"127.0.0.1:{compute_port}",
-        work_dir=str(tmp_path / "work"), vm_check_interval_s=0.2))
+        work_dir=str(tmp_path / "work"), vm_check_interval_s=0.0))      # every Execute confirms its VM
     running = [srv.start(f"127.0.0.1:{compute_port}", [compute]), srv.start(f"127.0.0.1:{agent_port}", [agent])]
     told: list[str] = []
 
@@ -76,3 +76,13 @@ def test_a_released_vms_execution_is_killed_and_new_ones_refused_though_the_agen
     with pytest.raises(grpc.RpcError) as e:
         list(agent.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[sys.executable, "-c", "pass"])))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "released" in e.value.details()
+
+
+def test_executions_on_a_vm_still_reserved_go_on_after_it_is_confirmed_again(host):
+    irm, agent, _ = host
+    vm = reserve(irm, "t", "r").groups[0].resources[0].id
+    for i in range(3):          # each Execute re-confirms the cached VM with the compute IRM (interval 0)
+        events = list(agent.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[
+            sys.executable, "-c", f"print({i})"])))
+        assert events[-1].exited.exit_code == 0
+        assert b"".join(e.stdout for e in events if e.HasField("stdout")) == f"{i}\n".encode()
