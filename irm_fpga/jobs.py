@@ -621,7 +621,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 return self._job(tenant, row.id)
             job = self._qos(row)
             rows = self._active()
-            pool = self._pool(rows)
+            pool = self._pool_if_known(rows)
+            if pool is None:                    # the others' devices cannot be counted: shrinking them would
+                raise Unavailable("an FPGA-server holding job groups did not answer: the job manager cannot "
+                                  "count its devices now; retry later")
             if self.config.policy == THROUGHPUT:
                 reqs = {r.id: self._states[r.id].request if r.id in self._states else r.devices for r in rows}
                 alloc = admit(job, {r.id: r.devices for r in rows}, reqs, pool,

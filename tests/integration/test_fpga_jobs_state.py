@@ -18,7 +18,7 @@ from sqlalchemy import inspect, select
 from harness.v1 import fpga_jobs_pb2 as jp
 from irm_fpga.job_models import FpgaJob, FpgaJobController
 from irm_fpga.jobs import RETIRED, JobManager
-from services.errors import NotFound
+from services.errors import NotFound, Unavailable
 from tests.integration.fake_orchestrator import DEVICES, deadline
 
 # -- auto-retirement -------------------------------------------------------------------------
@@ -239,6 +239,14 @@ def test_a_server_that_does_not_answer_for_a_moment_shrinks_no_job(irm_factory, 
     irm.manager.control_once()
     irm.manager._rebalance(irm.clock.now())         # EDF's event path too
     assert irm.job(d.id).devices == DEVICES and irm.orch.size_of(irm.job(d.id).group_id) == DEVICES
+    for answering in ({}, {"s2": DEVICES // 2}):          # none, or only a server holding none of d's group
+        irm.orch.capacity = answering
+        with pytest.raises(Unavailable, match="retry later"):     # a registration would shrink d too
+            irm.manager.register(jp.RegisterJobRequest(tenant="bob", request_id="e", design="sleep",
+                                                       **deadline(200.0, 1000)))
+    with irm.orch.db.read() as s:
+        assert list(s.scalars(select(FpgaJob).where(FpgaJob.tenant == "bob"))) == []
+    assert irm.job(d.id).devices == DEVICES
     irm.orch.capacity = {"s1": DEVICES // 2}        # it answers again, with half its devices blacklisted
     irm.clock.advance(2.0)
     irm.complete(irm.job(d.id), 20)
