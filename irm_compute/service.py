@@ -257,25 +257,31 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         quotes = []
         # Unpinned instances are priced where Reserve would put them now (the store's order: fullest host with
         # room first, then by id), not on the cheapest matching host: a Reserve capped at the quote must pass.
-        free = {h.id: [h.cores - h.used_cores, h.memory_mb - h.used_memory_mb] for h in self.store.hosts()}
-        order = sorted(self.store.hosts(), key=lambda h: (-h.used_cores, h.id))
+        # Each instance, in order, as Reserve takes it: usage moves with every take, pinned ones included.
+        hosts = self.store.hosts()
+        used = {h.id: [h.used_cores, h.used_memory_mb] for h in hosts}
         for g in groups:
             if g.placement:
                 freqs = [self._hosts[h].frequency_ghz if h in self._hosts else g.freq_min for h in g.placement]
+                for h in g.placement:
+                    if h in used:
+                        used[h][0] += g.cores
+                        used[h][1] += g.memory_mb
             else:
-                matching = [h for h in order if g.host_matches(h.frequency_ghz, set(h.traits))]
+                matching = [h for h in hosts if g.host_matches(h.frequency_ghz, set(h.traits))]
                 worst = max((h.frequency_ghz for h in matching), default=None)
                 fallback = worst if worst is not None else (
                     g.freq_min if math.isfinite(g.freq_min) and g.freq_min else None)
                 freqs = []
                 for _ in range(g.count):
-                    host = next((h for h in matching
-                                 if free[h.id][0] >= g.cores and free[h.id][1] >= g.memory_mb), None)
-                    if host is None:            # it would not fit now: the dearest it could cost
+                    room = [h for h in matching if h.cores - used[h.id][0] >= g.cores
+                            and h.memory_mb - used[h.id][1] >= g.memory_mb]
+                    if not room:                # it would not fit now: the dearest it could cost
                         freqs.append(fallback)
                         continue
-                    free[host.id][0] -= g.cores
-                    free[host.id][1] -= g.memory_mb
+                    host = min(room, key=lambda h: (-used[h.id][0], h.id))     # the store's packing order
+                    used[host.id][0] += g.cores
+                    used[host.id][1] += g.memory_mb
                     freqs.append(host.frequency_ghz)
             price = sum(self.cost.price_per_minute(g.cores, g.memory_mb / 1024, f) for f in freqs)
             quotes.append(irm_pb2.GroupQuote(name=g.name, price_per_minute=price, manager=self.config.name))

@@ -165,3 +165,25 @@ def test_a_quote_is_what_reserve_charges_and_a_reserve_capped_at_it_passes(tmp_p
     finally:
         irm.watchers.close()
         irm.db.dispose()
+
+
+def test_a_quote_follows_reserve_across_the_groups_of_one_request(tmp_path: Path) -> None:
+    # big (8 cores) fits only b-fast; then small (1 core) goes to the fullest host with room, b-fast again --
+    # not to a-slow, first by id among the hosts as they were before the request.
+    (tmp_path / "hosts.yaml").write_text("hosts:\n"
+                                         "  - {id: a-slow, site: s, rack: r, cores: 4, memory_gb: 32, frequency_ghz: 2.0}\n"
+                                         "  - {id: b-fast, site: s, rack: r, cores: 16, memory_gb: 32, frequency_ghz: 3.0}\n")
+    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
+    try:
+        r = req("r", 8, "")
+        del r.groups[0].placement[:]
+        small = r.groups.add()
+        small.CopyFrom(r.groups[0])
+        small.name, small.attributes["cores"].number = "small", 1
+        quote = irm.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=r.groups), None)
+        r.max_price_per_minute = quote.price_per_minute
+        assert irm.Reserve(r, None).price_per_minute == pytest.approx(quote.price_per_minute)
+        assert {h.id: h.used_cores for h in irm.store.hosts()} == {"a-slow": 0, "b-fast": 9}
+    finally:
+        irm.watchers.close()
+        irm.db.dispose()
