@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -102,6 +103,8 @@ from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
 ACTIVE, RETIRED, QUEUED = "active", "retired", "queued"
+# The request ids of the groups this manager makes: job:<job id>, and job:<job id>:<attempt> (Hydrogen).
+_MANAGER_GROUP = re.compile(re.escape(JOB_GROUP_PREFIX) + r"job-[0-9a-f]{16}(:[0-9a-f]{8})?")
 SERVICE = "harness.v1.FpgaJobs"
 _STATES = {ACTIVE: fpga_jobs_pb2.Job.STATE_ACTIVE, RETIRED: fpga_jobs_pb2.Job.STATE_RETIRED,
            QUEUED: fpga_jobs_pb2.Job.STATE_QUEUED}
@@ -188,6 +191,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         one: throughput goals need "throughput", queued jobs a Hydrogen policy, and a Hydrogen
         policy takes deadline goals only. Retire them under the old policy first.
         """
+        with self.lock:     # the server may already take RegisterJob: none may be half-made while this looks
+            self._load()
+        self._thread.start()
+
+    def _load(self) -> None:
         now = self.clock.now()
         rows = self._active()
         self._check_compatible(rows, self._queued())
@@ -210,7 +218,6 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._seen[row.id] = {k: int(v) for k, v in (c.seen or {}).items()}
         if self._unseen:
             self._observe([r for r in rows if r.id in self._unseen])      # the baselines, where servers answer
-        self._thread.start()
 
     def _check_compatible(self, active: list[FpgaJob], queued: list[FpgaJob]) -> None:
         policy = self.config.policy
@@ -672,13 +679,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         (or a dispatch) left them holding devices nobody would ever give back. Tenants cannot make such groups
         (`JOB_GROUP_PREFIX` is refused from them)."""
         prefix = JOB_GROUP_PREFIX
-        with self.db.read() as s:
-            owned = set(s.scalars(select(FpgaJob.group_id).where(FpgaJob.state != RETIRED)))
-            orphans = [g.id for g in s.scalars(select(Group).where(
-                Group.deleted.is_(False), func.substr(Group.request_id, 1, len(prefix)) == prefix)) if g.id not in owned]
-        for gid in orphans:
-            log.warning("dropping a job group no job owns", extra={"group": gid})
-            self._drop_group(gid)
+        with self.lock:                          # no registration or dispatch half-made meanwhile
+            with self.db.read() as s:
+                owned = set(s.scalars(select(FpgaJob.group_id).where(FpgaJob.state != RETIRED)))
+                # Only ids this manager makes: a tenant's "job:..." group from before the prefix was refused stays.
+                orphans = [g.id for g in s.scalars(select(Group).where(
+                    Group.deleted.is_(False), func.substr(Group.request_id, 1, len(prefix)) == prefix))
+                    if g.id not in owned and _MANAGER_GROUP.fullmatch(g.request_id)]
+            for gid in orphans:
+                log.warning("dropping a job group no job owns", extra={"group": gid})
+                self._drop_group(gid)
 
     def _drop_strays(self, tenant: str, job_id: str, keep: str) -> None:
         """Drop the live groups made for the job (request id `job:<id>` or `job:<id>:...`) other than `keep`."""

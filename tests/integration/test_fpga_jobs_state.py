@@ -11,6 +11,7 @@ the controller state carried across a restart (`tests.integration.fake_orchestra
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 from sqlalchemy import inspect, select
@@ -18,6 +19,7 @@ from sqlalchemy import inspect, select
 from harness.v1 import fpga_jobs_pb2 as jp
 from irm_fpga.job_models import FpgaJob, FpgaJobController
 from irm_fpga.jobs import RETIRED, JobManager
+from irm_fpga.models import Group
 from services.errors import NotFound, Unavailable
 from tests.integration.fake_orchestrator import DEVICES, deadline
 
@@ -276,3 +278,34 @@ def test_a_job_without_saved_counters_is_not_counted_twice_after_a_restart(irm_f
     irm.clock.advance(1.0)
     irm.manager.control_once()
     assert irm.job(job.id).observed_actions == 65
+
+
+def test_only_the_managers_own_job_groups_are_dropped_as_orphans(irm_factory):
+    irm = irm_factory("edf")
+    irm.register("d", **deadline(100.0, 10))
+    # A tenant's group whose request id merely starts "job:" (accepted before the prefix was reserved).
+    mine = irm.orch.create_group("alice", "job:nightly-42", "sleep", 1, min_size=1, max_size=1)
+    irm.restart()
+    with irm.orch.db.read() as s:
+        assert s.get(Group, mine.id).deleted is False
+
+
+def test_dropping_orphans_waits_for_a_registration_in_flight(irm_factory, monkeypatch):
+    # The server takes RegisterJob before the manager's start hook runs: a registration between making its
+    # group and recording its job must not see its group dropped as an orphan.
+    irm = irm_factory("edf")
+    real_insert, sweeps = JobManager._insert, []
+
+    def insert(self, row):  # noqa: ANN001, ANN202
+        sweep = threading.Thread(target=self._drop_orphans)
+        sweep.start()
+        sweeps.append(sweep)
+        sweep.join(1.0)          # it waits for the manager's lock this registration holds
+        return real_insert(self, row)
+
+    monkeypatch.setattr(JobManager, "_insert", insert)
+    job = irm.register("d", **deadline(100.0, 10))
+    sweeps[0].join(10)
+    assert not sweeps[0].is_alive()
+    with irm.orch.db.read() as s:
+        assert s.get(Group, job.group_id).deleted is False
