@@ -84,6 +84,14 @@ class Loaded:
     manifest: Manifest
     slo: Slo
     space: Space
+    # The CRS's quote per configuration of this `space` (index for index), asked once: kept with the space it
+    # belongs to, so a space built otherwise (some resource types away) never reads another's prices.
+    prices: np.ndarray | None = None
+
+    def prices_from(self, backend: LocalBackend) -> np.ndarray:
+        if self.prices is None:
+            self.prices = backend.prices()
+        return self.prices
 
 
 class SessionRunner:
@@ -132,7 +140,6 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         self._lock = threading.Lock()
         self._sessions: dict[str, SessionRunner] = {}
         self._busy: dict[str, str] = {}  # application id -> running session id
-        self._prices: dict[str, np.ndarray] = {}
         self._interrupted()
 
     def _interrupted(self) -> None:
@@ -407,10 +414,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         state, message, frontier_size = "failed", "", 0
         try:
             backend = self._backend(loaded)
-            key = loaded.app.id
-            if key not in self._prices:
-                self._prices[key] = backend.prices()
-            prices = self._prices[key]
+            prices = loaded.prices_from(backend)
             history = self._history(loaded) if request.warm_start else None
             prof = PROFILERS[row.profiler](loaded.space, np.random.default_rng(request.seed), prices=prices,
                                            history=history, max_runs=row.max_runs,
@@ -593,10 +597,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
     def _explore(self, loaded: Loaded) -> Point:
         """Online profiling: the next configuration the model-based profiler would try."""
-        key = loaded.app.id
-        if key not in self._prices:
-            self._prices[key] = self._backend(loaded).prices()
-        prof = PROFILERS["bo"](loaded.space, np.random.default_rng(0), prices=self._prices[key], max_runs=MAX_RUNS)
+        prof = PROFILERS["bo"](loaded.space, np.random.default_rng(0), prices=loaded.prices_from(self._backend(loaded)),
+                               max_runs=MAX_RUNS)
         proposal = prof.propose(self._observations(loaded))
         if proposal is None:
             raise FailedPrecondition("every configuration has been run and none satisfies the SLO")

@@ -116,3 +116,32 @@ def test_when_every_profiled_run_failed_the_answer_says_so_and_why(tmp_path, mon
         assert "all 3 run(s) on 3 configuration(s) failed (3 of them: memory limit exceeded)" in str(e.value)
     finally:
         am.stop()
+
+
+def test_prices_belong_to_the_search_space_they_were_asked_for(tmp_path, monkeypatch):
+    # Asked while the FPGA IRM was away (the application readable over every implementation), prices must not
+    # be read later against the smaller space built once the CRS answers: price i is configuration i's.
+    offered: dict[str, set[str] | None] = {"now": {"vm", "vfpga"}}
+
+    def offered_types(self):  # noqa: ANN001, ANN202
+        if offered["now"] is None:
+            raise Unavailable("the CRS at 127.0.0.1:1 did not answer: UNAVAILABLE")
+        return offered["now"]
+
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", offered_types)
+    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.arange(len(self.space), dtype=float) + 1.0)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        app = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("option_pricing"),
+            slo_json=examples.slo("option_pricing", million_options=0.25), app_dir="/x"), _Ctx())
+        am._loaded.clear()                          # a restart
+        offered["now"] = None                       # the CRS away
+        away = am._load("t", app.id)
+        am._explore(away)                           # an online execution asks for prices now
+        offered["now"] = {"vm"}                     # back, without the FPGA IRM
+        back = am._load("t", app.id)
+        am._explore(back)
+        assert len(away.space) > len(back.space) and len(back.prices) == len(back.space)
+    finally:
+        am.stop()
