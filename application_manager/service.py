@@ -251,7 +251,18 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         with self.db.read() as s:
             ids = list(s.scalars(sql_select(m.Application.id).where(m.Application.tenant == tenant)
                                  .order_by(m.Application.created_at)))
-        return pb.ListApplicationsResponse(applications=[self._application_pb(self._load(tenant, i)) for i in ids])
+        out = []
+        for i in ids:
+            try:
+                out.append(self._application_pb(self._load(tenant, i)))
+            except InvalidArgument as e:
+                # Stored under older rules that now refuse it: listed as it is, saying why, never failing the list.
+                with self.db.read() as s:
+                    a = s.get(m.Application, i)
+                out.append(pb.Application(id=a.id, tenant=a.tenant, name=a.name, manifest_json=a.manifest,
+                                          slo_json=a.slo, app_dir=a.app_dir, created_at=a.created_at,
+                                          notes=[f"no longer valid: {e.message}; submit it again, fixed"]))
+        return pb.ListApplicationsResponse(applications=out)
 
     # -- the model -------------------------------------------------------------------
     def _observations(self, loaded: Loaded) -> list[Observation]:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import examples
+from application_manager import models
 from application_manager import service as svc
 from application_manager.local import LocalBackend, RunDetail
 from application_manager.profilers.base import Observation
@@ -143,5 +144,24 @@ def test_prices_belong_to_the_search_space_they_were_asked_for(tmp_path, monkeyp
         back = am._load("t", app.id)
         am._explore(back)
         assert len(away.space) > len(back.space) and len(back.prices) == len(back.space)
+    finally:
+        am.stop()
+
+
+def test_an_application_stored_under_older_rules_is_listed_with_why_not_failing_the_list(tmp_path, monkeypatch):
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        good = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm"), app_dir="/x"), _Ctx())
+        # Accepted once; today's validation refuses a constraint on a text variable.
+        old = json.loads(examples.manifest("rtm"))
+        old["Modules"][0]["Implementations"][0]["GlobalConstraints"] = ["%arg1 == 1"]
+        old["Modules"][0]["Parameters"] = [{"Var": "%arg1", "Name": "a", "Type": "STR", "Values": ["x", "y"]}]
+        am.db.transact(lambda s: s.add(models.Application(id="app-old", tenant="t", name="RTM", app_dir="/x",
+                                                          manifest=json.dumps(old), slo="{}", created_at=0.0)))
+        apps = am.ListApplications(pb.ListApplicationsRequest(tenant="t"), _Ctx()).applications
+        assert [a.id for a in apps] == ["app-old", good.id]
+        assert apps[0].notes[0].startswith("no longer valid: ") and "%arg1" in apps[0].notes[0]
     finally:
         am.stop()
