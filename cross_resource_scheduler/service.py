@@ -124,6 +124,18 @@ def irm_request_id(res_id: str, attempt: int, manager: str) -> str:
     return f"{res_id}#{attempt}@{tail}"
 
 
+# Attempts a reservation's parts are looked for under when which one placed them is not known (recovery, a
+# release whose manager did not answer): at least this many, whatever `place_attempts` is now.
+_ATTEMPTS_ASKED = 8
+
+
+def part_request_ids(res_id: str, manager: str, attempts: int) -> list[str]:
+    """Every request id a part of `res_id` at `manager` may have: one per attempt, and the single id parts had
+    before ids were per attempt (`<res>@<manager>`)."""
+    return [irm_request_id(res_id, a, manager) for a in range(max(attempts, _ATTEMPTS_ASKED))] + [
+        f"{res_id}@{manager}"]
+
+
 def _err_from_rpc(manager: str, e: grpc.RpcError) -> HarnessError:
     return from_rpc_error(f"manager {manager!r}", e, "nothing was reserved")
 
@@ -203,8 +215,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             def run(s, r=r, everyone=everyone):  # type: ignore[no-untyped-def]
                 # Which managers (and attempts) it reached is unknown: ask each for every derived request id.
                 for m in everyone:
-                    for a in range(self._attempts()):
-                        s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=irm_request_id(r.id, a, m),
+                    for rid in part_request_ids(r.id, m, self._attempts()):
+                        s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=rid,
                                            created_at=self.clock.now()))
                 s.execute(delete(Reservation).where(Reservation.id == r.id))
             self.db.transact(run)
@@ -654,8 +666,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         for manager, irm_id in sorted(parts):
             if not self._release_part(manager, tenant, irm_id):
                 # Which attempt placed it is not kept: ask for each (the others hold nothing).
-                for a in range(self._attempts()):
-                    self._undo_or_remember(manager, tenant, irm_request_id(r.id, a, manager))
+                for rid in part_request_ids(r.id, manager, self._attempts()):
+                    self._undo_or_remember(manager, tenant, rid)
         now = self.clock.now()
         self.db.execute(_RELEASE, {"rid": r.id, "at": now})
         r.state, r.released_at = "released", now

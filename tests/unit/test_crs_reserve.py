@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from cross_resource_scheduler import service as crs_service
-from cross_resource_scheduler.models import Reservation
+from cross_resource_scheduler.models import Compensation, Manager, Reservation
 from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import common_pb2, irm_pb2
 from services.errors import Unavailable
@@ -122,3 +122,25 @@ def test_one_part_that_cannot_be_given_back_does_not_keep_the_others(crs: Crs, m
     with pytest.raises(Unavailable):
         crs.Reserve(request, None)
     assert undone == ["n"]
+
+
+def test_a_reservation_left_pending_by_a_crash_is_looked_for_under_every_id_its_parts_may_have(tmp_path) -> None:
+    # Which manager and which attempt it reached is unknown: every attempt's id, and the one id parts had
+    # before ids were per attempt, at every known manager.
+    db_path = str(tmp_path)
+    first = Crs(CrsConfig(state_dir=db_path, place_attempts=2))
+    first.db.transact(lambda s: (s.add(Manager(name="m", address="127.0.0.1:1", resource_types=["vm"],
+                                               registered_at=0.0)),
+                                 s.add(Reservation(id="crs-x", tenant="t", request_id="r", state="pending",
+                                                   priority=0, price_per_minute=0.0, created_at=0.0,
+                                                   released_at=0.0, allocation=b"", notes=[]))))
+    first.db.dispose()
+    again = Crs(CrsConfig(state_dir=db_path, place_attempts=2))
+    try:
+        again._recover()                                                # what start() does first
+        with again.db.read() as s:
+            asked = sorted(c.irm_request_id for c in s.scalars(select(Compensation)))
+            assert list(s.scalars(select(Reservation))) == []
+        assert asked == sorted([*(crs_service.irm_request_id("crs-x", a, "m") for a in range(8)), "crs-x@m"])
+    finally:
+        again.db.dispose()
