@@ -593,6 +593,9 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             st.failure.append(e)
         except grpc.RpcError:
             pass
+        except Exception as e:  # noqa: BLE001 - the stream must end with a status, never hang waiting for results
+            log.exception("a task batch could not be read")
+            st.failure.append(HarnessError(f"internal error: a task batch could not be read ({type(e).__name__}); see the service log"))
         finally:
             st.closed = True
             st.wake()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,15 +61,20 @@ def from_value(v: fpga_pb2.Value, where: str = "value") -> Any:
     if kind == "array":
         try:
             dtype = np.dtype(v.array.dtype)
-        except TypeError:
+        except (TypeError, ValueError):       # ValueError: e.g. a sub-array dtype too large to exist
             raise WireError(f"{where}: unknown dtype {v.array.dtype!r}") from None
-        if dtype.kind not in "biufc":
-            raise WireError(f"{where}: dtype {v.array.dtype!r} is not numeric")
+        if dtype.kind not in "biufc" or dtype.shape:
+            raise WireError(f"{where}: dtype {v.array.dtype!r} is not a numeric scalar type")
         shape = tuple(v.array.shape)
-        count = int(np.prod(shape)) if shape else 1
+        if any(d < 0 for d in shape):
+            raise WireError(f"{where}: shape {list(shape)} has a negative dimension")
+        count = math.prod(shape)              # exact: numpy's product would wrap around on huge dimensions
         if count * dtype.itemsize != len(v.array.data):
             raise WireError(f"{where}: {len(v.array.data)} bytes do not fit shape {list(shape)} of {dtype.str}")
-        return np.frombuffer(v.array.data, dtype=dtype).reshape(shape)
+        try:
+            return np.frombuffer(v.array.data, dtype=dtype).reshape(shape)
+        except ValueError as e:
+            raise WireError(f"{where}: {e}") from None
     raise WireError(f"{where}: empty value")
 
 

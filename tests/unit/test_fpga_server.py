@@ -11,6 +11,7 @@ they work without the dispatcher, which only looks in as a safety net while hand
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -412,3 +413,25 @@ def test_overhead_bench_cpu_blocks_alternate_and_cover_both_processes() -> None:
     assert order == list("dddccc" "cccddd")  # two pairs of blocks, the order alternating
     assert set(out) == {f"{n}_{s}cpu_us" for n in ("direct", "client") for s in ("bench_", "server_", "")}
     assert all(v >= 0 for v in out.values())
+
+
+@pytest.mark.parametrize(("dtype", "shape", "data", "fragment"), [
+    ("<f8", [-1, -2], b"\0" * 16, "negative dimension"),           # the product fits the bytes; reshape raised
+    ("(1000000000,1000000000)f8", [0], b"", "params[signal]"),     # numpy's dtype raised ValueError
+    ("<f8", [2**62, 2**62], b"", "do not fit"),                     # a product numpy would wrap around
+])
+def test_a_malformed_array_is_bad_input_on_both_paths(svc: FpgaServerService, dtype, shape, data, fragment) -> None:
+    group(svc, "g", 1, "c")
+    bad = batch("c", task(1))
+    a = bad.tasks[0].params["signal"].array
+    a.dtype, a.data = dtype, data
+    a.shape[:] = shape
+    with pytest.raises(InvalidArgument, match=re.escape(fragment)):
+        svc.RunBatch(bad, Ctx())
+    # On the stream (the client library's path) it fails its batch; the stream goes on.
+    st = Stream(svc, bad)
+    eventually(lambda: len(st.results) == 1, timeout=5)
+    assert st.results[0].id == 1 and st.results[0].error
+    st.send(batch("c", task(2, 0.01)))
+    eventually(lambda: st.ids() == [1, 2], timeout=5)
+    st.end()
