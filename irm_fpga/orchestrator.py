@@ -14,6 +14,7 @@ groups.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import uuid
@@ -52,6 +53,7 @@ from services.watch import Broadcaster
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
 VFPGA = "vfpga"
+MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any cluster this emulates
 
 
 @dataclass
@@ -217,7 +219,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             need = size - total
             order = sorted(infos, key=lambda n: (n not in parts, -self._free(infos[n])))
             if pinned:
-                order = [n for n in pinned if n in infos] + [n for n in order if n not in pinned]
+                # Chosen by the CRS for its hop, latency and same-host constraints: only there, or not at all.
+                order = [n for n in pinned if n in infos]
             for name in order:
                 take = min(need, max(0, self._free(infos[name])))
                 if take:
@@ -226,6 +229,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 if need == 0:
                     break
             if need:
+                if pinned:
+                    free = sum(max(0, self._free(infos[n])) for n in order)
+                    raise ResourceExhausted(f"{size - total} more device(s) needed on {', '.join(pinned)}; {free} "
+                                            f"free there{'' if order else ' (not reachable)'}; place again")
                 free = sum(max(0, self._free(i)) for i in infos.values())
                 raise ResourceExhausted(f"{size - total} more device(s) needed; {free} free on "
                                         f"{len(infos)} reachable FPGA-server(s)")
@@ -444,6 +451,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         g = self._group(request.group_id)
         if not g.shared:
             owned(tenant, g.tenant, f"FPGA group {g.id!r} (private)")
+        if len(request.client_id) > 64:
+            raise InvalidArgument.of("client_id", "at most 64 characters (or leave it empty for one to be made)")
         client_id = request.client_id or f"fc-{uuid.uuid4().hex[:16]}"
         with self.db.read() as s:
             existing = s.get(Client, client_id)
@@ -547,19 +556,25 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         v.check(len(groups) > 0, "groups", "at least one group is required")
         for i, g in enumerate(groups):
             p = f"groups[{i}]"
-            v.check(bool(g.name), f"{p}.name", "required")
+            v.check(bool(g.name) and len(g.name) <= 128, f"{p}.name", "required, at most 128 characters")
             v.check(g.resource_type == VFPGA, f"{p}.resource_type", f"this manager provides {VFPGA!r}")
             v.check(1 <= g.count <= 64, f"{p}.count", "between 1 and 64 virtual FPGAs")
             design = g.attributes["design"].text if "design" in g.attributes else ""
             v.check(design in design_lib.DESIGNS, f"{p}.attributes[design]",
                     f"required: one of {sorted(design_lib.DESIGNS)}")
             devices = g.attributes["devices"].number if "devices" in g.attributes else 1
-            v.check(devices >= 1 and devices == int(devices), f"{p}.attributes[devices]", "a whole number >= 1")
+            # Finite first: int(inf) raises (it read as INTERNAL).
+            if not (math.isfinite(devices) and 1 <= devices <= MAX_DEVICES and devices == int(devices)):
+                v.add(f"{p}.attributes[devices]", f"a whole number from 1 to {MAX_DEVICES}, got {devices:g}")
+                devices = 1
             for key in g.attributes:
                 v.check(key in ("design", "devices"), f"{p}.attributes[{key}]", "unknown; use design, devices")
             if g.placement:
                 v.check(len(g.placement) == g.count, f"{p}.placement", "one FPGA-server per instance, or none")
-            out.append((g, design, int(devices) if devices >= 1 else 1))
+                unknown = sorted(set(g.placement) - set(self.servers))
+                v.check(not unknown, f"{p}.placement", f"unknown FPGA-server(s) {unknown}; this manager has "
+                                                       f"{sorted(self.servers)}")
+            out.append((g, design, int(devices)))
         v.raise_if_any()
         return out
 
@@ -601,8 +616,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def Reserve(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        if not request.request_id:
-            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
+        if not request.request_id or len(request.request_id) > 128:
+            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
         parsed = self._parse(list(request.groups))
         rid = f"fres-{uuid.uuid4().hex[:16]}"
         claim = dict(id=rid, tenant=tenant, request_id=request.request_id, state="pending", price_per_minute=0.0,

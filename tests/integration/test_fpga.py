@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from concurrent.futures import wait
 
@@ -12,6 +13,7 @@ from scipy.stats import norm
 
 from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
 from irm_fpga.client import TaskFailed, VirtualFpga
+from services.errors import field_violations
 from tests.conftest import eventually
 
 FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
@@ -235,3 +237,38 @@ def test_in_flight_is_bounded_and_waiting_is_not(fpga):
         assert len({fu.result().id for fu in futures}) == 200
     finally:
         f.close()
+
+
+def test_the_irm_api_honours_placement_and_refuses_impossible_input(fpga):
+    irm = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(fpga["orch"].address))
+    hosts = {r.id: r for r in irm.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
+    first = sorted(hosts)[0]
+
+    def vfpga(devices: float, placement=(), name="accel") -> irm_pb2.ResourceGroup:
+        return irm_pb2.ResourceGroup(name=name, resource_type="vfpga", count=1, placement=list(placement),
+                                     attributes={"devices": common_pb2.AttributeRequest(number=devices),
+                                                 "design": common_pb2.AttributeRequest(text="sleep")})
+
+    # Pinned (the CRS's choice, for its distance constraints): there, or refused -- never spilled elsewhere.
+    res = irm.Reserve(irm_pb2.ReserveRequest(tenant="alice", request_id="p1", groups=[vfpga(3, [first])]))
+    assert res.groups[0].resources[0].physical_id == first
+    with pytest.raises(grpc.RpcError) as e:
+        irm.Reserve(irm_pb2.ReserveRequest(tenant="alice", request_id="p2", groups=[vfpga(2, [first])]))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and first in e.value.details()
+    irm.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="alice", reservation_id=res.id))
+    cases = [(irm_pb2.ReserveRequest(tenant="alice", request_id="p3", groups=[vfpga(1, ["nowhere"])]),
+              "groups[0].placement"),
+             (irm_pb2.ReserveRequest(tenant="alice", request_id="p4", groups=[vfpga(math.inf)]),
+              "groups[0].attributes[devices]"),                         # was INTERNAL (int(inf))
+             (irm_pb2.ReserveRequest(tenant="alice", request_id="x" * 129, groups=[vfpga(1)]), "request_id"),
+             (irm_pb2.ReserveRequest(tenant="alice", request_id="p5", groups=[vfpga(1, name="n" * 129)]),
+              "groups[0].name")]
+    for request, field in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            irm.Reserve(request)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in [f for f, _ in field_violations(
+            e.value)], (field, e.value.details())
+    g = create(fpga["stub"], design="sleep", size=1)
+    with pytest.raises(grpc.RpcError) as e:
+        fpga["stub"].AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c" * 65))
+    assert [f for f, _ in field_violations(e.value)] == ["client_id"]
