@@ -342,7 +342,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             self.db.transact(lambda s: setattr(s.get(Group, g.id), "parts", dict(parts)))
         return g
 
-    def resize(self, g: Group, size: int, *, max_size: int | None = None) -> Group:
+    def resize(self, g: Group, size: int, *, max_size: int | None = None, pinned: list[str] | None = None) -> Group:
         """`max_size` above the group's raises it first: a job's group (the job manager's) may grow onto devices
         that were not usable when it was made, which capped its max then."""
         mx = max(g.max_size, max_size or 0)
@@ -350,7 +350,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             raise FailedPrecondition(f"size {size} is outside the group's [{g.min_size}, {mx}]")
         with self.lock:
             g = self._group(g.id)
-            parts = self._spread(size, g.parts)
+            parts = self._spread(size, g.parts, pinned)
             self._apply(g, parts)
 
             def save(s):  # type: ignore[no-untyped-def]
@@ -753,6 +753,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         with self.db.read() as s:
             groups = {g.id: g for g in s.scalars(select(Group).where(Group.deleted.is_(False)))}
         decided: dict[str, int] = {}
+        where: dict[str, str] = {}          # group -> the server whose policy decided it
         for name, h in self.servers.items():
             try:
                 m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(), timeout=self.config.server_timeout_s)
@@ -761,12 +762,15 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             scaler = self._scalers.get(name) or self._scalers.setdefault(name, self._new_scaler(h))
             for gid, size in scaler.step(self._engine_view(m, groups)).items():
                 decided[gid] = size
-        for gid, size in decided.items():
-            g = groups.get(gid)
-            if g is None or not g.elastic or size == g.size:
-                continue
+                where[gid] = name
+        # Shrinks first: a policy that moves a device from one group to another on a server means the device
+        # the shrink frees; and a grow stays on that server (it would otherwise spread the group elsewhere).
+        changes = [(gid, size) for gid, size in decided.items()
+                   if (g := groups.get(gid)) is not None and g.elastic and size != g.size]
+        for gid, size in sorted(changes, key=lambda c: c[1] - groups[c[0]].size):
+            g = groups[gid]
             try:
-                self.resize(g, max(g.min_size, min(g.max_size, size)))
+                self.resize(g, max(g.min_size, min(g.max_size, size)), pinned=[where[gid]])
             except HarnessError as e:
                 log.info("autoscaler resize refused", extra={"group": gid, "reason": str(e)})
         return decided
