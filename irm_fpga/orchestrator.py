@@ -76,6 +76,9 @@ class OrchestratorConfig:
     autoscaler: str = "improved"
     autoscaler_interval_s: float = 10.0
     server_timeout_s: float = 10.0
+    # How often every FPGA-server is made to hold what the database says (a server that restarted came back
+    # empty; a delete that could not reach one left its part there). 0: only at start.
+    reconcile_interval_s: float = 5.0
     # QoS job manager (harness.v1.FpgaJobs): "edf" | "throughput" (seed 000 §III), or a Hydrogen
     # scheduler (seed 001: "fcfs_min", ..., "managed_deadline", "managed_lookahead"; irm_fpga.jobs).
     jobs_policy: str = "edf"
@@ -124,6 +127,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             except ValueError as e:
                 raise ValueError(f"orchestrator configuration: {e}") from None
         self._scaler = threading.Thread(target=self._autoscale_loop, name="autoscaler", daemon=True)
+        self._reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
 
     # -- lifecycle -------------------------------------------------------
     def start(self, port: int) -> None:
@@ -137,6 +141,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             self.memberships.append(m)
         if self.config.autoscaler != "none":
             self._scaler.start()
+        if self.config.reconcile_interval_s > 0:
+            self._reconciler.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -206,23 +212,40 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return out
 
     @staticmethod
-    def _free(info: fpga_pb2.ServerInfo) -> int:
+    def _free(info: fpga_pb2.ServerInfo, recorded: int = 0) -> int:
+        """Devices free on a server: what it reports held, or what the database gives it if more (a server
+        that restarted reports nothing until it is reconciled: its devices must not be sold twice meanwhile)."""
         usable = sum(1 for d in info.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
-        return usable - sum(g.target for g in info.groups)
+        return usable - max(sum(g.target for g in info.groups), recorded)
+
+    def _recorded(self) -> dict[str, int]:
+        """Devices the live groups hold per server, by the database."""
+        out: dict[str, int] = {}
+        with self.db.read() as s:
+            for g in s.scalars(select(Group).where(Group.deleted.is_(False))):
+                for name, n in (g.parts or {}).items():
+                    out[name] = out.get(name, 0) + n
+        return out
 
     def _spread(self, size: int, current: dict[str, int], pinned: list[str] | None = None) -> dict[str, int]:
         """Devices per server for a group of `size`: keep what it has, grow where room is, shrink the largest."""
         infos = self._server_infos()
+        # First make them hold what the database says: a restarted server's parts back, stale ones gone.
+        changed = self._reconcile(infos)
+        if changed["made"] or changed["dropped"]:
+            infos = self._server_infos()
+        recorded = self._recorded()
+        free_of = {n: self._free(i, recorded.get(n, 0)) for n, i in infos.items()}
         parts = dict(current)
         total = sum(parts.values())
         if size > total:
             need = size - total
-            order = sorted(infos, key=lambda n: (n not in parts, -self._free(infos[n])))
+            order = sorted(infos, key=lambda n: (n not in parts, -free_of[n]))
             if pinned:
                 # Chosen by the CRS for its hop, latency and same-host constraints: only there, or not at all.
                 order = [n for n in pinned if n in infos]
             for name in order:
-                take = min(need, max(0, self._free(infos[name])))
+                take = min(need, max(0, free_of[name]))
                 if take:
                     parts[name] = parts.get(name, 0) + take
                     need -= take
@@ -230,10 +253,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     break
             if need:
                 if pinned:
-                    free = sum(max(0, self._free(infos[n])) for n in order)
+                    free = sum(max(0, free_of[n]) for n in order)
                     raise ResourceExhausted(f"{size - total} more device(s) needed on {', '.join(pinned)}; {free} "
                                             f"free there{'' if order else ' (not reachable)'}; place again")
-                free = sum(max(0, self._free(i)) for i in infos.values())
+                free = sum(max(0, f) for f in free_of.values())
                 raise ResourceExhausted(f"{size - total} more device(s) needed; {free} free on "
                                         f"{len(infos)} reachable FPGA-server(s)")
         elif size < total:
@@ -734,6 +757,60 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         yield from self.watchers.stream(snapshot, context.is_active)
 
     # -- autoscaler ------------------------------------------------------
+    def _reconcile_loop(self) -> None:
+        while not self._stop.wait(self.config.reconcile_interval_s):
+            try:
+                self.reconcile_once()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad round
+                log.exception("reconcile round failed")
+
+    def reconcile_once(self) -> dict[str, int]:
+        """Make every reachable FPGA-server hold what the database says; returns the parts (re)made and dropped.
+
+        A server that restarted comes back empty: the live groups' parts there are made again and their clients
+        attached again. A delete that could not reach a server left its part running (its clients served, its
+        devices held): it is dropped now. Under the lock: no group is being made, resized or deleted meanwhile.
+        """
+        with self.lock:
+            out = self._reconcile(self._server_infos())
+        if out["made"] or out["dropped"]:
+            self._publish()
+        return out
+
+    def _reconcile(self, infos: dict[str, fpga_pb2.ServerInfo]) -> dict[str, int]:
+        """`reconcile_once` on servers already asked (under the lock: also before every placement)."""
+        made = dropped = 0
+        with self.lock:
+            with self.db.read() as s:
+                live = {g.id: g for g in s.scalars(select(Group).where(Group.deleted.is_(False)))}
+                clients = list(s.scalars(select(Client).where(Client.state == "attached")))
+            for name, info in infos.items():
+                h = self.servers[name]
+                held = {p.group_id for p in info.groups}
+                try:
+                    for gid in sorted(held - set(live)):
+                        h.stub().DeleteGroupPart(fpga_pb2.DeleteGroupPartRequest(group_id=gid),
+                                                 timeout=self.config.server_timeout_s)
+                        dropped += 1
+                    for gid, g in live.items():
+                        n = (g.parts or {}).get(name, 0)
+                        if n <= 0 or gid in held:
+                            continue
+                        h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=gid, design=g.design,
+                                                                                 size=n),
+                                                 timeout=self.config.server_timeout_s)
+                        for c in clients:
+                            if c.group_id == gid:
+                                h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=gid, client_id=c.id,
+                                                                                   token=c.token),
+                                                      timeout=self.config.server_timeout_s)
+                        made += 1
+                except grpc.RpcError as e:
+                    log.warning("could not reconcile an FPGA-server", extra={"server": name, "code": e.code().name})
+        if made or dropped:
+            log.warning("FPGA-servers reconciled with the database", extra={"made": made, "dropped": dropped})
+        return {"made": made, "dropped": dropped}
+
     def _autoscale_loop(self) -> None:
         while not self._stop.wait(self.config.autoscaler_interval_s):
             try:

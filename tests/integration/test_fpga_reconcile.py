@@ -1,0 +1,93 @@
+"""The Orchestrator keeps the FPGA-servers holding what its database says.
+
+Real FPGA-servers and the Orchestrator serve on loopback gRPC in this process. A server that restarts comes
+back empty (its state is in memory, like an appliance's); a delete that cannot reach a server leaves its part
+there. `reconcile_once` (every `reconcile_interval_s`, and before every placement) mends both.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from harness.v1 import fpga_pb2, fpga_pb2_grpc
+from irm_fpga import orchestrator as orch_mod
+from irm_fpga import server as fserver
+from services import server as srv
+from services.suite import _free_port
+
+
+class Cloud:
+    def __init__(self, tmp_path) -> None:  # noqa: ANN001
+        self.port = _free_port()
+        self.server = self._server()
+        comp = orch_mod.component(orch_mod.OrchestratorConfig(
+            address="127.0.0.1:0", database=f"sqlite:///{tmp_path}/orch.db", servers=[f"127.0.0.1:{self.port}"],
+            autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
+        self.orch_run = srv.start("127.0.0.1:0", [comp])
+        self.orch = comp.extra["orchestrator"]
+        self.stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(f"127.0.0.1:{self.orch_run.port}"))
+        self.data = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(f"127.0.0.1:{self.port}"))
+
+    def _server(self):  # noqa: ANN202
+        comp = fserver.component(fserver.FpgaServerConfig(name="fpga-0", devices=4, reconfig_mean_s=0.01,
+                                                          reconfig_std_s=0.0))
+        return srv.start(f"127.0.0.1:{self.port}", [comp])
+
+    def restart_server(self) -> None:
+        self.server.stop(0.5)
+        self.server = self._server()
+
+    def create(self, rid: str, size: int) -> fpga_pb2.FpgaGroup:
+        return self.stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="alice", request_id=rid, design="sleep",
+                                                                 size=size), timeout=20)
+
+    def held(self) -> dict[str, int]:
+        return {p.group_id: p.target for p in self.data.GetServer(fpga_pb2.GetServerRequest(), timeout=5).groups}
+
+    def run_one(self, att: fpga_pb2.AttachClientResponse, group_id: str) -> fpga_pb2.ResultBatch:
+        return self.data.RunBatch(fpga_pb2.TaskBatch(client_id=att.client_id, token=att.token, group_id=group_id,
+                                                     tasks=[fpga_pb2.Task(id=1, params={
+                                                         "duration": fpga_pb2.Value(number=0.001)})]), timeout=10)
+
+    def close(self) -> None:
+        self.orch_run.stop(0.5)
+        self.server.stop(0.5)
+
+
+@pytest.fixture
+def cloud(tmp_path):
+    c = Cloud(tmp_path)
+    yield c
+    c.close()
+
+
+def test_a_restarted_server_gets_its_groups_back_and_its_devices_are_not_sold_twice(cloud):
+    g = cloud.create("g1", 3)
+    att = cloud.stub.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id), timeout=10)
+    cloud.restart_server()
+    assert cloud.held() == {}                              # the appliance came back empty
+    # Before any reconciliation the database's 3 devices still count: 4 more do not fit.
+    with pytest.raises(grpc.RpcError) as e:
+        cloud.create("g2", 4)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert cloud.held() == {g.id: 3}                       # that placement reconciled first
+    assert cloud.orch.reconcile_once() == {"made": 0, "dropped": 0}
+    out = cloud.run_one(att, g.id)                         # its client is served again, with its token
+    assert len(out.results) == 1 and out.results[0].error == ""
+
+
+def test_a_delete_that_could_not_reach_its_server_is_finished_later(cloud):
+    g = cloud.create("g", 2)
+    att = cloud.stub.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id), timeout=10)
+    h = cloud.orch.servers["fpga-0"]
+    real, h.address = h.address, "127.0.0.1:9"             # a partition: nothing answers there
+    cloud.stub.DeleteGroup(fpga_pb2.DeleteGroupRequest(tenant="alice", group_id=g.id), timeout=30)
+    h.address = real
+    assert cloud.held() == {g.id: 2}                       # still held, its client still served
+    assert cloud.orch.reconcile_once() == {"made": 0, "dropped": 1}
+    assert cloud.held() == {}
+    with pytest.raises(grpc.RpcError) as e:
+        cloud.run_one(att, g.id)
+    assert e.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND)
+    assert cloud.create("g4", 4).size == 4                 # every device is for sale again
