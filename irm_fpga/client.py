@@ -37,6 +37,7 @@ from typing import Any
 import grpc
 
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
+from irm_fpga.engine import MOVED
 from irm_fpga.wire import WireError, from_map, to_map
 
 _STOP = object()
@@ -123,6 +124,7 @@ class VirtualFpga:
         self._tenant = tenant
         self._ids = itertools.count(1)
         self._futures: dict[int, Future] = {}
+        self._tasks: dict[int, fpga_pb2.Task] = {}
         self._lock = threading.Lock()
         self._max_in_flight = max(1, max_in_flight)
         self._in_flight = 0
@@ -182,6 +184,7 @@ class VirtualFpga:
         fut: Future = Future()
         with self._lock:
             self._futures[task_id] = fut
+            self._tasks[task_id] = task           # kept until answered: a part left without devices hands it back
             self._waiting.append((task, fut, self._locked))
             sends = self._take()
         if sends:
@@ -239,10 +242,19 @@ class VirtualFpga:
         with self._lock:
             futures, where = self._futures, self._where
             for r in results:
-                fut = futures.pop(r.id, None)
                 part = where.pop(r.id, None)
                 if part is not None:
                     part.sent.discard(r.id)
+                if r.error == MOVED and r.id in futures:
+                    # Its part has no devices any more: not there again; the task waits for another part.
+                    self._in_flight -= 1
+                    if part is not None and part in self._parts:
+                        self._parts = [p for p in self._parts if p is not part]
+                        self._cycle = itertools.cycle([p for p in self._parts for _ in range(p.part.devices)])
+                    self._waiting.appendleft((self._tasks[r.id], futures[r.id], None))
+                    continue
+                fut = futures.pop(r.id, None)
+                self._tasks.pop(r.id, None)
                 if fut is not None:
                     self._in_flight -= 1
                     done.append((fut, r))
@@ -269,6 +281,7 @@ class VirtualFpga:
             failed = []
             for task_id in list(part.sent):
                 fut = self._futures.pop(task_id, None)
+                self._tasks.pop(task_id, None)
                 self._where.pop(task_id, None)
                 if fut is not None:
                     self._in_flight -= 1

@@ -35,7 +35,9 @@ Model
   waits for one to be released). Shrinking first cancels joins in progress,
   then releases idle members, then marks busy members to leave when their
   current task ends (locked ones when unlocked). A task is never lost or run
-  twice: tasks live in client queues, not on devices.
+  twice: tasks live in client queues, not on devices. A group (part) resized
+  to no device at all answers its queued tasks at once with `MOVED`; the
+  client library sends them to the group's other parts.
 * `revoke_client` cancels the client's queued tasks at once (their results
   carry `error="revoked"`); its running tasks finish on their devices and are
   reported with the same error, without value. `detach_client` stops
@@ -97,6 +99,8 @@ from services.clock import Clock
 RUN = "run"
 LOCK = "lock"
 UNLOCK = "unlock"
+# The error of a queued task handed back by a part left without devices (the client library resends it).
+MOVED = "moved: this part of the group has no devices now; send it to another part"
 
 _DONE = 0
 _RECONF = 1
@@ -865,6 +869,8 @@ class Engine:
             self._check_capacity(size - g.target)
             g.min_size, g.max_size = mn, mx
             self._set_target(g, size)
+            if size == 0:
+                self._hand_back(g)
             return self._info(g)
 
     def apply_sizes(self, sizes: Mapping[str, int]) -> None:
@@ -878,6 +884,25 @@ class Engine:
             self._check_capacity(sum(n - gs[gid].target for gid, n in sizes.items()))
             for gid, n in sorted(sizes.items(), key=lambda kv: kv[1] - gs[kv[0]].target):
                 self._set_target(gs[gid], n)
+                if n == 0:
+                    self._hand_back(gs[gid])
+
+    def _hand_back(self, g: _Group) -> None:
+        """A part left without devices answers its queued tasks at once with `MOVED` (hold the lock).
+
+        Nothing would ever run them here: the client library sends them again to the group's other parts.
+        Running tasks finish where they are.
+        """
+        t = self._now
+        for c in list(g.clients.values()):
+            for q in c.queues:
+                if q.lock is not None:
+                    continue            # a locked queue keeps its device until it unlocks
+                while q.tasks:
+                    rec = q.tasks.popleft()
+                    q.n -= 1
+                    c.outstanding -= 1
+                    self._ready.append(Result(rec[0], c.id, g.id, rec[1], None, MOVED, rec[4], t, t, 0.0, -1))
 
     def delete_group(self, group_id: str) -> None:
         """Revoke every client of the group and release its devices (busy ones when their task ends)."""

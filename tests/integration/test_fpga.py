@@ -272,3 +272,17 @@ def test_the_irm_api_honours_placement_and_refuses_impossible_input(fpga):
     with pytest.raises(grpc.RpcError) as e:
         fpga["stub"].AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c" * 65))
     assert [f for f, _ in field_violations(e.value)] == ["client_id"]
+
+
+def test_tasks_queued_on_a_part_shrunk_to_nothing_run_on_the_other_part(fpga):
+    stub, addr = fpga["stub"], fpga["orch"].address
+    g = create(stub, design="sleep", size=8)                   # 4 devices on each server
+    assert sorted(g.parts.values()) == [4, 4]
+    with VirtualFpga.attach(addr, "alice", g.id) as f:
+        futures = [f.submit({"duration": 0.05}) for _ in range(80)]    # ~0.5 s queued on each part
+        shrunk = stub.ResizeGroup(fpga_pb2.ResizeGroupRequest(tenant="alice", group_id=g.id, size=1), timeout=10)
+        (left,) = [s for s, n in shrunk.parts.items() if n]
+        done, hung = wait(futures, timeout=60)
+        assert not hung, f"{len(hung)} of 80 tasks never answered"
+        outcomes = [fu.result() for fu in futures]             # none failed: handed back, sent again
+    assert len(outcomes) == 80 and {o.server for o in outcomes[-5:]} == {left}
