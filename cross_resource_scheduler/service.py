@@ -665,9 +665,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         parts = {(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups}
         for manager, irm_id in sorted(parts):
             if not self._release_part(manager, tenant, irm_id):
-                # Which attempt placed it is not kept: ask for each (the others hold nothing).
+                # Which attempt placed it is not kept: ask for each (the others hold nothing). The manager did not
+                # answer just now: the ids are remembered for the compensator, not each waited on here.
                 for rid in part_request_ids(r.id, manager, self._attempts()):
-                    self._undo_or_remember(manager, tenant, rid)
+                    self._remember(manager, tenant, rid)
         now = self.clock.now()
         self.db.execute(_RELEASE, {"rid": r.id, "at": now})
         r.state, r.released_at = "released", now

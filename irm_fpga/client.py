@@ -124,7 +124,7 @@ class VirtualFpga:
         self._tenant = tenant
         self._ids = itertools.count(1)
         self._futures: dict[int, Future] = {}
-        self._tasks: dict[int, fpga_pb2.Task] = {}
+        self._tasks: dict[int, tuple[fpga_pb2.Task, _Part | None]] = {}
         self._lock = threading.Lock()
         self._max_in_flight = max(1, max_in_flight)
         self._in_flight = 0
@@ -184,7 +184,8 @@ class VirtualFpga:
         fut: Future = Future()
         with self._lock:
             self._futures[task_id] = fut
-            self._tasks[task_id] = task           # kept until answered: a part left without devices hands it back
+            # Kept until answered: a part left without devices hands it back (with where it had to go).
+            self._tasks[task_id] = (task, self._locked)
             self._waiting.append((task, fut, self._locked))
             sends = self._take()
         if sends:
@@ -204,7 +205,14 @@ class VirtualFpga:
         while self._waiting and self._in_flight < self._max_in_flight and self._parts:
             task, fut, pinned = self._waiting.popleft()
             self._in_flight += 1
-            part = pinned if pinned is not None and pinned in self._parts else next(self._cycle)
+            if pinned is not None and pinned not in self._parts:
+                # The lock's part lost its devices: the lock (handed back) is asked again where the cycle says,
+                # and what was to follow it goes to that part.
+                pinned = self._locked if task.kind != fpga_pb2.Task.KIND_LOCK and self._locked in self._parts \
+                    else None
+            part = pinned if pinned is not None else next(self._cycle)
+            if task.kind == fpga_pb2.Task.KIND_LOCK:
+                self._locked = part
             part.sent.add(task.id)
             self._where[task.id] = part
             sends.append((part, task, fut))
@@ -239,6 +247,7 @@ class VirtualFpga:
     def _complete(self, results: Sequence[fpga_pb2.TaskResult]) -> None:
         """Complete the futures of a batch of results; the in-flight slots they free go to waiting tasks."""
         done = []
+        moved = []
         with self._lock:
             futures, where = self._futures, self._where
             for r in results:
@@ -251,13 +260,15 @@ class VirtualFpga:
                     if part is not None and part in self._parts:
                         self._parts = [p for p in self._parts if p is not part]
                         self._cycle = itertools.cycle([p for p in self._parts for _ in range(p.part.devices)])
-                    self._waiting.appendleft((self._tasks[r.id], futures[r.id], None))
+                    task, pinned = self._tasks[r.id]
+                    moved.append((task, futures[r.id], pinned))
                     continue
                 fut = futures.pop(r.id, None)
                 self._tasks.pop(r.id, None)
                 if fut is not None:
                     self._in_flight -= 1
                     done.append((fut, r))
+            self._waiting.extendleft(reversed(moved))      # first again, in the order they were sent
             sends = self._take() if self._waiting else None
         if sends:
             self._send(sends)

@@ -35,9 +35,10 @@ Model
   waits for one to be released). Shrinking first cancels joins in progress,
   then releases idle members, then marks busy members to leave when their
   current task ends (locked ones when unlocked). A task is never lost or run
-  twice: tasks live in client queues, not on devices. A group (part) resized
-  to no device at all answers its queued tasks at once with `MOVED`; the
-  client library sends them to the group's other parts.
+  twice: tasks live in client queues, not on devices. A part resized to no
+  device with `hand_back` (the group has devices on other servers) answers
+  its queued tasks, and any sent to it until it grows again, at once with
+  `MOVED`; the client library sends them to the group's other parts.
 * `revoke_client` cancels the client's queued tasks at once (their results
   carry `error="revoked"`); its running tasks finish on their devices and are
   reported with the same error, without value. `detach_client` stops
@@ -334,6 +335,7 @@ class _Group:
     executed: int = 0
     busy_s: float = 0.0
     deleted: bool = False
+    hands_back: bool = False    # cut to nothing while the group has devices elsewhere (see resize_group)
 
     def active(self) -> int:
         return sum(1 for d in self.members if not d.draining)
@@ -433,9 +435,13 @@ class Engine:
                 tid, p, kind = tasks[0]
                 if kind == RUN:
                     self._submit_one(c, tid, p, t)
+                    if c.group.hands_back:
+                        self._hand_back(c.group)
                     return 1
             recs = self._prepare(c, tasks, t, None)
             self._enqueue(c, recs, t)
+            if c.group.hands_back:       # sent to a part cut to nothing before the client learnt of it
+                self._hand_back(c.group)
             return len(recs)
 
     def submit_next(self, client_id: str, tasks: Sequence[Task]) -> float | None:
@@ -859,7 +865,9 @@ class Engine:
             return self._info(g)
 
     def resize_group(self, group_id: str, size: int, *, min_size: int | None = None,
-                     max_size: int | None = None) -> GroupInfo:
+                     max_size: int | None = None, hand_back: bool = False) -> GroupInfo:
+        """`hand_back` (with size 0): the group has devices elsewhere, so its queued tasks, and any sent here
+        until it grows again, are answered at once with `MOVED`; without it they wait here for devices."""
         with self._lock:
             self._sync()
             g = self._group(group_id)
@@ -869,7 +877,8 @@ class Engine:
             self._check_capacity(size - g.target)
             g.min_size, g.max_size = mn, mx
             self._set_target(g, size)
-            if size == 0:
+            g.hands_back = hand_back and size == 0
+            if g.hands_back:
                 self._hand_back(g)
             return self._info(g)
 
@@ -884,8 +893,8 @@ class Engine:
             self._check_capacity(sum(n - gs[gid].target for gid, n in sizes.items()))
             for gid, n in sorted(sizes.items(), key=lambda kv: kv[1] - gs[kv[0]].target):
                 self._set_target(gs[gid], n)
-                if n == 0:
-                    self._hand_back(gs[gid])
+                if n:
+                    gs[gid].hands_back = False
 
     def _hand_back(self, g: _Group) -> None:
         """A part left without devices answers its queued tasks at once with `MOVED` (hold the lock).
@@ -902,6 +911,8 @@ class Engine:
                     rec = q.tasks.popleft()
                     q.n -= 1
                     c.outstanding -= 1
+                    if rec[1] is LOCK and c.pinned is q:      # the lock it asked for is asked elsewhere now
+                        c.pinned, c.lock_pending = None, False
                     self._ready.append(Result(rec[0], c.id, g.id, rec[1], None, MOVED, rec[4], t, t, 0.0, -1))
 
     def delete_group(self, group_id: str) -> None:

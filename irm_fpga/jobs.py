@@ -340,11 +340,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
         `caps`: usable devices per server, if just read (else read now)."""
         mine = {r.group_id for r in active}
+        caps = self.orch._free_total_capacity() if caps is None else caps
         with self.db.read() as s:
-            others = sum(g.size for g in s.scalars(select(Group).where(Group.deleted.is_(False)))
-                         if g.id not in mine)
-        usable = sum((self.orch._free_total_capacity() if caps is None else caps).values())
-        return broker_max(usable, reserved=others)
+            # Other groups' devices on the servers counted: one that did not answer is out of `usable` already.
+            others = sum(n for g in s.scalars(select(Group).where(Group.deleted.is_(False))) if g.id not in mine
+                         for server, n in (g.parts or {}).items() if server in caps)
+        return broker_max(sum(caps.values()), reserved=others)
 
     def _pool_if_known(self, active: list[FpgaJob]) -> int | None:
         """`_pool`, or None while a server holding part of an active job's group does not answer: its devices

@@ -279,7 +279,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             try:
                 if name in g.parts:
                     if n != g.parts[name]:
-                        h.stub().ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id=g.id, size=n),
+                        # Cut to nothing while other parts keep devices: what waits here goes to them.
+                        hand_back = n == 0 and any(m > 0 for k, m in parts.items() if k != name)
+                        h.stub().ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id=g.id, size=n,
+                                                                                 hand_back=hand_back),
                                                  timeout=self.config.server_timeout_s)
                 else:
                     h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design=g.design, size=n),
@@ -771,8 +774,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         attached again. A delete that could not reach a server left its part running (its clients served, its
         devices held): it is dropped now. Under the lock: no group is being made, resized or deleted meanwhile.
         """
+        infos = self._server_infos()      # asked before the lock: a silent server must not stall placements
         with self.lock:
-            out = self._reconcile(self._server_infos())
+            out = self._reconcile(infos)
         if out["made"] or out["dropped"]:
             self._publish()
         return out
@@ -793,9 +797,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                                                  timeout=self.config.server_timeout_s)
                         dropped += 1
                     for gid, g in live.items():
-                        n = (g.parts or {}).get(name, 0)
-                        if n <= 0 or gid in held:
+                        if name not in (g.parts or {}) or gid in held:
                             continue
+                        n = g.parts[name]        # 0 too: the part must exist for the group to grow there again
                         h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=gid, design=g.design,
                                                                                  size=n),
                                                  timeout=self.config.server_timeout_s)

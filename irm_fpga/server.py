@@ -346,7 +346,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return self._part(info)
 
     def ResizeGroupPart(self, request, context):  # noqa: N802
-        return self._part(self._engine_call(self.engine.resize_group, request.group_id, request.size))
+        return self._part(self._engine_call(self.engine.resize_group, request.group_id, request.size,
+                                            hand_back=request.hand_back))
 
     def _has(self, group_id: str) -> bool:
         return any(g.group_id == group_id for g in self.engine.groups())

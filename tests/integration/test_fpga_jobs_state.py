@@ -309,3 +309,17 @@ def test_dropping_orphans_waits_for_a_registration_in_flight(irm_factory, monkey
     assert not sweeps[0].is_alive()
     with irm.orch.db.read() as s:
         assert s.get(Group, job.group_id).deleted is False
+
+
+def test_a_server_holding_only_other_tenants_groups_going_quiet_shrinks_no_job(irm_factory):
+    irm = irm_factory("edf")
+    irm.orch.capacity = {"s1": DEVICES, "s2": 4}
+    t = irm.orch.create_group("carol", "plain", "sleep", 4, min_size=4, max_size=4)
+    irm.orch.db.transact(lambda s: setattr(s.get(Group, t.id), "parts", {"s2": 4}))    # all of it on s2
+    d = irm.register("d", **deadline(100.0, 100_000))
+    assert irm.job(d.id).devices == DEVICES                # 12 usable - carol's 4
+    irm.orch.capacity = {"s1": DEVICES}                    # s2 (carol's only) does not answer
+    e = irm.manager.register(jp.RegisterJobRequest(tenant="bob", request_id="e", design="sleep",
+                                                   **deadline(1000.0, 10)))
+    # carol's 4 were never on s1: counted against s1's 8 they cut d to 3; it gives e one device only.
+    assert (irm.job(d.id).devices, e.devices) == (DEVICES - 1, 1)

@@ -91,3 +91,41 @@ def test_a_delete_that_could_not_reach_its_server_is_finished_later(cloud):
         cloud.run_one(att, g.id)
     assert e.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND)
     assert cloud.create("g4", 4).size == 4                 # every device is for sale again
+
+
+def _named_server(name: str, port: int):  # noqa: ANN202
+    comp = fserver.component(fserver.FpgaServerConfig(name=name, devices=4, reconfig_mean_s=0.01, reconfig_std_s=0.0))
+    return srv.start(f"127.0.0.1:{port}", [comp])
+
+
+@pytest.fixture
+def two(tmp_path):
+    ports = [_free_port(), _free_port()]
+    servers = {f"fpga-{i}": _named_server(f"fpga-{i}", p) for i, p in enumerate(ports)}
+    comp = orch_mod.component(orch_mod.OrchestratorConfig(
+        address="127.0.0.1:0", database=f"sqlite:///{tmp_path}/orch.db",
+        servers=[f"127.0.0.1:{p}" for p in ports], autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
+    orch_run = srv.start("127.0.0.1:0", [comp])
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(f"127.0.0.1:{orch_run.port}"))
+    yield {"servers": servers, "ports": dict(zip(servers, ports, strict=True)), "orch": comp.extra["orchestrator"],
+           "stub": stub}
+    orch_run.stop(0.5)
+    for s in servers.values():
+        s.stop(0.5)
+
+
+def test_a_group_grows_again_onto_a_restarted_server_where_its_part_had_no_device(two):
+    cloud = two
+    stub = cloud["stub"]
+    g = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="alice", request_id="g", design="sleep", size=5),
+                         timeout=20)
+    assert sorted(g.parts.values()) == [1, 4]
+    g = stub.ResizeGroup(fpga_pb2.ResizeGroupRequest(tenant="alice", group_id=g.id, size=1), timeout=20)
+    parts = cloud["orch"]._group(g.id).parts
+    (empty,) = [s for s, n in parts.items() if n == 0]        # a part kept with no device (by the database)
+    cloud["servers"][empty].stop(0.5)                          # that server restarts (comes back empty)
+    cloud["servers"][empty] = _named_server(empty, cloud["ports"][empty])
+    cloud["orch"].reconcile_once()                             # "a restarted server gets its groups' parts back"
+    # Growing prefers the servers the group has parts on: the emptied one (4 free) first.
+    grown = stub.ResizeGroup(fpga_pb2.ResizeGroupRequest(tenant="alice", group_id=g.id, size=3), timeout=20)
+    assert sum(grown.parts.values()) == 3

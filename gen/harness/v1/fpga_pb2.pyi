@@ -195,12 +195,14 @@ class CreateGroupPartRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., design: _Optional[str] = ..., size: _Optional[int] = ..., min_size: _Optional[int] = ..., max_size: _Optional[int] = ...) -> None: ...
 
 class ResizeGroupPartRequest(_message.Message):
-    __slots__ = ("group_id", "size")
+    __slots__ = ("group_id", "size", "hand_back")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    HAND_BACK_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     size: int
-    def __init__(self, group_id: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+    hand_back: bool
+    def __init__(self, group_id: _Optional[str] = ..., size: _Optional[int] = ..., hand_back: _Optional[bool] = ...) -> None: ...
 
 class DeleteGroupPartRequest(_message.Message):
     __slots__ = ("group_id",)
