@@ -18,6 +18,7 @@ import math
 import secrets
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -759,13 +760,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
         yield from self.watchers.stream(snapshot, context.is_active)
 
-    # -- autoscaler ------------------------------------------------------
-    def _reconcile_loop(self) -> None:
-        while not self._stop.wait(self.config.reconcile_interval_s):
+    # -- background rounds -----------------------------------------------
+    def _every(self, interval_s: float, round_: Callable[[], object], what: str) -> None:
+        while not self._stop.wait(interval_s):
             try:
-                self.reconcile_once()
+                round_()
             except Exception:  # noqa: BLE001 - the loop must survive a bad round
-                log.exception("reconcile round failed")
+                log.exception("%s round failed", what)
+
+    def _reconcile_loop(self) -> None:
+        self._every(self.config.reconcile_interval_s, self.reconcile_once, "reconcile")
 
     def reconcile_once(self) -> dict[str, int]:
         """Make every reachable FPGA-server hold what the database says; returns the parts (re)made and dropped.
@@ -816,11 +820,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return {"made": made, "dropped": dropped}
 
     def _autoscale_loop(self) -> None:
-        while not self._stop.wait(self.config.autoscaler_interval_s):
-            try:
-                self.autoscale_once()
-            except Exception:  # noqa: BLE001 - the loop must survive a bad round
-                log.exception("autoscaler round failed")
+        self._every(self.config.autoscaler_interval_s, self.autoscale_once, "autoscaler")
 
     def autoscale_once(self) -> dict[str, int]:
         """One autoscaler round: per server, the policy resizes the elastic groups living there.
