@@ -282,8 +282,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def _compensate_pending(self) -> None:
         if not self.db.fetch(_ANY_COMPENSATION, {}):
             return
+        up = [m.name for m in self.registry.up()]
+        if not up:
+            return
         with self.db.read() as s:
-            todo = list(s.scalars(select(Compensation).order_by(Compensation.id).limit(200)))
+            # Only for managers that answer: the rows of one that is down must not crowd out the others'.
+            todo = list(s.scalars(select(Compensation).where(Compensation.manager.in_(up))
+                                  .order_by(Compensation.id).limit(200)))
         now = self.clock.now()
         for c in todo:
             state = self.registry.get(c.manager)

@@ -136,6 +136,7 @@ class VirtualFpga:
         self._cycle: Iterator[_Part] = iter(())
         self._use(attachment)
         self._locked: _Part | None = None
+        self._held: _Part | None = None      # where the device of a granted lock is, until its UNLOCK is answered
         self._closing = threading.Event()
         if refresh_s > 0 and orchestrator is not None:
             threading.Thread(target=self._refresh_loop, args=(refresh_s,), name="fpga-refresh", daemon=True).start()
@@ -205,11 +206,13 @@ class VirtualFpga:
         while self._waiting and self._in_flight < self._max_in_flight and self._parts:
             task, fut, pinned = self._waiting.popleft()
             self._in_flight += 1
-            if pinned is not None and pinned not in self._parts:
-                # The lock's part lost its devices: the lock (handed back) is asked again where the cycle says,
-                # and what was to follow it goes to that part.
-                pinned = self._locked if task.kind != fpga_pb2.Task.KIND_LOCK and self._locked in self._parts \
-                    else None
+            if pinned is not None and pinned not in self._parts and pinned is not self._held:
+                # The lock's part lost its devices before granting it: the lock (handed back) is asked again
+                # where the cycle says, and what was to follow it goes to that part. A granted lock keeps its
+                # device whatever happens to the part: what is pinned to it still goes there.
+                lk = self._locked
+                pinned = lk if task.kind != fpga_pb2.Task.KIND_LOCK and lk is not None and (
+                    lk in self._parts or lk is self._held) else None
             part = pinned if pinned is not None else next(self._cycle)
             if task.kind == fpga_pb2.Task.KIND_LOCK:
                 self._locked = part
@@ -265,6 +268,10 @@ class VirtualFpga:
                     continue
                 fut = futures.pop(r.id, None)
                 self._tasks.pop(r.id, None)
+                if r.kind == fpga_pb2.Task.KIND_LOCK and not r.error:
+                    self._held = part
+                elif r.kind == fpga_pb2.Task.KIND_UNLOCK:
+                    self._held = None
                 if fut is not None:
                     self._in_flight -= 1
                     done.append((fut, r))

@@ -559,6 +559,8 @@ class Engine:
                 t = self._now = at
             rec = arr.popleft()
             place(c, c.pinned or min(queues, key=_BY_N), rec, t)
+        if c.group.hands_back:      # as `submit`: nothing would run them on a part cut to nothing
+            self._hand_back(c.group)
         if arr:
             self._seq += 1
             heapq.heappush(heap, (arr[0][4], self._seq, _ARRIVE, c))
@@ -650,7 +652,9 @@ class Engine:
             dev.locked_by = None
             self._ready.append(Result(rec[0], c.id, g.id, UNLOCK, {"device": dev.index}, None,
                                       rec[4], t, t, 0.0, dev.index))
-            if tasks:
+            if tasks and g.hands_back:      # what queued behind the lock goes to the group's other parts
+                self._hand_back(g)
+            elif tasks:
                 q.waiting = True
                 g.line.append(q)
             self._check_detached(c)

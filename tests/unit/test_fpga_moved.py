@@ -125,3 +125,47 @@ def test_what_follows_a_moved_lock_goes_to_the_part_that_holds_the_lock(vf):
     locking.join(5)
     vf.submit({"duration": 0.01})
     assert holder.sent == {2}                                      # on the locked device's part
+
+
+def test_tasks_that_queued_behind_an_unlock_on_a_part_cut_to_nothing_are_handed_back():
+    e, clock = _engine()
+    e.submit("c", [eng.Task("L", None, eng.LOCK)])
+    e.submit("c", [eng.Task("R1", {"duration": 10.0})])            # on the locked device
+    assert [r.task_id for r in e.advance()] == ["L"]
+    e.resize_group("g", 0, hand_back=True)                          # a locked queue keeps its device
+    e.submit("c", [eng.Task("U", None, eng.UNLOCK), eng.Task("R2", {"duration": 0.01}),
+                   eng.Task("R3", {"duration": 0.01}), eng.Task("R4", {"duration": 0.01})])
+    seen = {r.task_id: r.error for r in e.advance()}
+    clock.advance(100.0)
+    seen.update({r.task_id: r.error for r in e.advance()})
+    assert set(seen) == {"R1", "U", "R2", "R3", "R4"}               # each run or handed back: none left waiting
+
+
+def test_scheduled_arrivals_at_a_part_cut_to_nothing_are_handed_back():
+    e, clock = _engine()
+    e.schedule("c", [eng.Task(1, {"duration": 0.01})], [5.0])
+    e.resize_group("g", 0, hand_back=True)
+    clock.advance(3600.0)
+    assert [(r.task_id, r.error) for r in e.advance()] == [(1, eng.MOVED)]
+
+
+def test_a_lock_granted_on_a_part_cut_to_nothing_keeps_what_follows_and_its_unlock_there(vf):
+    a = vf._all["A"]
+    vf.submit({"duration": 0.01})                                   # 1 -> A
+    assert a.drained() == [1]
+    locking = threading.Thread(target=vf.lock, daemon=True)
+    locking.start()
+    eventually(lambda: 2 in a.sent, what="the LOCK sent to A")
+    assert a.drained() == [2]
+    vf._complete([result(2, kind=fpga_pb2.Task.KIND_LOCK)])         # granted at A
+    locking.join(5)
+    vf._complete([result(1, eng.MOVED)])                            # A cut to nothing: 1 handed back, lock kept
+    vf.submit({"duration": 0.01})                                   # 3: on the locked device, at A
+    unlocking = threading.Thread(target=vf.unlock, daemon=True)
+    unlocking.start()
+    eventually(lambda: any(4 in p.sent for p in vf._all.values()), what="the UNLOCK sent")
+    where = {tid: p.part.server for p in vf._all.values() for tid in p.sent}
+    assert (where[3], where[4]) == ("A", "A")                       # elsewhere: "unlock without a lock"
+    vf._complete([result(4, kind=fpga_pb2.Task.KIND_UNLOCK)])
+    unlocking.join(5)
+    assert vf._held is None and vf._locked is None
