@@ -4,6 +4,7 @@ replies, and capacity events coalesced into one watch message."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -144,14 +145,23 @@ def test_stream_batches_hands_out_what_is_queued_at_once() -> None:
     assert list(stream) == []
 
 
+@contextmanager
+def irm_on(tmp_path: Path, *hosts: tuple[str, int, float]) -> Iterator[ComputeIrm]:
+    """A compute IRM over hosts (id, cores, GHz), 32 GB each."""
+    (tmp_path / "hosts.yaml").write_text("hosts:\n" + "".join(
+        f"  - {{id: {h}, site: s, rack: r, cores: {c}, memory_gb: 32, frequency_ghz: {f}}}\n" for h, c, f in hosts))
+    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
+    try:
+        yield irm
+    finally:
+        irm.watchers.close()
+        irm.db.dispose()
+
+
 def test_a_quote_is_what_reserve_charges_and_a_reserve_capped_at_it_passes(tmp_path: Path) -> None:
     # Reserve packs (fullest host with room first, then by id), whatever the host's frequency; the quote priced
     # the cheapest matching host, so a Reserve capped at it was refused.
-    (tmp_path / "hosts.yaml").write_text("hosts:\n"
-                                         "  - {id: a-fast, site: s, rack: r, cores: 8, memory_gb: 32, frequency_ghz: 3.0}\n"
-                                         "  - {id: b-slow, site: s, rack: r, cores: 8, memory_gb: 32, frequency_ghz: 2.0}\n")
-    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
-    try:
+    with irm_on(tmp_path, ("a-fast", 8, 3.0), ("b-slow", 8, 2.0)) as irm:
         for rid, cores in (("first", 4), ("second", 2), ("third", 4)):
             r = req(rid, cores, "")
             del r.groups[0].placement[:]
@@ -162,19 +172,12 @@ def test_a_quote_is_what_reserve_charges_and_a_reserve_capped_at_it_passes(tmp_p
         # first and second packed a-fast (6 of 8 cores), third went to b-slow: the quotes followed.
         hosts = {h.id: h.used_cores for h in irm.store.hosts()}
         assert hosts == {"a-fast": 6, "b-slow": 4}
-    finally:
-        irm.watchers.close()
-        irm.db.dispose()
 
 
 def test_a_quote_follows_reserve_across_the_groups_of_one_request(tmp_path: Path) -> None:
     # big (8 cores) fits only b-fast; then small (1 core) goes to the fullest host with room, b-fast again --
     # not to a-slow, first by id among the hosts as they were before the request.
-    (tmp_path / "hosts.yaml").write_text("hosts:\n"
-                                         "  - {id: a-slow, site: s, rack: r, cores: 4, memory_gb: 32, frequency_ghz: 2.0}\n"
-                                         "  - {id: b-fast, site: s, rack: r, cores: 16, memory_gb: 32, frequency_ghz: 3.0}\n")
-    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
-    try:
+    with irm_on(tmp_path, ("a-slow", 4, 2.0), ("b-fast", 16, 3.0)) as irm:
         r = req("r", 8, "")
         del r.groups[0].placement[:]
         small = r.groups.add()
@@ -184,6 +187,3 @@ def test_a_quote_follows_reserve_across_the_groups_of_one_request(tmp_path: Path
         r.max_price_per_minute = quote.price_per_minute
         assert irm.Reserve(r, None).price_per_minute == pytest.approx(quote.price_per_minute)
         assert {h.id: h.used_cores for h in irm.store.hosts()} == {"a-slow": 0, "b-fast": 9}
-    finally:
-        irm.watchers.close()
-        irm.db.dispose()
