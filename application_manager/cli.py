@@ -8,7 +8,7 @@
     harness app list
 
 services.commands adds these with `application_manager.cli.add_commands(sub)`. The AM's
-address comes from --am, HARNESS_AM_ADDRESS, the running suite's suite.json, or :50081.
+address comes from --am, HARNESS_AM_ADDRESS, the running suite's suite.json, or :50101.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from services import suite
 
     addr = args.am or os.environ.get("HARNESS_AM_ADDRESS") or suite.addresses(args.state_dir).get("am") \
-        or "127.0.0.1:50081"
+        or "127.0.0.1:50101"
     return pb_grpc.ApplicationManagerStub(grpc.insecure_channel(addr))
 
 

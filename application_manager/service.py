@@ -64,7 +64,7 @@ _EXEC_STATE = {"running": pb.ApplicationExecution.STATE_RUNNING,
 
 @dataclass
 class AppManagerConfig:
-    address: str = "127.0.0.1:50081"
+    address: str = "127.0.0.1:50101"      # the suite's am port (services.suite.DEFAULT_PORTS)
     # SQLAlchemy URL; empty: a SQLite file in state_dir.
     database: str = ""
     state_dir: str = "~/.harness"
@@ -643,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from services import config as cfg
     from services import logs, server
+    from services.catalog import config_sections
 
     p = argparse.ArgumentParser(prog="application_manager.service")
     p.add_argument("--address")
@@ -653,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = cfg.parse_sets(args.set)
     if args.address:
         overrides["address"] = args.address
-    conf = cfg.load(AppManagerConfig, "am", config_file=args.config, overrides=overrides)
+    conf = cfg.load(AppManagerConfig, "am", config_file=args.config, overrides=overrides,
+                    sections=config_sections())
     logs.setup("am")
     server.serve(conf.address, [component(conf)], port_file=args.port_file)
     return 0

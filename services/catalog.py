@@ -35,3 +35,8 @@ SERVICES: dict[str, ServiceEntry] = {
         ServiceEntry("am", "am", "application_manager.service", "AppManagerConfig"),
     ]
 }
+
+
+def config_sections() -> dict[str, str]:
+    """Every top-level name a config file may use -> its section: a service's name or its section's."""
+    return {**{e.section: e.section for e in SERVICES.values()}, **{e.name: e.section for e in SERVICES.values()}}

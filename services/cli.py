@@ -11,7 +11,7 @@ from services import config as cfg
 
 def _serve(args: argparse.Namespace) -> int:
     from services import logs, server
-    from services.catalog import SERVICES
+    from services.catalog import SERVICES, config_sections
 
     entry = SERVICES[args.service]
     config_class, factory = entry.load()
@@ -19,19 +19,25 @@ def _serve(args: argparse.Namespace) -> int:
     if args.address:
         overrides["address"] = args.address
     try:
-        conf = cfg.load(config_class, entry.section, config_file=args.config, overrides=overrides)
+        conf = cfg.load(config_class, entry.section, config_file=args.config, overrides=overrides,
+                        sections=config_sections())
     except cfg.ConfigError as e:
         print(f"harness serve {args.service}: {e}", file=sys.stderr)
         return 2
     logs.setup(args.service)
     if os.environ.get("HARNESS_SWITCH_INTERVAL"):
         sys.setswitchinterval(float(os.environ["HARNESS_SWITCH_INTERVAL"]))
+    from sqlalchemy.exc import OperationalError
+
     try:
         component = factory(conf)
+        server.serve(conf.address, [component], port_file=args.port_file)
     except (ValueError, OSError) as e:
         print(f"harness serve {args.service}: cannot start: {e}", file=sys.stderr)
         return 2
-    server.serve(conf.address, [component], port_file=args.port_file)
+    except OperationalError as e:             # e.g. the database not taking connections (yet)
+        print(f"harness serve {args.service}: cannot start: the database did not answer: {e.orig}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -74,8 +74,13 @@ def load(
     config_file: str | os.PathLike[str] | None = None,
     overrides: dict[str, Any] | None = None,
     environ: typing.Mapping[str, str] | None = None,
+    sections: typing.Mapping[str, str] | None = None,
 ) -> T:
-    """Build `cls` (a dataclass) from all sources, most specific last."""
+    """Build `cls` (a dataclass) from all sources, most specific last.
+
+    `sections`: every top-level name a config file may use -> the section it is (e.g. "fpga-server" ->
+    "fpga_server"); others are an error. None: other names are ignored.
+    """
     environ = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -86,7 +91,17 @@ def load(
         data = yaml.safe_load(Path(config_file).read_text()) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{config_file}: expected a mapping of sections")
-        part = data.get(section) or {}
+        mine = [section]
+        if sections is not None:
+            # Every top-level name must be a section (or another name of one): a misnamed section would be
+            # ignored without a word, every setting in it lost.
+            unknown = sorted(str(k) for k in data if k not in sections)
+            if unknown:
+                raise ConfigError(f"{config_file}: unknown section(s) {unknown}; known: {sorted(sections)}")
+            mine = [k for k in data if sections[k] == section]
+            if len(mine) > 1:
+                raise ConfigError(f"{config_file}: {' and '.join(map(repr, mine))} name the same section: keep one")
+        part = (data.get(mine[0]) if mine else None) or {}
         if not isinstance(part, dict):
             raise ConfigError(f"{config_file}: section {section!r} must be a mapping")
         for key, value in part.items():

@@ -219,7 +219,10 @@ def create_server(
         c.register(server)
         names += c.service_names
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as e:                 # grpc raises (rather than returning 0) when the port is taken
+        raise OSError(f"could not listen on {address} (in use by another process?): {e}") from None
     if port == 0:
         raise OSError(f"could not bind {address}")
     for name in names:

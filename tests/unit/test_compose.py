@@ -47,3 +47,14 @@ def test_compose_wiring_points_at_services_that_exist():
                 assert host in names, f"{name}: {key} points at {host!r}, not a compose service"
         for dep in svc.get("depends_on") or {}:
             assert dep in names
+
+
+def test_every_harness_service_reaps_orphans_and_restarts_after_a_failed_start():
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    for name, svc in compose["services"].items():
+        if svc.get("command"):
+            # The agent's tenants leave processes behind: PID 1 must reap them. A service started before the
+            # database takes connections exits; it must come back.
+            assert svc.get("init") is True and svc.get("restart") == "on-failure", name
+    # The database is healthy only once it takes TCP connections (its first-start init server does not).
+    assert "-h 127.0.0.1" in " ".join(compose["services"]["postgres"]["healthcheck"]["test"])

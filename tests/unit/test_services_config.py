@@ -174,3 +174,30 @@ def test_real_service_config_loads_from_env() -> None:
     c = cfg.load(ComputeConfig, "compute", environ={"HARNESS_COMPUTE_HEARTBEAT_INTERVAL_S": "0.5",
                                                     "HARNESS_COMPUTE_NAME": "c2"})
     assert c.heartbeat_interval_s == 0.5 and c.name == "c2"
+
+
+def test_sections_named_for_their_service_or_section_and_nothing_else(tmp_path: Path) -> None:
+    from services.catalog import config_sections
+
+    sections = config_sections()
+    assert sections["fpga-server"] == sections["fpga_server"] == "fpga_server" and sections["fpga"] == "orchestrator"
+    # Named for the service (`harness serve fpga-server`): applied, and its typos caught.
+    path = write(tmp_path, "fpga-server:\n  workers: 2\n")
+    assert cfg.load(Sample, "fpga_server", config_file=path, environ={}, sections=sections).workers == 2
+    with pytest.raises(ConfigError, match="fpga_server.workrs"):
+        cfg.load(Sample, "fpga_server", config_file=write(tmp_path, "fpga-server:\n  workrs: 2\n"), environ={},
+                 sections=sections)
+    # A section nobody reads is an error, not silence; two names for one section too.
+    with pytest.raises(ConfigError, match=r"unknown section\(s\) \['fpga_servr'\]"):
+        cfg.load(Sample, "crs", config_file=write(tmp_path, "fpga_servr:\n  devices: 2\n"), environ={},
+                 sections=sections)
+    with pytest.raises(ConfigError, match="name the same section"):
+        cfg.load(Sample, "orchestrator", config_file=write(tmp_path, "fpga: {}\norchestrator: {}\n"), environ={},
+                 sections=sections)
+
+
+def test_the_app_managers_default_address_is_the_suites_am_port() -> None:
+    from application_manager.service import AppManagerConfig
+    from services.suite import DEFAULT_PORTS
+
+    assert AppManagerConfig().address == f"127.0.0.1:{DEFAULT_PORTS['am']}"
