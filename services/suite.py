@@ -31,8 +31,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def ports_file(state_dir: str) -> Path:
+    return Path(state_dir).expanduser() / "ports.json"
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _auto_ports(state_dir: str) -> dict[str, int]:
+    """Free ports, the same as the last start's where still free: the databases in `state_dir` remember
+    addresses (a VM's agent, an FPGA group's Orchestrator) that must still answer after a restart."""
+    try:
+        before = {k: int(v) for k, v in json.loads(ports_file(state_dir).read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        before = {}
+    ports = {k: before[k] if k in before and _is_free(before[k]) else _free_port() for k in DEFAULT_PORTS}
+    ports_file(state_dir).parent.mkdir(parents=True, exist_ok=True)
+    ports_file(state_dir).write_text(json.dumps(ports, indent=2))
+    return ports
+
+
 def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1") -> list[Planned]:
-    ports = {k: (_free_port() if auto_ports else v) for k, v in DEFAULT_PORTS.items()}
+    ports = _auto_ports(state_dir) if auto_ports else dict(DEFAULT_PORTS)
     addr = {k: f"{host}:{p}" for k, p in ports.items()}
     return [
         Planned("crs", "crs", addr["crs"], {"state_dir": state_dir}),

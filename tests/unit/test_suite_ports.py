@@ -1,0 +1,21 @@
+"""`harness up --auto-ports` keeps its ports across restarts of one state directory where it can."""
+
+from __future__ import annotations
+
+import socket
+
+from services import suite
+
+
+def test_auto_ports_are_the_last_starts_where_still_free(tmp_path):
+    first = {p.name: p.address for p in suite.plan(str(tmp_path), auto_ports=True)}
+    # The databases remember these (a VM's agent address, an FPGA group's Orchestrator): a restart keeps them.
+    assert {p.name: p.address for p in suite.plan(str(tmp_path), auto_ports=True)} == first
+    agent_port = int(first["agent"].rsplit(":", 1)[1])
+    with socket.socket() as taken:            # someone else took the agent's port meanwhile
+        taken.bind(("127.0.0.1", agent_port))
+        again = {p.name: p.address for p in suite.plan(str(tmp_path), auto_ports=True)}
+    assert again["agent"] != first["agent"] and {k: v for k, v in again.items() if k != "agent"} == {
+        k: v for k, v in first.items() if k != "agent"}
+    # Another state directory is another suite: its own ports.
+    assert {p.name: p.address for p in suite.plan(str(tmp_path / "other"), auto_ports=True)} != first
