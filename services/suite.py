@@ -12,6 +12,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from services.catalog import SERVICES, config_sections
 from services.launcher import ServiceProcess, spawn
 
 DEFAULT_PORTS = {"crs": 50051, "compute": 50061, "agent": 50071, "fpga-server": 50081, "fpga": 50091, "am": 50101}
@@ -73,6 +76,19 @@ def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1") -> l
     ]
 
 
+def _file_settings(config_file: str | None) -> dict[str, set[str]]:
+    """The settings a config file sets, per section (its sections named by service or by section)."""
+    if not config_file:
+        return {}
+    data = yaml.safe_load(Path(config_file).read_text()) or {}
+    sections = config_sections()
+    out: dict[str, set[str]] = {}
+    for name, part in (data.items() if isinstance(data, dict) else []):
+        if name in sections and isinstance(part, dict):
+            out.setdefault(sections[name], set()).update(part)
+    return out
+
+
 def state_file(state_dir: str) -> Path:
     return Path(state_dir).expanduser() / "suite.json"
 
@@ -82,9 +98,13 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     state_dir = str(Path(state_dir).expanduser())
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     procs: list[ServiceProcess] = []
+    chosen = _file_settings(config_file)
     try:
         for p in plan(state_dir, auto_ports):
-            proc = spawn(p.service, name=p.name, address=p.address, settings=p.settings, config_file=config_file,
+            # The suite's wiring is a default: what the config file sets (e.g. remote CRSes) stands.
+            section = SERVICES[p.service].section
+            settings = {k: v for k, v in p.settings.items() if k not in chosen.get(section, set())}
+            proc = spawn(p.service, name=p.name, address=p.address, settings=settings, config_file=config_file,
                          log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"))
             procs.append(proc)
             proc.wait_ready()

@@ -218,3 +218,19 @@ def test_cli_jobs_verbs_against_the_suites_fpga_irm(running):
     assert harness("register", "--design", "sleep").returncode == 2     # no goal given
     huge = harness("register", "--design", "sleep", "--deadline", "9", "--size", "5", "--min", "3000000000")
     assert huge.returncode == 2 and "--min: 3000000000 is outside" in huge.stderr
+
+
+def test_a_config_files_settings_beat_the_suites_wiring(tmp_path):
+    # The suite wires its services (names, addresses) with --set; a config file that sets one of them wins.
+    from harness.v1 import fpga_pb2, fpga_pb2_grpc
+
+    conf = tmp_path / "harness.yaml"
+    conf.write_text("fpga-server:\n  name: fpga-7\n  devices: 3\n")
+    procs = suite_mod.start(str(tmp_path / "state"), auto_ports=True, config_file=str(conf))
+    try:
+        server = next(p for p in procs if p.name == "fpga-server")
+        info = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)).GetServer(
+            fpga_pb2.GetServerRequest(), timeout=10)
+        assert (info.name, len(info.devices)) == ("fpga-7", 3)
+    finally:
+        suite_mod.stop(procs)

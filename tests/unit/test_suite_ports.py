@@ -19,3 +19,11 @@ def test_auto_ports_are_the_last_starts_where_still_free(tmp_path):
         k: v for k, v in first.items() if k != "agent"}
     # Another state directory is another suite: its own ports.
     assert {p.name: p.address for p in suite.plan(str(tmp_path / "other"), auto_ports=True)} != first
+
+
+def test_what_a_config_file_sets_beats_the_suites_wiring(tmp_path):
+    conf = tmp_path / "harness.yaml"
+    conf.write_text("compute:\n  crs_address: '10.0.0.1:50051,10.0.0.2:50051'\nfpga-server: {name: fpga-7}\n")
+    chosen = suite._file_settings(str(conf))
+    assert chosen == {"compute": {"crs_address"}, "fpga_server": {"name"}}
+    assert suite._file_settings(None) == {}
