@@ -82,6 +82,7 @@ from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS, is
 from irm_fpga.qos.throughput import (
     DEFAULT_ALPHA,
     ControllerState,
+    admission_request,
     admit,
     broker_max,
     initial_state,
@@ -634,7 +635,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 raise Unavailable("an FPGA-server holding job groups did not answer: the job manager cannot "
                                   "count its devices now; retry later")
             if self.config.policy == THROUGHPUT:
-                reqs = {r.id: self._states[r.id].request if r.id in self._states else r.devices for r in rows}
+                reqs = {r.id: admission_request(self._qos(r), self._states.get(r.id), r.devices) for r in rows}
                 alloc = admit(job, {r.id: r.devices for r in rows}, reqs, pool,
                               priorities={r.id: r.priority for r in rows})
             else:

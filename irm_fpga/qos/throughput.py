@@ -94,9 +94,9 @@ def controller_step(job: QosJob, state: ControllerState, obs: JobProgress, *,
     g = throughput_goal(job, obs.time, obs.actions)
     hi = job.cap(max_devices if max_devices is not None else 1 << 30)
     if a_hat is None:
-        # No estimate yet: ask for the minimum (as `initial_state` does), not for what the job holds -- a job that
-        # has completed nothing would otherwise keep every device as its request and lock admission for all.
-        r = max(1, job.min_devices)
+        # No estimate yet: keep what it holds (a slow first action must not shrink it to its minimum before
+        # anything is measured). Admission treats such a job's request as its minimum (`admission_request`).
+        r = obs.allocation
     elif math.isinf(g):
         r = hi
     else:
@@ -181,6 +181,14 @@ def resource_broker(jobs: Sequence[BrokerJob], max_: int) -> tuple[dict[str, int
     if request <= max_:
         return allocate_fit(jobs, max_), True
     return allocate_not_fit(jobs, max_), False
+
+
+def admission_request(job: QosJob, state: ControllerState | None, allocation: int) -> int:
+    """What admission may leave a running job: its request, or before any estimate its minimum (>= 1) --
+    a job that has completed nothing yet holds its devices for the broker but must not lock others out."""
+    if state is None:
+        return allocation
+    return state.request if state.a_hat is not None else job.cap(max(1, job.min_devices))
 
 
 def admit(job: QosJob, allocation: Mapping[str, int], requests: Mapping[str, int], max_: int,

@@ -6,6 +6,7 @@ from irm_fpga.qos import JobProgress, QosJob
 from irm_fpga.qos.throughput import (
     BrokerJob,
     ControllerState,
+    admission_request,
     admit,
     allocate_not_fit,
     broker_max,
@@ -90,11 +91,16 @@ def test_algorithm_3_grants_each_minimum_first():
                             4) == {"x": 1, "y": 3}
 
 
-def test_a_controller_without_an_estimate_asks_for_its_minimum_not_what_it_holds():
-    # Nothing completed yet (no a_hat): the request is the minimum, so admission may take the surplus.
+def test_a_job_without_an_estimate_keeps_its_devices_but_admission_may_take_all_but_its_minimum():
+    # Nothing completed yet (no a_hat): the broker keeps what it holds (nothing measured to shrink it by)...
     s = controller_step(tjob(30.0, mn=2), ControllerState(last_time=0.0, last_actions=0), JobProgress(1.0, 0, 8))
-    assert s.a_hat is None and s.request == 2
-    assert controller_step(tjob(30.0), ControllerState(last_time=0.0, last_actions=0), JobProgress(1.0, 0, 8)).request == 1
+    assert s.a_hat is None and s.request == 8
+    # ... while admission counts its minimum, so a newcomer is not locked out by a job that has done nothing.
+    assert admission_request(tjob(30.0, mn=2), s, 8) == 2
+    assert admission_request(tjob(30.0), s, 8) == 1
+    measured = controller_step(tjob(30.0), s, JobProgress(2.0, 20, 8))      # 20 actions/s on 8: a_hat 0.4
+    assert admission_request(tjob(30.0), measured, 8) == measured.request == 12      # eq. 3: 0.4 x 30
+    assert admission_request(tjob(30.0), None, 5) == 5                      # no controller at all: what it has
 
 
 def test_broker_max_excludes_blacklisted_and_reserved():
