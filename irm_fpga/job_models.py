@@ -69,3 +69,17 @@ class FpgaJobController(Base):
     # server name -> the last `completed` counter of the job's group part there
     seen: Mapped[dict] = mapped_column(JSON, default=dict)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class FpgaJobPool(Base):
+    """The pool a Hydrogen elasticity manager provisions for jobs (seed 001 Algorithm 3), one row.
+
+    Kept so a restarted manager goes on from the pool it had grown or shrunk to, not from every device.
+    """
+
+    __tablename__ = "fpga_job_pool"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)      # always 1
+    devices: Mapped[int] = mapped_column(Integer)
+    policy: Mapped[str] = mapped_column(String(255))     # the policy that sized it: another one starts afresh
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -72,7 +72,7 @@ from sqlalchemy import func, select
 
 from harness.v1 import fpga_jobs_pb2, fpga_jobs_pb2_grpc, fpga_pb2
 from irm_fpga import designs as design_lib
-from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob, FpgaJobController
+from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob, FpgaJobController, FpgaJobPool
 from irm_fpga.models import Group
 from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
@@ -110,6 +110,7 @@ SERVICE = "harness.v1.FpgaJobs"
 _STATES = {ACTIVE: fpga_jobs_pb2.Job.STATE_ACTIVE, RETIRED: fpga_jobs_pb2.Job.STATE_RETIRED,
            QUEUED: fpga_jobs_pb2.Job.STATE_QUEUED}
 MAX_THROUGHPUT_GOAL = 1e9       # actions/s; a larger goal is a typo, and its device request overflows
+MAX_PRIORITY = 1e6              # a larger weight times a wait overflowed to inf: every schedule tied
 DEFAULT_ACTION_S = 1.0          # Hydrogen policies: seconds per action on one device when a job gives none
 MIN_ACTION_S, MAX_ACTION_S = 1e-6, 1e6   # a job's own estimate of that: a microsecond to about eleven days
 # Open WatchJobs streams at most: each holds one of the server's 32 worker threads, which the Orchestrator,
@@ -164,6 +165,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 raise ValueError(f"job manager configuration: {e}") from None
         self.cost = hy.LearnedCostModel()      # Hydrogen: fed with every job run to its size
         self._pool_size: int | None = None     # Hydrogen: the pool provisioned for jobs (None: the most)
+        # Hydrogen: the inputs of the last decision (queue, running jobs, devices); a round that finds them
+        # unchanged decides nothing, as the simulator decides on arrivals and ends only (a timer round that
+        # re-ran Algorithm 3 walked the pool up and down with nothing arriving or ending).
+        self._decided: tuple | None = None
         if not self.config.control_period_s > 0:
             raise ValueError("job manager configuration: control_period_s must be > 0")
         if not 0.0 <= self.config.alpha <= 1.0:
@@ -204,6 +209,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._learn_from_history()
         with self.db.read() as s:
             saved = {c.job_id: c for c in s.scalars(select(FpgaJobController))}
+            kept = s.get(FpgaJobPool, 1)
+        if self.scheduler is not None and self.scheduler.elasticity and kept is not None \
+                and kept.policy == self.config.policy:
+            self._pool_size = kept.devices          # `_provisioned` bounds it by today's devices and pool_min
         for row in rows:
             c = saved.get(row.id)
             if c is None:
@@ -388,8 +397,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                        row.min_devices, mx, row.priority, design=row.design, target=row.deadline_s,
                        actions=row.size_actions)
 
-    def _hydrogen_max(self, running: list[FpgaJob]) -> int:
-        hi = self._pool(running)
+    def _hydrogen_max(self, running: list[FpgaJob], pool: int | None = None) -> int:
+        """The most the jobs' pool may hold: `pool` (default: `_pool(running)`) within jobs_pool_max."""
+        hi = self._pool(running) if pool is None else pool
         return min(hi, self.config.pool_max) if self.config.pool_max else hi
 
     def _provisioned(self, hi: int) -> int:
@@ -404,14 +414,24 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         return max(min(self._pool_size or hi, hi), min(self.scheduler.pool_min, hi))
 
     def _dispatch(self, now: float) -> None:
-        """One scheduling decision over the ready queue (under the lock): start the jobs it picks."""
+        """One scheduling decision over the ready queue (under the lock): start the jobs it picks.
+
+        None while a server holding a running job's group does not answer (its devices would count as gone:
+        the elastic pool would shrink for good on a timeout), nor when nothing changed since the last one.
+        """
         assert self.scheduler is not None
         queued = self._queued()
         if not queued:
             return
         running = self._active()
-        hi = self._hydrogen_max(running)
+        known = self._pool_if_known(running)
+        if known is None:
+            return
+        hi = self._hydrogen_max(running, known)
         if hi < 1:
+            return
+        inputs = (tuple(r.id for r in queued), tuple((r.id, r.devices) for r in running), hi)
+        if inputs == self._decided:
             return
         pool = self._provisioned(hi)
         run = []
@@ -428,15 +448,26 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         except Exception:   # noqa: BLE001 - e.g. a plug-in's bug: the jobs stay queued, the next event retries
             log.exception("scheduling decision failed; the queue waits", extra={"policy": self.config.policy})
             return
-        if d.pool != pool:
+        if d.pool != pool:      # a change only: a pool cut to fewer devices for a while is not the manager's
             log.info("job pool resized", extra={"devices": d.pool, "was": pool, "decision": d.scaling})
-        self._pool_size = d.pool
+            self._pool_size = d.pool
+            self._save_pool(d.pool, now)
         by_id = {r.id: r for r in queued}
-        for job_id, n in d.allocation:
-            self._start(by_id[job_id], n, now)
+        started = [self._start(by_id[job_id], n, now) for job_id, n in d.allocation]
+        # A dispatch the Orchestrator refused leaves its job queued: the next round decides again.
+        self._decided = inputs if all(started) else None
 
-    def _start(self, row: FpgaJob, n: int, now: float) -> None:
-        """Dispatch a queued job: its group of `n` devices, kept until it retires.
+    def _save_pool(self, devices: int, now: float) -> None:
+        def save(s):  # type: ignore[no-untyped-def]
+            row = s.get(FpgaJobPool, 1)
+            if row is None:
+                s.add(FpgaJobPool(id=1, devices=devices, policy=self.config.policy, updated_at=now))
+            else:
+                row.devices, row.policy, row.updated_at = devices, self.config.policy, now
+        self.db.transact(save)
+
+    def _start(self, row: FpgaJob, n: int, now: float) -> bool:
+        """Dispatch a queued job: its group of `n` devices, kept until it retires. False: refused, still queued.
 
         Each attempt makes a new group (request id `job:<id>:<attempt>`), after dropping any an earlier attempt
         left (its dispatch could not be recorded, nor the group dropped then): a group whose drop failed half-way
@@ -448,7 +479,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                        min_size=n, max_size=n)
         except HarnessError as e:       # e.g. another group took the devices meanwhile: it stays queued
             log.warning("job dispatch refused", extra={"job": row.id, "devices": n, "reason": str(e)})
-            return
+            return False
         try:
             row = self._update(row.id, state=ACTIVE, group_id=g.id, devices=n, allocations=[[now, n]])
         except Exception:
@@ -460,6 +491,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._states[row.id] = initial_state(self._qos(row), now, 0, n)
         self._last[row.id] = (now, 0)
         self._save_controllers([row.id], now)      # the counters seen from now on survive a restart
+        return True
 
     # -- decisions -----------------------------------------------------------
     def _observe(self, rows: list[FpgaJob]) -> dict[str, int]:
@@ -520,8 +552,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             done = [r for r in rows if r.goal == DEADLINE and actions[r.id] >= r.size_actions]
             for r in done:                       # a deadline job whose size is done: retire it
                 self._finish(r.id, now)
-            if done:
+            if done and self.scheduler is None:
                 self._rebalance(now)             # EDF's event; the broker below redistributes under throughput
+                                                 # (a Hydrogen decision follows below: one per instant)
                 rows = [r for r in rows if r not in done]
             for r in rows:
                 t0, a0 = self._last.get(r.id, (r.registered_at, 0))
@@ -582,19 +615,27 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if self.scheduler is not None and self.config.pool_max:
             v.check(max(1, mn) <= self.config.pool_max, "min_devices",
                     f"the job manager's pool holds at most {self.config.pool_max} devices (jobs_pool_max)")
-        v.check(math.isfinite(request.priority) and request.priority >= 0, "priority", "must be >= 0")
+        v.check(math.isfinite(request.priority) and 0 <= request.priority <= MAX_PRIORITY, "priority",
+                f"must be >= 0 and at most {MAX_PRIORITY:g} (0: 1)")
         a = request.action_seconds
         v.check(math.isfinite(a) and (a == 0 or MIN_ACTION_S <= a <= MAX_ACTION_S), "action_seconds",
                 f"seconds per action on one device: 0 (one second) or {MIN_ACTION_S:g} to {MAX_ACTION_S:g}")
         v.raise_if_any()
 
-    def _usable_or_unavailable(self) -> int:
+    def _usable_or_unavailable(self, request: fpga_jobs_pb2.RegisterJobRequest) -> int:
+        """Usable devices of the servers that answer. A job wider than those while some server does not
+        answer may fit once it is back: UNAVAILABLE (retry), not INVALID_ARGUMENT (never ask that again)."""
         caps = self.orch._free_total_capacity()
         if not caps:
             raise Unavailable("no FPGA-server can be reached: the job manager cannot count devices; retry later")
-        if sum(caps.values()) == 0:
+        usable = sum(caps.values())
+        silent = sorted(set(self.orch.servers) - set(caps))
+        if silent and max(1, request.min_devices, request.max_devices) > usable:
+            raise Unavailable(f"the job asks for more devices than the {usable} of the FPGA-servers that answer; "
+                              f"{', '.join(silent)} did not: retry later")
+        if usable == 0:
             raise ResourceExhausted("every device of the FPGA-servers is blacklisted")
-        return sum(caps.values())
+        return usable
 
     def _registered(self, tenant: str, request_id: str) -> FpgaJob | None:
         with self.db.read() as s:
@@ -605,7 +646,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # A retry gets its job whatever the devices are doing now (blacklisted, unreachable).
         if request.request_id and (existing := self._registered(tenant, request.request_id)) is not None:
             return existing
-        usable = self._usable_or_unavailable()
+        usable = self._usable_or_unavailable(request)
         self._validate(request, usable)
         with self.lock:      # check-then-create as one step: a concurrent retry finds the first job
             if (existing := self._registered(tenant, request.request_id)) is not None:

@@ -93,8 +93,13 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
     now, of which `running` hold some (a running job's `end` is the cost
     model's prediction); `pool_max`: the most the elasticity manager may
     provision; `history`: the recent arrivals (the deadline-aware mode's
-    forecast and the lookahead's futures are drawn from them).
+    forecast and the lookahead's futures are drawn from them). Jobs whose
+    min exceeds `pool_max` wait, left out of the decision.
     """
+    # A job wider than any pool the manager may provision now cannot start: it stays queued, out of this
+    # decision (FCFS and SJTF stopped at it, holding back every job behind it) and out of the futures drawn.
+    queue = [j for j in queue if j.min_devices <= pool_max]
+    history = [j for j in history if j.min_devices <= pool_max]
     used = sum(r.devices for r in running)
     free = max(0, pool - used)
     lo = min(s.pool_min, pool_max)          # fewer devices than pool_min may be left (other groups hold them)

@@ -539,14 +539,19 @@ DEADLINE_ALGORITHMS: dict[str, Callable[..., Allocation]] = {
 
 
 def deadline_score(proj: Projection, jobs: Sequence[HJob], late_after: float = LATE_AFTER_S) -> tuple[float, ...]:
-    """Higher is better: (-weighted late jobs, -weighted start latency, -weighted completion time).
+    """Higher is better: (-weighted late jobs, -weighted jobs never started, -weighted start latency,
+    -weighted completion time), latency and completion time summed over the jobs the schedule starts.
 
-    A job the schedule never starts is late and has infinite latency.
+    A job the schedule never starts (its min above the pool) is late, and counted apart: summed in as an
+    infinite latency it made every schedule tie at -inf, and the first one tried (waiting) won, holding
+    back jobs that could start.
     """
     late = late_weight(proj, jobs, late_after)
-    waits = sum(j.priority * (proj.starts.get(j.job_id, math.inf) - j.arrival) for j in jobs)
-    ends = sum(j.priority * (proj.finishes.get(j.job_id, math.inf) - j.arrival) for j in jobs)
-    return (-late, -waits, -ends)
+    started = [j for j in jobs if j.job_id in proj.starts]
+    never = sum(j.priority for j in jobs if j.job_id not in proj.starts)
+    waits = sum(j.priority * (proj.starts[j.job_id] - j.arrival) for j in started)
+    ends = sum(j.priority * (proj.finishes[j.job_id] - j.arrival) for j in started)
+    return (-late, -never, -waits, -ends)
 
 
 def managed_deadline_schedule(queue: Sequence[HJob], available: int, window: int, cost: Cost = linear_cost, *,

@@ -157,8 +157,9 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
     """The first step (`first_steps`) whose schedules, continued by `base` over `futures`, are best on average.
 
     Best: fewest priority-weighted late jobs (window and future jobs), then
-    least sojourn (start latency + completion time, priority-weighted; a job
-    never started counts as infinite). Ties go to the earlier first step.
+    fewest jobs never started (`hydrogen.deadline_score`), then least sojourn
+    (start latency + completion time, priority-weighted, of the jobs
+    started). Ties go to the earlier first step.
     Returns the chosen step's projection on the first future (its
     `allocation` is the dispatch now; its `algorithm` is "lookahead").
 
@@ -173,20 +174,21 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
     head = list(queue[:window])
     futures = list(futures) or [[]]
     best: Projection | None = None
-    best_key: tuple[float, float] | None = None
+    best_key: tuple[float, float, float] | None = None
 
     def weigh(step: Allocation) -> None:
         nonlocal best, best_key
-        late = sojourn = 0.0
+        late = never = sojourn = 0.0
         shown: Projection | None = None
         for fut in futures:
             proj = project(_then(step, now, base), "lookahead", head, now, running_ends, pool, window, cost,
                            fut, available)
             shown = shown or proj
-            neg_late, neg_waits, neg_ends = deadline_score(proj, [*head, *fut], late_after)
+            neg_late, neg_never, neg_waits, neg_ends = deadline_score(proj, [*head, *fut], late_after)
             late -= neg_late
+            never -= neg_never
             sojourn -= neg_waits + neg_ends
-        key = (-late, -sojourn)
+        key = (-late, -never, -sojourn)
         if best_key is None or key > best_key:
             best, best_key = shown, key
 

@@ -433,3 +433,83 @@ def test_a_plug_in_that_cannot_be_loaded_stops_the_start_up(irm_factory):
                         ("no_such_policy", "unknown policy 'no_such_policy'.*package.module:function")]:
         with pytest.raises(ValueError, match=match):
             JobManager(irm.orch, JobsConfig(policy=name))
+
+
+# -- found in review of the live Hydrogen policies (session 8) ----------------------------------------------
+
+
+def test_the_papers_managed_pool_moves_on_events_only_and_once_per_instant(irm_factory, monkeypatch):
+    from irm_fpga.qos import dispatch
+
+    irm = irm_factory("managed")
+    jobs = [irm.register(f"j{i}", min_devices=4, max_devices=4, action_seconds=1.0, **deadline(1000.0, 40))
+            for i in range(4)]
+    calls: list[float] = []
+    real = dispatch.decide
+    monkeypatch.setattr(dispatch, "decide", lambda *a, **k: calls.append(k["now"]) or real(*a, **k))
+    pools = []
+    for _ in range(5):                     # nothing arrives, nothing ends: Algorithm 3 is not re-run
+        irm.clock.advance(1.0)
+        irm.manager.control_once()
+        pools.append(irm.manager.pool_devices())
+    assert calls == [] and len(set(pools)) == 1
+    running = [j for j in jobs if irm.job(j.id).state == ACTIVE]
+    irm.complete(irm.job(running[0].id), 40)
+    irm.manager.control_once()             # a retirement: one decision at this instant, not two
+    assert calls == [irm.clock.now()]
+
+
+def test_the_elastic_pool_survives_a_restart_under_the_same_policy_only(irm_factory):
+    irm = irm_factory("managed_deadline")
+    irm.register("a", action_seconds=1.0, **deadline(100.0, 10))
+    assert irm.manager.pool_devices() == DEVICES - 1        # shrunk: a's JLO is easy
+    irm.restart()
+    assert irm.manager.pool_devices() == DEVICES - 1
+    irm.policy = "managed_lookahead"                         # another policy sized nothing yet: every device
+    irm.restart()
+    assert irm.manager.pool_devices() == DEVICES
+
+
+def test_a_pool_cut_for_a_while_is_not_kept_as_the_elasticity_managers(irm_factory):
+    irm = irm_factory("managed_deadline")
+    irm.orch.capacity = {"s1": 2}          # for one decision 2 devices are usable (6 blacklisted, then back)
+    irm.register("a", action_seconds=1.0, **deadline(2.5, 10))     # needs more than 2: nothing to shrink
+    irm.orch.capacity = {"s1": DEVICES}
+    assert irm.manager.pool_devices() == DEVICES
+
+
+def test_no_decision_while_a_server_holding_job_groups_is_silent(irm_factory):
+    irm = irm_factory("managed_deadline")
+    a = irm.register("a", min_devices=1, max_devices=1, action_seconds=100.0, **deadline(1000.0, 10))
+    assert irm.job(a.id).state == ACTIVE
+    pool = irm.manager.pool_devices()
+    irm.orch.servers = {"s1": irm.server, "s2": irm.server}
+    irm.orch.capacity = {"s2": 2}          # s1, holding a's group, does not answer; s2 has 2 devices
+    b = irm.register("b", min_devices=1, max_devices=1, action_seconds=1.0, **deadline(1000.0, 10))
+    assert irm.job(b.id).state == QUEUED   # the pool cannot be counted: no decision, the pool not cut to 2
+    assert irm.manager._pool_size in (None, pool)
+    with pytest.raises(Unavailable, match="s1 did not: retry later"):
+        irm.register("wide", min_devices=4, **deadline(1000.0, 10))     # may fit once s1 is back
+    irm.orch.capacity = {"s1": DEVICES, "s2": 2}
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert irm.job(b.id).state == ACTIVE
+
+
+def test_a_queued_job_wider_than_the_pool_holds_back_no_one(irm_factory):
+    irm = irm_factory("managed_lookahead")
+    r = irm.register("r", min_devices=7, max_devices=7, action_seconds=1.0, **deadline(600.0, 7))
+    w = irm.register("w", min_devices=DEVICES, action_seconds=0.1, **deadline(600.0, 10))
+    s = irm.register("s", min_devices=2, max_devices=2, action_seconds=1.0, **deadline(600.0, 4))
+    assert [irm.job(j.id).state for j in (r, w, s)] == [ACTIVE, QUEUED, QUEUED]
+    irm.orch.capacity = {"s1": DEVICES - 1}        # one device blacklisted: w cannot start now
+    irm.clock.advance(2.0)
+    irm.manager.retire("alice", r.id)              # 7 devices free; s waited 2 s (late): it starts
+    assert (irm.job(s.id).state, irm.job(w.id).state) == (ACTIVE, QUEUED)
+
+
+def test_a_priority_that_would_overflow_the_schedules_weights_is_refused(irm_factory):
+    irm = irm_factory("managed_lookahead")
+    with pytest.raises(InvalidArgument, match="priority"):
+        irm.register("p", priority=1e308, **deadline(60.0, 10))
+    assert irm.register("q", priority=1e6, **deadline(60.0, 10)).priority == 1e6

@@ -156,3 +156,37 @@ def test_a_decision_budget_bounds_the_search_across_the_pools_the_elasticity_man
     assert 0 < calls[0] <= 16 * 2 * 6
     with pytest.raises(ValueError, match="budget_s"):
         replace(s, budget_s=-0.5)
+
+
+def test_a_job_that_cannot_start_on_the_pool_holds_back_no_other():
+    # w needs 8 devices, the pool has 7; s waited 2 s already (late whatever happens). Summed in as an
+    # infinite latency, w made every first step tie, and the first tried (waiting) held s back for good.
+    w = HJob("w", 0.0, 1.0, 8, 8, target=600.0)
+    s = HJob("s", 0.0, 3.0, 1, 1, target=600.0)
+    best = lookahead_schedule([w, s], 7, 30, now=2.0, pool=7)
+    assert best.allocation == [("s", 1)] and "w" not in best.starts
+    assert managed_deadline_schedule([w, s], 7, 30, now=2.0, pool=7).allocation == [("s", 1)]
+
+
+def test_wide_jobs_in_the_recent_arrivals_do_not_stop_a_decision_on_a_smaller_pool():
+    from dataclasses import replace
+
+    from irm_fpga.qos import dispatch
+
+    # Arrivals every 0.3 s, one in three of min 8 (sampled futures would hold jobs that cannot start on 7).
+    hist = [HJob(f"h{i}", 10.0 + 0.3 * i, 0.5, 8 if i % 3 == 0 else 1, 8 if i % 3 == 0 else 1, target=60.0)
+            for i in range(30)]
+    s = HJob("s", 20.0, 0.5, 1, 1, target=60.0)
+    sched = replace(dispatch.scheduler_for("managed_lookahead"), budget_s=None)
+    d = dispatch.decide(sched, [s], now=20.0, pool=7, pool_max=7, history=[*hist, s])
+    assert d.allocation == [("s", 1)]
+
+
+@pytest.mark.parametrize("name", ["fcfs_min", "sjtf", "priority", "fcfs_amap"])
+def test_a_job_wider_than_the_largest_pool_waits_without_blocking_the_queue(name):
+    from irm_fpga.qos import dispatch
+
+    wide = HJob("wide", 0.0, 0.1, 7, 7, priority=9.0)     # cheapest and most important: first in SJTF and priority
+    small = HJob("small", 0.5, 1.0, 1, 1)
+    d = dispatch.decide(dispatch.scheduler_for(name), [wide, small], now=1.0, pool=6, pool_max=6)
+    assert d.allocation == [("small", 1)]

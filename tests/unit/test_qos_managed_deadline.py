@@ -4,7 +4,6 @@ Every case is small enough to work out by hand; the comments give the arithmetic
 Late: waiting more than 1 s before the dispatch (seed 001 §VI's N_L).
 """
 
-import math
 
 import pytest
 
@@ -78,8 +77,8 @@ def test_deadline_mode_keeps_devices_for_the_window_where_the_papers_scoring_spr
     # Deadline-aware: FCFSMax scores (-3, ...); FCFSMin (0 late, 0 s of waiting, 8+1+1+1 = 11 s) ties
     # with SJTF, slack_min and slack_amap: the first listed wins.
     p_min = project(fcfs_min, "fcfs_min", jobs, 0.0, [], 4, 30, linear_cost)
-    assert deadline_score(p_max, jobs) == (-3.0, -6.0, -(2.0 + 3 * 3.0))
-    assert deadline_score(p_min, jobs) == (0.0, 0.0, -11.0)
+    assert deadline_score(p_max, jobs) == (-3.0, 0.0, -6.0, -(2.0 + 3 * 3.0))
+    assert deadline_score(p_min, jobs) == (0.0, 0.0, 0.0, -11.0)
     alloc, name = managed_deadline(jobs, 4, 30, now=0.0)
     assert name == "fcfs_min" and sorted(alloc) == [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
 
@@ -91,7 +90,7 @@ def test_deadline_mode_serves_the_job_that_can_still_be_on_time():
     best = managed_deadline_schedule([a, b], 1, 30, now=2.0, pool=1)
     assert best.algorithm == "slack_min" and best.allocation == [("b", 1)]
     assert best.starts == {"b": 2.0, "a": 3.0}
-    assert deadline_score(best, [a, b]) == (-1.0, -(0.5 + 2.5), -(1.5 + 3.5))  # waits, times from arrival
+    assert deadline_score(best, [a, b]) == (-1.0, 0.0, -(0.5 + 2.5), -(1.5 + 3.5))  # waits, times from arrival
 
 
 def test_deadline_score_weights_late_jobs_by_priority_and_counts_unstarted_ones():
@@ -101,10 +100,11 @@ def test_deadline_score_weights_late_jobs_by_priority_and_counts_unstarted_ones(
     fcfs = project(fcfs_min, "fcfs_min", [a, b], 2.0, [], 1, 30, linear_cost)
     slack = project(slack_min, "slack_min", [a, b], 2.0, [], 1, 30, linear_cost)
     assert deadline_score(fcfs, [a, b])[0] == -6.0 and deadline_score(slack, [a, b])[0] == -5.0
-    # A job that needs 2 devices on a pool of 1 never starts: late, infinite waiting.
-    wide = HJob("w", 0.0, 1.0, 2, 2)
-    p = project(fcfs_min, "fcfs_min", [wide], 0.0, [], 1, 30, linear_cost)
-    assert deadline_score(p, [wide]) == (-1.0, -math.inf, -math.inf)
+    # A job that needs 2 devices on a pool of 1 never starts: late, and counted apart (with priority), not
+    # summed into the latencies of the jobs that start.
+    wide = HJob("w", 0.0, 1.0, 2, 2, priority=3)
+    p = project(fcfs_min, "fcfs_min", [wide, b], 2.0, [], 1, 30, linear_cost)
+    assert deadline_score(p, [wide, b]) == (-3.0, -3.0, -0.5, -1.5)
 
 
 def test_registry_names_both_managed_modes():
