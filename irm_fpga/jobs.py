@@ -417,7 +417,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """One scheduling decision over the ready queue (under the lock): start the jobs it picks.
 
         None while a server holding a running job's group does not answer (its devices would count as gone:
-        the elastic pool would shrink for good on a timeout), nor when nothing changed since the last one.
+        the elastic pool would shrink for good on a timeout), nor when nothing changed since the last one
+        (the queue, the running jobs, the devices, which queued jobs are late).
         """
         assert self.scheduler is not None
         queued = self._queued()
@@ -430,7 +431,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         hi = self._hydrogen_max(running, known)
         if hi < 1:
             return
-        inputs = (tuple(r.id for r in queued), tuple((r.id, r.devices) for r in running), hi)
+        # A job turning late is an event too: a policy that chose to wait for an arrival that never came
+        # decides again then, not only when something arrives or ends.
+        late = tuple(r.id for r in queued if now > r.registered_at + self.config.late_after_s)
+        inputs = (tuple(r.id for r in queued), tuple((r.id, r.devices) for r in running), hi, late)
         if inputs == self._decided:
             return
         pool = self._provisioned(hi)

@@ -513,3 +513,22 @@ def test_a_priority_that_would_overflow_the_schedules_weights_is_refused(irm_fac
     with pytest.raises(InvalidArgument, match="priority"):
         irm.register("p", priority=1e308, **deadline(60.0, 10))
     assert irm.register("q", priority=1e6, **deadline(60.0, 10)).priority == 1e6
+
+
+def test_a_queued_job_turning_late_is_a_decision_even_with_nothing_arriving_or_ending(irm_factory, monkeypatch):
+    from irm_fpga.qos import dispatch
+
+    irm = irm_factory("fcfs_min", late_after_s=1.5)
+    a = irm.register("a", min_devices=DEVICES, action_seconds=10.0, **deadline(600.0, 10))
+    b = irm.register("b", min_devices=1, action_seconds=1.0, **deadline(600.0, 10))
+    assert irm.job(b.id).state == QUEUED
+    calls: list[float] = []
+    real = dispatch.decide
+    monkeypatch.setattr(dispatch, "decide", lambda *x, **k: calls.append(k["now"]) or real(*x, **k))
+    irm.clock.advance(1.0)
+    irm.manager.control_once()             # nothing changed: no decision
+    irm.clock.advance(1.0)
+    irm.manager.control_once()             # b has waited 2 s > 1.5 s: it is late now, decide again
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert calls == [1002.0] and irm.job(a.id).state == ACTIVE
