@@ -441,7 +441,7 @@ def test_a_plug_in_that_cannot_be_loaded_stops_the_start_up(irm_factory):
 def test_the_papers_managed_pool_moves_on_events_only_and_once_per_instant(irm_factory, monkeypatch):
     from irm_fpga.qos import dispatch
 
-    irm = irm_factory("managed")
+    irm = irm_factory("managed", late_after_s=100.0)     # no queued job turns late in this test
     jobs = [irm.register(f"j{i}", min_devices=4, max_devices=4, action_seconds=1.0, **deadline(1000.0, 40))
             for i in range(4)]
     calls: list[float] = []
