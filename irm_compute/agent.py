@@ -238,6 +238,24 @@ class Agent:
                 except Exception:  # noqa: BLE001 - the checker must outlive one bad answer
                     log.exception("VM check failed", extra={"vm": vm_id})
 
+    def release_confirmed(self, vm_id: str) -> int:
+        """ReleaseVm: `release_vm` once the compute IRM says the VM is released (or never was): the call names
+        no tenant, and anyone who can reach the agent could otherwise kill a reserved VM's executions."""
+        if not vm_id:
+            raise InvalidArgument.of("vm_id", "required")
+        try:
+            vm = self.compute.get_vm(vm_id)
+        except NotFound:
+            pass
+        except HarnessError as e:
+            raise Unavailable(f"cannot confirm with the compute IRM that VM {vm_id} is released ({e}); "
+                              "retry later (the agent also re-checks its VMs on its own)") from None
+        else:
+            if vm.state != compute_pb2.Vm.STATE_RELEASED:
+                raise FailedPrecondition(f"VM {vm_id} is still reserved at the compute IRM: release its "
+                                         "reservation there")
+        return self.release_vm(vm_id)
+
     def release_vm(self, vm_id: str) -> int:
         """Kill the VM's running executions and forget it; returns how many were killed."""
         if not vm_id:
@@ -372,11 +390,17 @@ class Agent:
         run.execution.wait(_KILL_WAIT_S)
         return run
 
-    def vm_metrics(self, vm_id: str, since: float) -> list[common_pb2.Series]:
+    def vm_metrics(self, tenant: str, vm_id: str, since: float) -> list[common_pb2.Series]:
+        tenant = require_tenant(tenant)
         if not vm_id:
             raise InvalidArgument.of("vm_id", "required")
         with self._lock:
-            runs = [r.execution for r in self._runs.values() if r.vm_id == vm_id]
+            cached = self._vms.get(vm_id)
+            owner = cached.tenant if cached is not None else self._released.get(vm_id)
+            runs = [r for r in self._runs.values() if r.vm_id == vm_id]
+        for who in {owner, *(r.tenant for r in runs)} - {None, ""}:
+            owned(tenant, who, f"VM {vm_id}")
+        runs = [r.execution for r in runs]
         merged = [s for s in merge_utilisation([(e.samples, e.ended_at) for e in runs]) if s.time >= since]
         return [
             common_pb2.Series(
@@ -488,10 +512,11 @@ class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
         return _execution_pb(self.agent.stop(request.tenant, request.execution_id))
 
     def ReleaseVm(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
-        return agent_pb2.ReleaseVmResponse(killed=self.agent.release_vm(request.vm_id))
+        return agent_pb2.ReleaseVmResponse(killed=self.agent.release_confirmed(request.vm_id))
 
     def GetVmMetrics(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
-        return agent_pb2.GetVmMetricsResponse(series=self.agent.vm_metrics(request.vm_id, request.since))
+        return agent_pb2.GetVmMetricsResponse(series=self.agent.vm_metrics(request.tenant, request.vm_id,
+                                                                          request.since))
 
 
 def component(config: AgentConfig) -> Component:

@@ -131,7 +131,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             h.id: irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
                                         resource=self._physical(h)).SerializeToString()
             for h in self._hosts.values()}
-        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
+        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(
+            full="WatchCapacity streams are open on this compute IRM; close one, or poll DiscoverResources")
         self._release_queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._notifier = threading.Thread(target=self._notify_agents, name="agent-release", daemon=True)
         self.memberships: list[Membership] = []
@@ -384,7 +385,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 continue
             stub = agent_pb2_grpc.ExecutionAgentStub(client.channel(agent))
             try:
-                reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, since=request.since), timeout=5)
+                reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, tenant=res.tenant,
+                                                                        since=request.since), timeout=5)
             except grpc.RpcError as e:
                 log.warning("agent metrics unavailable", extra={"agent": agent, "code": str(e.code())})
                 continue

@@ -186,8 +186,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._last: dict[str, tuple[float, int]] = {}        # job -> (time, actions) at the last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
-        self.watchers: Broadcaster[fpga_jobs_pb2.Job] = Broadcaster()     # WatchJobs streams
-        self._watch_slots = threading.BoundedSemaphore(MAX_WATCHES)
+        self.watchers: Broadcaster[fpga_jobs_pb2.Job] = Broadcaster(      # WatchJobs streams
+            max_streams=MAX_WATCHES, full="WatchJobs streams are open on this FPGA IRM; close one, or poll GetJob")
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -873,16 +873,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         one = request.job_id
         if one:
             self._job(tenant, one)           # NOT_FOUND before the stream starts
-        if not self._watch_slots.acquire(blocking=False):
-            raise ResourceExhausted(f"{MAX_WATCHES} WatchJobs streams are open on this FPGA IRM; close one, "
-                                    "or poll GetJob")
-        try:
-            yield from self._watch(tenant, one, context)
-        finally:
-            self._watch_slots.release()
+        yield from self._watch(tenant, one, context)
 
     def _watch(self, tenant: str, one: str, context: Any):  # type: ignore[no-untyped-def]
-        """The stream of one WatchJobs call (it holds a slot): snapshot, changes, then the end or an error."""
+        """The stream of one WatchJobs call: snapshot, changes, then the end or an error."""
 
         def snapshot() -> list[fpga_jobs_pb2.Job]:
             if one:

@@ -7,7 +7,13 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
+from services.errors import ResourceExhausted
+
 E = TypeVar("E")
+
+# Streams one Broadcaster serves at once, by default: each holds one of the server's 32 worker threads
+# (services.server), which every other call and the health checks share; 32 idle watches froze a server.
+MAX_STREAMS = 8
 
 _CLOSED = object()
 
@@ -15,8 +21,14 @@ _CLOSED = object()
 class Broadcaster(Generic[E]):
     """Each subscriber gets its own bounded queue; a slow one is dropped, not waited for."""
 
-    def __init__(self, max_backlog: int = 100_000) -> None:
+    def __init__(self, max_backlog: int = 100_000, *, max_streams: int | None = MAX_STREAMS,
+                 full: str = "watch streams are open on this server; close one, or poll instead") -> None:
+        """`max_streams` (None: no cap): a stream opened beyond it ends at once with RESOURCE_EXHAUSTED,
+        its message `max_streams` + " " + `full`."""
         self._lock = threading.Lock()
+        self._open = 0
+        self._max_streams = max_streams
+        self._full = full
         self._subs: set[queue.Queue] = set()
         # Subscribers cut off for falling behind: their stream ends (the watcher reconnects and
         # takes a fresh snapshot) rather than going silently stale.
@@ -73,6 +85,9 @@ class Broadcaster(Generic[E]):
         with self._lock:
             if self._closed:
                 return
+            if self._max_streams is not None and self._open >= self._max_streams:
+                raise ResourceExhausted(f"{self._max_streams} {self._full}")
+            self._open += 1
             self._subs.add(q)
         try:
             first = list(snapshot())
@@ -104,6 +119,7 @@ class Broadcaster(Generic[E]):
                 yield batch
         finally:
             with self._lock:
+                self._open -= 1
                 self._subs.discard(q)
                 self._dropped.discard(q)
 

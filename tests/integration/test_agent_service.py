@@ -162,15 +162,23 @@ def test_execute_streams_started_output_samples_and_exited(cluster: Cluster) -> 
     assert got.started == started and got.exited == exited
     assert list(got.samples) == samples
 
-    metrics = cluster.agent.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a"), timeout=10)
+    metrics = cluster.agent.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a", tenant=ALICE), timeout=10)
     by_name = {s.name: s for s in metrics.series}
     assert set(by_name) == {"cpu_percent", "memory_percent"}
     assert all(s.resource_id == "vm-a" for s in metrics.series)
     assert [p.value for p in by_name["cpu_percent"].samples] == [s.cpu_percent for s in samples]
     assert [p.value for p in by_name["memory_percent"].samples] == [s.memory_percent for s in samples]
     since = samples[-1].time
-    tail = cluster.agent.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a", since=since), timeout=10)
+    tail = cluster.agent.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a", tenant=ALICE, since=since),
+                                      timeout=10)
     assert [len(s.samples) for s in tail.series] == [1, 1]
+    # Another tenant reads nothing of it; a call naming no tenant is refused.
+    with pytest.raises(grpc.RpcError) as info:
+        cluster.agent.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a", tenant=BOB), timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as info:
+        cluster.agent.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_commands_run_confined_to_their_vm(cluster: Cluster) -> None:
@@ -259,6 +267,11 @@ def test_cancelled_stream_leaves_the_command_running(cluster: Cluster) -> None:
 def test_release_vm_kills_its_processes_and_forgets_it(cluster: Cluster) -> None:
     call = execute(cluster.agent, SLEEP)
     started = until_stdout(call)
+    # Still reserved at the compute IRM: a ReleaseVm from anyone else kills nothing.
+    with pytest.raises(grpc.RpcError) as refused:
+        cluster.agent.ReleaseVm(agent_pb2.ReleaseVmRequest(vm_id="vm-a"), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "still reserved" in refused.value.details()
+    cluster.compute.add("vm-a", released=True)          # the compute IRM released it, then tells the agent
     reply = cluster.agent.ReleaseVm(agent_pb2.ReleaseVmRequest(vm_id="vm-a"), timeout=10)
     assert reply.killed == 1
     exited = list(call)[-1].exited

@@ -187,3 +187,42 @@ def test_a_quote_follows_reserve_across_the_groups_of_one_request(tmp_path: Path
         r.max_price_per_minute = quote.price_per_minute
         assert irm.Reserve(r, None).price_per_minute == pytest.approx(quote.price_per_minute)
         assert {h.id: h.used_cores for h in irm.store.hosts()} == {"a-slow": 0, "b-fast": 9}
+
+
+def test_open_streams_are_capped_and_a_closed_one_frees_its_slot() -> None:
+    import pytest
+
+    from services.errors import ResourceExhausted
+
+    b: Broadcaster[int] = Broadcaster(max_streams=2, full="watches here; close one")
+    first, second = b.stream(lambda: [0], lambda: True), b.stream(lambda: [0], lambda: True)
+    assert next(first) == 0 and next(second) == 0          # both subscribed
+    third = b.stream(lambda: [0], lambda: True)
+    with pytest.raises(ResourceExhausted, match="^2 watches here; close one$"):
+        next(third)
+    first.close()                                           # the client went away: its slot is free
+    fourth = b.stream(lambda: [0], lambda: True)
+    assert next(fourth) == 0
+    b.publish([1])
+    assert next(second) == 1 and next(fourth) == 1
+
+
+def test_the_compute_irm_caps_its_capacity_watches(tmp_path: Path) -> None:
+    import pytest
+
+    from harness.v1 import irm_pb2
+    from services.errors import ResourceExhausted
+    from services.watch import MAX_STREAMS
+
+    class Ctx:
+        def is_active(self) -> bool:
+            return True
+
+    with irm_on(tmp_path, ("h1", 4, 2.0)) as irm:
+        streams = [irm.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx()) for _ in range(MAX_STREAMS)]
+        for s in streams:
+            next(s)
+        with pytest.raises(ResourceExhausted, match="WatchCapacity streams are open on this compute IRM"):
+            next(irm.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx()))
+        for s in streams:
+            s.close()

@@ -144,12 +144,14 @@ class ReleaseVmResponse(_message.Message):
     def __init__(self, killed: _Optional[int] = ...) -> None: ...
 
 class GetVmMetricsRequest(_message.Message):
-    __slots__ = ("vm_id", "since")
+    __slots__ = ("vm_id", "tenant", "since")
     VM_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     vm_id: str
+    tenant: str
     since: float
-    def __init__(self, vm_id: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
+    def __init__(self, vm_id: _Optional[str] = ..., tenant: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
 
 class GetVmMetricsResponse(_message.Message):
     __slots__ = ("series",)

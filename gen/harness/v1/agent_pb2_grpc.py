@@ -87,14 +87,16 @@ class ExecutionAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseVm(self, request, context):
-        """Called by the compute IRM when a VM is released: kills its processes.
+        """Called by the compute IRM when a VM is released: kills its processes. The agent first asks the
+        compute IRM: FAILED_PRECONDITION while the VM is still reserved there (release its reservation),
+        UNAVAILABLE when the compute IRM cannot be asked.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetVmMetrics(self, request, context):
-        """Utilisation series of everything the VM ran (the compute IRM's GetMetrics).
+        """Utilisation series of what the tenant's VM ran (the compute IRM's GetMetrics).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
