@@ -66,7 +66,9 @@ class ExecutionAgentServicer:
 
     def Execute(self, request, context):
         """Run a command in a VM; streams `started`, output, utilisation samples
-        and finally `exited`. The stream ends when the process ends.
+        and finally `exited`. The stream ends when the process ends. Cancelling
+        the stream (or its deadline passing) leaves the command running, so a
+        client can reconnect with GetExecution; StopExecution stops it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
