@@ -6,7 +6,8 @@ design here does two things with a task's parameters:
 
 * `prepare(params) -> (inputs, device_seconds)`: validates the parameters
   (a mapping of names to numbers or 1-D arrays; anything wrong raises
-  `ValueError` naming the design, the parameter and what is wrong) and
+  `ParamError`, a `ValueError` naming the design, the parameter and what is
+  wrong, with the parameters at fault in `params`) and
   returns the normalised inputs and the **emulated device time** of the task,
   from the design's device-time model (cycles at a clock rate, plus a fixed
   set-up time, see `DeviceTimeModel`). The device time never depends on how
@@ -38,6 +39,14 @@ from scipy.special import ndtr
 MAX_ELEMENTS = 1 << 24          # largest array a task may carry (16 Mi elements)
 MAX_SLEEP_S = 3600.0
 MAX_PATH_STEPS = 50_000_000     # paths * steps of one Monte-Carlo task
+
+
+class ParamError(ValueError):
+    """A task's parameters are wrong; `params` names the parameters at fault (none: the parameters as a whole)."""
+
+    def __init__(self, message: str, params: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.params = params
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,8 @@ class Design:
 
     # -- validation helpers ---------------------------------------------------
 
-    def _fail(self, message: str) -> ValueError:
-        return ValueError(f"{self.name}: {message}")
+    def _fail(self, message: str, *params: str) -> ParamError:
+        return ParamError(f"{self.name}: {message}", params)
 
     def _check_keys(self, params: Mapping[str, Any]) -> None:
         if not isinstance(params, Mapping):
@@ -82,10 +91,10 @@ class Design:
         unknown = sorted(str(k) for k in params if k not in known)
         if unknown:
             raise self._fail(f"unknown parameter(s) {', '.join(map(repr, unknown))}; "
-                             f"expected {', '.join(self.parameters + self.optional)}")
+                             f"expected {', '.join(self.parameters + self.optional)}", *unknown)
         missing = [k for k in self.parameters if k not in params]
         if missing:
-            raise self._fail(f"missing parameter(s) {', '.join(map(repr, missing))}")
+            raise self._fail(f"missing parameter(s) {', '.join(map(repr, missing))}", *missing)
 
     def _number(self, params: Mapping[str, Any], key: str, *, low: float | None = None,
                 high: float | None = None, strict_low: bool = False, default: float | None = None) -> float:
@@ -93,56 +102,56 @@ class Design:
             return default
         v = params[key]
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise self._fail(f"{key!r} must be a number, got {type(v).__name__}")
+            raise self._fail(f"{key!r} must be a number, got {type(v).__name__}", key)
         x = float(v)
         if not math.isfinite(x):
-            raise self._fail(f"{key!r} must be finite, got {x}")
+            raise self._fail(f"{key!r} must be finite, got {x}", key)
         if low is not None and (x <= low if strict_low else x < low):
-            raise self._fail(f"{key!r} must be {'>' if strict_low else '>='} {low}, got {x}")
+            raise self._fail(f"{key!r} must be {'>' if strict_low else '>='} {low}, got {x}", key)
         if high is not None and x > high:
-            raise self._fail(f"{key!r} must be <= {high}, got {x}")
+            raise self._fail(f"{key!r} must be <= {high}, got {x}", key)
         return x
 
     def _integer(self, params: Mapping[str, Any], key: str, *, low: int, high: int, default: int) -> int:
         v = params.get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise self._fail(f"{key!r} must be an integer, got {type(v).__name__}")
+            raise self._fail(f"{key!r} must be an integer, got {type(v).__name__}", key)
         if not low <= int(v) <= high:
-            raise self._fail(f"{key!r} must be in [{low}, {high}], got {int(v)}")
+            raise self._fail(f"{key!r} must be in [{low}, {high}], got {int(v)}", key)
         return int(v)
 
     def _flag(self, params: Mapping[str, Any], key: str) -> bool:
         v = params.get(key, False)
         if not isinstance(v, (bool, np.bool_)):
-            raise self._fail(f"{key!r} must be a boolean, got {type(v).__name__}")
+            raise self._fail(f"{key!r} must be a boolean, got {type(v).__name__}", key)
         return bool(v)
 
     def _vector(self, params: Mapping[str, Any], key: str, *, complex_ok: bool = False,
                 min_len: int = 1) -> np.ndarray:
         v = params[key]
         if isinstance(v, (str, bytes)):
-            raise self._fail(f"{key!r} must be numbers, got {type(v).__name__}")
+            raise self._fail(f"{key!r} must be numbers, got {type(v).__name__}", key)
         try:
             a = np.asarray(v)
         except (TypeError, ValueError) as e:
-            raise self._fail(f"{key!r} is not an array of numbers ({e})") from None
+            raise self._fail(f"{key!r} is not an array of numbers ({e})", key) from None
         if a.ndim == 0:
             a = a.reshape(1)
         if a.ndim != 1:
-            raise self._fail(f"{key!r} must be one-dimensional, got shape {a.shape}")
+            raise self._fail(f"{key!r} must be one-dimensional, got shape {a.shape}", key)
         if a.dtype.kind == "c":
             if not complex_ok:
-                raise self._fail(f"{key!r} must be real, got complex values")
+                raise self._fail(f"{key!r} must be real, got complex values", key)
             a = a.astype(np.complex128, copy=False)
         elif a.dtype.kind in "iuf":
             a = a.astype(np.float64, copy=False)
         else:
-            raise self._fail(f"{key!r} must hold numbers, got dtype {a.dtype}")
+            raise self._fail(f"{key!r} must hold numbers, got dtype {a.dtype}", key)
         if not min_len <= a.size <= MAX_ELEMENTS:
-            raise self._fail(f"{key!r} must have {min_len}..{MAX_ELEMENTS} elements, got {a.size}")
+            raise self._fail(f"{key!r} must have {min_len}..{MAX_ELEMENTS} elements, got {a.size}", key)
         bad = ~np.isfinite(a)
         if bad.any():
-            raise self._fail(f"{key!r} must be finite (element {int(np.argmax(bad))} is {a[bad][0]})")
+            raise self._fail(f"{key!r} must be finite (element {int(np.argmax(bad))} is {a[bad][0]})", key)
         return a
 
 
@@ -185,13 +194,14 @@ class BlackScholes(Design):
         sizes = {a.size for a in cols.values()} - {1}
         if len(sizes) > 1:
             lengths = ", ".join(f"{k}={a.size}" for k, a in cols.items() if a.size != 1)
-            raise self._fail(f"arrays must have equal lengths (or be scalars), got {lengths}")
+            raise self._fail(f"arrays must have equal lengths (or be scalars), got {lengths}",
+                             *(k for k, a in cols.items() if a.size != 1))
         n = sizes.pop() if sizes else 1
         for k in ("spot", "strike", "volatility", "maturity"):
             a = cols[k]
             bad = a <= 0
             if bad.any():
-                raise self._fail(f"{k!r} must be > 0 (element {int(np.argmax(bad))} is {a[bad][0]})")
+                raise self._fail(f"{k!r} must be > 0 (element {int(np.argmax(bad))} is {a[bad][0]})", k)
         put = self._flag(params, "put")
         arrays = {k: np.broadcast_to(a, (n,)) for k, a in cols.items()}
         # In: five doubles per option; out: one. Pipelined: one option per cycle per pipe.
@@ -237,13 +247,13 @@ class McBondOption(Design):
         t = self._number(params, "option_maturity", low=0.0, high=100.0, strict_low=True)
         s = self._number(params, "bond_maturity", low=0.0, high=200.0, strict_low=True)
         if s <= t:
-            raise self._fail(f"'bond_maturity' ({s}) must be after 'option_maturity' ({t})")
+            raise self._fail(f"'bond_maturity' ({s}) must be after 'option_maturity' ({t})", "bond_maturity")
         k = self._number(params, "strike", low=0.0, strict_low=True)
         put = self._flag(params, "put")
         paths = self._integer(params, "paths", low=2, high=10_000_000, default=100_000)
         steps = self._integer(params, "steps", low=1, high=10_000, default=32)
         if paths * steps > MAX_PATH_STEPS:
-            raise self._fail(f"'paths' * 'steps' must be <= {MAX_PATH_STEPS}, got {paths * steps}")
+            raise self._fail(f"'paths' * 'steps' must be <= {MAX_PATH_STEPS}, got {paths * steps}", "paths", "steps")
         seed = self._integer(params, "seed", low=0, high=2**63 - 1, default=0)
         inputs = (r0, a, b, sigma, t, s, k, put, paths, steps, seed)
         return inputs, self.model.seconds(math.ceil(paths / self.pipes) * steps + 256)
@@ -293,7 +303,7 @@ class Fft(Design):
         x = self._vector(params, "signal", complex_ok=True, min_len=2)
         n = x.size
         if n & (n - 1):
-            raise self._fail(f"'signal' length must be a power of two, got {n}")
+            raise self._fail(f"'signal' length must be a power of two, got {n}", "signal")
         inverse = self._flag(params, "inverse")
         # Streaming pipeline: n / 4 cycles plus one pipeline stage fill per butterfly level.
         cycles = n // self.samples_per_cycle + 32 * int(math.log2(n))
@@ -315,7 +325,7 @@ class MovingAverage(Design):
         x = self._vector(params, "signal")
         w = self._integer(params, "window", low=1, high=MAX_ELEMENTS, default=1)
         if w > x.size:
-            raise self._fail(f"'window' ({w}) must not exceed the signal length ({x.size})")
+            raise self._fail(f"'window' ({w}) must not exceed the signal length ({x.size})", "window")
         return (x, w), self.model.seconds(x.size + w)
 
     def compute(self, inputs: Any) -> Any:

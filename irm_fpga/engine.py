@@ -67,7 +67,8 @@ API (all methods thread-safe; times in seconds on the engine's clock)
     inject_reconfiguration_failures(device, count) -> None;  reinstate_device(device) -> None
 
 Every mutator first processes the events due up to `clock.now()`, so nothing
-starts before it was submitted. Errors: `ValueError` (bad argument),
+starts before it was submitted. Errors: `ValueError` (bad argument; an
+`ArgumentError` names it, and for a task its index and design parameters),
 `NotFoundError`, `AlreadyExistsError`, `CapacityError` (not enough usable
 devices), `PreconditionError` (e.g. a detaching client submits).
 
@@ -134,6 +135,22 @@ class CapacityError(EngineError):
 
 class PreconditionError(EngineError):
     pass
+
+
+class ArgumentError(ValueError):
+    """A bad argument, named so a caller can point at the field of its own request that carried it.
+
+    `field`: the argument ("size", "client_id"; for a task: "params" or "kind"); `index`: the task's position
+    in the sequence submitted (None: not about a task); `params`: the design parameters at fault, if known.
+    """
+
+    def __init__(self, message: str, field: str, *, index: int | None = None, params: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.field, self.index, self.params = field, index, params
+
+
+def _bad_params(e: ValueError, i: int, tid: Any) -> ArgumentError:
+    return ArgumentError(f"task {i} ({tid!r}): {e}", "params", index=i, params=getattr(e, "params", ()))
 
 
 class Task(NamedTuple):
@@ -462,7 +479,7 @@ class Engine:
         try:
             inputs, dt = c.group.design.prepare(p if p is not None else {})
         except ValueError as e:
-            raise ValueError(f"task 0 ({tid!r}): {e}") from None
+            raise _bad_params(e, 0, tid) from None
         c.outstanding += 1
         q = c.pinned
         self._place(c, q if q is not None else min(c.queues, key=_BY_N), (tid, RUN, inputs, dt, t), t)
@@ -523,11 +540,12 @@ class Engine:
                     try:
                         inputs, dt = prepare(p if p is not None else {})
                     except ValueError as e:
-                        raise ValueError(f"task {i} ({tid!r}): {e}") from None
+                        raise _bad_params(e, i, tid) from None
                     last_params = p
                 append((tid, RUN, inputs, dt, at))
             elif run_only:
-                raise ValueError(f"task {i} ({tid!r}): only run tasks can be scheduled; submit lock/unlock")
+                raise ArgumentError(f"task {i} ({tid!r}): only run tasks can be scheduled; submit lock/unlock",
+                                    "kind", index=i)
             elif kind == LOCK:
                 if pending:
                     raise PreconditionError(f"task {i} ({tid!r}): client {c.id!r} already holds or "
@@ -540,8 +558,8 @@ class Engine:
                 pending = False
                 append((tid, UNLOCK, None, 0.0, at))
             else:
-                raise ValueError(f"task {i} ({tid!r}): unknown kind {kind!r}; "
-                                 f"expected {RUN!r}, {LOCK!r} or {UNLOCK!r}")
+                raise ArgumentError(f"task {i} ({tid!r}): unknown kind {kind!r}; "
+                                    f"expected {RUN!r}, {LOCK!r} or {UNLOCK!r}", "kind", index=i)
         return recs
 
     def _arrive(self, c: _Client, t: float) -> None:
@@ -778,7 +796,7 @@ class Engine:
             self._sync()
             g = self._group(group_id)
             if not client_id or not isinstance(client_id, str):
-                raise ValueError("client_id must be a non-empty string")
+                raise ArgumentError("client_id must be a non-empty string", "client_id")
             if client_id in self._clients:
                 raise AlreadyExistsError(f"client {client_id!r} is already attached "
                                          f"to group {self._clients[client_id].group.id!r}")
@@ -855,11 +873,11 @@ class Engine:
         with self._lock:
             self._sync()
             if not group_id or not isinstance(group_id, str):
-                raise ValueError("group_id must be a non-empty string")
+                raise ArgumentError("group_id must be a non-empty string", "group_id")
             if group_id in self._groups:
                 raise AlreadyExistsError(f"group {group_id!r} already exists")
             if design not in self.designs:
-                raise ValueError(f"unknown design {design!r}; known: {', '.join(sorted(self.designs))}")
+                raise ArgumentError(f"unknown design {design!r}; known: {', '.join(sorted(self.designs))}", "design")
             mx = self.config.devices if max_size is None else max_size
             self._check_limits(size, min_size, mx)
             self._check_capacity(size)
@@ -945,12 +963,12 @@ class Engine:
     def _check_limits(self, size: int, mn: int, mx: int) -> None:
         for name, v in (("size", size), ("min_size", mn), ("max_size", mx)):
             if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"{name} must be an integer, got {v!r}")
+                raise ArgumentError(f"{name} must be an integer, got {v!r}", name)
         if not 0 <= mn <= mx <= self.config.devices:
-            raise ValueError(f"need 0 <= min_size <= max_size <= {self.config.devices}, got min_size={mn}, "
-                             f"max_size={mx}")
+            raise ArgumentError(f"need 0 <= min_size <= max_size <= {self.config.devices}, got min_size={mn}, "
+                                f"max_size={mx}", "min_size" if mn < 0 else "max_size")
         if not mn <= size <= mx:
-            raise ValueError(f"size {size} is outside [min_size={mn}, max_size={mx}]")
+            raise ArgumentError(f"size {size} is outside [min_size={mn}, max_size={mx}]", "size")
 
     def _check_capacity(self, extra: int) -> None:
         if extra <= 0:

@@ -13,6 +13,9 @@ groups.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import logging
 import math
 import secrets
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from sqlalchemy import delete, select
+from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
@@ -32,6 +35,7 @@ from irm_fpga import designs as design_lib
 from irm_fpga import engine as eng
 from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob
 from irm_fpga.models import Client, Group, Reservation
+from irm_fpga.wire import choices
 from services import client as rpc
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
@@ -55,6 +59,10 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
 VFPGA = "vfpga"
 MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any cluster this emulates
+# Each WatchCapacity stream holds one of the server's 32 worker threads for as long as it is open; this component
+# shares them with FpgaJobs (whose WatchJobs takes up to jobs.MAX_WATCHES = 16) and every unary call.
+MAX_WATCHES = 8
+PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000   # ListReservations, as irm.proto says
 
 
 @dataclass
@@ -116,7 +124,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.db.migrate(MIGRATIONS, "alembic_version_fpga")
         self.servers: dict[str, ServerHandle] = {}
         self.lock = threading.RLock()  # placement decisions over servers are serialised
-        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
+        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(   # WatchCapacity streams
+            max_streams=MAX_WATCHES, full="WatchCapacity streams are open on this FPGA IRM; close one, or poll "
+                                          "DiscoverResources")
         self.memberships: list[Membership] = []
         self._stop = threading.Event()
         # One Autoscaler per server (it keeps that server's recent intervals); the
@@ -342,8 +352,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def create_group(self, tenant: str, request_id: str, design: str, size: int, min_size: int = 0,
                      max_size: int = 0, shared: bool = False, elastic: bool = False,
-                     pinned: list[str] | None = None, reservation_id: str = "") -> Group:
-        v = Violations()
+                     pinned: list[str] | None = None, reservation_id: str = "",
+                     violations: Violations | None = None) -> Group:
+        """`violations`: problems the caller found in its request already, reported with these."""
+        v = Violations() if violations is None else violations
         v.check(bool(request_id) and len(request_id) <= 256, "request_id", "required: an idempotency key")
         mn, mx = self._validate_group(design, size, min_size, max_size, v)
         v.raise_if_any()
@@ -424,9 +436,14 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             # The job manager finds the groups it made (and drops those a crash left without their job) by it.
             raise InvalidArgument.of("request_id", f"request ids starting with {JOB_GROUP_PREFIX!r} are the job "
                                                    f"manager's; register a job (FpgaJobs.RegisterJob) or pick another")
+        v = Violations()
+        # An unknown number would be read as the default (private, static): not what the caller asked for.
+        for name, value, enum in (("sharing", request.sharing, fpga_pb2.FpgaGroup.Sharing),
+                                  ("scaling", request.scaling, fpga_pb2.FpgaGroup.Scaling)):
+            v.check(value in enum.values(), name, f"unknown value {value}; one of {choices(enum)}")
         g = self.create_group(tenant, request.request_id, request.design, request.size, request.min_size,
                               request.max_size, request.sharing == fpga_pb2.FpgaGroup.SHARING_SHARED,
-                              request.scaling == fpga_pb2.FpgaGroup.SCALING_ELASTIC)
+                              request.scaling == fpga_pb2.FpgaGroup.SCALING_ELASTIC, violations=v)
         return self._to_proto(g)
 
     def GetGroup(self, request, context):  # noqa: N802
@@ -545,7 +562,41 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return fpga_pb2.ClientResponse(cancelled=cancelled)
 
     def ListDevices(self, request, context):  # noqa: N802
-        return fpga_pb2.ListDevicesResponse(servers=list(self._server_infos().values()))
+        tenant = require_tenant(request.tenant)
+        infos = self._server_infos()
+        with self.db.read() as s:
+            own = set(s.scalars(select(Group.id).where(Group.tenant == tenant, Group.deleted.is_(False))))
+            guest: dict[str, set[str]] = {}
+            for c in s.scalars(select(Client).where(Client.tenant == tenant, Client.state == "attached")):
+                if c.group_id not in own:
+                    guest.setdefault(c.group_id, set()).add(c.id)
+        return fpga_pb2.ListDevicesResponse(servers=[self._tenant_view(i, own, guest) for i in infos.values()])
+
+    @staticmethod
+    def _tenant_view(info: fpga_pb2.ServerInfo, own: set[str], guest: dict[str, set[str]]) -> fpga_pb2.ServerInfo:
+        """A server as one tenant may see it: every device (the capacity there is everyone's business), but group
+        and client ids only of its own groups, and of others' shared groups only its own clients there. What other
+        tenants hold is one anonymous part per server (no group id, no clients) with their devices in it."""
+        view = fpga_pb2.ServerInfo(name=info.name, designs=info.designs, reconfiguration_s=info.reconfiguration_s,
+                                   events=info.events)
+        for d in info.devices:
+            known = d.group_id in own or d.group_id in guest
+            view.devices.add(index=d.index, state=d.state, design=d.design, failures=d.failures,
+                             group_id=d.group_id if known else "")
+        others = fpga_pb2.GroupPart(server=info.name)
+        for p in info.groups:
+            if p.group_id in own:
+                view.groups.append(p)
+            elif p.group_id in guest:
+                part = view.groups.add()
+                part.CopyFrom(p)
+                part.clients[:] = [c for c in p.clients if c in guest[p.group_id]]
+            else:
+                others.target += p.target
+                others.active += p.active
+        if others.target or others.active:
+            view.groups.append(others)
+        return view
 
     # -- IRM API (resource type "vfpga") ---------------------------------
     def _physical(self, info: fpga_pb2.ServerInfo) -> common_pb2.PhysicalResource:
@@ -707,12 +758,26 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def ListReservations(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
+        if request.page_size < 0:
+            raise InvalidArgument.of("page_size", f"must be >= 0 (0: {PAGE_SIZE}; at most {MAX_PAGE_SIZE})")
+        size = min(request.page_size or PAGE_SIZE, MAX_PAGE_SIZE)
+        after = _page_position(request.page_token)
         with self.db.read() as s:
             q = select(Reservation).where(Reservation.tenant == tenant, Reservation.state != "pending")
             if not request.include_released:
                 q = q.where(Reservation.state == "active")
-            rows = list(s.scalars(q.order_by(Reservation.created_at)))
-        return irm_pb2.ListReservationsResponse(reservations=[self._reservation(r) for r in rows])
+            if after is not None:
+                # Keyset, not offset: a reservation made or released between pages neither repeats nor skips one.
+                at, rid = after
+                q = q.where(or_(Reservation.created_at > at,
+                                and_(Reservation.created_at == at, Reservation.id > rid)))
+            rows = list(s.scalars(q.order_by(Reservation.created_at, Reservation.id).limit(size + 1)))
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = _page_token(rows[-1])
+        return irm_pb2.ListReservationsResponse(reservations=[self._reservation(r) for r in rows],
+                                                next_page_token=token)
 
     def ReleaseReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -877,6 +942,25 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 tuple(eng.ClientMeasurement(k.client_id, k.completed, k.waiting, k.running) for k in c.clients)))
         return eng.ServerMeasurements(m.time, m.devices, m.usable_devices, m.reconfigurations,
                                       m.reconfiguration_failures, tuple(out))
+
+
+def _page_token(last: Reservation) -> str:
+    return base64.urlsafe_b64encode(json.dumps([last.created_at, last.id]).encode()).decode()
+
+
+def _page_position(token: str) -> tuple[float, str] | None:
+    """Where a ListReservations page token says the next page starts (None: at the beginning)."""
+    if not token:
+        return None
+    try:
+        at, rid = json.loads(base64.b64decode(token, altchars=b"-_", validate=True))
+        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at) \
+                or not isinstance(rid, str) or not rid:
+            raise ValueError(token)
+    except (ValueError, TypeError, binascii.Error):
+        raise InvalidArgument.of("page_token", "not a token from a previous response (leave it empty for the "
+                                               "first page)") from None
+    return float(at), rid
 
 
 def component(config: OrchestratorConfig, clock: Clock | None = None) -> Component:

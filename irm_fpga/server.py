@@ -39,10 +39,11 @@ import grpc
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga import designs as design_lib
 from irm_fpga import engine as eng
-from irm_fpga.wire import KIND_TO_ENGINE, KIND_TO_WIRE, WireError, from_map, to_map
+from irm_fpga.wire import KIND_TO_ENGINE, KIND_TO_WIRE, WireError, choices, from_map, to_map
 from services.clock import Clock, WallClock
 from services.errors import (
     FailedPrecondition,
+    FieldViolation,
     HarnessError,
     InvalidArgument,
     NotFound,
@@ -84,14 +85,41 @@ DISPATCH_GRACE_S = 0.02
 IDLE_LOOK_S = 0.5
 
 
-def domain_error(e: Exception) -> HarnessError:
+def domain_error(e: Exception, batch: fpga_pb2.TaskBatch | None = None) -> HarnessError:
+    """The engine's error as the caller's; `batch`: the request whose tasks the engine was given (a task's error
+    then names the field of that request that carried the bad value)."""
     if isinstance(e, eng.NotFoundError):
         return NotFound(str(e))
     if isinstance(e, eng.CapacityError):
         return ResourceExhausted(str(e))
     if isinstance(e, eng.AlreadyExistsError | eng.PreconditionError):
         return FailedPrecondition(str(e))
+    if isinstance(e, eng.ArgumentError):
+        if e.index is not None and batch is not None:
+            return InvalidArgument(str(e), _task_violations(e, batch))
+        # The engine's arguments are named as the control-plane requests' fields (size, client_id, ...).
+        return InvalidArgument(str(e), [FieldViolation(e.field, str(e))])
     return InvalidArgument(str(e))
+
+
+def _task_violations(e: eng.ArgumentError, batch: fpga_pb2.TaskBatch) -> list[FieldViolation]:
+    """Where in the batch the engine's complaint about task `e.index` points: a parameter the task carries is in
+    its params, one only the batch carries in shared_params; a missing one belongs in the task's params."""
+    base = f"tasks[{e.index}]"
+    if e.field != "params" or not e.params:
+        return [FieldViolation(f"{base}.{e.field}", str(e))]
+    own, shared = batch.tasks[e.index].params, batch.shared_params
+    return [FieldViolation(f"shared_params.{p}" if p not in own and p in shared else f"{base}.params.{p}", str(e))
+            for p in e.params]
+
+
+def _bad_wire(e: WireError, where: str) -> InvalidArgument:
+    return InvalidArgument(str(e), [FieldViolation(e.field or where, e.reason)])
+
+
+def _bad_kind(field_path: str, kind: int) -> InvalidArgument:
+    # An unknown number would otherwise run as a plain task: the client meant something this server cannot do.
+    return InvalidArgument.of(field_path, f"unknown task kind {kind}; one of {choices(fpga_pb2.Task.Kind)}")
 
 
 def _doze(bell: Any, seconds: float) -> None:
@@ -431,26 +459,33 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
     def _tasks(batch: fpga_pb2.TaskBatch) -> list[tuple[Any, Any, str]]:
         """The batch's tasks as engine (task_id, params, kind) triples."""
         pb = batch.tasks
+        kinds = KIND_TO_ENGINE
         try:
             shared = from_map(batch.shared_params, "shared_params") if batch.shared_params else None
             if len(pb) == 1:  # one task (indexing a repeated field is cheaper than iterating it)
                 t = pb[0]
+                kind = kinds.get(t.kind)
+                if kind is None:
+                    raise _bad_kind("tasks[0].kind", t.kind)
                 params = t.params
                 if not params:
-                    return [(t.id, shared, KIND_TO_ENGINE.get(t.kind, eng.RUN))]
+                    return [(t.id, shared, kind)]
                 params = from_map(params, "tasks[0].params")
-                return [(t.id, {**shared, **params} if shared else params, KIND_TO_ENGINE.get(t.kind, eng.RUN))]
+                return [(t.id, {**shared, **params} if shared else params, kind)]
             tasks = []
             for i, t in enumerate(pb):
+                kind = kinds.get(t.kind)
+                if kind is None:
+                    raise _bad_kind(f"tasks[{i}].kind", t.kind)
                 if not t.params:
                     params = shared  # one object for all: the engine validates it once
                 elif shared:
                     params = {**shared, **from_map(t.params, f"tasks[{i}].params")}
                 else:
                     params = from_map(t.params, f"tasks[{i}].params")
-                tasks.append((t.id, params, KIND_TO_ENGINE.get(t.kind, eng.RUN)))
+                tasks.append((t.id, params, kind))
         except WireError as e:
-            raise InvalidArgument.of("tasks", str(e)) from None
+            raise _bad_wire(e, "tasks") from None
         return tasks
 
     def _fill(self, r: eng.Result, out: fpga_pb2.TaskResult) -> fpga_pb2.TaskResult:
@@ -516,7 +551,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             try:
                 nxt = self.engine.submit_next(client, tasks)
             except (eng.EngineError, ValueError) as e:
-                raise domain_error(e) from None
+                raise domain_error(e, request) from None
             if any(t[2] is not eng.RUN for t in tasks):
                 # An unlock can start other callers' tasks sooner than they planned to look.
                 self._kick()
@@ -564,7 +599,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             try:
                 self.engine.submit(client, tasks)
             except (eng.EngineError, ValueError) as e:
-                raise domain_error(e) from None
+                raise domain_error(e, batch) from None
         except InvalidArgument as e:
             # A bad task fails its batch's tasks, not the stream: answer them with the reason.
             now = self.clock.now()
@@ -674,11 +709,17 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         design = design_lib.DESIGNS.get(request.design)
         if design is None:
             raise InvalidArgument.of("design", f"unknown design {request.design!r}")
+        if request.task.kind not in KIND_TO_ENGINE:
+            raise _bad_kind("task.kind", request.task.kind)
         try:
             params = from_map(request.task.params, "task.params")
+        except WireError as e:
+            raise _bad_wire(e, "task.params") from None
+        try:
             value, seconds = design.run(params)
-        except (WireError, ValueError) as e:
-            raise InvalidArgument.of("task.params", str(e)) from None
+        except ValueError as e:
+            fields = [f"task.params.{p}" for p in getattr(e, "params", ())] or ["task.params"]
+            raise InvalidArgument(str(e), [FieldViolation(f, str(e)) for f in fields]) from None
         with self.direct_lock:
             start = self.clock.now()
             if self.direct_designs.get(request.device) != request.design:

@@ -20,8 +20,23 @@ KIND_TO_ENGINE = {
 KIND_TO_WIRE = {RUN: fpga_pb2.Task.KIND_RUN, LOCK: fpga_pb2.Task.KIND_LOCK, UNLOCK: fpga_pb2.Task.KIND_UNLOCK}
 
 
+def choices(enum: Any) -> str:
+    """A protobuf enum's values for an error message, e.g. "KIND_RUN (1), KIND_LOCK (2)"."""
+    return ", ".join(f"{name} ({number})" for name, number in enum.items())
+
+
 class WireError(ValueError):
-    pass
+    """`field`: the path of the bad value in its request (e.g. "tasks[0].params.signal"; "": not known), and
+    `reason` what is wrong with it (the message without the location)."""
+
+    def __init__(self, message: str, field: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.reason = reason or message
+
+
+def _bad(where: str, reason: str) -> WireError:
+    return WireError(f"{where}: {reason}", reason=reason)
 
 
 def to_value(v: Any, out: fpga_pb2.Value | None = None) -> fpga_pb2.Value:
@@ -62,20 +77,20 @@ def from_value(v: fpga_pb2.Value, where: str = "value") -> Any:
         try:
             dtype = np.dtype(v.array.dtype)
         except (TypeError, ValueError):       # ValueError: e.g. a sub-array dtype too large to exist
-            raise WireError(f"{where}: unknown dtype {v.array.dtype!r}") from None
+            raise _bad(where, f"unknown dtype {v.array.dtype!r}") from None
         if dtype.kind not in "biufc" or dtype.shape:
-            raise WireError(f"{where}: dtype {v.array.dtype!r} is not a numeric scalar type")
+            raise _bad(where, f"dtype {v.array.dtype!r} is not a numeric scalar type")
         shape = tuple(v.array.shape)
         if any(d < 0 for d in shape):
-            raise WireError(f"{where}: shape {list(shape)} has a negative dimension")
+            raise _bad(where, f"shape {list(shape)} has a negative dimension")
         count = math.prod(shape)              # exact: numpy's product would wrap around on huge dimensions
         if count * dtype.itemsize != len(v.array.data):
-            raise WireError(f"{where}: {len(v.array.data)} bytes do not fit shape {list(shape)} of {dtype.str}")
+            raise _bad(where, f"{len(v.array.data)} bytes do not fit shape {list(shape)} of {dtype.str}")
         try:
             return np.frombuffer(v.array.data, dtype=dtype).reshape(shape)
         except ValueError as e:
-            raise WireError(f"{where}: {e}") from None
-    raise WireError(f"{where}: empty value")
+            raise _bad(where, str(e)) from None
+    raise _bad(where, "empty value")
 
 
 def to_map(values: Mapping[str, Any] | None, out: Any) -> None:
@@ -87,7 +102,8 @@ def to_map(values: Mapping[str, Any] | None, out: Any) -> None:
 
 
 def from_map(m: Any, where: str) -> dict[str, Any]:
-    """A protobuf map<string, Value> as a dict (`where` names it in errors)."""
+    """A protobuf map<string, Value> as a dict (`where` names it in errors; a bad value's WireError has the
+    field path `where`.key)."""
     if not m:
         return {}
     out = {}
@@ -97,7 +113,11 @@ def from_map(m: Any, where: str) -> dict[str, Any]:
         if kind == "number":
             out[k] = v.number
         elif kind == "array" or kind is None:
-            out[k] = from_value(v, f"{where}[{k}]")
+            try:
+                out[k] = from_value(v, f"{where}[{k}]")
+            except WireError as e:
+                e.field = f"{where}.{k}"
+                raise
         else:
             out[k] = getattr(v, kind)
     return out
