@@ -693,7 +693,10 @@ class FpgaOrchestratorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListDevices(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every device of every server; group parts and clients only of the calling tenant's groups (and its
+        own clients in others' shared groups it attached to); other tenants' use is one part per server
+        with no group id and no clients.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
