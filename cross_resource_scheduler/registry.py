@@ -119,6 +119,14 @@ class Registry:
         with self.lock:
             return list(self.managers.values())
 
+    def providing(self, resource_type: str) -> list[ManagerState]:
+        """The registered managers (up or not) that offer `resource_type`: by their description of their types,
+        or, until they have given one, by the types they registered with."""
+        with self.lock:
+            return [s for s in self.managers.values()
+                    if any(spec.name == resource_type for spec in s.specs)
+                    or (not s.specs and resource_type in s.resource_types)]
+
     def stop(self) -> None:
         with self.lock:
             for s in self.managers.values():

@@ -14,12 +14,15 @@ import logging
 import math
 import os
 import random
+import re
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -74,6 +77,13 @@ DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PR
 MAX_COUNT = 1000
 _ACTIVE = irm_pb2.Reservation.STATE_ACTIVE
 _PARSE_CACHE = 1024
+# Open WatchCapacity streams at most (the Broadcaster refuses more): each holds one of the server's 32 worker
+# threads (services.server), which Reserve, the IRMs' heartbeats and the health checks share; 32 idle watches
+# froze the CRS.
+MAX_WATCHES = 8
+# How long a registration waits for the manager already registered under its name to answer a health check.
+PROBE_TIMEOUT_S = 1.0
+_GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
 
 
 @dataclass(slots=True)
@@ -136,8 +146,45 @@ def part_request_ids(res_id: str, manager: str, attempts: int) -> list[str]:
         f"{res_id}@{manager}"]
 
 
-def _err_from_rpc(manager: str, e: grpc.RpcError) -> HarnessError:
-    return from_rpc_error(f"manager {manager!r}", e, "nothing was reserved")
+def _err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str] | None = None) -> HarnessError:
+    return from_rpc_error(f"manager {manager!r}", e, "nothing was reserved", field_path)
+
+
+def _not_ready(resource_type: str, providers: list[ManagerState]) -> str:
+    down = [m.name for m in providers if not m.up]
+    if down:
+        return (f"the manager{'s' if len(down) > 1 else ''} of {resource_type!r} ({', '.join(down)}) "
+                f"{'are' if len(down) > 1 else 'is'} down; retry later")
+    # Up, but its description of the type has not arrived yet (it registered moments ago, or describing failed).
+    return (f"the manager of {resource_type!r} ({', '.join(m.name for m in providers)}) has not described it "
+            "yet; retry later")
+
+
+def tenant_paths(parts: list[irm_pb2.ResourceGroup], index: dict[str, int]) -> Callable[[str], str]:
+    """How a field of a manager's request (made of `parts`) is named in the tenant's, whose group `name` is
+    `groups[index[name]]`: the manager's `groups[j]` is the tenant's group of that name. Other fields are the
+    manager's own (its request id, say) and keep their names."""
+    def path(theirs: str) -> str:
+        m = _GROUP_PATH.fullmatch(theirs)
+        if m is None:
+            return theirs
+        j = int(m.group(1))
+        if j >= len(parts) or parts[j].name not in index:
+            return theirs
+        return f"groups[{index[parts[j].name]}]{m.group(2)}"
+    return path
+
+
+def serving_at(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a manager's ResourceManager answers SERVING at `address` now."""
+    # A channel of its own: the shared one may still be backing off from an earlier failure there.
+    with grpc.insecure_channel(address) as ch:
+        try:
+            reply = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service="harness.v1.ResourceManager"), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistryServicer):
@@ -154,7 +201,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.db = Database(config.database or default_url(config.state_dir, "crs"))
         self.db.migrate(MIGRATIONS, "alembic_version_crs")
         self.view = CapacityView()
-        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster()
+        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(
+            max_streams=MAX_WATCHES,
+            full="WatchCapacity streams are open on this CRS; close one, or poll DiscoverResources")
         self.registry = Registry(self.view, self.clock, config.heartbeat_timeout_s,
                                  on_change=self._forward, on_up=lambda name: self._kick.set())
         self.gate = PriorityGate()
@@ -355,6 +404,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         v = Violations()
         demands: list[GroupDemand] = []
         names: set[str] = set()
+        # Types a registered manager provides that no manager up has described: not the tenant's mistake.
+        waiting: dict[str, list[ManagerState]] = {}
         v.check(len(groups) > 0, "groups", "at least one group is required")
         for i, g in enumerate(groups):
             p = f"groups[{i}]"
@@ -366,9 +417,18 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             v.check(not g.placement, f"{p}.placement", "leave empty: the CRS chooses placements")
             attrs = specs.get(g.resource_type)
             if attrs is None:
-                v.add(f"{p}.resource_type", f"no manager that is up provides {g.resource_type!r}; "
-                                            f"available: {sorted(specs) or 'none'}")
-                continue
+                providers = self.registry.providing(g.resource_type)
+                if not providers:
+                    v.add(f"{p}.resource_type", f"no manager provides {g.resource_type!r}; "
+                                                f"available: {sorted(specs) or 'none'}")
+                    continue
+                waiting[g.resource_type] = providers
+                # Checked against what its managers last described, if anything: bad input is said now,
+                # not after the client waited for the manager to come back.
+                attrs = {a.name: a for m in providers for spec in m.specs if spec.name == g.resource_type
+                         for a in spec.attributes}
+                if not attrs:
+                    continue
             demand: dict[str, float] = {}
             props: dict[str, tuple[float, float]] = {}
             for key, req in g.attributes.items():
@@ -407,6 +467,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                                        frozenset(g.required_traits), frozenset(g.forbidden_traits)))
         parsed = cons.from_proto(list(constraints), names, v)
         v.raise_if_any()
+        if waiting:
+            raise Unavailable("; ".join(_not_ready(rtype, providers) for rtype, providers in waiting.items()))
         return PlacementRequest(demands, parsed)
 
     @staticmethod
@@ -444,6 +506,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def _quote(self, tenant: str, groups: list[irm_pb2.ResourceGroup], placement: Placement
                ) -> irm_pb2.QuotePriceResponse:
         quotes: list[irm_pb2.GroupQuote] = []
+        index = {g.name: i for i, g in enumerate(groups)}
         for manager, parts in self._pinned(groups, placement).items():
             state = self.registry.get(manager)
             assert state is not None
@@ -451,7 +514,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 reply = state.stub().QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=parts),
                                                 timeout=self.config.irm_timeout_s)
             except grpc.RpcError as e:
-                raise _err_from_rpc(manager, e) from None
+                raise _err_from_rpc(manager, e, tenant_paths(parts, index)) from None
             quotes.extend(reply.groups)
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
@@ -505,6 +568,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def _reserve(self, tenant: str, res_id: str, created_at: float, request: irm_pb2.ReserveRequest,
                  req: PlacementRequest) -> irm_pb2.Reservation:
         groups = list(request.groups)
+        by_name = {g.name: i for i, g in enumerate(groups)}
         last_error: HarnessError | None = None
         for attempt in range(self._attempts()):
             token = f"{res_id}#{attempt}"
@@ -517,7 +581,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         raise FailedPrecondition(
                             f"quoted price {quote.price_per_minute:.4f}/min exceeds max_price_per_minute "
                             f"{request.max_price_per_minute:.4f}; nothing was reserved")
-                allocated, notes, caught_up = self._delegate(tenant, res_id, attempt, pinned)
+                allocated, notes, caught_up = self._delegate(tenant, res_id, attempt, pinned, by_name)
             except ResourceExhausted as e:
                 # An IRM saw capacity our view had not caught up with: place again.
                 self.view.forget(token)
@@ -527,7 +591,6 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 self.view.forget(token)
                 raise
             self.view.commit(token, caught_up)
-            by_name = {g.name: i for i, g in enumerate(groups)}
             allocated.sort(key=lambda g: by_name.get(g.name, 0))
             price = sum(g.price_per_minute for g in allocated)
             # One message: its bytes (groups only) are stored, then it is completed as the reply.
@@ -567,10 +630,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             except Exception:  # noqa: BLE001 - the others still go back
                 log.exception("could not give back a part", extra={"reservation": res_id, "manager": manager})
 
-    def _delegate(self, tenant: str, res_id: str, attempt: int, pinned: dict[str, list[irm_pb2.ResourceGroup]]
-                  ) -> tuple[list[irm_pb2.AllocatedGroup], list[str], dict[str, int]]:
+    def _delegate(self, tenant: str, res_id: str, attempt: int, pinned: dict[str, list[irm_pb2.ResourceGroup]],
+                  index: dict[str, int]) -> tuple[list[irm_pb2.AllocatedGroup], list[str], dict[str, int]]:
         """All-or-nothing: reserve at every manager, or give back everything taken.
 
+        `index`: each group's position in the tenant's request (a manager's refusal names its fields there).
         Also returns, per view node, the generation from which the node's reported usage
         includes what was taken (where the manager says; see CapacityView.commit).
         """
@@ -594,7 +658,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 except grpc.RpcError as e:
                     if e.code() not in DEFINITE_REFUSALS:
                         in_doubt.add(manager)
-                    raise _err_from_rpc(manager, e) from None
+                    raise _err_from_rpc(manager, e, tenant_paths(parts, index)) from None
                 if reply.state != irm_pb2.Reservation.STATE_ACTIVE:
                     # Never activate on a part that holds nothing (it cannot happen with fresh ids; if it does,
                     # say so rather than double-book).
@@ -730,6 +794,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         v.check(bool(request.address), "address", "required: host:port of the manager's ResourceManager service")
         v.check(len(request.resource_types) > 0, "resource_types", "at least one resource type")
         v.raise_if_any()
+        old = self.registry.get(request.name)
+        if old is not None and old.up and old.address != request.address and serving_at(old.address):
+            # The name is taken by a manager that answers: whoever this is must not take its place (and its
+            # tenants' reservations) by saying the name. One that stopped answering has moved (restarted on
+            # another port, say) and is let in.
+            raise FailedPrecondition(f"the manager named {request.name!r} is up at {old.address}; stop it first "
+                                     "(the registry has no deregistration), or register under another name")
 
         def upsert(s):  # type: ignore[no-untyped-def]
             row = s.get(Manager, request.name)

@@ -7,6 +7,7 @@ INTERNAL with a log line, never UNKNOWN and never a traceback on the wire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -148,19 +149,50 @@ def require_tenant(tenant: str) -> str:
     return tenant
 
 
-def from_rpc_error(peer: str, e: grpc.RpcError, consequence: str = "") -> HarnessError:
+def _peer_violations(e: grpc.RpcError) -> list[FieldViolation]:
+    """The field violations in a peer's google.rpc status; none when it sent none or they cannot be read."""
+    from google.protobuf.message import DecodeError
+    from grpc_status import rpc_status
+
+    if not isinstance(e, grpc.Call):
+        return []  # an error built on this side (e.g. one refusal of a batch): code and message only
+    try:
+        status = rpc_status.from_call(e)  # type: ignore[arg-type]
+    except (ValueError, DecodeError):  # a rich status contradicting the call's own status is not this call's
+        return []
+    out: list[FieldViolation] = []
+    for detail in status.details if status is not None else []:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            out += [FieldViolation(v.field, v.description) for v in bad.field_violations]
+    return out
+
+
+def from_rpc_error(peer: str, e: grpc.RpcError, consequence: str = "",
+                   field_path: Callable[[str], str] | None = None) -> HarnessError:
     """A peer's failure, passed on to our caller as the matching domain error.
 
     `peer` names who failed (e.g. "manager 'compute-a'"); `consequence` says
-    what it means for the caller (e.g. "nothing was reserved").
+    what it means for the caller (e.g. "nothing was reserved"). An
+    INVALID_ARGUMENT keeps the peer's field violations; `field_path`, when the
+    peer was sent part of our caller's request, says how a field of the peer's
+    request is named in the caller's (e.g. its `groups[0]` is the caller's
+    `groups[2]`).
     """
     code, detail = e.code(), e.details() or ""
     tail = f"; {consequence}" if consequence else ""
     text = f"{peer}: {detail}{tail}"
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        theirs = _peer_violations(e)
+        ours = [FieldViolation(field_path(v.field) if field_path else v.field, v.description) for v in theirs]
+        if ours != theirs:
+            # The peer's message names fields of its request: say it again in the caller's terms.
+            text = f"{peer}: " + "; ".join(f"{v.field}: {v.description}" for v in ours) + tail
+        return InvalidArgument(text, ours)
     by_code = {
         grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
         grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-        grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
         grpc.StatusCode.NOT_FOUND: NotFound,
         grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     }

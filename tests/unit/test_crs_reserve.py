@@ -44,7 +44,7 @@ def test_a_reservation_the_crs_cannot_record_is_given_back_at_the_managers(crs: 
     delegated: list[str] = []
     undone: list[tuple[str, str, str]] = []
 
-    def delegate(tenant, res_id, attempt, pinned):  # type: ignore[no-untyped-def]
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
         delegated.append(res_id)
         group = irm_pb2.AllocatedGroup(name="g", manager="m", manager_reservation_id="irm-1")
         return [group], [], {}
@@ -68,7 +68,7 @@ def _two_managers(crs: Crs) -> None:
 
 
 def _delegating(crs: Crs, delegated: list[str]) -> None:
-    def delegate(tenant, res_id, attempt, pinned):  # type: ignore[no-untyped-def]
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
         delegated.append(res_id)
         return [irm_pb2.AllocatedGroup(name=g.name, manager=m, manager_reservation_id=f"irm-{m}")
                 for m, parts in pinned.items() for g in parts], [], {}
