@@ -12,6 +12,10 @@ A multi-module application (application_manager.manifest) runs its service modul
 each on its own MASTER VM, waits for each one's `HARNESS_READY` line, runs the main module,
 then stops the services. The run costs the reservation for the services' start-up plus the
 main module's time; a service that dies before the main module ends fails the run.
+
+A run given a `cancelled` event (an execution whose client went away) is cut short once it is set: its
+modules are stopped through their agents, as a timeout stops them, the reservation is released, and the
+run is a failed observation marked `cancelled` (the configuration did not fail: the caller left).
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_g
 from services import client
 
 log = logging.getLogger(__name__)
+CANCELLED = "cancelled: the client cancelled or its deadline passed"
+# How often a wait looks at the cancellation flag: how late, at most, a cancelled run starts stopping.
+_POLL_S = 0.2
+# After StopExecution (which waits for the kill itself), how long the exit status may take to arrive.
+_STOP_WAIT_S = 30.0
 
 
 @dataclass
@@ -43,6 +52,23 @@ class RunDetail:
     reservation_id: str = ""
     output_tail: str = ""
     notes: list[str] = field(default_factory=list)
+    # Cut short because the caller went away: says nothing of the configuration.
+    cancelled: bool = False
+
+
+def _wait(event: threading.Event, timeout: float | None, cancelled: threading.Event | None) -> bool:
+    """`event.wait(timeout)` that gives up (False) as soon as `cancelled` is set."""
+    if cancelled is None:
+        return event.wait(timeout)
+    end = None if timeout is None else time.monotonic() + timeout
+    while not event.is_set():
+        if cancelled.is_set():
+            return False
+        step = _POLL_S if end is None else min(_POLL_S, end - time.monotonic())
+        if step <= 0:
+            return False
+        event.wait(step)
+    return True
 
 
 def _attr_value(name: str, value: Any) -> tuple[str, float]:
@@ -56,7 +82,8 @@ def _attr_value(name: str, value: Any) -> tuple[str, float]:
 
 class LocalBackend:
     def __init__(self, crs_address: str, tenant: str, manifest: Manifest, space: Space,
-                 parameters: dict[str, Any], app_dir: str, python: str, timeout_s: float) -> None:
+                 parameters: dict[str, Any], app_dir: str, python: str, timeout_s: float,
+                 cancelled: threading.Event | None = None) -> None:
         self.crs = irm_pb2_grpc.ResourceManagerStub(client.channel(crs_address))
         self.tenant = tenant
         self.manifest = manifest
@@ -67,6 +94,7 @@ class LocalBackend:
         self.timeout_s = timeout_s
         self.has_benchmark = any(p.benchmark is not None for p in manifest.parameters)
         self.ready_timeout_s = 60.0
+        self.cancelled = cancelled
 
     def implementation(self, config: dict[str, Any]) -> Implementation | Variant:
         name = config.get(IMPLEMENTATION)
@@ -140,11 +168,25 @@ class LocalBackend:
             env["HARNESS_DEPLOYMENT_ARGS"] = substitute(impl.deployment_args, values)
         return argv, env
 
+    def _is_cancelled(self) -> bool:
+        return self.cancelled is not None and self.cancelled.is_set()
+
+    def _cancelled_detail(self, proposal: Proposal, res: irm_pb2.Reservation | None, t0: float | None,
+                          module: _ModuleRun | None = None) -> RunDetail:
+        # The reservation was held from t0 until now: that much is spent, whatever the run measured.
+        elapsed = time.monotonic() - t0 if t0 is not None else 0.0
+        cost = res.price_per_minute * elapsed / 60.0 if res is not None else 0.0
+        return RunDetail(Observation(proposal.config, False, elapsed, cost, proposal.input, error=CANCELLED),
+                         res.id if res is not None else "", module.tail()[-2000:] if module else "",
+                         module.notes if module else [], cancelled=True)
+
     def run(self, proposal: Proposal, *, request_id: str = "", timeout_s: float = 0.0) -> RunDetail:
         config = self.space.configs[proposal.config]
         groups, constraints = self.request(config)
         variant = self.implementation(config)
         rid = request_id or f"am-{uuid.uuid4().hex[:16]}"
+        if self._is_cancelled():
+            return self._cancelled_detail(proposal, None, None)
         try:
             res = self.crs.Reserve(irm_pb2.ReserveRequest(tenant=self.tenant, request_id=rid, groups=groups,
                                                           constraints=constraints), timeout=60)
@@ -152,16 +194,20 @@ class LocalBackend:
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
                                          error=f"could not reserve: {e.code().name}: {e.details()}"))
         services: list[_ModuleRun] = []
+        t0 = time.monotonic()
         try:
+            if self._is_cancelled():
+                return self._cancelled_detail(proposal, res, t0)
             env_common = resource_env(self.tenant, res)
             addresses = {f"%{g.name}_address": g.resources[0].address for g in res.groups if g.resources}
             limit = timeout_s or self.timeout_s
-            t0 = time.monotonic()
             # Services first, in manifest order, each ready before the next starts (it may need them).
             for part in variant.parts[1:]:
                 svc = self._start(part, res, config, proposal.input, {**env_common}, addresses, limit)
                 services.append(svc)
-                if not svc.wait_ready(self.ready_timeout_s):
+                if not svc.wait_ready(self.ready_timeout_s, self.cancelled):
+                    if self._is_cancelled():
+                        return self._cancelled_detail(proposal, res, t0, svc)
                     why = svc.failure() or f"did not print {READY_LINE} within {self.ready_timeout_s:g} s"
                     minutes = (time.monotonic() - t0) / 60.0
                     return RunDetail(Observation(proposal.config, False, 0.0, res.price_per_minute * minutes,
@@ -170,7 +216,13 @@ class LocalBackend:
                 env_common[f"HARNESS_MODULE_{_env_key(part.module)}_ENDPOINT"] = svc.endpoint
             startup_s = time.monotonic() - t0
             main = self._start(variant.parts[0], res, config, proposal.input, env_common, addresses, limit)
-            main.join()
+            if not main.join(self.cancelled):
+                # Stopped through the agent, as its timeout would stop it: the process must not outlive the
+                # reservation released below.
+                main.stop()
+                if not main.join(timeout=_STOP_WAIT_S):
+                    main.abandon()
+                return self._cancelled_detail(proposal, res, t0, main)
             exited = main.exited
             if exited is None:
                 # The agent went away mid-run (its stream broke): a failed run that held its reservation this long,
@@ -239,15 +291,18 @@ class _ModuleRun:
         self.notes: list[str] = []
         self.endpoint = ""
         self.error = ""
+        self._stream: Any = None
         self._out = b""
         self._lines = b""
         self._ready = threading.Event()
+        self._started = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, argv: list[str], env: dict[str, str], limit: float) -> None:
         stream = self.stub.Execute(agent_pb2.ExecuteRequest(tenant=self.tenant, vm_id=self.vm_id, argv=argv,
                                                             env=env, timeout_s=limit), timeout=limit + 60)
+        self._stream = stream
         self._thread = threading.Thread(target=self._drain, args=(stream,), name=f"module-{self.part.module}",
                                         daemon=True)
         self._thread.start()
@@ -266,12 +321,14 @@ class _ModuleRun:
                 elif kind == "started":
                     self.execution_id = ev.started.execution_id
                     self.notes = list(ev.started.notes)
+                    self._started.set()
                 elif kind == "exited":
                     self.exited = ev.exited
         except grpc.RpcError as e:
             self.error = f"{e.code().name}: {e.details()}"
         finally:
             self._done.set()
+            self._started.set()
             self._ready.set()  # a module that ended is not going to become ready: wake the waiter
 
     def _scan(self, chunk: bytes) -> None:
@@ -284,11 +341,17 @@ class _ModuleRun:
                 self._ready.set()
                 return
 
-    def wait_ready(self, timeout: float) -> bool:
-        return self._ready.wait(timeout) and not self._done.is_set()
+    def wait_ready(self, timeout: float, cancelled: threading.Event | None = None) -> bool:
+        return _wait(self._ready, timeout, cancelled) and not self._done.is_set()
 
-    def join(self) -> None:
-        self._done.wait()
+    def join(self, cancelled: threading.Event | None = None, timeout: float | None = None) -> bool:
+        """Whether the module ended (False: `cancelled` was set, or `timeout` passed, first)."""
+        return _wait(self._done, timeout, cancelled)
+
+    def abandon(self) -> None:
+        """Stop following it: the agent detaches, and its own timeout still ends the command."""
+        if self._stream is not None:
+            self._stream.cancel()
 
     def failure(self) -> str:
         """Why this service is no longer serving, or "" while it runs."""
@@ -305,6 +368,9 @@ class _ModuleRun:
         return self._out.decode(errors="replace").strip()
 
     def stop(self) -> None:
+        # Stopped right after it was asked for, its id may not have arrived yet: without it there is
+        # nothing to stop, and the command would run on.
+        self._started.wait(_STOP_WAIT_S)
         if self._done.is_set() or not self.execution_id:
             return
         try:

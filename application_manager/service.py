@@ -19,13 +19,16 @@ import sys
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 from sqlalchemy import select as sql_select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DbSession
 
 from application_manager import models as m
 from application_manager.local import LocalBackend
@@ -53,8 +56,13 @@ from services.errors import (
 from services.server import Component
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_RUNS = 200
+# Every Application message carries its manifest and SLO, and ListApplications returns them all in one
+# message: unbounded, a few large ones would exceed a client's receive limit (4 MiB by default) for good.
+MAX_MANIFEST_BYTES = 256 * 1024
+MAX_SLO_BYTES = 64 * 1024
 _SESSION_STATE = {"running": pb.ProfilingSession.STATE_RUNNING, "done": pb.ProfilingSession.STATE_DONE,
                   "stopped": pb.ProfilingSession.STATE_STOPPED, "failed": pb.ProfilingSession.STATE_FAILED}
 _EXEC_STATE = {"running": pb.ApplicationExecution.STATE_RUNNING,
@@ -140,6 +148,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         self._lock = threading.Lock()
         self._sessions: dict[str, SessionRunner] = {}
         self._busy: dict[str, str] = {}  # application id -> running session id
+        # Held from the look for an earlier request with the same request id to the insert of a new row:
+        # concurrent retries otherwise both miss and both insert (the loser an INTERNAL IntegrityError).
+        self._request_ids = threading.Lock()
         self._interrupted()
 
     def _interrupted(self) -> None:
@@ -197,10 +208,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             self._loaded[application_id] = loaded
         return loaded
 
-    def _backend(self, loaded: Loaded, slo: Slo | None = None) -> LocalBackend:
+    def _backend(self, loaded: Loaded, slo: Slo | None = None,
+                 cancelled: threading.Event | None = None) -> LocalBackend:
         slo = slo or loaded.slo
         return LocalBackend(self.config.crs_address, loaded.app.tenant, loaded.manifest, loaded.space, slo.parameters,
-                            loaded.app.app_dir, self.python, self.config.run_timeout_s)
+                            loaded.app.app_dir, self.python, self.config.run_timeout_s, cancelled)
 
     def _application_pb(self, loaded: Loaded) -> pb.Application:
         a = loaded.app
@@ -209,17 +221,49 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                               dimensions=[d.name for d in loaded.space.dims], notes=loaded.space.notes,
                               created_at=a.created_at)
 
+    # -- idempotency -------------------------------------------------------------
+    def _add_once(self, request_id: str, prior: Callable[[], T | None], add: Callable[[DbSession], None]) -> T | None:
+        """Insert with `add` unless an earlier request with this request id got there first: its row (from
+        `prior`), or None when `add` inserted."""
+        if not request_id:
+            self.db.transact(add)
+            return None
+        with self._request_ids:
+            if (earlier := prior()) is not None:
+                return earlier
+            try:
+                self.db.transact(add)
+            except IntegrityError:
+                # Another AM process on the same database inserted between our look and our insert (the lock
+                # is this process's only); the unique (tenant, request_id) refused ours.
+                if (earlier := prior()) is None:
+                    raise
+                return earlier
+        return None
+
+    def _prior_application(self, tenant: str, request_id: str) -> m.Application | None:
+        with self.db.read() as s:
+            return s.scalar(sql_select(m.Application).where(m.Application.tenant == tenant,
+                                                            m.Application.request_id == request_id))
+
+    def _prior_execution(self, tenant: str, request_id: str) -> m.Execution | None:
+        with self.db.read() as s:
+            return s.scalar(sql_select(m.Execution).where(m.Execution.tenant == tenant,
+                                                          m.Execution.request_id == request_id))
+
     # -- applications ------------------------------------------------------------
     def SubmitApplication(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        if request.request_id:
-            with self.db.read() as s:
-                prior = s.scalar(sql_select(m.Application).where(m.Application.tenant == tenant,
-                                                                 m.Application.request_id == request.request_id))
-            if prior is not None:
-                return self._application_pb(self._load(tenant, prior.id))
+        if request.request_id and (prior := self._prior_application(tenant, request.request_id)) is not None:
+            return self._application_pb(self._load(tenant, prior.id))
         if not request.manifest_json.strip():
             raise InvalidArgument.of("manifest_json", "required: the application manifest (JSON, thesis appendix A)")
+        v = Violations()
+        v.check(len(request.manifest_json.encode()) <= MAX_MANIFEST_BYTES, "manifest_json",
+                f"at most {MAX_MANIFEST_BYTES} bytes ({MAX_MANIFEST_BYTES // 1024} KiB) of UTF-8")
+        v.check(len(request.slo_json.encode()) <= MAX_SLO_BYTES, "slo_json",
+                f"at most {MAX_SLO_BYTES} bytes ({MAX_SLO_BYTES // 1024} KiB) of UTF-8")
+        v.raise_if_any()
         manifest = parse_manifest(request.manifest_json, "manifest_json")
         slo = parse_slo(request.slo_json or "{}", manifest, "slo_json")
         v = Violations()
@@ -235,7 +279,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             s.add(app)
             s.add(m.Model(application_id=app.id, frontier=[], predictions=[], extrapolation=None,
                           updated_at=self.clock.now()))
-        self.db.transact(add)
+        earlier = self._add_once(request.request_id, lambda: self._prior_application(tenant, request.request_id), add)
+        if earlier is not None:
+            return self._application_pb(self._load(tenant, earlier.id))
         loaded = Loaded(app, manifest, slo, space)
         with self._lock:
             self._loaded[app.id] = loaded
@@ -514,13 +560,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         v = Violations()
         v.check(request.timeout_s >= 0, "timeout_s", "seconds >= 0")
         v.check(len(request.request_id) <= 128, "request_id", "at most 128 characters")
+        v.check(len(request.slo_json.encode()) <= MAX_SLO_BYTES, "slo_json",
+                f"at most {MAX_SLO_BYTES} bytes ({MAX_SLO_BYTES // 1024} KiB) of UTF-8")
         v.raise_if_any()
-        if request.request_id:
-            with self.db.read() as s:
-                prior = s.scalar(sql_select(m.Execution).where(m.Execution.tenant == tenant,
-                                                               m.Execution.request_id == request.request_id))
-            if prior is not None:
-                return self._execution_pb(loaded, prior)
+        if request.request_id and (prior := self._prior_execution(tenant, request.request_id)) is not None:
+            return self._execution_pb(self._load(tenant, prior.application_id), prior)
         slo = self._execution_slo(loaded, request.slo_json) if request.slo_json else loaded.slo
         with self.db.read() as s:
             model = s.get(m.Model, loaded.app.id)
@@ -540,10 +584,19 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                           request_id=request.request_id or None, state="running", config=chosen.config,
                           slo=slo.describe(), predicted_time_s=chosen.time_s, predicted_cost=chosen.cost,
                           started_at=self.clock.now())
-        self.db.transact(lambda s: s.add(row))
+        earlier = self._add_once(request.request_id, lambda: self._prior_execution(tenant, request.request_id),
+                                 lambda s: s.add(row))
+        if earlier is not None:
+            # A concurrent retry won: it runs the application; this one answers with what it has so far.
+            return self._execution_pb(self._load(tenant, earlier.application_id), earlier)
+        # Once the RPC ends (the client cancelled, or its deadline passed) nobody waits for the result: the
+        # run stops instead of holding its reservation and this worker thread to the end.
+        cancelled = threading.Event()
+        if not context.add_callback(cancelled.set):
+            cancelled.set()
         try:
-            detail = self._backend(loaded, slo).run(Proposal(i),
-                                                    timeout_s=request.timeout_s or self.config.run_timeout_s)
+            detail = self._backend(loaded, slo, cancelled).run(
+                Proposal(i), timeout_s=request.timeout_s or self.config.run_timeout_s)
         except Exception as exc:
             # Never an execution left "running" (a retry with its request id would return it so forever).
             why = f"{type(exc).__name__}: {exc}"[:2000]
@@ -562,6 +615,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             e.slo_met = o.ok and slo.holds(o.time_s, o.cost)
             e.error, e.output_tail, e.reservation_id = o.error, detail.output_tail, detail.reservation_id
             e.ended_at = self.clock.now()
+            if detail.cancelled:
+                return e    # cut short by the client: no measurement of the configuration
             # Online profiling (§4.3.5): the real execution is one more measurement of the model.
             s.add(m.Run(application_id=loaded.app.id, session_id=f"execution:{row.id}", ordinal=0,
                         config=chosen.config, input=PRODUCTION, ok=o.ok, error=o.error, time_s=o.time_s, cost=o.cost,
@@ -569,7 +624,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                         created_at=self.clock.now()))
             return e
         e = self.db.transact(finish)
-        self._refresh_model(loaded)
+        if not detail.cancelled:
+            self._refresh_model(loaded)
         return self._execution_pb(loaded, e)
 
     def _why_no_model(self, loaded: Loaded) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import grpc
 import pytest
@@ -96,3 +97,64 @@ def test_an_agent_lost_mid_run_is_a_failed_run_that_cost_its_reservation(monkeyp
     assert not o.ok and o.error.startswith("the run was lost") and "UNAVAILABLE" in o.error
     assert o.time_s >= 0.0 and o.cost == pytest.approx(6.0 * o.time_s / 60.0)
     assert detail.reservation_id == "r1" and crs.released == ["r1"]
+
+
+class _HeldAgent:
+    """Runs each command until StopExecution stops it; the caller cancels as soon as the first one started."""
+
+    cancel = threading.Event()
+    held: dict[str, threading.Event] = {}
+    stopped: list[str] = []
+
+    def __init__(self, channel) -> None:  # noqa: ANN001
+        pass
+
+    def Execute(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+        eid = f"e{len(self.held) + 1}"
+        self.held[eid] = threading.Event()
+
+        def events():  # type: ignore[no-untyped-def]
+            yield agent_pb2.ExecuteEvent(started=agent_pb2.ExecutionStarted(execution_id=eid))
+            self.cancel.set()          # the client goes away while the command runs
+            assert self.held[eid].wait(timeout=30), "never stopped"
+            yield agent_pb2.ExecuteEvent(exited=agent_pb2.ExecutionExited(exit_code=-15, reason="stopped"))
+        return events()
+
+    def StopExecution(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+        self.stopped.append(req.execution_id)
+        self.held[req.execution_id].set()
+
+
+@pytest.fixture
+def held_agent(monkeypatch):  # type: ignore[no-untyped-def]
+    crs = _Crs()
+    monkeypatch.setattr(local.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
+    monkeypatch.setattr(local.agent_pb2_grpc, "ExecutionAgentStub", _HeldAgent)
+    monkeypatch.setattr(_HeldAgent, "cancel", threading.Event())
+    monkeypatch.setattr(_HeldAgent, "held", {})
+    monkeypatch.setattr(_HeldAgent, "stopped", [])
+    return crs
+
+
+@pytest.mark.parametrize("name,params", [
+    ("rtm", {"rows": 800, "steps": 40}),        # while the application runs
+    ("wordcount", {"shards": 4}),               # while its service module starts, before it is ready
+])
+def test_a_cancelled_run_stops_its_modules_releases_its_reservation_and_says_why(held_agent, name, params):
+    b = backend(name, **params)
+    b.cancelled = _HeldAgent.cancel
+    detail = b.run(Proposal(0))
+    o = detail.observation
+    assert detail.cancelled and not o.ok and o.error == local.CANCELLED
+    assert _HeldAgent.stopped == ["e1"] and list(_HeldAgent.held) == ["e1"]    # nothing started after it
+    assert detail.reservation_id == "r1" and held_agent.released == ["r1"]
+    assert o.cost == pytest.approx(6.0 * o.time_s / 60.0)
+
+
+def test_a_run_cancelled_before_it_starts_reserves_nothing(held_agent):
+    b = backend("rtm", rows=800, steps=40)
+    b.cancelled = threading.Event()
+    b.cancelled.set()
+    detail = b.run(Proposal(0))
+    assert detail.cancelled and detail.observation.error == local.CANCELLED
+    assert detail.reservation_id == "" and held_agent.released == [] and not _HeldAgent.held
