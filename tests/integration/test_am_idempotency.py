@@ -88,27 +88,35 @@ def test_concurrent_submit_retries_with_one_request_id_get_one_application(make_
     assert other.id not in ids
 
 
+def losing_the_race(real: Callable[[str, str], Any], other: Callable[[], Any]) -> tuple[Callable, list, list[int]]:
+    """`real` (an AM's look for an earlier request id) that, at its second call (the look under the lock, right
+    before the insert), finds nothing and then lets `other` (another AM process) make the row first.
+
+    Returns the stand-in, what `other` answered, and [calls]."""
+    answers: list[Any] = []
+    calls = [0]
+
+    def look(tenant: str, request_id: str):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        found = real(tenant, request_id)
+        if calls[0] == 2:
+            assert found is None
+            answers.append(other())
+        return found
+
+    return look, answers, calls
+
+
 def test_a_submit_raced_by_another_am_process_on_the_same_database_returns_that_ones_application(make_am):
     # B looks for the request id and misses; A (another process: its own lock) inserts it; B inserts: the
     # database's unique (tenant, request_id) refuses B's row, and B must answer with A's application.
     first, second = make_am(), make_am()
     request = _submit_request("two-processes")
-    real = second._prior_application
-    answers: list[pb.Application] = []
-    calls = 0
-
-    def look_then_lose_the_race(tenant: str, request_id: str):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        found = real(tenant, request_id)
-        if calls == 2:                     # the look under the lock, right before the insert
-            assert found is None
-            answers.append(first.SubmitApplication(request, _Ctx()))
-        return found
-
-    second._prior_application = look_then_lose_the_race  # type: ignore[method-assign]
+    look, answers, calls = losing_the_race(second._prior_application,
+                                           lambda: first.SubmitApplication(request, _Ctx()))
+    second._prior_application = look  # type: ignore[method-assign]
     app = second.SubmitApplication(request, _Ctx())
-    assert calls == 3 and app.id == answers[0].id
+    assert calls == [3] and app.id == answers[0].id
     assert [a.id for a in second.ListApplications(pb.ListApplicationsRequest(tenant="t"), _Ctx()).applications] \
         == [app.id]
 
@@ -157,22 +165,11 @@ def test_an_execute_raced_by_another_am_process_on_the_same_database_returns_tha
     app = first.SubmitApplication(_submit_request(""), _Ctx())
     request = pb.ExecuteApplicationRequest(tenant="t", application_id=app.id, request_id="exec-two", online=True)
     held_run["release"].set()
-    real = second._prior_execution
-    answers: list[pb.ApplicationExecution] = []
-    calls = 0
-
-    def look_then_lose_the_race(tenant: str, request_id: str):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        found = real(tenant, request_id)
-        if calls == 2:
-            assert found is None
-            answers.append(first.ExecuteApplication(request, _Ctx()))
-        return found
-
-    second._prior_execution = look_then_lose_the_race  # type: ignore[method-assign]
+    look, answers, calls = losing_the_race(second._prior_execution,
+                                           lambda: first.ExecuteApplication(request, _Ctx()))
+    second._prior_execution = look  # type: ignore[method-assign]
     execution = second.ExecuteApplication(request, _Ctx())
-    assert calls == 3 and execution.id == answers[0].id
+    assert calls == [3] and execution.id == answers[0].id
     assert execution.state == pb.ApplicationExecution.STATE_SUCCEEDED
     assert held_run["runs"] == 1
     assert [e.id for e in second.ListExecutions(pb.ListExecutionsRequest(tenant="t"), _Ctx()).executions] \
