@@ -41,7 +41,7 @@ from application_manager.space import Space, from_manifest
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import irm_pb2, irm_pb2_grpc
-from services import client
+from services import client, paging
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
@@ -295,10 +295,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
     def ListApplications(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         with self.db.read() as s:
-            ids = list(s.scalars(sql_select(m.Application.id).where(m.Application.tenant == tenant)
-                                 .order_by(m.Application.created_at)))
+            rows, token = paging.page(s, sql_select(m.Application).where(m.Application.tenant == tenant),
+                                      [m.Application.created_at, m.Application.id], request.page_size,
+                                      request.page_token)
         out = []
-        for i in ids:
+        for i in [r.id for r in rows]:
             try:
                 out.append(self._application_pb(self._load(tenant, i)))
             except InvalidArgument as e:
@@ -308,7 +309,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 out.append(pb.Application(id=a.id, tenant=a.tenant, name=a.name, manifest_json=a.manifest,
                                           slo_json=a.slo, app_dir=a.app_dir, created_at=a.created_at,
                                           notes=[f"no longer valid: {e.message}; submit it again, fixed"]))
-        return pb.ListApplicationsResponse(applications=out)
+        return pb.ListApplicationsResponse(applications=out, next_page_token=token)
 
     # -- the model -------------------------------------------------------------------
     def _observations(self, loaded: Loaded) -> list[Observation]:
@@ -673,14 +674,15 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
     def ListExecutions(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        q = sql_select(m.Execution).where(m.Execution.tenant == tenant).order_by(m.Execution.started_at)
+        q = sql_select(m.Execution).where(m.Execution.tenant == tenant)
         if request.application_id:
             self._load(tenant, request.application_id)
             q = q.where(m.Execution.application_id == request.application_id)
         with self.db.read() as s:
-            rows = list(s.scalars(q))
+            rows, token = paging.page(s, q, [m.Execution.started_at, m.Execution.id], request.page_size,
+                                      request.page_token)
         return pb.ListExecutionsResponse(executions=[self._execution_pb(self._load(tenant, r.application_id), r)
-                                                     for r in rows])
+                                                     for r in rows], next_page_token=token)
 
 
 def component(config: AppManagerConfig, clock: Clock | None = None) -> Component:

@@ -8,7 +8,6 @@ be found again and released, now or (if the IRM is unreachable) later.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import math
@@ -35,6 +34,7 @@ from cross_resource_scheduler.registry import ManagerState, Registry
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
+from services import paging
 from services.clock import Clock, WallClock
 from services.db import Database, Prepared, default_url
 from services.errors import (
@@ -708,20 +708,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def ListReservations(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        size = 100 if request.page_size <= 0 else min(request.page_size, 1000)
-        try:
-            after = base64.urlsafe_b64decode(request.page_token.encode()).decode() if request.page_token else ""
-        except (ValueError, UnicodeDecodeError):
-            raise InvalidArgument.of("page_token", "not a token from a previous response") from None
         states = ["active", "released"] if request.include_released else ["active"]
         with self.db.read() as s:
-            rows = list(s.scalars(select(Reservation).where(
-                Reservation.tenant == tenant, Reservation.id > after, Reservation.state.in_(states))
-                .order_by(Reservation.id).limit(size + 1)))
-        token = ""
-        if len(rows) > size:
-            rows = rows[:size]
-            token = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
+            rows, token = paging.page(s, select(Reservation).where(Reservation.tenant == tenant,
+                                                                    Reservation.state.in_(states)),
+                                      [Reservation.id], request.page_size, request.page_token)
         return irm_pb2.ListReservationsResponse(reservations=[self._to_proto(r) for r in rows], next_page_token=token)
 
     def ReleaseReservation(self, request, context):  # noqa: N802

@@ -9,7 +9,6 @@ step rolls back the whole reservation: it is all-or-nothing.
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
 
@@ -21,12 +20,12 @@ from irm_compute import inventory as inv
 from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation, Vm
 from irm_compute.shapes import VmGroup
+from services import paging
 from services.clock import Clock
 from services.db import Database, Prepared
 from services.errors import (
     FailedPrecondition,
     HarnessError,
-    InvalidArgument,
     NotFound,
     ResourceExhausted,
     owned,
@@ -351,25 +350,11 @@ class ComputeStore:
             return res
 
     def list(self, tenant: str, include_released: bool, page_size: int, page_token: str) -> tuple[list[Reservation], str]:
-        page_size = 100 if page_size <= 0 else min(page_size, 1000)
-        after = ""
-        if page_token:
-            try:
-                after = base64.urlsafe_b64decode(page_token.encode()).decode()
-            except (ValueError, UnicodeDecodeError):
-                raise InvalidArgument.of("page_token", "not a token from a previous response") from None
         with self.db.read() as s:
-            q = (select(Reservation).options(selectinload(Reservation.vms))
-                 .where(Reservation.tenant == tenant, Reservation.id > after)
-                 .order_by(Reservation.id).limit(page_size + 1))
+            q = select(Reservation).options(selectinload(Reservation.vms)).where(Reservation.tenant == tenant)
             if not include_released:
                 q = q.where(Reservation.state == "active")
-            rows = list(s.scalars(q))
-        token = ""
-        if len(rows) > page_size:
-            rows = rows[:page_size]
-            token = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
-        return rows, token
+            return paging.page(s, q, [Reservation.id], page_size, page_token)
 
     def vm(self, vm_id: str) -> Vm:
         with self.db.read() as s:

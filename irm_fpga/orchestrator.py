@@ -13,9 +13,6 @@ groups.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
 import math
 import secrets
@@ -26,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
@@ -37,6 +34,7 @@ from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob
 from irm_fpga.models import Client, Group, Reservation
 from irm_fpga.wire import choices
 from services import client as rpc
+from services import paging
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
@@ -62,7 +60,6 @@ MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any c
 # Each WatchCapacity stream holds one of the server's 32 worker threads for as long as it is open; this component
 # shares them with FpgaJobs (whose WatchJobs takes up to jobs.MAX_WATCHES = 16) and every unary call.
 MAX_WATCHES = 8
-PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000   # ListReservations, as irm.proto says
 
 
 @dataclass
@@ -758,24 +755,12 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def ListReservations(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        if request.page_size < 0:
-            raise InvalidArgument.of("page_size", f"must be >= 0 (0: {PAGE_SIZE}; at most {MAX_PAGE_SIZE})")
-        size = min(request.page_size or PAGE_SIZE, MAX_PAGE_SIZE)
-        after = _page_position(request.page_token)
         with self.db.read() as s:
             q = select(Reservation).where(Reservation.tenant == tenant, Reservation.state != "pending")
             if not request.include_released:
                 q = q.where(Reservation.state == "active")
-            if after is not None:
-                # Keyset, not offset: a reservation made or released between pages neither repeats nor skips one.
-                at, rid = after
-                q = q.where(or_(Reservation.created_at > at,
-                                and_(Reservation.created_at == at, Reservation.id > rid)))
-            rows = list(s.scalars(q.order_by(Reservation.created_at, Reservation.id).limit(size + 1)))
-        token = ""
-        if len(rows) > size:
-            rows = rows[:size]
-            token = _page_token(rows[-1])
+            rows, token = paging.page(s, q, [Reservation.created_at, Reservation.id], request.page_size,
+                                      request.page_token)
         return irm_pb2.ListReservationsResponse(reservations=[self._reservation(r) for r in rows],
                                                 next_page_token=token)
 
@@ -942,25 +927,6 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 tuple(eng.ClientMeasurement(k.client_id, k.completed, k.waiting, k.running) for k in c.clients)))
         return eng.ServerMeasurements(m.time, m.devices, m.usable_devices, m.reconfigurations,
                                       m.reconfiguration_failures, tuple(out))
-
-
-def _page_token(last: Reservation) -> str:
-    return base64.urlsafe_b64encode(json.dumps([last.created_at, last.id]).encode()).decode()
-
-
-def _page_position(token: str) -> tuple[float, str] | None:
-    """Where a ListReservations page token says the next page starts (None: at the beginning)."""
-    if not token:
-        return None
-    try:
-        at, rid = json.loads(base64.b64decode(token, altchars=b"-_", validate=True))
-        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at) \
-                or not isinstance(rid, str) or not rid:
-            raise ValueError(token)
-    except (ValueError, TypeError, binascii.Error):
-        raise InvalidArgument.of("page_token", "not a token from a previous response (leave it empty for the "
-                                               "first page)") from None
-    return float(at), rid
 
 
 def component(config: OrchestratorConfig, clock: Clock | None = None) -> Component:

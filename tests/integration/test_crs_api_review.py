@@ -195,6 +195,10 @@ def test_a_manager_restarted_on_another_port_takes_its_name_back(make_cloud):
     eventually(lambda: cloud.managers()["compute-a"].address == new, what="compute-a registered at its new port")
     assert cloud.managers()["compute-a"].up
     eventually(lambda: cloud.hosts() == 1, what="compute-a's host followed at its new address")
+    # Until it has described its types again a Reserve is UNAVAILABLE (retry later): wait for the description.
+    eventually(lambda: [t.name for t in cloud.stub.DescribeAllocationSpec(
+        irm_pb2.DescribeAllocationSpecRequest(tenant="t"), timeout=5).resource_types] == ["vm"],
+        what="compute-a described vm again")
     res = cloud.stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[vm_group("g", 1)]),
                              timeout=30)
     assert res.state == irm_pb2.Reservation.STATE_ACTIVE

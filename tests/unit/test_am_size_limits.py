@@ -1,5 +1,5 @@
-"""Manifests and SLOs have a size limit: every Application message carries them, and ListApplications returns
-every application of the tenant in one message, so unbounded ones would soon exceed a client's receive limit.
+"""Manifests and SLOs have a size limit and ListApplications pages: every Application message carries them, so
+unbounded ones, all in one message, would soon exceed a client's receive limit.
 
 The Application Manager runs in-process on SQLite; the CRS is out of reach, its offered types stood in for.
 """
@@ -92,3 +92,19 @@ def test_a_retry_of_an_accepted_application_is_answered_before_the_limits_are_ch
                                                              manifest_json=_manifest_of(svc.MAX_MANIFEST_BYTES + 1)),
                                  _Ctx())
     assert again.id == first.id
+
+
+def test_list_applications_pages_oldest_first(am):
+    made = {_submit(am, examples.manifest("rtm")).id for _ in range(5)}
+    pages, seen, token = [], [], ""
+    while True:
+        reply = am.ListApplications(pb.ListApplicationsRequest(tenant="t", page_size=2, page_token=token), _Ctx())
+        pages.append(len(reply.applications))
+        seen += [(a.created_at, a.id) for a in reply.applications]
+        token = reply.next_page_token
+        if not token:
+            break
+    assert pages == [2, 2, 1] and {i for _, i in seen} == made and seen == sorted(seen)
+    with pytest.raises(InvalidArgument) as e:
+        am.ListApplications(pb.ListApplicationsRequest(tenant="t", page_token="forged"), _Ctx())
+    assert e.value.violations[0].field == "page_token"

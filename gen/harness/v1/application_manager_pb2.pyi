@@ -71,16 +71,22 @@ class GetApplicationRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., application_id: _Optional[str] = ...) -> None: ...
 
 class ListApplicationsRequest(_message.Message):
-    __slots__ = ("tenant",)
+    __slots__ = ("tenant", "page_size", "page_token")
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
-    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListApplicationsResponse(_message.Message):
-    __slots__ = ("applications",)
+    __slots__ = ("applications", "next_page_token")
     APPLICATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     applications: _containers.RepeatedCompositeFieldContainer[Application]
-    def __init__(self, applications: _Optional[_Iterable[_Union[Application, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, applications: _Optional[_Iterable[_Union[Application, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StartProfilingRequest(_message.Message):
     __slots__ = ("tenant", "application_id", "profiler", "max_runs", "max_cost", "max_duration_s", "seed", "warm_start", "run_timeout_s")
@@ -295,15 +301,21 @@ class ApplicationExecution(_message.Message):
     def __init__(self, id: _Optional[str] = ..., application_id: _Optional[str] = ..., tenant: _Optional[str] = ..., state: _Optional[_Union[ApplicationExecution.State, str]] = ..., configuration: _Optional[_Union[Configuration, _Mapping]] = ..., predicted_time_s: _Optional[float] = ..., predicted_cost: _Optional[float] = ..., measured_time_s: _Optional[float] = ..., measured_cost: _Optional[float] = ..., slo_met: _Optional[bool] = ..., error: _Optional[str] = ..., output_tail: _Optional[str] = ..., reservation_id: _Optional[str] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., slo: _Optional[str] = ...) -> None: ...
 
 class ListExecutionsRequest(_message.Message):
-    __slots__ = ("tenant", "application_id")
+    __slots__ = ("tenant", "application_id", "page_size", "page_token")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     application_id: str
-    def __init__(self, tenant: _Optional[str] = ..., application_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., application_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListExecutionsResponse(_message.Message):
-    __slots__ = ("executions",)
+    __slots__ = ("executions", "next_page_token")
     EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     executions: _containers.RepeatedCompositeFieldContainer[ApplicationExecution]
-    def __init__(self, executions: _Optional[_Iterable[_Union[ApplicationExecution, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, executions: _Optional[_Iterable[_Union[ApplicationExecution, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
