@@ -18,9 +18,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import grpc
+
+from services.client import all_pages
 
 DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
 
@@ -133,23 +134,11 @@ def cmd_execute(args: argparse.Namespace) -> int:
     return 0 if ex.state == pb.ApplicationExecution.STATE_SUCCEEDED else 1
 
 
-def _all_pages(call: Any, request: Any, field: str) -> Any:
-    """Every page of a List call, as one response (its next_page_token empty)."""
-    out = None
-    while True:
-        reply = call(request, timeout=30)
-        out = out or type(reply)()
-        getattr(out, field).extend(getattr(reply, field))
-        if not reply.next_page_token:
-            return out
-        request.page_token = reply.next_page_token
-
-
 def cmd_executions(args: argparse.Namespace) -> int:
     from harness.v1 import application_manager_pb2 as pb
 
     try:
-        _print(_all_pages(_stub(args).ListExecutions,
+        _print(all_pages(_stub(args).ListExecutions,
                           pb.ListExecutionsRequest(tenant=args.tenant, application_id=args.app or ""), "executions"))
     except grpc.RpcError as e:
         return _fail(e)
@@ -160,7 +149,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from harness.v1 import application_manager_pb2 as pb
 
     try:
-        _print(_all_pages(_stub(args).ListApplications, pb.ListApplicationsRequest(tenant=args.tenant),
+        _print(all_pages(_stub(args).ListApplications, pb.ListApplicationsRequest(tenant=args.tenant),
                           "applications"))
     except grpc.RpcError as e:
         return _fail(e)

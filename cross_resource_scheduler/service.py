@@ -762,7 +762,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=n.to_proto())
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        for ev in self.watchers.stream(snapshot, context.is_active):
+        for ev in self.watchers.stream(snapshot, context.is_active, request.tenant):
             if not request.resource_type or ev.resource.resource_type == request.resource_type:
                 yield ev
 

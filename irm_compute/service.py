@@ -400,7 +400,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(h))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        for batch in self.watchers.stream_batches(snapshot, context.is_active):
+        for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=request.tenant):
             yield from coalesce(batch)
 
     # -- ComputeControl --------------------------------------------------

@@ -458,8 +458,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._save_pool(d.pool, now)
         by_id = {r.id: r for r in queued}
         started = [self._start(by_id[job_id], n, now) for job_id, n in d.allocation]
-        # A dispatch the Orchestrator refused leaves its job queued: the next round decides again.
-        self._decided = inputs if all(started) else None
+        # The next round decides again when a dispatch the Orchestrator refused left its job queued, or when the
+        # pool grew while jobs still wait (the paper's Algorithm 3 grows one device a decision: a job wider than
+        # the pool needs several in a row, with no event between them).
+        grown_for_waiting = d.pool > pool and len(d.allocation) < len(queued)
+        self._decided = inputs if all(started) and not grown_for_waiting else None
 
     def _save_pool(self, devices: int, now: float) -> None:
         def save(s):  # type: ignore[no-untyped-def]
@@ -559,7 +562,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             if done and self.scheduler is None:
                 self._rebalance(now)             # EDF's event; the broker below redistributes under throughput
                                                  # (a Hydrogen decision follows below: one per instant)
-                rows = [r for r in rows if r not in done]
+            rows = [r for r in rows if r not in done]
             for r in rows:
                 t0, a0 = self._last.get(r.id, (r.registered_at, 0))
                 if now > t0:
@@ -887,7 +890,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             return [self.to_proto(r) for r in rows]
 
         # Subscribed before the snapshot is read: a change in between is sent (again), never lost.
-        for batch in self.watchers.stream_batches(snapshot, context.is_active):
+        for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=tenant):
             for job in batch:
                 if job.tenant != tenant or (one and job.id != one):
                     continue

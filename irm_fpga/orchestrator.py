@@ -808,7 +808,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(info))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        yield from self.watchers.stream(snapshot, context.is_active)
+        yield from self.watchers.stream(snapshot, context.is_active, request.tenant)
 
     # -- background rounds -----------------------------------------------
     def _every(self, interval_s: float, round_: Callable[[], object], what: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import grpc
 
@@ -44,3 +45,15 @@ def close_all() -> None:
         _channels.clear()
     for ch in chans:
         ch.close()
+
+
+def all_pages(call: Any, request: Any, field: str, timeout: float = 30.0) -> Any:
+    """Every page of a paged List call (`page_token` in, `next_page_token` out) as one reply."""
+    out = None
+    while True:
+        reply = call(request, timeout=timeout)
+        out = out or type(reply)()
+        getattr(out, field).extend(getattr(reply, field))
+        if not reply.next_page_token:
+            return out
+        request.page_token = reply.next_page_token

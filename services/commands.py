@@ -182,9 +182,10 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_reservations(args: argparse.Namespace) -> int:
     from harness.v1 import irm_pb2
+    from services.client import all_pages
 
-    return _show(lambda: _irm(args).ListReservations(irm_pb2.ListReservationsRequest(
-        tenant=args.tenant, include_released=args.all), timeout=30))
+    return _show(lambda: all_pages(_irm(args).ListReservations, irm_pb2.ListReservationsRequest(
+        tenant=args.tenant, include_released=args.all), "reservations"))
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

@@ -28,16 +28,26 @@ def page_size(requested: int) -> int:
     return min(requested or PAGE_SIZE, MAX_PAGE_SIZE)
 
 
-def _position(token: str, n: int) -> list[Any] | None:
+def _fits(value: Any, column: InstrumentedAttribute) -> bool:
+    """Whether a token's key value has its column's type (PostgreSQL refuses to compare text with numbers)."""
+    if column.type.python_type is str:
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:           # an integer too large for a float
+        return False
+
+
+def _position(token: str, order: Sequence[InstrumentedAttribute]) -> list[Any] | None:
     if not token:
         return None
     try:
         key = json.loads(base64.b64decode(token, altchars=b"-_", validate=True))
-        if not (isinstance(key, list) and len(key) == n
-                and all(isinstance(k, str) or (isinstance(k, int | float) and not isinstance(k, bool)
-                                               and math.isfinite(k)) for k in key)):
+        if not (isinstance(key, list) and len(key) == len(order) and all(map(_fits, key, order))):
             raise ValueError(token)
-    except (ValueError, TypeError, binascii.Error):
+    except (ValueError, TypeError, binascii.Error, RecursionError):
         raise InvalidArgument.of("page_token", "not a token from a previous response (leave it empty for the "
                                                "first page)") from None
     return key
@@ -48,7 +58,7 @@ def page(session: Session, query: Select, order: Sequence[InstrumentedAttribute]
     """One page of `query`'s rows in `order` (ascending columns, unique together) after `token`'s position,
     and the token of the next page ("" after the last)."""
     size = page_size(requested_size)
-    after = _position(token, len(order))
+    after = _position(token, order)
     if after is not None:
         query = query.where(tuple_(*order) > tuple_(*after))
     rows = list(session.scalars(query.order_by(*order).limit(size + 1)))

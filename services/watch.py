@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
@@ -13,7 +14,10 @@ E = TypeVar("E")
 
 # Streams one Broadcaster serves at once, by default: each holds one of the server's 32 worker threads
 # (services.server), which every other call and the health checks share; 32 idle watches froze a server.
+# The control plane's streams (no tenant: the CRS following an IRM) have slots of their own, so tenants'
+# watches never lock the CRS out of a manager's capacity.
 MAX_STREAMS = 8
+CONTROL_STREAMS = 4
 
 _CLOSED = object()
 
@@ -22,12 +26,15 @@ class Broadcaster(Generic[E]):
     """Each subscriber gets its own bounded queue; a slow one is dropped, not waited for."""
 
     def __init__(self, max_backlog: int = 100_000, *, max_streams: int | None = MAX_STREAMS,
-                 full: str = "watch streams are open on this server; close one, or poll instead") -> None:
-        """`max_streams` (None: no cap): a stream opened beyond it ends at once with RESOURCE_EXHAUSTED,
-        its message `max_streams` + " " + `full`."""
+                 full: str = "watch streams are open on this server; close one, or poll instead",
+                 control_streams: int = CONTROL_STREAMS) -> None:
+        """`max_streams` (None: no cap): tenants' streams at once; one beyond ends at once with
+        RESOURCE_EXHAUSTED, its message `max_streams` + " " + `full`. Streams of no tenant (the control
+        plane's) have `control_streams` of their own."""
         self._lock = threading.Lock()
-        self._open = 0
+        self._open: Counter[str] = Counter()     # open streams per tenant ("": the control plane)
         self._max_streams = max_streams
+        self._control_streams = control_streams
         self._full = full
         self._subs: set[queue.Queue] = set()
         # Subscribers cut off for falling behind: their stream ends (the watcher reconnects and
@@ -75,19 +82,29 @@ class Broadcaster(Generic[E]):
             except queue.Full:
                 pass
 
+    def _admit(self, tenant: str) -> None:
+        """Count a new stream of `tenant` in, or refuse it (under the lock)."""
+        if self._max_streams is None:
+            pass
+        elif not tenant:
+            if self._open[""] >= self._control_streams:
+                raise ResourceExhausted(f"{self._control_streams} control-plane {self._full}")
+        elif sum(n for t, n in self._open.items() if t) >= self._max_streams:
+            raise ResourceExhausted(f"{self._max_streams} {self._full}")
+        self._open[tenant] += 1
+
     def stream_batches(
-        self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool], max_batch: int = 256
+        self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool], max_batch: int = 256,
+        tenant: str = "",
     ) -> Iterator[list[E]]:
         """`stream` in lists: the snapshot as one list, then each time every event
         queued at that moment (at least one, at most `max_batch`), so that a burst of
-        changes can go out as one message."""
+        changes can go out as one message. `tenant`: whose stream it is, for the caps."""
         q: queue.Queue = queue.Queue(self._max)
         with self._lock:
             if self._closed:
                 return
-            if self._max_streams is not None and self._open >= self._max_streams:
-                raise ResourceExhausted(f"{self._max_streams} {self._full}")
-            self._open += 1
+            self._admit(tenant)
             self._subs.add(q)
         try:
             first = list(snapshot())
@@ -119,16 +136,17 @@ class Broadcaster(Generic[E]):
                 yield batch
         finally:
             with self._lock:
-                self._open -= 1
+                self._open[tenant] -= 1
                 self._subs.discard(q)
                 self._dropped.discard(q)
 
-    def stream(self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool]) -> Iterator[E]:
+    def stream(self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool],
+               tenant: str = "") -> Iterator[E]:
         """Subscribe first, then yield the snapshot, then live events.
 
         Subscribing before taking the snapshot means no change is lost between
         them; a change may be seen twice, which generations make harmless. A
         dropped (too slow) subscriber gets what was queued, then the stream ends.
         """
-        for batch in self.stream_batches(snapshot, is_active):
+        for batch in self.stream_batches(snapshot, is_active, tenant=tenant):
             yield from batch

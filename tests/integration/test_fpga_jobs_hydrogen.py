@@ -532,3 +532,28 @@ def test_a_queued_job_turning_late_is_a_decision_even_with_nothing_arriving_or_e
     irm.clock.advance(1.0)
     irm.manager.control_once()
     assert calls == [1002.0] and irm.job(a.id).state == ACTIVE
+
+
+def test_the_papers_managed_pool_grows_round_after_round_until_a_wide_job_fits(irm_factory):
+    irm = irm_factory("managed", late_after_s=50.0)
+    irm.manager._save_pool(2, irm.clock.now())             # shrunk to 2 by an earlier run (same policy)
+    irm.restart()
+    assert irm.manager.pool_devices() == 2
+    j = irm.register("j", min_devices=6, max_devices=6, action_seconds=1.0, **deadline(1000.0, 60))
+    for _ in range(10):                   # one device a decision (Algorithm 3): 2 -> 6 in four more rounds
+        irm.clock.advance(1.0)
+        irm.manager.control_once()
+    assert (irm.job(j.id).state, irm.job(j.id).devices) == (ACTIVE, 6)
+
+
+def test_a_retired_hydrogen_job_keeps_the_throughput_it_retired_with(irm_factory):
+    irm = irm_factory("fcfs_min")
+    a = irm.register("a", **deadline(60.0, 20))
+    irm.clock.advance(2.0)
+    irm.complete(irm.job(a.id), 20)
+    irm.manager.control_once()
+    job = irm.job(a.id)
+    assert job.state == RETIRED and job.achieved_throughput == pytest.approx(10.0)    # 20 actions in 2 s
+    irm.clock.advance(5.0)
+    irm.manager.control_once()
+    assert irm.job(a.id).achieved_throughput == pytest.approx(10.0) and a.id not in irm.manager._last

@@ -195,16 +195,32 @@ def test_open_streams_are_capped_and_a_closed_one_frees_its_slot() -> None:
     from services.errors import ResourceExhausted
 
     b: Broadcaster[int] = Broadcaster(max_streams=2, full="watches here; close one")
-    first, second = b.stream(lambda: [0], lambda: True), b.stream(lambda: [0], lambda: True)
+    first, second = (b.stream(lambda: [0], lambda: True, tenant="t") for _ in range(2))
     assert next(first) == 0 and next(second) == 0          # both subscribed
-    third = b.stream(lambda: [0], lambda: True)
+    third = b.stream(lambda: [0], lambda: True, tenant="t")
     with pytest.raises(ResourceExhausted, match="^2 watches here; close one$"):
         next(third)
     first.close()                                           # the client went away: its slot is free
-    fourth = b.stream(lambda: [0], lambda: True)
+    fourth = b.stream(lambda: [0], lambda: True, tenant="u")
     assert next(fourth) == 0
     b.publish([1])
     assert next(second) == 1 and next(fourth) == 1
+
+
+def test_tenants_streams_never_take_the_control_planes_slots() -> None:
+    import pytest
+
+    from services.errors import ResourceExhausted
+
+    b: Broadcaster[int] = Broadcaster(max_streams=2, control_streams=1, full="watches here")
+    tenants = [b.stream(lambda: [0], lambda: True, tenant=t) for t in ("alice", "bob")]
+    assert [next(s) for s in tenants] == [0, 0]
+    with pytest.raises(ResourceExhausted, match="^2 watches here$"):
+        next(b.stream(lambda: [0], lambda: True, tenant="carol"))
+    crs = b.stream(lambda: [0], lambda: True)              # no tenant: the CRS following this manager
+    assert next(crs) == 0
+    with pytest.raises(ResourceExhausted, match="^1 control-plane watches here$"):
+        next(b.stream(lambda: [0], lambda: True))
 
 
 def test_the_compute_irm_caps_its_capacity_watches(tmp_path: Path) -> None:
@@ -219,10 +235,10 @@ def test_the_compute_irm_caps_its_capacity_watches(tmp_path: Path) -> None:
             return True
 
     with irm_on(tmp_path, ("h1", 4, 2.0)) as irm:
-        streams = [irm.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx()) for _ in range(MAX_STREAMS)]
+        streams = [irm.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="t"), Ctx()) for _ in range(MAX_STREAMS)]
         for s in streams:
             next(s)
         with pytest.raises(ResourceExhausted, match="WatchCapacity streams are open on this compute IRM"):
-            next(irm.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx()))
+            next(irm.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="t"), Ctx()))
         for s in streams:
             s.close()
