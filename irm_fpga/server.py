@@ -75,6 +75,9 @@ class FpgaServerConfig:
     reconfig_failure_rate: float = 0.0
     blacklist_after: int = 3
     seed: int = 0
+    # InjectFault answers only with this on (tests, fault drills): it makes reconfigurations fail and, repeated,
+    # blacklists devices, which no caller of a production server should be able to do.
+    fault_injection: bool = False
 
 
 # While handlers drive the engine, the dispatcher looks in this often and hands out what is this late.
@@ -438,6 +441,11 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                          for c in g.clients]) for g in m.groups])
 
     def InjectFault(self, request, context):  # noqa: N802
+        if not self.config.fault_injection:
+            raise FailedPrecondition(f"fault injection is off on FPGA-server {self.config.name!r}: start it with "
+                                     "fault_injection: true (tests and fault drills only)")
+        if request.count < 0:
+            raise InvalidArgument.of("count", "reconfigurations to fail: >= 0")
         self._engine_call(self.engine.inject_reconfiguration_failures, request.device, request.count)
         return fpga_pb2.InjectFaultResponse()
 

@@ -26,7 +26,8 @@ def bs_call(s, k, r, v, t):
 
 @pytest.fixture
 def fpga(suite):
-    servers = [suite.start("fpga-server", name=f"fpga-{i}", devices=4, **FAST)
+    # fpga-0 takes InjectFault (a fault drill's setting); fpga-1 refuses it, as a production server does.
+    servers = [suite.start("fpga-server", name=f"fpga-{i}", devices=4, fault_injection=i == 0, **FAST)
                for i in range(2)]
     orch = suite.start("fpga", servers=",".join(s.address for s in servers))
     stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
@@ -146,6 +147,14 @@ def test_failed_reconfigurations_blacklist_a_device_and_the_group_keeps_working(
     stub, addr = fpga["stub"], fpga["orch"].address
     server = fpga["servers"][0]
     s = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
+    # Off unless the server was started for it: refused, nothing injected; a negative count is bad input.
+    with pytest.raises(grpc.RpcError) as off:
+        fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(fpga["servers"][1].address)).InjectFault(
+            fpga_pb2.InjectFaultRequest(device=0, count=100))
+    assert off.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "fault_injection" in off.value.details()
+    with pytest.raises(grpc.RpcError) as negative:
+        s.InjectFault(fpga_pb2.InjectFaultRequest(device=0, count=-1))
+    assert negative.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # Every reconfiguration of device 0 fails from now on (fault injection at the emulator's edge).
     s.InjectFault(fpga_pb2.InjectFaultRequest(device=0, count=100))
     g = create(stub, design="black_scholes", size=4)  # all of fpga-0's devices, device 0 included

@@ -174,7 +174,8 @@ class FpgaServerServicer:
 
     def InjectFault(self, request, context):
         """Test-only fault injection at the edge of what the emulator emulates:
-        make the next `count` reconfigurations of `device` fail.
+        make the next `count` reconfigurations of `device` fail. FAILED_PRECONDITION
+        unless the server runs with `fault_injection: true`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
