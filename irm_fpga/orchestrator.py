@@ -34,7 +34,7 @@ from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob
 from irm_fpga.models import Client, Group, Reservation
 from irm_fpga.wire import choices
 from services import client as rpc
-from services import paging
+from services import control, paging
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
@@ -70,6 +70,8 @@ class OrchestratorConfig:
     state_dir: str = "~/.harness"
     # FPGA-server addresses (comma-separated in env/--set).
     servers: list[str] = field(default_factory=lambda: ["127.0.0.1:50081"])
+    # Sent with every call to the FPGA-servers, whose `control_token` must match (services.control).
+    control_token: str = ""
     site: str = "site-a"
     rack: str = "rack-fpga"
     crs_address: str = ""
@@ -104,9 +106,10 @@ class OrchestratorConfig:
 class ServerHandle:
     name: str
     address: str
+    token: str = ""            # the servers' control token (services.control)
 
     def stub(self) -> fpga_pb2_grpc.FpgaServerStub:
-        return fpga_pb2_grpc.FpgaServerStub(rpc.channel(self.address))
+        return fpga_pb2_grpc.FpgaServerStub(control.channel(rpc.channel(self.address), self.token))
 
 
 def _rpc_error(server: str, e: grpc.RpcError) -> HarnessError:
@@ -162,11 +165,11 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _discover_servers(self) -> None:
         for address in self.config.servers:
             try:
-                info = ServerHandle("?", address).stub().GetServer(fpga_pb2.GetServerRequest(),
+                info = ServerHandle("?", address, self.config.control_token).stub().GetServer(fpga_pb2.GetServerRequest(),
                                                                    timeout=self.config.server_timeout_s)
             except grpc.RpcError as e:
                 raise OSError(f"FPGA-server at {address} is unreachable ({e.code().name})") from None
-            self.servers[info.name] = ServerHandle(info.name, address)
+            self.servers[info.name] = ServerHandle(info.name, address, self.config.control_token)
 
     def _reassert(self) -> None:
         """After a restart: make every server hold what the database says (all calls idempotent)."""

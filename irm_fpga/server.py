@@ -40,6 +40,7 @@ from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga import designs as design_lib
 from irm_fpga import engine as eng
 from irm_fpga.wire import KIND_TO_ENGINE, KIND_TO_WIRE, WireError, choices, from_map, to_map
+from services import control
 from services.clock import Clock, WallClock
 from services.errors import (
     FailedPrecondition,
@@ -78,6 +79,9 @@ class FpgaServerConfig:
     # InjectFault answers only with this on (tests, fault drills): it makes reconfigurations fail and, repeated,
     # blacklists devices, which no caller of a production server should be able to do.
     fault_injection: bool = False
+    # Control calls (group parts, clients, state) only from a caller sending this token: the Orchestrator's
+    # `control_token` (services.control). Empty: anyone who reaches the address (development).
+    control_token: str = ""
 
 
 # While handlers drive the engine, the dispatcher looks in this often and hands out what is this late.
@@ -342,6 +346,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                                   server=self.config.name)
 
     def GetServer(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         devices = [fpga_pb2.DeviceInfo(index=d.index, state=STATE.get("blacklisted" if d.blacklisted else d.state,
                                                                       fpga_pb2.DeviceInfo.STATE_UNSPECIFIED),
                                        design=d.design or "", group_id=d.group_id or "", failures=d.failures)
@@ -363,6 +368,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return out
 
     def CreateGroupPart(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         if not request.group_id:
             raise InvalidArgument.of("group_id", "required")
         if request.design not in design_lib.DESIGNS:
@@ -377,6 +383,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return self._part(info)
 
     def ResizeGroupPart(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         return self._part(self._engine_call(self.engine.resize_group, request.group_id, request.size,
                                             hand_back=request.hand_back))
 
@@ -384,6 +391,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return any(g.group_id == group_id for g in self.engine.groups())
 
     def DeleteGroupPart(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         if self._has(request.group_id):
             self._engine_call(self.engine.delete_group, request.group_id)  # revokes its clients
         with self.lock:
@@ -393,6 +401,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return fpga_pb2.DeleteGroupPartResponse()
 
     def AttachClient(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         if not request.token:
             raise InvalidArgument.of("token", "required")
         with self.lock:
@@ -406,6 +415,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return fpga_pb2.ServerAttachResponse()
 
     def DetachClient(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         with self.lock:
             self.tokens.pop(request.client_id, None)
         try:
@@ -416,6 +426,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return fpga_pb2.ServerClientResponse()
 
     def RevokeClient(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         with self.lock:
             self.tokens.pop(request.client_id, None)
         try:
@@ -427,6 +438,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return fpga_pb2.ServerClientResponse(cancelled=cancelled)
 
     def GetMeasurements(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         m = self.engine.measurements()
         return fpga_pb2.ServerMeasurements(
             time=m.time, usable_devices=m.usable, reconfigurations=m.reconfigurations, devices=m.devices,
@@ -441,6 +453,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                          for c in g.clients]) for g in m.groups])
 
     def InjectFault(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         if not self.config.fault_injection:
             raise FailedPrecondition(f"fault injection is off on FPGA-server {self.config.name!r}: start it with "
                                      "fault_injection: true (tests and fault drills only)")

@@ -111,6 +111,11 @@ class Unavailable(HarnessError):
     code: grpc.StatusCode = field(default=grpc.StatusCode.UNAVAILABLE, init=False)
 
 
+@dataclass
+class Unauthenticated(HarnessError):
+    code: grpc.StatusCode = field(default=grpc.StatusCode.UNAUTHENTICATED, init=False)
+
+
 def to_status(error: HarnessError) -> status_pb2.Status:
     return status_pb2.Status(
         code=getattr(code_pb2, error.code.name),

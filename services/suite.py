@@ -8,6 +8,7 @@ service adds itself to `plan()`.
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,13 +100,19 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     procs: list[ServiceProcess] = []
     chosen = _file_settings(config_file)
+    # The FPGA-server takes control calls from this suite's Orchestrator only (services.control); in the
+    # environment, not on a command line other local users can read.
+    token = secrets.token_hex(16)
     try:
         for p in plan(state_dir, auto_ports):
             # The suite's wiring is a default: what the config file sets (e.g. remote CRSes) stands.
             section = SERVICES[p.service].section
             settings = {k: v for k, v in p.settings.items() if k not in chosen.get(section, set())}
+            env = {}
+            if p.service in ("fpga-server", "fpga") and "control_token" not in chosen.get(section, set()):
+                env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
             proc = spawn(p.service, name=p.name, address=p.address, settings=settings, config_file=config_file,
-                         log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"))
+                         env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"))
             procs.append(proc)
             proc.wait_ready()
             if on_started:

@@ -295,3 +295,23 @@ def test_tasks_queued_on_a_part_shrunk_to_nothing_run_on_the_other_part(fpga):
         assert not hung, f"{len(hung)} of 80 tasks never answered"
         outcomes = [fu.result() for fu in futures]             # none failed: handed back, sent again
     assert len(outcomes) == 80 and {o.server for o in outcomes[-5:]} == {left}
+
+
+def test_a_server_with_a_control_token_takes_control_calls_from_its_orchestrator_only(suite):
+    token = "t0ken-of-this-suite"
+    server = suite.start("fpga-server", name="fpga-locked", devices=2, control_token=token, **FAST)
+    orch = suite.start("fpga", servers=server.address, control_token=token)
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
+    g = create(stub, design="sleep", size=2)                 # the Orchestrator sends the token: it works
+    with VirtualFpga.attach(orch.address, "alice", g.id) as f:
+        assert len(f.map([{"duration": 0.01}] * 4)) == 4     # the data plane needs no control token
+    direct = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
+    for metadata in ((), (("x-harness-control-token", "guess"),)):
+        with pytest.raises(grpc.RpcError) as e:                # a tenant reaching the server itself
+            direct.AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id="mallory", token="x"),
+                                metadata=metadata, timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as e:
+            direct.DeleteGroupPart(fpga_pb2.DeleteGroupPartRequest(group_id=g.id), metadata=metadata, timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert stub.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=g.id), timeout=10).size == 2

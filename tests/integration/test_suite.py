@@ -228,9 +228,15 @@ def test_a_config_files_settings_beat_the_suites_wiring(tmp_path):
     conf.write_text("fpga-server:\n  name: fpga-7\n  devices: 3\n")
     procs = suite_mod.start(str(tmp_path / "state"), auto_ports=True, config_file=str(conf))
     try:
-        server = next(p for p in procs if p.name == "fpga-server")
-        info = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)).GetServer(
-            fpga_pb2.GetServerRequest(), timeout=10)
+        orch = next(p for p in procs if p.name == "fpga")
+        (info,) = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address)).ListDevices(
+            fpga_pb2.ListDevicesRequest(tenant="t"), timeout=10).servers
         assert (info.name, len(info.devices)) == ("fpga-7", 3)
+        # The suite's FPGA-server takes control calls from its Orchestrator only (a token made for this suite).
+        server = next(p for p in procs if p.name == "fpga-server")
+        with pytest.raises(grpc.RpcError) as e:
+            fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)).GetServer(
+                fpga_pb2.GetServerRequest(), timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         suite_mod.stop(procs)

@@ -1,0 +1,47 @@
+"""A shared secret between a control plane and the servers it drives (the FPGA Orchestrator and its FPGA-servers).
+
+A server configured with a control token takes its control calls (create/resize/delete group parts, attach or
+revoke clients, read its state) only from a caller that sends the same token in the call's metadata: a tenant
+who can reach the server's address cannot take over another tenant's group part. An empty token checks nothing
+(a development setup); `harness up` makes one for every suite, compose takes `HARNESS_CONTROL_TOKEN`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import grpc
+
+from services.errors import Unauthenticated
+
+METADATA_KEY = "x-harness-control-token"
+
+
+def check(token: str, context: Any, what: str) -> None:
+    """UNAUTHENTICATED unless the call carries `token` (nothing to check when it is empty)."""
+    if not token:
+        return
+    sent = dict(context.invocation_metadata() or ()).get(METADATA_KEY, "")
+    if not hmac.compare_digest(sent.encode(), token.encode()):
+        raise Unauthenticated(f"{what} takes control calls from its control plane only (a control token)")
+
+
+class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def _with(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), (METADATA_KEY, self._token)]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._with(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._with(client_call_details), request)
+
+
+def channel(base: grpc.Channel, token: str) -> grpc.Channel:
+    """`base`, sending `token` with every call (as it is when the token is empty)."""
+    return grpc.intercept_channel(base, _Token(token)) if token else base
