@@ -66,7 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `harness run ... -- cmd args`: what follows the first `--` is the tenant's command, untouched (its own
+    # `--` and options included), and the options before it may come in any order.
+    command = None
+    if argv[:1] == ["run"] and "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
     args = build_parser().parse_args(argv)
+    if command is not None:
+        args.argv = command
     return int(args.func(args) or 0)
 
 

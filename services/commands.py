@@ -198,7 +198,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2
 
-    argv = [a for a in args.argv if a != "--"]
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:                 # called without `services.cli.main` splitting it off
+        argv = argv[1:]
     if not argv:
         print("harness run: give the command after --", file=sys.stderr)
         return 2
@@ -375,13 +377,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("reservation")
     p.set_defaults(func=cmd_metrics)
 
-    p = sub.add_parser("run", help="run a command in a reserved VM: harness run RES [--vm ID] -- cmd args")
+    p = sub.add_parser("run", help="run a command in a reserved VM: harness run RES [--vm ID] [--env K=V] "
+                                   "[--timeout S] -- cmd args")
     common(p)
     p.add_argument("reservation")
     p.add_argument("--vm", help="VM id (default: the first of the reservation)")
     p.add_argument("--env", action="append", help="NAME=VALUE")
     p.add_argument("--timeout", type=float, default=0.0)
-    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.add_argument("argv", nargs="*", help="the command, after --")
     p.set_defaults(func=cmd_run)
 
     from application_manager import cli as am_cli
@@ -428,7 +431,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("bench", help="run a benchmark (prints JSON): crs, fpga-overhead, fpga-elasticity, "
-                                     "autoscaler, profilers")
+                                     "autoscaler, profilers, policies")
     p.add_argument("name")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags, e.g. --quick --json")
     p.set_defaults(func=cmd_bench)

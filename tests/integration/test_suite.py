@@ -181,6 +181,14 @@ def test_cli_tenant_verbs_against_the_suite(running):
     assert len({r["physical_id"] for g in res["groups"] for r in g["resources"]}) == 2
     listed = json.loads(harness("reservations").stdout)
     assert [r["id"] for r in listed["reservations"]] == [res["id"]]
+    # Options after the reservation, and the command's own `--` and flags kept as given.
+    vm = res["groups"][0]["resources"][1]["id"]
+    ran = subprocess.run([sys.executable, "-m", "services.cli", "run", res["id"], "--vm", vm, "--env", "GREETING=hi",
+                          "--crs", running["addrs"]["crs"], "--tenant", "cli-user", "--",
+                          sys.executable, "-c", "import os, sys; print(os.environ['GREETING'], sys.argv[1:])",
+                          "--", "--vm"], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert "hi ['--', '--vm']" in ran.stdout
     assert json.loads(harness("release", res["id"]).stdout)["state"] == "STATE_RELEASED"
     bad = harness("reserve", "--group", "name=web,cores=0,memory_gb=1")
     assert bad.returncode == 1 and "groups[0].attributes[cores]" in bad.stderr
