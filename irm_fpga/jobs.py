@@ -129,6 +129,9 @@ class JobsConfig:
     pool_max: int = 0                  # 0: every usable device not held by other groups
     beta: float = 2.5                  # Hydrogen managed modes: Algorithm 3's shrink threshold
     lookahead_budget_s: float = 0.25   # managed_lookahead: search time per decision (it holds the manager's lock)
+    # A server holding job groups that does not answer holds decisions back (its devices would count as gone and
+    # jobs shrink for a timeout); silent longer than this, it is taken as gone and decisions go on without it.
+    silent_server_s: float = 60.0
 
     @classmethod
     def of(cls, config: Any) -> JobsConfig:
@@ -148,6 +151,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             raise ValueError(f"job manager configuration: unknown policy {self.config.policy!r}; "
                              f"known: {', '.join(sorted({*ALLOCATION_POLICIES, *SCHEDULING_ALGORITHMS}))}; "
                              f"or a scheduling algorithm of your own as 'package.module:function'")
+        if not self.config.silent_server_s >= 0:
+            raise ValueError("job manager configuration: silent_server_s must be >= 0 seconds")
         if not self.config.lookahead_budget_s >= 0:
             raise ValueError("job manager configuration: lookahead_budget_s must be >= 0 seconds")
         # A Hydrogen policy dispatches from a ready queue; None: "edf" or "throughput" resize groups.
@@ -183,6 +188,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # when the manager started: their first reading is a baseline, not progress (it counts everything since
         # the group was made, already in observed_actions).
         self._unseen: dict[str, set[str]] = {}
+        self._silent_since: dict[str, float] = {}            # server holding job groups -> first unanswered round
         self._last: dict[str, tuple[float, int]] = {}        # job -> (time, actions) at the last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
@@ -364,10 +370,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         with self.db.read() as s:
             held = {n for r in active if r.group_id for g in [s.get(Group, r.group_id)] if g for n in (g.parts or {})}
         missing = sorted(held - set(caps))
-        if missing:
+        now = self.clock.now()
+        self._silent_since = {n: self._silent_since.get(n, now) for n in missing}
+        waiting = [n for n in missing if now - self._silent_since[n] < self.config.silent_server_s]
+        if waiting:
             log.warning("job allocation skipped: servers holding job groups did not answer",
-                        extra={"servers": missing})
+                        extra={"servers": waiting})
             return None
+        if missing:
+            log.warning("servers holding job groups silent for longer than silent_server_s: deciding without "
+                        "their devices", extra={"servers": missing, "silent_server_s": self.config.silent_server_s})
         return self._pool(active, caps)
 
     # -- applying decisions ------------------------------------------------

@@ -496,6 +496,20 @@ def test_no_decision_while_a_server_holding_job_groups_is_silent(irm_factory):
     assert irm.job(b.id).state == ACTIVE
 
 
+def test_a_server_silent_for_longer_than_the_bound_is_taken_as_gone(irm_factory):
+    irm = irm_factory("fcfs_min", silent_server_s=30.0)
+    a = irm.register("a", min_devices=1, max_devices=1, action_seconds=100.0, **deadline(1000.0, 10))
+    irm.orch.servers = {"s1": irm.server, "s2": irm.server}
+    irm.orch.capacity = {"s2": 2}          # s1, holding a's group, stops answering for good
+    b = irm.register("b", min_devices=1, max_devices=1, action_seconds=1.0, **deadline(1000.0, 10))
+    irm.clock.advance(29.0)
+    irm.manager.control_once()
+    assert irm.job(b.id).state == QUEUED   # within the bound: a timeout, not a loss
+    irm.clock.advance(2.0)
+    irm.manager.control_once()             # 31 s of silence: s1's devices are gone, s2's 2 serve the queue
+    assert irm.job(b.id).state == ACTIVE and irm.job(a.id).state == ACTIVE
+
+
 def test_a_queued_job_wider_than_the_pool_holds_back_no_one(irm_factory):
     irm = irm_factory("managed_lookahead")
     r = irm.register("r", min_devices=7, max_devices=7, action_seconds=1.0, **deadline(600.0, 7))
