@@ -33,10 +33,16 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 class Refused(grpc.RpcError):
     """One request's refusal inside a batch, shaped as the RpcError its own call would raise."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 violations: list[tuple[str, str]] | None = None) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self._violations = list(violations or [])
+
+    def field_violations(self) -> list[tuple[str, str]]:
+        """(field, description) of an INVALID_ARGUMENT, as the manager's BadRequest would have named them."""
+        return self._violations
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -131,4 +137,5 @@ class Delegator:
                 code = _CODES.get(outcome.error.code, grpc.StatusCode.UNKNOWN)
                 if code == grpc.StatusCode.OK:  # neither a reservation nor a refusal: in doubt
                     code = grpc.StatusCode.UNKNOWN
-                item.error = Refused(code, outcome.error.message)
+                item.error = Refused(code, outcome.error.message,
+                                     [(v.field, v.description) for v in outcome.error.field_violations])

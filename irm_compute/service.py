@@ -103,7 +103,10 @@ def coalesce(events: list[irm_pb2.CapacityEvent]) -> Iterator[irm_pb2.CapacityEv
 
 
 def _refusal(e: HarnessError) -> irm_pb2.ReserveOutcome:
-    return irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(code=e.code.value[0], message=e.message))
+    bad = [irm_pb2.ReserveFieldViolation(field=v.field, description=v.description)
+           for v in getattr(e, "violations", [])]
+    return irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(code=e.code.value[0], message=e.message,
+                                                             field_violations=bad))
 
 
 def _validate_request_id(request_id: str) -> None:

@@ -160,7 +160,9 @@ def _peer_violations(e: grpc.RpcError) -> list[FieldViolation]:
     from grpc_status import rpc_status
 
     if not isinstance(e, grpc.Call):
-        return []  # an error built on this side (e.g. one refusal of a batch): code and message only
+        # An error built on this side: one refusal of a batch says its violations itself, if it has any.
+        carried = getattr(e, "field_violations", None)
+        return [FieldViolation(f, d) for f, d in carried()] if callable(carried) else []
     try:
         status = rpc_status.from_call(e)  # type: ignore[arg-type]
     except (ValueError, DecodeError):  # a rich status contradicting the call's own status is not this call's

@@ -74,6 +74,7 @@ def test_reserve_batch_answers_each_request_as_reserve_would(irm: ComputeIrm) ->
         out[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         and "request_id" in out[2].error.message
     )
+    assert [v.field for v in out[2].error.field_violations] == ["request_id"]   # as Reserve's BadRequest
     # each reply says the host's generation right after its own take
     r1 = {r.physical_id: r.physical_generation for r in out[0].reservation.groups[0].resources}
     r3 = {r.physical_id: r.physical_generation for r in out[3].reservation.groups[0].resources}

@@ -70,6 +70,17 @@ def test_a_managers_group_paths_are_renamed_to_the_tenants() -> None:
     assert path("groups") == "groups"
 
 
+def test_a_batch_refusals_field_violations_reach_the_tenant_renamed() -> None:
+    # A ReserveBatch outcome carries its BadRequest as field_violations: the same answer as a Reserve alone.
+    refused = Refused(grpc.StatusCode.INVALID_ARGUMENT, "groups[0].attributes[cores]: whole cores only",
+                      [("groups[0].attributes[cores]", "whole cores only")])
+    e = from_rpc_error("manager 'm'", refused, "nothing was reserved",
+                       tenant_paths([irm_pb2.ResourceGroup(name="g")], {"g": 3}))
+    assert isinstance(e, InvalidArgument)
+    assert [(v.field, v.description) for v in e.violations] == [("groups[3].attributes[cores]", "whole cores only")]
+    assert e.message == "manager 'm': groups[3].attributes[cores]: whole cores only; nothing was reserved"
+
+
 def test_a_refusal_without_a_rich_status_is_passed_on_with_its_text() -> None:
     # A refusal from inside a ReserveBatch carries a code and a message only.
     e = from_rpc_error("manager 'm'", Refused(grpc.StatusCode.INVALID_ARGUMENT, "groups[0].count: too many"),

@@ -168,12 +168,22 @@ class ReserveOutcome(_message.Message):
     def __init__(self, reservation: _Optional[_Union[Reservation, _Mapping]] = ..., error: _Optional[_Union[ReserveError, _Mapping]] = ...) -> None: ...
 
 class ReserveError(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "field_violations")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    field_violations: _containers.RepeatedCompositeFieldContainer[ReserveFieldViolation]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., field_violations: _Optional[_Iterable[_Union[ReserveFieldViolation, _Mapping]]] = ...) -> None: ...
+
+class ReserveFieldViolation(_message.Message):
+    __slots__ = ("field", "description")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    description: str
+    def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
 
 class AllocatedResource(_message.Message):
     __slots__ = ("id", "physical_id", "address", "attributes", "location", "notes", "physical_generation")
