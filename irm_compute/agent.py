@@ -39,6 +39,7 @@ from irm_compute.sandbox import (
     VmSlot,
     merge_utilisation,
 )
+from services import control
 from services.errors import (
     FailedPrecondition,
     HarnessError,
@@ -86,14 +87,18 @@ class AgentConfig:
     # 0.1 s) kills what runs on VMs it released. The IRM also tells the agent of a release, once and best
     # effort; this makes a missed one harmless.
     vm_check_interval_s: float = 2.0
+    # Shared with the compute IRM (services.control): sent with GetVm, required on ReleaseVm and GetVmMetrics
+    # (the compute IRM's calls). Empty: nothing sent or checked (development).
+    control_token: str = ""
 
 
 class ComputeClient:
     """`ComputeControl/GetVm` with a deadline, its failures as domain errors."""
 
-    def __init__(self, address: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 5.0, control_token: str = "") -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.control_token = control_token
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: compute_pb2_grpc.ComputeControlStub | None = None
@@ -103,7 +108,7 @@ class ComputeClient:
             # Created on first use, not at import or construction: gRPC objects must not cross a fork.
             if self._stub is None:
                 self._channel = grpc.insecure_channel(self.address)
-                self._stub = compute_pb2_grpc.ComputeControlStub(self._channel)
+                self._stub = compute_pb2_grpc.ComputeControlStub(control.channel(self._channel, self.control_token))
             stub = self._stub
         try:
             return stub.GetVm(compute_pb2.GetVmRequest(vm_id=vm_id), timeout=self.timeout_s)
@@ -512,16 +517,18 @@ class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
         return _execution_pb(self.agent.stop(request.tenant, request.execution_id))
 
     def ReleaseVm(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        control.check(self.agent.config.control_token, context, "the agent")
         return agent_pb2.ReleaseVmResponse(killed=self.agent.release_confirmed(request.vm_id))
 
     def GetVmMetrics(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        control.check(self.agent.config.control_token, context, "the agent")
         return agent_pb2.GetVmMetricsResponse(series=self.agent.vm_metrics(request.tenant, request.vm_id,
                                                                           request.since))
 
 
 def component(config: AgentConfig) -> Component:
     """The agent as a server component; `stop` kills every running execution."""
-    agent = Agent(config, ComputeClient(config.compute_address, config.compute_timeout_s))
+    agent = Agent(config, ComputeClient(config.compute_address, config.compute_timeout_s, config.control_token))
     servicer = ExecutionAgentServicer(agent)
     return Component(
         name="agent",

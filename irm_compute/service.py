@@ -27,7 +27,7 @@ from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
 from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
 from irm_compute.store import ComputeStore, HostUsage, Outcome, ReservationRecord
-from services import client
+from services import client, control
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import FailedPrecondition, HarnessError, InvalidArgument, Violations, require_tenant
@@ -42,6 +42,9 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 @dataclass
 class ComputeConfig:
     address: str = "127.0.0.1:50061"
+    # Shared with the agents (services.control): required on GetVm, sent with ReleaseVm and GetVmMetrics.
+    # Empty: nothing checked or sent (development).
+    control_token: str = ""
     # Name under which this IRM registers with the CRS.
     name: str = "compute"
     # SQLAlchemy URL; empty: a SQLite file in state_dir.
@@ -386,7 +389,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
             if not agent:
                 continue
-            stub = agent_pb2_grpc.ExecutionAgentStub(client.channel(agent))
+            stub = agent_pb2_grpc.ExecutionAgentStub(control.channel(client.channel(agent), self.config.control_token))
             try:
                 reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, tenant=res.tenant,
                                                                         since=request.since), timeout=5)
@@ -408,6 +411,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     # -- ComputeControl --------------------------------------------------
     def GetVm(self, request, context):  # noqa: N802
+        control.check(self.config.control_token, context, f"compute IRM {self.config.name!r}")
         if not request.vm_id:
             raise InvalidArgument.of("vm_id", "required")
         vm = self.store.vm(request.vm_id)
@@ -427,7 +431,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 return
             agent, vm_id = item
             try:
-                agent_pb2_grpc.ExecutionAgentStub(client.channel(agent)).ReleaseVm(
+                agent_pb2_grpc.ExecutionAgentStub(control.channel(client.channel(agent),
+                                                                  self.config.control_token)).ReleaseVm(
                     agent_pb2.ReleaseVmRequest(vm_id=vm_id), timeout=3)
             except grpc.RpcError as e:
                 # An agent that is down has no processes of this VM to kill; it

@@ -100,8 +100,8 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     procs: list[ServiceProcess] = []
     chosen = _file_settings(config_file)
-    # The FPGA-server takes control calls from this suite's Orchestrator only (services.control); in the
-    # environment, not on a command line other local users can read.
+    # The FPGA-server takes control calls from this suite's Orchestrator only, the agent and the compute IRM
+    # from each other only (services.control); in the environment, not on a command line others can read.
     token = secrets.token_hex(16)
     try:
         for p in plan(state_dir, auto_ports):
@@ -109,7 +109,8 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
             section = SERVICES[p.service].section
             settings = {k: v for k, v in p.settings.items() if k not in chosen.get(section, set())}
             env = {}
-            if p.service in ("fpga-server", "fpga") and "control_token" not in chosen.get(section, set()):
+            if p.service in ("fpga-server", "fpga", "compute", "agent") \
+                    and "control_token" not in chosen.get(section, set()):
                 env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
             proc = spawn(p.service, name=p.name, address=p.address, settings=settings, config_file=config_file,
                          env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"))

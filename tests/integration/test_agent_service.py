@@ -33,6 +33,7 @@ class FakeComputeControl(compute_pb2_grpc.ComputeControlServicer):
     def __init__(self) -> None:
         self.vms: dict[str, compute_pb2.Vm] = {}
         self.lookups: Counter[str] = Counter()
+        self.tokens: list[str] = []      # the control token each GetVm carried ("" when none)
         self._lock = threading.Lock()
 
     def add(
@@ -52,6 +53,7 @@ class FakeComputeControl(compute_pb2_grpc.ComputeControlServicer):
     def GetVm(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
         with self._lock:
             self.lookups[request.vm_id] += 1
+            self.tokens.append(dict(context.invocation_metadata()).get("x-harness-control-token", ""))
         if request.vm_id not in self.vms:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no VM {request.vm_id}")
         return self.vms[request.vm_id]
@@ -364,3 +366,28 @@ def test_unreachable_compute_irm_is_unavailable(tmp_path: Path) -> None:
     finally:
         channel.close()
         running.stop(0)
+
+
+def test_with_a_control_token_the_agent_takes_the_compute_irms_calls_only_and_sends_its_own(tmp_path: Path) -> None:
+    fake = FakeComputeControl()
+    fake.add("vm-a")
+    compute = server.start("127.0.0.1:0", [fake_compute_component(fake)])
+    agent, channel = start_agent(f"127.0.0.1:{compute.port}", tmp_path / "agent", control_token="s3cret")
+    try:
+        stub = agent_pb2_grpc.ExecutionAgentStub(channel)
+        assert list(execute(stub, [PY, "-c", "pass"]))[-1].exited.exit_code == 0
+        assert fake.tokens and set(fake.tokens) == {"s3cret"}          # its GetVm calls carry the token
+        for metadata in ((), (("x-harness-control-token", "guess"),)):
+            for call in (lambda m: stub.ReleaseVm(agent_pb2.ReleaseVmRequest(vm_id="vm-a"), metadata=m, timeout=10),
+                         lambda m: stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a", tenant=ALICE),
+                                                     metadata=m, timeout=10)):
+                with pytest.raises(grpc.RpcError) as e:
+                    call(metadata)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ok = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id="vm-a", tenant=ALICE),
+                               metadata=(("x-harness-control-token", "s3cret"),), timeout=10)
+        assert {s.name for s in ok.series} == {"cpu_percent", "memory_percent"}
+    finally:
+        channel.close()
+        agent.stop(0)
+        compute.stop(0)

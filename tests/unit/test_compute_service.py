@@ -243,3 +243,30 @@ def test_the_compute_irm_caps_its_capacity_watches(tmp_path: Path) -> None:
             next(irm.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="t"), Ctx()))
         for s in streams:
             s.close()
+
+
+def test_with_a_control_token_get_vm_answers_the_agents_only(tmp_path: Path) -> None:
+    import pytest
+
+    from harness.v1 import compute_pb2
+    from services.errors import NotFound, Unauthenticated
+
+    class Ctx:
+        def __init__(self, token: str) -> None:
+            self.metadata = (("x-harness-control-token", token),) if token else ()
+
+        def invocation_metadata(self):  # type: ignore[no-untyped-def]
+            return self.metadata
+
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {id: h1, site: s, rack: r, cores: 4, memory_gb: 8}\n")
+    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml"),
+                                   control_token="s3cret"))
+    try:
+        for token in ("", "guess"):
+            with pytest.raises(Unauthenticated):
+                irm.GetVm(compute_pb2.GetVmRequest(vm_id="vm-x"), Ctx(token))   # who owns vm-x: not said
+        with pytest.raises(NotFound):
+            irm.GetVm(compute_pb2.GetVmRequest(vm_id="vm-x"), Ctx("s3cret"))   # the agent: a real answer
+    finally:
+        irm.watchers.close()
+        irm.db.dispose()
