@@ -88,6 +88,7 @@ from irm_fpga.qos.throughput import (
     initial_state,
     throughput_decide,
 )
+from services import paging
 from services.clock import Clock
 from services.errors import (
     Aborted,
@@ -880,8 +881,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             q = select(FpgaJob).where(FpgaJob.tenant == tenant)
             if request.active_only:
                 q = q.where(FpgaJob.state != RETIRED)
-            rows = list(s.scalars(q.order_by(FpgaJob.registered_at, FpgaJob.id)))
-        return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows], pool_devices=self.pool_devices())
+            rows, token = paging.page(s, q, [FpgaJob.registered_at, FpgaJob.id], request.page_size,
+                                      request.page_token)
+        return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows], pool_devices=self.pool_devices(),
+                                              next_page_token=token)
 
     def WatchJobs(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

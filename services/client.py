@@ -48,12 +48,17 @@ def close_all() -> None:
 
 
 def all_pages(call: Any, request: Any, field: str, timeout: float = 30.0) -> Any:
-    """Every page of a paged List call (`page_token` in, `next_page_token` out) as one reply."""
+    """Every page of a paged List call (`page_token` in, `next_page_token` out) as one reply (its other fields
+    from the first page)."""
     out = None
     while True:
         reply = call(request, timeout=timeout)
-        out = out or type(reply)()
-        getattr(out, field).extend(getattr(reply, field))
+        if out is None:
+            out = type(reply)()
+            out.CopyFrom(reply)
+        else:
+            getattr(out, field).extend(getattr(reply, field))
         if not reply.next_page_token:
+            out.next_page_token = ""
             return out
         request.page_token = reply.next_page_token

@@ -13,6 +13,8 @@ import uuid
 import grpc
 from google.protobuf import json_format
 
+from services.client import all_pages
+
 DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
 
 
@@ -182,8 +184,6 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_reservations(args: argparse.Namespace) -> int:
     from harness.v1 import irm_pb2
-    from services.client import all_pages
-
     return _show(lambda: all_pages(_irm(args).ListReservations, irm_pb2.ListReservationsRequest(
         tenant=args.tenant, include_released=args.all), "reservations"))
 
@@ -278,7 +278,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             req.throughput.CopyFrom(jp.ThroughputGoal(actions_per_s=args.throughput))
         return _show(lambda: _jobs(args).RegisterJob(req, timeout=30))
     if args.verb == "list":
-        return _show(lambda: _jobs(args).ListJobs(jp.ListJobsRequest(tenant=t, active_only=not args.all), timeout=30))
+        return _show(lambda: all_pages(_jobs(args).ListJobs, jp.ListJobsRequest(tenant=t, active_only=not args.all),
+                                       "jobs"))
     if args.verb == "get":
         return _show(lambda: _jobs(args).GetJob(jp.GetJobRequest(tenant=t, job_id=args.job), timeout=30))
     if args.verb == "watch":

@@ -265,6 +265,24 @@ def test_list_jobs_active_only_includes_the_queue(irm_factory):
     assert listed.pool_devices == DEVICES
 
 
+def test_list_jobs_pages_retired_jobs_included(irm_factory):
+    from services.client import all_pages
+
+    irm = irm_factory("fcfs_min")
+    made = []
+    for i in range(5):
+        made.append(irm.register(f"j{i}", **deadline(60.0, 30)).id)
+        irm.clock.advance(0.5)
+        irm.manager.retire("alice", made[-1])       # history grows with every retired job: a list must page
+    first = irm.manager.ListJobs(jp.ListJobsRequest(tenant="alice", page_size=2), None)
+    assert [j.id for j in first.jobs] == made[:2] and first.next_page_token
+    whole = all_pages(lambda r, timeout: irm.manager.ListJobs(r, None), jp.ListJobsRequest(tenant="alice",
+                                                                                          page_size=2), "jobs")
+    assert [j.id for j in whole.jobs] == made and whole.pool_devices == DEVICES and whole.next_page_token == ""
+    with pytest.raises(InvalidArgument):
+        irm.manager.ListJobs(jp.ListJobsRequest(tenant="alice", page_token="forged"), None)
+
+
 def test_a_single_algorithm_uses_devices_that_come_back(irm_factory):
     # fcfs_min has no elasticity manager: a decision taken while half the devices could not be counted (a server
     # timed out, say) must not cap its pool once they are back.

@@ -78,20 +78,26 @@ class GetJobRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("tenant", "active_only")
+    __slots__ = ("tenant", "active_only", "page_size", "page_token")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     active_only: bool
-    def __init__(self, tenant: _Optional[str] = ..., active_only: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., active_only: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "pool_devices")
+    __slots__ = ("jobs", "pool_devices", "next_page_token")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     POOL_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
     pool_devices: int
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., pool_devices: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., pool_devices: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class AllocationChange(_message.Message):
     __slots__ = ("time", "devices")
