@@ -389,7 +389,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
             if not agent:
                 continue
-            stub = agent_pb2_grpc.ExecutionAgentStub(control.channel(client.channel(agent), self.config.control_token))
+            stub = self._agent(agent)
             try:
                 reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, tenant=res.tenant,
                                                                         since=request.since), timeout=5)
@@ -422,6 +422,10 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             state=compute_pb2.Vm.STATE_ACTIVE if active else compute_pb2.Vm.STATE_RELEASED,
         )
 
+    def _agent(self, address: str) -> agent_pb2_grpc.ExecutionAgentStub:
+        """An agent's stub, sending this IRM's control token with every call."""
+        return agent_pb2_grpc.ExecutionAgentStub(control.channel(client.channel(address), self.config.control_token))
+
     # -- background ------------------------------------------------------
     def _notify_agents(self) -> None:
         """Tell agents about released VMs off the request path, so release stays fast."""
@@ -431,8 +435,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 return
             agent, vm_id = item
             try:
-                agent_pb2_grpc.ExecutionAgentStub(control.channel(client.channel(agent),
-                                                                  self.config.control_token)).ReleaseVm(
+                self._agent(agent).ReleaseVm(
                     agent_pb2.ReleaseVmRequest(vm_id=vm_id), timeout=3)
             except grpc.RpcError as e:
                 # An agent that is down has no processes of this VM to kill; it

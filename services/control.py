@@ -1,9 +1,11 @@
-"""A shared secret between a control plane and the servers it drives (the FPGA Orchestrator and its FPGA-servers).
+"""A shared secret between services that call each other's internal RPCs: the FPGA Orchestrator and its
+FPGA-servers (group parts, clients, server state), the compute IRM and its agents (GetVm; ReleaseVm,
+GetVmMetrics).
 
-A server configured with a control token takes its control calls (create/resize/delete group parts, attach or
-revoke clients, read its state) only from a caller that sends the same token in the call's metadata: a tenant
-who can reach the server's address cannot take over another tenant's group part. An empty token checks nothing
-(a development setup); `harness up` makes one for every suite, compose takes `HARNESS_CONTROL_TOKEN`.
+A server configured with a control token takes those calls only from a caller that sends the same token in the
+call's metadata: a tenant who can reach the address cannot, e.g., take over another tenant's group part. An
+empty token checks nothing (a development setup); `harness up` makes one for every suite, compose takes
+`HARNESS_CONTROL_TOKEN`.
 """
 
 from __future__ import annotations

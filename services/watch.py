@@ -84,13 +84,11 @@ class Broadcaster(Generic[E]):
 
     def _admit(self, tenant: str) -> None:
         """Count a new stream of `tenant` in, or refuse it (under the lock)."""
-        if self._max_streams is None:
-            pass
-        elif not tenant:
-            if self._open[""] >= self._control_streams:
+        if self._max_streams is not None:
+            if not tenant and self._open[""] >= self._control_streams:
                 raise ResourceExhausted(f"{self._control_streams} control-plane {self._full}")
-        elif sum(n for t, n in self._open.items() if t) >= self._max_streams:
-            raise ResourceExhausted(f"{self._max_streams} {self._full}")
+            if tenant and sum(n for t, n in self._open.items() if t) >= self._max_streams:
+                raise ResourceExhausted(f"{self._max_streams} {self._full}")
         self._open[tenant] += 1
 
     def stream_batches(
