@@ -105,6 +105,8 @@ def interval_between(prev: ServerMeasurements, cur: ServerMeasurements) -> Inter
     groups = {}
     for g in cur.groups:
         p = before.get(g.group_id)
+        if p is not None and p.incarnation != g.incarnation:
+            p = None                    # made again since (its counters restarted at 0): all of it is new
         pc = {c.client_id: c.executed for c in p.clients} if p else {}
         executed = {}
         for c in g.clients:

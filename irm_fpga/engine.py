@@ -86,6 +86,7 @@ from __future__ import annotations
 import heapq
 import random
 import threading
+import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -262,6 +263,8 @@ class GroupMeasurement(NamedTuple):
     waiting: int
     running: int
     clients: tuple[ClientMeasurement, ...]
+    failed: int = 0             # cumulative: those of `executed` that ended in an error (revoked, compute failed)
+    incarnation: str = ""       # this group's making on this server: counters restart when it changes
 
 
 class ServerMeasurements(NamedTuple):
@@ -350,7 +353,11 @@ class _Group:
     line: deque = field(default_factory=deque)
     clients: dict = field(default_factory=dict)
     executed: int = 0
+    failed: int = 0
     busy_s: float = 0.0
+    # A deleted and re-made group (or a restarted server's) restarts its counters from 0: readers that
+    # difference them must tell the new group from the old one, whatever its counters have reached since.
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     deleted: bool = False
     hands_back: bool = False    # cut to nothing while the group has devices elsewhere (see resize_group)
 
@@ -728,6 +735,8 @@ class Engine:
                 value = g.design.compute(rec[2])
             except Exception as e:  # a design bug must not stop the server
                 error = f"compute failed: {type(e).__name__}: {e}"
+        if error is not None:
+            g.failed += 1
         self._ready.append(_tnew(Result, (rec[0], c.id, g.id, RUN, value, error, rec[4], dev.start, t, dt,
                                           dev.index)))
         tasks = q.tasks
@@ -1188,7 +1197,7 @@ class Engine:
                 groups.append(GroupMeasurement(
                     g.id, g.design.name, g.active(), g.target, len(g.joining),
                     sum(1 for d in g.members if d.draining), g.min_size, g.max_size,
-                    g.executed, g.busy_s, gw, gr, tuple(clients)))
+                    g.executed, g.busy_s, gw, gr, tuple(clients), g.failed, g.incarnation))
             usable = sum(1 for d in self._devices if d.state != BLACKLISTED)
             return ServerMeasurements(t, len(self._devices), usable, self._reconfigs,
                                       self._reconfig_failures, tuple(groups))

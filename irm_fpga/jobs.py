@@ -117,6 +117,7 @@ MIN_ACTION_S, MAX_ACTION_S = 1e-6, 1e6   # a job's own estimate of that: a micro
 # Open WatchJobs streams at most: each holds one of the server's 32 worker threads, which the Orchestrator,
 # the CRS's calls and health checks share.
 MAX_WATCHES = 16
+LOAD_WAIT_S = 10.0              # a request that comes while the manager loads waits this long, then UNAVAILABLE
 
 
 @dataclass
@@ -184,7 +185,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self.clock: Clock = clock or orchestrator.clock
         self.lock = threading.RLock()          # one decision at a time
         self._states: dict[str, ControllerState] = {}
-        self._seen: dict[str, dict[str, int]] = {}           # job -> server -> last `completed` counter
+        # job -> server -> (incarnation, progress counter) of the job's part there when last read
+        self._seen: dict[str, dict[str, tuple[str, int]]] = {}
         # Jobs whose counters were not saved (before the controllers' table) -> the servers that did not answer
         # when the manager started: their first reading is a baseline, not progress (it counts everything since
         # the group was made, already in observed_actions).
@@ -192,6 +194,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._silent_since: dict[str, float] = {}            # server holding job groups -> first unanswered round
         self._last: dict[str, tuple[float, int]] = {}        # job -> (time, actions) at the last sample
         self._stop = threading.Event()
+        # Set once `start` has loaded the persisted state: the server may take requests before (the
+        # Orchestrator's start-up reconcile runs first), and a retirement read against empty counters
+        # would count a job's whole progress again.
+        self._ready = threading.Event()
+        # EDF: the last decision was not (fully) applied -- skipped while a server was silent, or a resize
+        # refused. The next control round decides again; otherwise EDF decides only on events.
+        self._unapplied = False
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
         self.watchers: Broadcaster[fpga_jobs_pb2.Job] = Broadcaster(      # WatchJobs streams
             max_streams=MAX_WATCHES, full="WatchJobs streams are open on this FPGA IRM; close one, or poll GetJob")
@@ -206,7 +215,15 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """
         with self.lock:     # the server may already take RegisterJob: none may be half-made while this looks
             self._load()
+            # EDF reconciles at its first round: the jobs may come from another policy (the broker's split),
+            # or from a process that stopped between an event and its resizes.
+            self._unapplied = self.config.policy == "edf"
+        self._ready.set()
         self._thread.start()
+
+    def _wait_loaded(self) -> None:
+        if not self._ready.wait(LOAD_WAIT_S):
+            raise Unavailable("the FPGA job manager is still loading its jobs (the FPGA IRM is starting); retry")
 
     def _load(self) -> None:
         now = self.clock.now()
@@ -232,7 +249,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 last_time=c.last_time, last_actions=c.last_actions, a_hat=c.a_hat, throughput=c.throughput,
                 goal=c.goal, request=c.request, performance=c.performance)
             self._last[row.id] = (c.sample_time, c.sample_actions)
-            self._seen[row.id] = {k: int(v) for k, v in (c.seen or {}).items()}
+            self._seen[row.id] = {k: _seen_entry(v) for k, v in (c.seen or {}).items()}
         if self._unseen:
             self._observe([r for r in rows if r.id in self._unseen])      # the baselines, where servers answer
 
@@ -336,7 +353,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     st.throughput
                 c.goal, c.request, c.performance = st.goal, st.request, st.performance
                 c.sample_time, c.sample_actions = t, a
-                c.seen = dict(self._seen.get(jid, {}))
+                c.seen = {k: list(v) for k, v in self._seen.get(jid, {}).items()}
                 c.updated_at = now
         if job_ids:
             self.db.transact(save)
@@ -393,6 +410,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self.orch.resize(self.orch._group(row.group_id), n, max_size=None if row.max_devices else n)
         except HarnessError as e:
             log.warning("job resize refused", extra={"job": row.id, "devices": n, "reason": str(e)})
+            self._unapplied = True
             return row
         return self._update(row.id, devices=n, allocations=[*row.allocations, [now, n]])
 
@@ -529,15 +547,15 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 if row is None:
                     continue
                 seen = self._seen.setdefault(row.id, {})
+                now_seen = (g.incarnation, g.completed - g.failed)      # failed tasks are no progress
                 if name in self._unseen.get(row.id, ()):
-                    seen[name] = g.completed           # the baseline (see `_unseen`)
+                    seen[name] = now_seen              # the baseline (see `_unseen`)
                     changed.add(row.id)
                     continue
-                last = seen.get(name, 0)
-                delta = g.completed - last if g.completed >= last else g.completed   # a re-created part restarts at 0
-                if g.completed != last:
+                delta = _progress(seen.get(name), *now_seen)
+                if seen.get(name) != now_seen:
                     changed.add(row.id)
-                seen[name] = g.completed
+                seen[name] = now_seen
                 row.observed_actions += delta
             for r in rows:                             # this server answered: its baselines are taken
                 pending = self._unseen.get(r.id)
@@ -554,7 +572,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     s.get(FpgaJob, r.id).observed_actions = r.observed_actions
                     c = s.get(FpgaJobController, r.id)
                     if c is not None:
-                        c.seen = dict(self._seen[r.id])
+                        c.seen = {k: list(v) for k, v in self._seen[r.id].items()}
             self.db.transact(save)
             self._publish([r for r in rows if r.id in changed])
         return {r.id: max(r.observed_actions, r.reported_actions) for r in rows}
@@ -572,9 +590,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             done = [r for r in rows if r.goal == DEADLINE and actions[r.id] >= r.size_actions]
             for r in done:                       # a deadline job whose size is done: retire it
                 self._finish(r.id, now)
-            if done and self.scheduler is None:
-                self._rebalance(now)             # EDF's event; the broker below redistributes under throughput
-                                                 # (a Hydrogen decision follows below: one per instant)
+            if self.scheduler is None and (done or self._unapplied):
+                self._rebalance(now)             # EDF's event (or its last decision again, see `_unapplied`);
+                                                 # the broker below redistributes under throughput (a Hydrogen
+                                                 # decision follows below: one per instant)
             rows = [r for r in rows if r not in done]
             for r in rows:
                 t0, a0 = self._last.get(r.id, (r.registered_at, 0))
@@ -593,7 +612,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     st = self._states[r.id] = initial_state(self._qos(r), r.registered_at, 0, r.devices)
                 if now > st.last_time:
                     jobs.append(self._qos(r))
-                    obs[r.id] = JobProgress(now, actions[r.id], r.devices)
+                    obs[r.id] = JobProgress(now, actions[r.id], r.devices,
+                                            held=mean_devices(r.allocations, st.last_time, now, r.devices))
             pool = self._pool_if_known(rows) if jobs else None
             if pool is None:
                 self._save_controllers([r.id for r in rows], now)
@@ -663,6 +683,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def register(self, request: fpga_jobs_pb2.RegisterJobRequest) -> FpgaJob:
         tenant = require_tenant(request.tenant)
+        self._wait_loaded()
         # A retry gets its job whatever the devices are doing now (blacklisted, unreachable).
         if request.request_id and (existing := self._registered(tenant, request.request_id)) is not None:
             return existing
@@ -780,11 +801,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             return
         rows = self._active()
         pool = self._pool_if_known(rows) if rows else None
+        self._unapplied = bool(rows) and pool is None      # a silent server: decided again next round
         if pool is not None:
-            self._apply(edf_allocate([self._qos(r) for r in rows], pool), rows, now)
+            self._apply(edf_allocate([self._qos(r) for r in rows], pool), rows, now)    # a refusal sets it
 
     def retire(self, tenant: str, job_id: str) -> FpgaJob:
         tenant = require_tenant(tenant)
+        self._wait_loaded()
         with self.lock:          # the row read under the lock: a control round may be updating it
             row = self._job(tenant, job_id)
             if row.state == RETIRED:
@@ -810,7 +833,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         t0, a0 = self._last.get(row.id, (row.registered_at, 0))
         fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
                                   "allocations": [*row.allocations, [now, 0]] if row.allocations else []}
-        if now > t0:
+        # The rate over the time since the last sample, unless that is a sliver of a period and a full
+        # period's rate is already known (a few actions over milliseconds are no rate).
+        if now > t0 and (now - t0 >= self.config.control_period_s or t0 == row.registered_at):
             fields["achieved_throughput"] = (end - a0) / (now - t0)
         row = self._update(row.id, **fields)
         for d in (self._states, self._seen, self._last):
@@ -825,6 +850,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def report(self, tenant: str, job_id: str, completed: int) -> FpgaJob:
         tenant = require_tenant(tenant)
+        self._wait_loaded()
         v = Violations()
         v.check(completed >= 0, "completed_actions", "must be >= 0")
         v.raise_if_any()
@@ -943,3 +969,49 @@ def job_component_parts(orchestrator: Any, config: Any = None
 
     register.manager = manager  # type: ignore[attr-defined]   # for tests and diagnostics
     return register, [SERVICE], manager.start, manager.stop
+
+
+def _seen_entry(value: Any) -> tuple[str, int]:
+    """A stored counter reading: [incarnation, count], or a bare count (stored before incarnations: "")."""
+    if isinstance(value, list | tuple):
+        return str(value[0]), int(value[1])
+    return "", int(value)
+
+
+def _progress(last: tuple[str, int] | None, incarnation: str, count: int) -> int:
+    """Actions a part's progress counter adds since `last` (its previous reading; None: never read).
+
+    A part made again (deleted, or its server restarted) restarts its counter at 0 under a new
+    incarnation: all of its count is new, however far it has got since. A reading stored before
+    incarnations ("") against one that has them cannot tell: it only sets the baseline. Servers
+    without incarnations (both ""): a counter that went down restarted.
+    """
+    if last is None:
+        return count                   # the part was made for this job: everything it did is the job's
+    was, before = last
+    if was != incarnation:
+        return 0 if was == "" else count
+    return count - before if count >= before else count
+
+
+def mean_devices(allocations: list, start: float, end: float, current: int) -> float:
+    """Time-weighted mean of a job's devices over [start, end] from its history of [time, devices] changes.
+
+    Seed 000 eq. 2 divides a period's progress by the devices held over that period, not by the size
+    the job ends it with (admission or EDF may resize it mid-period). Time before the first change is
+    left out; `current` when nothing of the window is covered.
+    """
+    held, since, first, total = None, start, None, 0.0
+    for when, n in allocations:
+        if when >= end:
+            break
+        if when > start:
+            if held is not None:
+                total += held * (when - since)
+            since = when
+        first = since if first is None else first
+        held = n
+    if held is None or end <= first:
+        return float(current)
+    total += held * (end - since)
+    return total / (end - first)

@@ -929,7 +929,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             out.append(eng.GroupMeasurement(
                 c.group_id, c.design, c.active, c.target, c.joining, c.draining, min(lo, c.target),
                 max(hi, c.target), c.completed, c.busy_device_s, c.waiting, c.running,
-                tuple(eng.ClientMeasurement(k.client_id, k.completed, k.waiting, k.running) for k in c.clients)))
+                tuple(eng.ClientMeasurement(k.client_id, k.completed, k.waiting, k.running) for k in c.clients),
+                c.failed, c.incarnation))
         return eng.ServerMeasurements(m.time, m.devices, m.usable_devices, m.reconfigurations,
                                       m.reconfiguration_failures, tuple(out))
 

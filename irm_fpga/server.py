@@ -447,6 +447,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 group_id=g.group_id, design=g.design, active=g.size, target=g.target, joining=g.joining,
                 draining=g.draining, submitted=g.executed + g.waiting + g.running, completed=g.executed,
                 queued=g.waiting + g.running, waiting=g.waiting, running=g.running, busy_device_s=g.busy_s,
+                failed=g.failed, incarnation=g.incarnation,
                 clients=[fpga_pb2.ClientCounters(client_id=c.client_id, completed=c.executed,
                                                  queued=c.waiting + c.running, waiting=c.waiting, running=c.running,
                                                  submitted=c.executed + c.waiting + c.running)

@@ -56,4 +56,9 @@ class JobProgress:
 
     time: float
     actions: int            # completed actions so far (observed by the data plane or reported)
-    allocation: int         # devices the job held during the period that ends now
+    allocation: int         # devices the job holds at the end of the period (what "keep what it holds" keeps)
+    held: float | None = None   # mean devices over the period (eq. 2's allocation); None: `allocation` throughout
+
+    @property
+    def period_devices(self) -> float:
+        return self.allocation if self.held is None else self.held

@@ -88,8 +88,8 @@ def controller_step(job: QosJob, state: ControllerState, obs: JobProgress, *,
         raise ValueError("control steps must move forward in time")
     t = (obs.actions - state.last_actions) / dt                                      # eq. 1
     a_hat = state.a_hat
-    if t > 0 and obs.allocation > 0:
-        sample = obs.allocation / t
+    if t > 0 and obs.period_devices > 0:
+        sample = obs.period_devices / t
         a_hat = sample if a_hat is None else alpha * sample + (1.0 - alpha) * a_hat    # eq. 2
     g = throughput_goal(job, obs.time, obs.actions)
     hi = job.cap(max_devices if max_devices is not None else 1 << 30)

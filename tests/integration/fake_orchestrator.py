@@ -27,17 +27,27 @@ DEVICES = 8
 
 
 class FakeServer:
-    """An FPGA-server as the job manager sees it: cumulative `completed` counters per group."""
+    """An FPGA-server as the job manager sees it: cumulative `completed` (and `failed`) counters per group,
+    and each group part's incarnation ("" until a test remakes it: a server without incarnations)."""
 
     def __init__(self) -> None:
         self.completed: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.incarnation: dict[str, str] = {}
 
     def stub(self) -> FakeServer:
         return self
 
+    def remake(self, group_id: str) -> None:
+        """The part is made again (the server restarted): a new incarnation, counters from 0."""
+        self.incarnation[group_id] = uuid.uuid4().hex[:16]
+        self.completed[group_id] = self.failed[group_id] = 0
+
     def GetMeasurements(self, request, timeout=None):  # noqa: N802
         return fpga_pb2.ServerMeasurements(
-            groups=[fpga_pb2.GroupCounters(group_id=g, completed=c) for g, c in self.completed.items()]
+            groups=[fpga_pb2.GroupCounters(group_id=g, completed=c, failed=self.failed.get(g, 0),
+                                           incarnation=self.incarnation.get(g, ""))
+                    for g, c in self.completed.items()]
         )
 
 

@@ -124,7 +124,7 @@ def test_throughput_controller_state_survives_a_restart(irm_factory):
     irm.restart()  # a new manager and Orchestrator, same database
     loaded = irm.manager._states[job.id]
     assert loaded == before
-    assert irm.manager._seen[job.id] == {"s1": 80} and irm.manager._last[job.id] == (1002.0, 80)
+    assert irm.manager._seen[job.id] == {"s1": ("", 80)} and irm.manager._last[job.id] == (1002.0, 80)
 
     # The next period uses the old estimate: 20 actions in 2 s on `devices`: sample devices / 10, EMA with 0.2.
     irm.clock.advance(2.0)
@@ -323,3 +323,194 @@ def test_a_server_holding_only_other_tenants_groups_going_quiet_shrinks_no_job(i
                                                    **deadline(1000.0, 10)))
     # carol's 4 were never on s1: counted against s1's 8 they cut d to 3; it gives e one device only.
     assert (irm.job(d.id).devices, e.devices) == (DEVICES - 1, 1)
+
+
+# -- EDF decides again when its last decision was not applied -----------------------------------------------
+
+def _edf_pair(irm):
+    soon = irm.register("soon", **deadline(30.0, 100))
+    later = irm.register("later", **deadline(100.0, 100_000))
+    assert (irm.job(soon.id).devices, irm.job(later.id).devices) == (DEVICES - 1, 1)
+    return soon, later
+
+
+def test_edf_decides_again_when_a_retirement_came_while_a_server_was_silent(irm_factory):
+    irm = irm_factory("edf")
+    soon, later = _edf_pair(irm)
+    irm.orch.capacity = {}                  # s1, holding both groups, misses a status check
+    irm.clock.advance(1.0)
+    irm.manager.retire("alice", soon.id)    # the event: no decision while s1 is silent
+    assert irm.job(later.id).devices == 1
+    irm.orch.capacity = {"s1": DEVICES}
+    irm.clock.advance(1.0)
+    irm.manager.control_once()              # the next round decides it
+    assert irm.job(later.id).devices == DEVICES == irm.orch.size_of(irm.job(later.id).group_id)
+
+
+def test_edf_decides_again_when_a_job_finished_in_a_round_that_could_not_count_devices(irm_factory):
+    irm = irm_factory("edf")
+    soon, later = _edf_pair(irm)
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(soon.id), 100)     # its size is done
+    irm.orch.capacity = {}
+    irm.manager.control_once()              # it retires; no allocation without s1's count
+    assert irm.job(soon.id).state == RETIRED and irm.job(later.id).devices == 1
+    irm.orch.capacity = {"s1": DEVICES}
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert irm.job(later.id).devices == DEVICES
+
+
+def test_edf_decides_again_after_a_refused_resize(irm_factory, monkeypatch):
+    irm = irm_factory("edf")
+    soon, later = _edf_pair(irm)
+    real = type(irm.orch).resize
+
+    def refuse(self, g, size, **kw):  # noqa: ANN001, ANN202
+        raise Unavailable("the FPGA-server did not answer")
+
+    monkeypatch.setattr(type(irm.orch), "resize", refuse)
+    irm.manager.retire("alice", soon.id)
+    assert irm.job(later.id).devices == 1
+    monkeypatch.setattr(type(irm.orch), "resize", real)
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert irm.job(later.id).devices == DEVICES
+    irm.manager.control_once()              # applied: nothing left to decide again
+    assert not irm.manager._unapplied
+
+
+def test_edf_after_a_restart_or_a_switch_from_throughput_allocates_as_edf(irm_factory):
+    irm = irm_factory("throughput")
+    a = irm.register("a", **deadline(1000.0, 4000))
+    irm.clock.advance(0.5)
+    b = irm.register("b", **deadline(50.0, 4000))        # earlier deadline; admission gives it its minimum
+    assert (irm.job(a.id).devices, irm.job(b.id).devices) == (DEVICES - 1, 1)
+    irm.policy = "edf"
+    irm.restart()
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert (irm.job(a.id).devices, irm.job(b.id).devices) == (1, DEVICES - 1)    # all but one to the earliest
+
+
+# -- progress across a part's makings, and failed tasks -----------------------------------------------------
+
+def test_progress_counts_a_remade_part_from_zero_even_past_the_old_counter(irm_factory):
+    irm = irm_factory("edf")
+    job = irm.register("d", **deadline(100.0, 100))
+    g = irm.job(job.id).group_id
+    irm.server.remake(g)                     # a server with incarnations
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(job.id), 30)
+    irm.manager.control_once()
+    assert irm.job(job.id).observed_actions == 30
+    irm.server.remake(g)                     # the server restarted; the Orchestrator made the part again
+    irm.server.completed[g] = 70             # past the old counter before the next reading
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    row = irm.job(job.id)
+    assert (row.observed_actions, row.state) == (100, RETIRED)
+
+
+def test_failed_tasks_are_not_progress(irm_factory):
+    irm = irm_factory("edf")
+    job = irm.register("d", **deadline(100.0, 100))
+    g = irm.job(job.id).group_id
+    irm.server.completed[g], irm.server.failed[g] = 100, 60      # 60 of them revoked or failed in the design
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    row = irm.job(job.id)
+    assert (row.observed_actions, row.state) == (40, "active")
+
+
+def test_a_reading_saved_before_incarnations_only_sets_the_baseline(irm_factory):
+    irm = irm_factory("edf")
+    job = irm.register("d", **deadline(100.0, 1000))
+    g = irm.job(job.id).group_id
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(job.id), 50)
+    irm.manager.control_once()
+    irm.orch.db.transact(lambda s: setattr(s.get(FpgaJobController, job.id), "seen", {"s1": 50}))   # old format
+    irm.restart()
+    irm.server.incarnation[g] = "upgraded"   # the server now names its parts: same counter, cannot tell
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert irm.job(job.id).observed_actions == 50
+    irm.complete(irm.job(job.id), 5)
+    irm.clock.advance(1.0)
+    irm.manager.control_once()
+    assert irm.job(job.id).observed_actions == 55
+
+
+# -- requests that come before the manager has loaded its state ------------------------------------------
+
+class _Entered(threading.Event):
+    """The manager's ready flag, telling the test when a request has started waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout=None):  # noqa: ANN001, ANN202
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_retirement_before_the_manager_has_loaded_waits_for_it_and_counts_once(irm_factory, monkeypatch):
+    irm = irm_factory("edf")
+    job = irm.register("d", **deadline(100.0, 1000))
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(job.id), 300)
+    irm.manager.control_once()
+    irm.manager.stop()
+    fresh = JobManager(irm.orch, irm.manager.config)      # serving, its start hook not run yet
+    fresh._ready = _Entered()
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fresh.retire("alice", job.id)))
+    t.start()
+    assert fresh._ready.waiting.wait(10)
+    fresh.start()
+    t.join(10)
+    fresh.stop()
+    assert out[0].state == RETIRED and out[0].observed_actions == 300
+
+    early = JobManager(irm.orch, irm.manager.config)
+    monkeypatch.setattr("irm_fpga.jobs.LOAD_WAIT_S", 0.01)
+    with pytest.raises(Unavailable, match="still loading"):
+        early.register(jp.RegisterJobRequest(tenant="bob", request_id="x", design="sleep", **deadline(10.0, 5)))
+
+
+# -- the controller's eq. 2 and the rate kept at retirement -----------------------------------------------
+
+def test_eq2_divides_by_the_devices_held_over_the_period_not_those_at_its_end(irm_factory):
+    irm = irm_factory("throughput", alpha=0.5)
+    a = irm.register("a", **deadline(1000.0, 20_000))      # about 20 actions/s
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(a.id), 40)                         # 5 actions/s per device on 8: a_hat 0.2
+    irm.manager.control_once()
+    assert irm.manager._states[a.id].a_hat == pytest.approx(0.2) and irm.job(a.id).devices == DEVICES
+    irm.clock.advance(0.95)
+    irm.register("b", **deadline(1000.0, 100), min_devices=4)    # admission takes 4 of a's late in the period
+    assert irm.job(a.id).devices == 4
+    irm.complete(irm.job(a.id), 39)                         # 8 devices for 0.95 s and 4 for 0.05 s at 5/s
+    irm.clock.advance(0.05)
+    irm.manager.control_once()
+    st = irm.manager._states[a.id]
+    assert st.a_hat == pytest.approx(0.2, rel=0.01) and st.request == 4    # with 4 / 39: 0.151 and 3
+
+
+def test_a_retirement_just_after_a_sample_keeps_the_last_periods_rate(irm_factory):
+    irm = irm_factory("edf")
+    job = irm.register("d", **deadline(100.0, 1000))
+    for _ in range(3):
+        irm.clock.advance(1.0)
+        irm.complete(irm.job(job.id), 40)
+        irm.manager.control_once()
+    assert irm.job(job.id).achieved_throughput == 40.0
+    irm.clock.advance(0.001)
+    irm.complete(irm.job(job.id), 1)
+    assert irm.manager.retire("alice", job.id).achieved_throughput == 40.0     # not 1 action / 1 ms
+    early = irm.register("e", **deadline(100.0, 1000))
+    irm.clock.advance(0.5)
+    irm.complete(irm.job(early.id), 10)
+    assert irm.manager.retire("alice", early.id).achieved_throughput == pytest.approx(20.0)   # its whole life

@@ -488,3 +488,24 @@ def test_measurements_count_executed_tasks_busy_time_and_waiting() -> None:
     assert g1.executed == ca.executed + cb.executed
     assert ca.executed * 0.5 + cb.executed * 0.25 == pytest.approx(2.0)
     assert ca.waiting + cb.waiting + g1.running + g1.executed == 14
+
+
+def test_measurements_count_failed_tasks_apart_and_a_remade_group_is_a_new_incarnation() -> None:
+    # A job's progress is its group's tasks that succeeded, read across the group's makings (issue 5).
+    e, clock = make()
+    ready_group(e, clock, "g", 1)
+    e.attach_client("g", "a")
+    e.attach_client("g", "b")
+    e.submit("a", sleeps(range(3), 1.0))
+    e.submit("b", sleeps([10], 1.0))
+    clock.advance(0.5)
+    e.revoke_client("a")                       # one running (ends "revoked"), two queued (cancelled)
+    drain(e, clock)
+    (g,) = e.measurements().groups
+    assert (g.executed, g.failed) == (2, 1)    # the revoked running task and b's task ran; one failed
+    first = g.incarnation
+    assert first
+    e.delete_group("g")
+    ready_group(e, clock, "g", 1)              # made again under the same id: counters from 0
+    (g,) = e.measurements().groups
+    assert (g.executed, g.failed) == (0, 0) and g.incarnation != first

@@ -261,7 +261,7 @@ class ClientCounters(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., submitted: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
 
 class GroupCounters(_message.Message):
-    __slots__ = ("group_id", "active", "submitted", "completed", "queued", "busy_device_s", "clients", "design", "target", "joining", "draining", "waiting", "running")
+    __slots__ = ("group_id", "active", "submitted", "completed", "queued", "busy_device_s", "clients", "design", "target", "joining", "draining", "waiting", "running", "failed", "incarnation")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +275,8 @@ class GroupCounters(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     active: int
     submitted: int
@@ -288,7 +290,9 @@ class GroupCounters(_message.Message):
     draining: int
     waiting: int
     running: int
-    def __init__(self, group_id: _Optional[str] = ..., active: _Optional[int] = ..., submitted: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., busy_device_s: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientCounters, _Mapping]]] = ..., design: _Optional[str] = ..., target: _Optional[int] = ..., joining: _Optional[int] = ..., draining: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+    failed: int
+    incarnation: str
+    def __init__(self, group_id: _Optional[str] = ..., active: _Optional[int] = ..., submitted: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., busy_device_s: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientCounters, _Mapping]]] = ..., design: _Optional[str] = ..., target: _Optional[int] = ..., joining: _Optional[int] = ..., draining: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., failed: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class ServerMeasurements(_message.Message):
     __slots__ = ("time", "groups", "usable_devices", "reconfigurations", "devices", "reconfiguration_failures")
