@@ -43,6 +43,13 @@ def _fail(e: grpc.RpcError) -> int:
     return 1
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return name, value
+
+
 # -- up / status ------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
     from rich.console import Console
@@ -51,14 +58,27 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    starting = [True]
+
+    def on_signal(signum, _frame):  # type: ignore[no-untyped-def]
+        if starting[0]:               # the services come up one by one (up to a minute each): stop now
+            raise KeyboardInterrupt
+        stop.set()
+
+    # A closed terminal (SIGHUP) stops the suite too: its services run in sessions of their own, so no
+    # signal but ours reaches them, and they would outlive `harness up`.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         procs = suite.start(args.state_dir, auto_ports=args.auto_ports, config_file=args.config,
                             on_started=lambda p: console.print(f"[green]started[/] {p.name:10} {p.address}"))
+    except KeyboardInterrupt:         # `suite.start` stopped what it had started
+        console.print("interrupted while starting; stopped")
+        return 130
     except Exception as e:  # noqa: BLE001
         console.print(f"[red]harness up failed:[/] {e}")
         return 1
+    starting[0] = False
     console.print(f"Harness is up ({len(procs)} services; logs in {args.state_dir}/logs). Ctrl-C stops it.")
     try:
         while not stop.is_set():
@@ -212,7 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"harness run: no VM {args.vm!r} in {args.reservation}", file=sys.stderr)
             return 2
         vm = vms[0]
-        env = dict(kv.split("=", 1) for kv in args.env or [])
+        env = dict(args.env or [])
         stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
         code = 0
         for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv, env=env,
@@ -383,7 +403,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     common(p)
     p.add_argument("reservation")
     p.add_argument("--vm", help="VM id (default: the first of the reservation)")
-    p.add_argument("--env", action="append", help="NAME=VALUE")
+    p.add_argument("--env", action="append", type=_env_pair, help="NAME=VALUE")
     p.add_argument("--timeout", type=float, default=0.0)
     p.add_argument("argv", nargs="*", help="the command, after --")
     p.set_defaults(func=cmd_run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -124,8 +125,16 @@ def run(console: Console, crs_address: str) -> None:
         console.print(f"Released {res.id}.")
 
 
+def _interrupt(signum, _frame):  # type: ignore[no-untyped-def]
+    raise KeyboardInterrupt
+
+
 def main(args: argparse.Namespace) -> int:
     console = Console()
+    # SIGTERM or a closed terminal ends the demo as Ctrl-C does, through the `finally` below: the services run
+    # in sessions of their own, so nothing else would stop them.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     state_dir = tempfile.mkdtemp(prefix="harness-demo-")
     console.print(f"[bold]Harness demo[/]: starting the suite (state in {state_dir})")
     procs = []
@@ -144,6 +153,9 @@ def main(args: argparse.Namespace) -> int:
     except grpc.RpcError as e:
         console.print(f"[red]demo failed: {e.code().name}: {e.details()}[/]")
         return 1
+    except KeyboardInterrupt:
+        console.print("demo interrupted; stopping the suite")
+        return 130
     finally:
         suite.stop(procs)
         if not args.keep:

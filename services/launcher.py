@@ -84,7 +84,8 @@ class ServiceProcess:
 
 def spawn(service: str, *, name: str | None = None, address: str = "127.0.0.1:0",
           settings: dict[str, object] | None = None, config_file: str | None = None,
-          env: dict[str, str] | None = None, log_path: str | None = None) -> ServiceProcess:
+          env: dict[str, str] | None = None, log_path: str | None = None,
+          pass_fds: tuple[int, ...] = ()) -> ServiceProcess:
     """Start `harness serve SERVICE` as a child process (not yet waited for)."""
     argv = [sys.executable, "-m", "services.cli", "serve", service, "--address", address]
     if config_file:
@@ -99,7 +100,7 @@ def spawn(service: str, *, name: str | None = None, address: str = "127.0.0.1:0"
     child_env.update(env or {})
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=child_env, start_new_session=True)
+                            env=child_env, start_new_session=True, pass_fds=pass_fds)
     sp = ServiceProcess(name or service, service, proc)
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,9 @@ service adds itself to `plan()`.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -77,16 +79,24 @@ def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1") -> l
     ]
 
 
-def _file_settings(config_file: str | None) -> dict[str, set[str]]:
-    """The settings a config file sets, per section (its sections named by service or by section)."""
-    if not config_file:
-        return {}
-    data = yaml.safe_load(Path(config_file).read_text()) or {}
+def _file_settings(config_file: str | None, environ: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """The settings the operator chose, per section: those a config file sets (its sections named by
+    service or by section; `$HARNESS_CONFIG` when no file is given, as each service reads it) and
+    those `HARNESS_<SECTION>_<FIELD>` variables set."""
+    environ = dict(os.environ) if environ is None else environ
+    config_file = config_file or environ.get("HARNESS_CONFIG")
     sections = config_sections()
     out: dict[str, set[str]] = {}
-    for name, part in (data.items() if isinstance(data, dict) else []):
-        if name in sections and isinstance(part, dict):
-            out.setdefault(sections[name], set()).update(part)
+    if config_file:
+        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        for name, part in (data.items() if isinstance(data, dict) else []):
+            if name in sections and isinstance(part, dict):
+                out.setdefault(sections[name], set()).update(part)
+    for section in set(sections.values()):
+        prefix = f"HARNESS_{section.upper()}_"
+        out_of_env = {k[len(prefix):].lower() for k in environ if k.startswith(prefix)}
+        if out_of_env:
+            out.setdefault(section, set()).update(out_of_env)
     return out
 
 
@@ -94,11 +104,40 @@ def state_file(state_dir: str) -> Path:
     return Path(state_dir).expanduser() / "suite.json"
 
 
+class SuiteRunning(RuntimeError):
+    """Another suite runs from the state directory."""
+
+
+class Suite(list):
+    """The started services, in start order, holding the state directory's lock (see `_lock`)."""
+
+    lock_fd: int | None = None
+
+
+def _lock(state_dir: str) -> int:
+    """An exclusive lock on `state_dir`, or SuiteRunning. Two suites on one state directory would share its
+    databases and logs, and the second, on other free ports (`--auto-ports`), would take over `suite.json`.
+    The services inherit the lock, so it holds while any of them lives, even if `harness up` was killed."""
+    path = Path(state_dir) / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SuiteRunning(f"a suite is already running from {state_dir} (started by pid {owner}); stop it "
+                           f"first (Ctrl-C where it runs), or give another --state-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def start(state_dir: str, auto_ports: bool = False, config_file: str | None = None,
-          on_started=None) -> list[ServiceProcess]:  # type: ignore[no-untyped-def]
+          on_started=None) -> Suite:  # type: ignore[no-untyped-def]
     state_dir = str(Path(state_dir).expanduser())
     Path(state_dir).mkdir(parents=True, exist_ok=True)
-    procs: list[ServiceProcess] = []
+    procs = Suite()
+    procs.lock_fd = _lock(state_dir)
     chosen = _file_settings(config_file)
     # The FPGA-server takes control calls from this suite's Orchestrator only, the agent and the compute IRM
     # from each other only (services.control); in the environment, not on a command line others can read.
@@ -113,7 +152,8 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
                     and "control_token" not in chosen.get(section, set()):
                 env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
             proc = spawn(p.service, name=p.name, address=p.address, settings=settings, config_file=config_file,
-                         env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"))
+                         env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"),
+                         pass_fds=(procs.lock_fd,))
             procs.append(proc)
             proc.wait_ready()
             if on_started:
@@ -128,6 +168,10 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
 def stop(procs: list[ServiceProcess]) -> None:
     for p in reversed(procs):
         p.stop()
+    fd = getattr(procs, "lock_fd", None)
+    if fd is not None:
+        procs.lock_fd = None      # type: ignore[attr-defined]
+        os.close(fd)              # the services are gone: the state directory is free again
 
 
 def addresses(state_dir: str) -> dict[str, str]:

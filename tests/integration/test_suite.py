@@ -144,6 +144,67 @@ def test_harness_up_runs_in_foreground_and_stops_cleanly_on_ctrl_c(tmp_path):
     assert not (tmp_path / "suite.json").exists()
 
 
+def _up(state) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--auto-ports", "--state-dir", str(state)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # type: ignore[union-attr]
+        lines.append(line)
+        if "Harness is up" in line:
+            return proc
+    raise AssertionError("".join(lines))
+
+
+def test_a_second_suite_on_one_state_directory_is_refused_and_a_closed_terminal_stops_the_first(tmp_path):
+    first = _up(tmp_path)
+    pids = _children(first.pid)
+    try:
+        addresses = (tmp_path / "suite.json").read_text()
+        second = subprocess.run([sys.executable, "-m", "services.cli", "up", "--auto-ports", "--state-dir",
+                                 str(tmp_path)], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and f"already running from {tmp_path}" in " ".join(second.stderr.split())
+        assert (tmp_path / "suite.json").read_text() == addresses      # the first suite's, untouched
+        first.send_signal(signal.SIGHUP)
+        assert first.wait(60) == 0
+        assert pids and all(not _alive(p) for p in pids)
+    finally:
+        _reap(first, pids)
+
+
+def test_sigterm_stops_the_demo_and_its_suite(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+    lines = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        lines.append(line)
+        if "started" in line and " am " in line:        # the last service: the whole suite runs
+            break
+    pids = _children(proc.pid)
+    try:
+        state = next(x.split("state in ", 1)[1].split(")")[0] for x in lines if "state in " in x)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 130, "".join(lines) + out
+        assert pids and all(not _alive(p) for p in pids)
+        assert not os.path.exists(state)
+    finally:
+        _reap(proc, pids)
+
+
+def _reap(proc: subprocess.Popen, pids: list[int]) -> None:
+    """A failed test leaves no suite behind."""
+    import psutil
+
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def test_demo_runs_end_to_end():
     r = subprocess.run([sys.executable, "-m", "services.cli", "demo"], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "COLUMNS": "160"})

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+
+import pytest
 
 from services import suite
 
@@ -27,3 +32,24 @@ def test_what_a_config_file_sets_beats_the_suites_wiring(tmp_path):
     chosen = suite._file_settings(str(conf))
     assert chosen == {"compute": {"crs_address"}, "fpga_server": {"name"}}
     assert suite._file_settings(None) == {}
+
+
+def test_what_the_environment_sets_beats_the_suites_wiring_too(tmp_path):
+    conf = tmp_path / "harness.yaml"
+    conf.write_text("agent: {work_dir: /x}\n")
+    env = {"HARNESS_CONFIG": str(conf), "HARNESS_COMPUTE_CRS_ADDRESS": "10.0.0.1:50051", "HOME": "/h"}
+    assert suite._file_settings(None, env) == {"agent": {"work_dir"}, "compute": {"crs_address"}}
+
+
+def test_one_suite_per_state_directory_while_any_of_its_services_lives(tmp_path):
+    fd = suite._lock(str(tmp_path))
+    with pytest.raises(suite.SuiteRunning, match=rf"already running from {tmp_path} \(started by pid \d+\)"):
+        suite._lock(str(tmp_path))
+    # A service inherits the lock: with `harness up` gone (killed), a second suite is still refused.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             pass_fds=(fd,))
+    os.close(fd)
+    with pytest.raises(suite.SuiteRunning):
+        suite._lock(str(tmp_path))
+    child.communicate(b"")
+    os.close(suite._lock(str(tmp_path)))      # the last holder is gone: free again
