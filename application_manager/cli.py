@@ -44,6 +44,19 @@ def _fail(e: grpc.RpcError) -> int:
     return 1
 
 
+class InputError(Exception):
+    """A file named on the command line that cannot be used: `error: ...` and status 2, not a traceback."""
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"cannot read {path}: not UTF-8 text") from None
+
+
 def _print(msg) -> None:  # type: ignore[no-untyped-def]
     import json
 
@@ -58,8 +71,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     manifest = Path(args.manifest)
     slo = Path(args.slo) if args.slo else manifest.with_name("slo.json")
     try:
+        manifest_json = _read(manifest)
+        # A --slo given must be read (a typo in its name is not "no SLO"); the default one only if it is there.
+        slo_json = _read(slo) if args.slo or slo.exists() else ""
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         app = _stub(args).SubmitApplication(pb.SubmitApplicationRequest(
-            tenant=args.tenant, manifest_json=manifest.read_text(), slo_json=slo.read_text() if slo.exists() else "",
+            tenant=args.tenant, manifest_json=manifest_json, slo_json=slo_json,
             app_dir=args.app_dir or str(manifest.resolve().parent)), timeout=60)
     except grpc.RpcError as e:
         return _fail(e)
@@ -125,9 +145,13 @@ def cmd_execute(args: argparse.Namespace) -> int:
     from harness.v1 import application_manager_pb2 as pb
 
     try:
+        slo_json = _read(Path(args.slo)) if args.slo else ""
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         ex = _stub(args).ExecuteApplication(pb.ExecuteApplicationRequest(
-            tenant=args.tenant, application_id=args.app, slo_json=Path(args.slo).read_text() if args.slo else "",
-            online=args.online), timeout=None)
+            tenant=args.tenant, application_id=args.app, slo_json=slo_json, online=args.online), timeout=None)
     except grpc.RpcError as e:
         return _fail(e)
     _print(ex)

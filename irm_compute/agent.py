@@ -118,6 +118,13 @@ class ComputeClient:
                 raise NotFound(f"VM {vm_id!r} is unknown to the compute IRM") from None
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidArgument.of("vm_id", details or "rejected by the compute IRM") from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                # Not UNAVAILABLE: retrying cannot help until an operator makes the tokens agree.
+                raise FailedPrecondition(
+                    f"compute IRM at {self.address} rejected this agent's control token while looking up VM "
+                    f"{vm_id!r}: the agent's control_token differs from the compute IRM's; set both to the same "
+                    "secret"
+                ) from None
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise Unavailable(
                     f"compute IRM at {self.address} unreachable ({code.name}) while looking up VM {vm_id!r}; retry later"
@@ -252,6 +259,8 @@ class Agent:
             vm = self.compute.get_vm(vm_id)
         except NotFound:
             pass
+        except FailedPrecondition:
+            raise                                   # the tokens disagree: "retry later" would not help
         except HarnessError as e:
             raise Unavailable(f"cannot confirm with the compute IRM that VM {vm_id} is released ({e}); "
                               "retry later (the agent also re-checks its VMs on its own)") from None

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from services.config import read_yaml
 
 
 @dataclass(frozen=True)
@@ -75,24 +75,46 @@ def _host(entry: dict, where: str, default_agent: str) -> HostSpec:
     )
 
 
+def _entries(data: dict, key: str, where: str) -> list[dict]:
+    """`data[key]`, a list of mappings: anything else would fail later with no word of where."""
+    entries = data.get(key) or []
+    if not isinstance(entries, list):
+        raise InventoryError(f"{where}: {key} must be a list, got {entries!r}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise InventoryError(f"{where}: {key}[{i}] must be a mapping (e.g. {{cores: 16, memory_gb: 64}}), "
+                                 f"got {entry!r}")
+    return entries
+
+
+def _generated(gen: dict, i: int, where: str, default_agent: str) -> list[HostSpec]:
+    try:
+        count = int(gen.get("count", 1))
+        sites = max(1, int(gen.get("sites", 1)))
+        racks = max(1, int(gen.get("racks_per_site", 1)))
+    except (TypeError, ValueError) as e:
+        raise InventoryError(f"{where}: generate[{i}]: count, sites and racks_per_site must be integers ({e})") \
+            from None
+    prefix = str(gen.get("prefix", f"g{i}-h"))
+    site_prefix = str(gen.get("site_prefix", "site-"))
+    hosts = []
+    for n in range(count):
+        site = n % sites
+        rack = (n // sites) % racks
+        entry = dict(gen, id=f"{prefix}{n}", site=f"{site_prefix}{site}", rack=f"rack-{site}-{rack}")
+        hosts.append(_host(entry, f"{where}: generate[{i}]", default_agent))
+    return hosts
+
+
 def from_dict(data: dict, default_agent: str = "", where: str = "inventory") -> Inventory:
     hosts: list[HostSpec] = []
-    for i, entry in enumerate(data.get("hosts") or []):
+    for i, entry in enumerate(_entries(data, "hosts", where)):
         h = _host(entry, f"{where}: hosts[{i}]", default_agent)
         if not h.id:
             raise InventoryError(f"{where}: hosts[{i}]: missing id")
         hosts.append(h)
-    for i, gen in enumerate(data.get("generate") or []):
-        count = int(gen.get("count", 1))
-        sites = max(1, int(gen.get("sites", 1)))
-        racks = max(1, int(gen.get("racks_per_site", 1)))
-        prefix = str(gen.get("prefix", f"g{i}-h"))
-        site_prefix = str(gen.get("site_prefix", "site-"))
-        for n in range(count):
-            site = n % sites
-            rack = (n // sites) % racks
-            entry = dict(gen, id=f"{prefix}{n}", site=f"{site_prefix}{site}", rack=f"rack-{site}-{rack}")
-            hosts.append(_host(entry, f"{where}: generate[{i}]", default_agent))
+    for i, gen in enumerate(_entries(data, "generate", where)):
+        hosts.extend(_generated(gen, i, where, default_agent))
     seen: set[str] = set()
     for h in hosts:
         if h.id in seen:
@@ -106,10 +128,10 @@ def from_dict(data: dict, default_agent: str = "", where: str = "inventory") -> 
 def load(path: str | Path | None, default_agent: str = "") -> Inventory:
     if not path:
         return default(default_agent)
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_yaml(path, "inventory", InventoryError) or {}
     if not isinstance(data, dict):
-        raise InventoryError(f"{path}: expected a mapping with 'hosts' or 'generate'")
-    return from_dict(data, default_agent, str(path))
+        raise InventoryError(f"inventory {path}: expected a mapping with 'hosts' or 'generate'")
+    return from_dict(data, default_agent, f"inventory {path}")
 
 
 def default(agent: str = "") -> Inventory:

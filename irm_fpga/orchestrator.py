@@ -170,6 +170,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 info = ServerHandle("?", address, self.config.control_token).stub().GetServer(fpga_pb2.GetServerRequest(),
                                                                    timeout=self.config.server_timeout_s)
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:   # it answered: the tokens disagree
+                    raise OSError(f"control token rejected by FPGA-server at {address}: set control_token to "
+                                  "the FPGA-server's") from None
                 raise OSError(f"FPGA-server at {address} is unreachable ({e.code().name})") from None
             self.servers[info.name] = ServerHandle(info.name, address, self.config.control_token)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from services import config as cfg
@@ -15,12 +16,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     entry = SERVICES[args.service]
     config_class, factory = entry.load()
-    overrides = cfg.parse_sets(args.set or [])
-    if args.address:
-        overrides["address"] = args.address
     try:
+        overrides = cfg.parse_sets(args.set or [])
+        if args.address:
+            overrides["address"] = args.address
         conf = cfg.load(config_class, entry.section, config_file=args.config, overrides=overrides,
                         sections=config_sections())
+        # Checked here, whichever source set them: gRPC and SQLAlchemy would take a bad one further (a port
+        # nobody expects, a traceback).
+        cfg.check_address(conf.address)
+        _check_database(getattr(conf, "database", ""))
     except cfg.ConfigError as e:
         print(f"harness serve {args.service}: {e}", file=sys.stderr)
         return 2
@@ -39,6 +44,30 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"harness serve {args.service}: cannot start: the database did not answer: {e.orig}", file=sys.stderr)
         return 3
     return 0
+
+
+def _check_database(url: str) -> None:
+    """ConfigError unless `url` (empty: the service's SQLite default) names a database SQLAlchemy can use."""
+    if not url:
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError  # NoSuchModuleError (an unknown dialect) is one too
+
+    try:
+        make_url(url).get_dialect().import_dbapi()
+    except ArgumentError as e:
+        problem = str(e)
+    except ImportError as e:
+        problem = f"its driver is not installed: {e}"
+    else:
+        return
+    raise cfg.ConfigError(f"invalid database URL {_hide_password(url)!r} ({problem}): expected e.g. "
+                          "sqlite:///path or postgresql+psycopg://user:pw@host/db")
+
+
+def _hide_password(url: str) -> str:
+    """`url` with the password of its user:password@ (if any) as ***: messages end up in logs."""
+    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 
 def build_parser() -> argparse.ArgumentParser:

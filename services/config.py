@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -23,6 +24,46 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     pass
+
+
+def read_yaml(path: str | os.PathLike[str], what: str, error: type[ValueError] = ConfigError) -> Any:
+    """The YAML document in `path` (None when empty); `error` naming `what`, the file and, where YAML says
+    it, the line when the file cannot be read or parsed: a start-up message, not a traceback."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise error(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise error(f"cannot read {what} {path}: not UTF-8 text") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise error(f"{what} {path} is not valid YAML: {_yaml_problem(e)}") from None
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for a YAML error (its own str() spans several, with the offending text quoted)."""
+    if not isinstance(e, yaml.MarkedYAMLError) or e.problem_mark is None:
+        return " ".join(str(e).split())
+    mark = e.problem_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: {e.problem}"
+    if e.context and e.context_mark is not None and e.context_mark.line != mark.line:
+        where += f" ({e.context} at line {e.context_mark.line + 1})"
+    return where
+
+
+def check_address(address: str) -> str:
+    """`address` if it is HOST:PORT with PORT in 0..65535 (0: any free port; an IPv6 host in brackets).
+
+    gRPC takes more -- "localhost" binds port 443, a port beyond 65535 some other one -- and a service would
+    then listen somewhere nobody expects.
+    """
+    host, sep, port = address.rpartition(":")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not sep or host in ("", "[]") or bare_ipv6 or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
+        raise ConfigError(f"address {address!r}: expected HOST:PORT with PORT in 0..65535 (0: any free port), "
+                          "e.g. 127.0.0.1:50051 or [::1]:50051")
+    return address
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
@@ -86,9 +127,11 @@ def load(
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
 
-    config_file = config_file or environ.get("HARNESS_CONFIG")
+    what = "config file"
+    if not config_file and environ.get("HARNESS_CONFIG"):
+        config_file, what = environ["HARNESS_CONFIG"], "HARNESS_CONFIG file"   # say where the name came from
     if config_file:
-        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        data = read_yaml(config_file, what) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{config_file}: expected a mapping of sections")
         mine = [section]

@@ -201,3 +201,79 @@ def test_the_app_managers_default_address_is_the_suites_am_port() -> None:
     from services.suite import DEFAULT_PORTS
 
     assert AppManagerConfig().address == f"127.0.0.1:{DEFAULT_PORTS['am']}"
+
+
+# -- files that cannot be read or parsed, addresses: a ConfigError naming what to fix, not a traceback -----
+
+def test_a_missing_config_file_is_named_with_where_its_name_came_from(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=f"cannot read config file {missing}: No such file or directory"):
+        cfg.load(Sample, "svc", config_file=missing, environ={})
+    with pytest.raises(ConfigError, match=f"cannot read HARNESS_CONFIG file {missing}: No such file"):
+        cfg.load(Sample, "svc", environ={"HARNESS_CONFIG": missing})
+    with pytest.raises(ConfigError, match="cannot read config file .*: Is a directory"):
+        cfg.load(Sample, "svc", config_file=str(tmp_path), environ={})
+
+
+def test_malformed_yaml_names_the_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "svc:\n  workers: 8\n  filters: [a, b\n")
+    with pytest.raises(ConfigError) as info:
+        cfg.load(Sample, "svc", config_file=path, environ={})
+    message = str(info.value)
+    assert message.startswith(f"config file {path} is not valid YAML: line 4, column 1: ")
+    assert message.endswith("(while parsing a flow sequence at line 3)") and "\n" not in message
+    with pytest.raises(ConfigError, match=r"line 2, column 13: mapping values are not allowed here"):
+        cfg.load(Sample, "svc", config_file=write(tmp_path, "svc:\n  workers: 8: 9\n"), environ={})
+
+
+def test_a_config_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "harness.yaml"
+    path.write_bytes(b"svc:\n  workers: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=f"cannot read config file {path}: not UTF-8 text"):
+        cfg.load(Sample, "svc", config_file=str(path), environ={})
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:50051", "0.0.0.0:0", "localhost:65535", "[::1]:50051", "[::]:0",
+                                     "agent:50071"])
+def test_host_port_addresses_are_taken(address: str) -> None:
+    assert cfg.check_address(address) == address
+
+
+@pytest.mark.parametrize("address", ["localhost", "127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:", ":50051",
+                                     "127.0.0.1:http", "127.0.0.1:-1", "::1:50051", "[]:1", "127.0.0.1:５００５１"])
+def test_other_addresses_are_refused_with_an_example(address: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg.check_address(address)
+    assert repr(address) in str(info.value) and "HOST:PORT with PORT in 0..65535" in str(info.value)
+    assert "[::1]:50051" in str(info.value)
+
+
+# -- the compute inventory file (irm_compute.inventory.load) ---------------------------------------------
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("hosts: [\n", "inventory {path} is not valid YAML: line 2, column 1"),
+    ("hosts:\n  - {id: a, cores: 1, memory_gb: 1\n", "inventory {path} is not valid YAML: line 3"),
+    ("generate:\n  - 5\n", "inventory {path}: generate[0] must be a mapping"),
+    ("generate:\n  - [count, 2]\n", "inventory {path}: generate[0] must be a mapping"),
+    ("generate: {count: 2, cores: 1, memory_gb: 1}\n", "inventory {path}: generate must be a list"),
+    ("hosts:\n  - a-r1-h1\n", "inventory {path}: hosts[0] must be a mapping"),
+    ("hosts: 3\n", "inventory {path}: hosts must be a list"),
+    ("generate:\n  - {count: many, cores: 1, memory_gb: 1}\n",
+     "inventory {path}: generate[0]: count, sites and racks_per_site must be integers"),
+    ("- a\n", "inventory {path}: expected a mapping"),
+])
+def test_a_bad_inventory_file_is_an_inventory_error_naming_it(tmp_path: Path, text: str, fragment: str) -> None:
+    from irm_compute import inventory as inv
+
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    with pytest.raises(inv.InventoryError) as info:
+        inv.load(str(path))
+    assert fragment.format(path=path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_missing_inventory_file_is_an_inventory_error(tmp_path: Path) -> None:
+    from irm_compute import inventory as inv
+
+    with pytest.raises(inv.InventoryError, match="cannot read inventory .*nope.yaml: No such file or directory"):
+        inv.load(str(tmp_path / "nope.yaml"))
