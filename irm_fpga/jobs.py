@@ -618,6 +618,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             if pool is None:
                 self._save_controllers([r.id for r in rows], now)
                 return {}
+            # A job with no step to take (registered this very instant) keeps its devices: the broker shares
+            # what the others hold, or it would hand that job's devices out again.
+            pool -= sum(r.devices for r in rows if r.id not in obs)
             alloc, states, _ = throughput_decide(jobs, {j.job_id: self._states[j.job_id] for j in jobs}, obs,
                                                  pool, alpha=self.config.alpha)
             self._states.update(states)

@@ -514,3 +514,18 @@ def test_a_retirement_just_after_a_sample_keeps_the_last_periods_rate(irm_factor
     irm.clock.advance(0.5)
     irm.complete(irm.job(early.id), 10)
     assert irm.manager.retire("alice", early.id).achieved_throughput == pytest.approx(20.0)   # its whole life
+
+
+def test_the_broker_does_not_give_out_the_devices_of_a_job_registered_this_instant(irm_factory):
+    irm = irm_factory("throughput")
+    a = irm.register("a", throughput=jp.ThroughputGoal(actions_per_s=5.0))
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(a.id), 10)          # 10 actions/s on 8 devices: it needs 4 for 5 actions/s
+    irm.manager.control_once()
+    irm.clock.advance(1.0)
+    irm.complete(irm.job(a.id), 2)           # a slowed down: it asks for more than the devices b left free
+    b = irm.register("b", throughput=jp.ThroughputGoal(actions_per_s=1.0), min_devices=2)
+    held = irm.job(b.id).devices
+    irm.manager.control_once()               # the same instant: a takes a step, b has no period behind it yet
+    assert irm.job(b.id).devices == held >= 2
+    assert irm.job(a.id).devices + irm.job(b.id).devices <= DEVICES
