@@ -836,9 +836,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         t0, a0 = self._last.get(row.id, (row.registered_at, 0))
         fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
                                   "allocations": [*row.allocations, [now, 0]] if row.allocations else []}
-        # The rate over the time since the last sample, unless that is a sliver of a period and a full
-        # period's rate is already known (a few actions over milliseconds are no rate).
-        if now > t0 and (now - t0 >= self.config.control_period_s or t0 == row.registered_at):
+        # The rate over the time since the last sample, unless that is a sliver of a period and a period's
+        # rate is already known (a few actions over milliseconds are no rate).
+        if now > t0 and (now - t0 >= self.config.control_period_s or not row.achieved_throughput):
             fields["achieved_throughput"] = (end - a0) / (now - t0)
         row = self._update(row.id, **fields)
         for d in (self._states, self._seen, self._last):

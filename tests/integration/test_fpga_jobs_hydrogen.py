@@ -589,3 +589,11 @@ def test_a_retired_hydrogen_job_keeps_the_throughput_it_retired_with(irm_factory
     irm.clock.advance(5.0)
     irm.manager.control_once()
     assert irm.job(a.id).achieved_throughput == pytest.approx(10.0) and a.id not in irm.manager._last
+
+
+def test_a_hydrogen_job_retired_before_any_control_round_gets_its_rate(irm_factory):
+    irm = irm_factory("fcfs_min")
+    a = irm.register("a", **deadline(60.0, 100))
+    irm.clock.advance(0.5)                                  # dispatched at once; no round has sampled it
+    irm.complete(irm.job(a.id), 10)
+    assert irm.manager.retire("alice", a.id).achieved_throughput == pytest.approx(20.0)
