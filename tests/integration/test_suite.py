@@ -125,14 +125,7 @@ def test_release_kills_running_work_and_closes_the_vm(running):
 
 
 def test_harness_up_runs_in_foreground_and_stops_cleanly_on_ctrl_c(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--auto-ports", "--state-dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:  # type: ignore[union-attr]
-        lines.append(line)
-        if "Harness is up" in line:
-            break
-    assert any("Harness is up" in x for x in lines), "".join(lines)
+    proc = _up(tmp_path)
     pids = [p for p in _children(proc.pid)]
     assert len(pids) == len(suite_mod.plan(str(tmp_path)))
     r = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json", "--state-dir", str(tmp_path)],

@@ -207,21 +207,19 @@ def test_interval_between_snapshots_of_a_live_engine() -> None:
 def test_a_group_made_again_between_snapshots_counts_everything_since_as_new() -> None:
     clock = VirtualClock()
     e = Engine(clock, EngineConfig(reconfig_mean_s=1.0, reconfig_std_s=0.0))
-    e.create_group("A", "sleep", 1)
-    clock.advance_to(2.0)
-    e.advance()
-    e.attach_client("A", "a")
-    e.submit("a", [Task(i, {"duration": 0.01}) for i in range(50)])
-    clock.advance_to(3.0)
-    e.advance()
+
+    def make_and_run(tasks: int, until: float) -> None:
+        e.create_group("A", "sleep", 1)
+        clock.advance_to(until - 1.0)          # reconfigured
+        e.advance()
+        e.attach_client("A", "a")
+        e.submit("a", [Task(i, {"duration": 0.01}) for i in range(tasks)])
+        clock.advance_to(until)
+        e.advance()
+
+    make_and_run(50, 3.0)
     m0 = e.measurements()
     e.delete_group("A")            # as a restarted server's part the Orchestrator makes again
-    e.create_group("A", "sleep", 1)
-    clock.advance_to(5.0)
-    e.advance()
-    e.attach_client("A", "a")
-    e.submit("a", [Task(i, {"duration": 0.01}) for i in range(10)])
-    clock.advance_to(6.0)
-    e.advance()
+    make_and_run(10, 6.0)
     g = interval_between(m0, e.measurements()).groups["A"]
     assert g.executed == {"a": 10} and g.busy_s == pytest.approx(0.1)    # not 10 - 50 tasks, 0.1 - 0.5 s
