@@ -164,9 +164,12 @@ class Registry:
                         if ev.kind == irm_pb2.CapacityEvent.KIND_REMOVED:
                             self.view.remove(state.name, r.id)
                         else:
-                            if ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT:
+                            snapshot = ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT
+                            if snapshot:
                                 seen.add(r.id)
-                            self.view.upsert(state.name, r)
+                            # A stream's snapshot is the manager's state now, even with older generations
+                            # (restarted on an older or fresh database); updates within a stream are ordered.
+                            self.view.upsert(state.name, r, snapshot=snapshot)
                     self.on_change(state.name, ev)
             except grpc.RpcError as e:
                 if not state.stop.is_set():

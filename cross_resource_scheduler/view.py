@@ -28,6 +28,9 @@ class Node:
     location: common_pb2.Location
     generation: int = 0
     assumed: dict[str, float] = field(default_factory=dict)
+    # Bumped when a snapshot's generation went back (the manager restarted on an older or fresh
+    # database): generations from before belong to a history the manager no longer has.
+    epoch: int = 0
 
     key: str = ""  # "<manager>/<physical id>", unique across managers
     # free() of every attribute, as of the last change the view made (placement reads it
@@ -63,6 +66,8 @@ class Assumption:
     committed: bool = False
     # The node's generation at which its reported usage includes this demand (0: unknown).
     until: int = 0
+    # The node's epoch when placed: a commit is settled by generations of that history only.
+    epoch: int = 0
 
 
 class CapacityView:
@@ -78,28 +83,47 @@ class CapacityView:
         self.version = 0  # bumped on every change; watchers of the CRS follow it
 
     # -- feeding ---------------------------------------------------------
-    def upsert(self, manager: str, r: common_pb2.PhysicalResource) -> Node:
+    def upsert(self, manager: str, r: common_pb2.PhysicalResource, snapshot: bool = False) -> Node:
+        """Apply a resource as `manager` reported it.
+
+        `snapshot`: it comes from the full snapshot that opens a (re)connected manager's stream. That is
+        the manager's state now, whatever its generation: after a restart on an older or fresh database
+        the generations go back, and keeping the newer-numbered old usage would refuse fitting requests
+        for good. Within a stream, events older than what the view holds are stale (a snapshot raced a
+        newer event) and ignored.
+        """
         with self.lock:
             key = f"{manager}/{r.id}"
             node = self.nodes.get(key)
+            went_back = False
             if node is not None and r.generation < node.generation:
-                return node  # stale (a snapshot raced a newer event)
+                if not snapshot:
+                    return node  # stale (a snapshot raced a newer event)
+                went_back = True
             if node is None or node.resource_type != r.resource_type or node.location != r.location:
-                if node is not None:
-                    self._unindex(node)
-                node = Node(manager, r.id, r.resource_type, dict(r.capacity), dict(r.used), dict(r.properties),
-                            frozenset(r.traits), common_pb2.Location(site=r.location.site, rack=r.location.rack,
-                                                                     host=r.location.host), r.generation)
-                self.nodes[key] = node
-                self._index(node)
-                self._recount(node)  # pending assumptions follow the resource
+                node = self._replace(manager, r, node)
             else:
                 node.capacity, node.used, node.properties = dict(r.capacity), dict(r.used), dict(r.properties)
                 node.traits, node.generation = frozenset(r.traits), r.generation
                 node.refresh()
+            if went_back:
+                node.epoch += 1
             self._settle(node)
             self.version += 1
             return node
+
+    def _replace(self, manager: str, r: common_pb2.PhysicalResource, old: Node | None) -> Node:
+        """A new node for `r` (new, or changed type or location), in the indexes in place of `old`."""
+        if old is not None:
+            self._unindex(old)
+        node = Node(manager, r.id, r.resource_type, dict(r.capacity), dict(r.used), dict(r.properties),
+                    frozenset(r.traits), common_pb2.Location(site=r.location.site, rack=r.location.rack,
+                                                             host=r.location.host), r.generation,
+                    epoch=old.epoch if old is not None else 0)
+        self.nodes[node.key] = node
+        self._index(node)
+        self._recount(node)  # pending assumptions follow the resource
+        return node
 
     def remove(self, manager: str, physical_id: str) -> None:
         with self.lock:
@@ -161,7 +185,8 @@ class CapacityView:
     # -- assumptions -----------------------------------------------------
     def assume(self, token: str, node: Node, demand: dict[str, float]) -> None:
         with self.lock:
-            self._assumptions[node.key].append(Assumption(token, node.key, dict(demand), node.generation))
+            self._assumptions[node.key].append(Assumption(token, node.key, dict(demand), node.generation,
+                                                          epoch=node.epoch))
             self._tokens[token].add(node.key)
             for k, v in demand.items():
                 node.assumed[k] = node.assumed.get(k, 0.0) + v
@@ -200,12 +225,21 @@ class CapacityView:
         items = self._assumptions.get(node.key)
         if not items:
             return
-        gen = node.generation
-        keep = [a for a in items
-                if not (a.committed and (gen >= a.until if a.until else gen > a.base_generation))]
+        keep = [a for a in items if not (a.committed and self._shown(a, node))]
         if len(keep) != len(items):
             self._assumptions[node.key] = keep
             self._recount(node)
+
+    @staticmethod
+    def _shown(a: Assumption, node: Node) -> bool:
+        """Whether the node's reported usage includes the committed assumption `a`."""
+        if a.epoch != node.epoch:
+            # Its generations are of a history the manager no longer has, so none will ever show it: what the
+            # manager reports now is the truth. A commit the restart lost is not held for good; one made since
+            # may be under-counted until its event arrives (the manager refuses what does not fit).
+            return True
+        gen = node.generation
+        return gen >= a.until if a.until else gen > a.base_generation
 
     def _recount(self, node: Node) -> None:
         assumed: dict[str, float] = {}

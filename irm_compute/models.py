@@ -50,6 +50,9 @@ class Reservation(Base):
     # The group names, in request order, and any notes for the tenant.
     groups: Mapped[list[dict]] = mapped_column(JSON, default=list)
     notes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # SHA-256 (hex) of the request minus its request_id: a replay of the id must ask for the same thing.
+    # Empty on rows older than the column: their replays are not checked.
+    request_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
     vms: Mapped[list[Vm]] = relationship(back_populates="reservation", order_by="Vm.ordinal")
 

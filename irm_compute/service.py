@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -26,11 +27,11 @@ from irm_compute import inventory as inv
 from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
 from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
-from irm_compute.store import ComputeStore, HostUsage, Outcome, ReservationRecord
+from irm_compute.store import ComputeStore, HostUsage, Outcome, ReservationRecord, ReserveCall
 from services import client, control
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
-from services.errors import FailedPrecondition, HarnessError, InvalidArgument, Violations, require_tenant
+from services.errors import HarnessError, InvalidArgument, Violations, require_tenant
 from services.registration import Membership
 from services.server import Component
 from services.watch import Broadcaster
@@ -117,6 +118,18 @@ def _validate_request_id(request_id: str) -> None:
         raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
     if len(request_id) > 128:
         raise InvalidArgument.of("request_id", "at most 128 characters")
+
+
+def request_hash(request: irm_pb2.ReserveRequest) -> str:
+    """What a Reserve asks for, whatever its request_id: the id's replays must carry the same.
+
+    Deterministic serialization orders the attribute maps, so equal requests hash equal within one
+    protobuf runtime (the point: a client's retry, minutes later, against the same server).
+    """
+    content = irm_pb2.ReserveRequest()
+    content.CopyFrom(request)
+    content.ClearField("request_id")
+    return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
 
 
 class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeControlServicer):
@@ -294,7 +307,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             quotes.append(irm_pb2.GroupQuote(name=g.name, price_per_minute=price, manager=self.config.name))
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
-    def _parse_reserve(self, request: irm_pb2.ReserveRequest) -> tuple[str, list[VmGroup]]:
+    def _parse_reserve(self, request: irm_pb2.ReserveRequest) -> ReserveCall:
         tenant = require_tenant(request.tenant)
         _validate_request_id(request.request_id)
         v = Violations()
@@ -302,7 +315,9 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         v.check(len(request.constraints) == 0, "constraints",
                 "the compute IRM places groups one by one; send constraints between groups to the CRS")
         v.raise_if_any()
-        return tenant, groups
+        # The cap is checked inside the store's transaction: a refusal records nothing and leaves the id unused.
+        cap = request.max_price_per_minute if request.HasField("max_price_per_minute") else None
+        return ReserveCall(tenant, request.request_id, groups, self._local_notes(groups), cap, request_hash(request))
 
     def _after_commit(self, outcomes: list[Outcome]) -> None:
         if self.config.fault == "crash_after_commit" and any(o.created for o in outcomes):
@@ -310,40 +325,31 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             os._exit(137)
         self._publish([u for o in outcomes for u in o.touched])
 
-    def _reply(self, request: irm_pb2.ReserveRequest, outcome: Outcome) -> irm_pb2.Reservation:
-        reply = self._reservation(outcome.reservation, {u.host_id: u.generation for u in outcome.touched})
-        if request.HasField("max_price_per_minute") and reply.price_per_minute > request.max_price_per_minute:
-            if outcome.created:
-                self._release(request.tenant, reply.id)
-            raise FailedPrecondition(f"price {reply.price_per_minute:.4f}/min exceeds max_price_per_minute "
-                                     f"{request.max_price_per_minute:.4f}")
-        return reply
+    def _reply(self, outcome: Outcome) -> irm_pb2.Reservation:
+        return self._reservation(outcome.reservation, {u.host_id: u.generation for u in outcome.touched})
 
     def Reserve(self, request, context):  # noqa: N802
-        tenant, groups = self._parse_reserve(request)
-        outcome = self.store.reserve(tenant, request.request_id, groups, self._local_notes(groups))
+        outcome = self.store.reserve_call(self._parse_reserve(request))
         self._after_commit([outcome])
-        return self._reply(request, outcome)
+        return self._reply(outcome)
 
     def ReserveBatch(self, request, context):  # noqa: N802
         """Each request as Reserve would answer it; the valid ones in one commit, their
         capacity changes in one watch message."""
         results: list[irm_pb2.ReserveOutcome | None] = [None] * len(request.requests)
-        todo: list[tuple[int, tuple[str, str, list[VmGroup], list[str]]]] = []
+        todo: list[tuple[int, ReserveCall]] = []
         for i, req in enumerate(request.requests):
             try:
-                tenant, groups = self._parse_reserve(req)
+                todo.append((i, self._parse_reserve(req)))
             except HarnessError as e:
                 results[i] = _refusal(e)
-                continue
-            todo.append((i, (tenant, req.request_id, groups, self._local_notes(groups))))
-        done = self.store.reserve_many([item for _, item in todo])
+        done = self.store.reserve_many([call for _, call in todo])
         self._after_commit([o for o in done if isinstance(o, Outcome)])
         for (i, _), outcome in zip(todo, done, strict=True):
             try:
                 if not isinstance(outcome, Outcome):
                     raise outcome
-                results[i] = irm_pb2.ReserveOutcome(reservation=self._reply(request.requests[i], outcome))
+                results[i] = irm_pb2.ReserveOutcome(reservation=self._reply(outcome))
             except HarnessError as e:
                 results[i] = _refusal(e)
             except Exception:

@@ -13,6 +13,9 @@ MAX_COUNT = 1000
 # Beyond any host this manager could hold, and within what the store's columns take.
 MAX_CORES = 4096
 MAX_MEMORY_GB = 65536.0
+# Memory is stored in whole MiB; a VM gets at least one (the domain's minimum, 1/1024 GB, that DescribeAllocationSpec
+# advertises).
+MIN_MEMORY_MB = 1
 MAX_NAME = 128
 KNOWN_ATTRIBUTES = ("cores", "memory_gb", "frequency_ghz")
 
@@ -51,6 +54,27 @@ def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations) -> floa
     return None
 
 
+def _memory_mb(g: irm_pb2.ResourceGroup, p: str, v: Violations) -> int | None:
+    """The group's memory per VM in whole MiB (what the store counts), or None after a violation."""
+    path = f"{p}.attributes[memory_gb]"
+    if "memory_gb" not in g.attributes:
+        v.add(path, "required: the memory per VM in GB")
+        return None
+    memory_gb = _number(g.attributes["memory_gb"], path, v)
+    if memory_gb is None:
+        return None
+    if not (0 < memory_gb <= MAX_MEMORY_GB):
+        v.add(path, f"must be > 0 and at most {MAX_MEMORY_GB:g}, got {memory_gb:g}")
+        return None
+    # Checked after rounding: a positive size below half a MiB rounds to a VM of no memory at all.
+    memory_mb = round(memory_gb * 1024)
+    if memory_mb < MIN_MEMORY_MB:
+        v.add(path, f"must be at least {MIN_MEMORY_MB} MiB ({MIN_MEMORY_MB / 1024:g} GB) after rounding to whole MiB, "
+                    f"got {memory_gb:g} GB")
+        return None
+    return memory_mb
+
+
 def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefix: str = "groups") -> list[VmGroup]:
     out: list[VmGroup] = []
     names: set[str] = set()
@@ -68,7 +92,7 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
         for key in g.attributes:
             v.check(key in KNOWN_ATTRIBUTES, f"{p}.attributes[{key}]",
                     f"unknown attribute; a vm has {', '.join(KNOWN_ATTRIBUTES)}")
-        cores = memory_gb = None
+        cores = None
         if "cores" in g.attributes:
             cores = _number(g.attributes["cores"], f"{p}.attributes[cores]", v)
             # NaN, inf and absurd counts are bad input, not a shape to price or to store (int(inf) raised).
@@ -77,13 +101,7 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
                 cores = None
         else:
             v.add(f"{p}.attributes[cores]", "required: the number of cores per VM")
-        if "memory_gb" in g.attributes:
-            memory_gb = _number(g.attributes["memory_gb"], f"{p}.attributes[memory_gb]", v)
-            if memory_gb is not None and not (0 < memory_gb <= MAX_MEMORY_GB):
-                v.add(f"{p}.attributes[memory_gb]", f"must be > 0 and at most {MAX_MEMORY_GB:g}, got {memory_gb:g}")
-                memory_gb = None
-        else:
-            v.add(f"{p}.attributes[memory_gb]", "required: the memory per VM in GB")
+        memory_mb = _memory_mb(g, p, v)
         fmin, fmax = 0.0, math.inf
         if "frequency_ghz" in g.attributes:
             f = g.attributes["frequency_ghz"]
@@ -103,13 +121,13 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
                     f"give one host per instance ({g.count}), or none to let the manager place them")
         clash = set(g.required_traits) & set(g.forbidden_traits)
         v.check(not clash, f"{p}.forbidden_traits", f"traits both required and forbidden: {sorted(clash)}")
-        if cores is None or memory_gb is None:
+        if cores is None or memory_mb is None:
             continue
         out.append(VmGroup(
             name=g.name,
             count=g.count,
             cores=int(cores),
-            memory_mb=int(round(memory_gb * 1024)),
+            memory_mb=memory_mb,
             freq_min=fmin,
             freq_max=fmax,
             required_traits=frozenset(g.required_traits),

@@ -10,7 +10,7 @@ step rolls back the whole reservation: it is all-or-nothing.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -26,6 +26,7 @@ from services.db import Database, Prepared
 from services.errors import (
     FailedPrecondition,
     HarnessError,
+    InvalidArgument,
     NotFound,
     ResourceExhausted,
     owned,
@@ -76,6 +77,11 @@ _P_RELEASE_RES = Prepared(_RELEASE_RES)
 _P_RELEASE_VMS = Prepared(_RELEASE_VMS)
 _P_MARK_SEEN = Prepared(_MARK_SEEN)
 
+# Prices are sums of floats: a cap set to a quote of the same shapes may differ from the charge in the last bits.
+_PRICE_SLACK = 1e-9
+REUSED_REQUEST_ID = "request_id reused with a different request; use a new request_id"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:20]}"
 
@@ -124,7 +130,22 @@ class ReservationRecord:
     released_at: float
     groups: list[dict]
     notes: list[str]
+    request_hash: str
     vms: list[VmRecord]
+
+
+@dataclass(frozen=True)
+class ReserveCall:
+    """One reservation to make, as `reserve` and `reserve_many` take it."""
+
+    tenant: str
+    request_id: str
+    groups: list[VmGroup]
+    notes: list[str] = field(default_factory=list)
+    # Refused inside the reservation's transaction when the price is higher: a refusal records nothing.
+    max_price: float | None = None
+    # The request's content, hashed (see models.Reservation.request_hash); "": not checked.
+    request_hash: str = ""
 
 
 @dataclass
@@ -184,35 +205,48 @@ class ComputeStore:
             return list(s.scalars(select(Host).where(Host.id.in_(ids))))
 
     # -- reserve ---------------------------------------------------------
-    def reserve(self, tenant: str, request_id: str, groups: list[VmGroup], notes: list[str] | None = None) -> Outcome:
+    def reserve(self, tenant: str, request_id: str, groups: list[VmGroup], notes: list[str] | None = None, *,
+                max_price: float | None = None, request_hash: str = "") -> Outcome:
+        return self.reserve_call(ReserveCall(tenant, request_id, groups, notes or [], max_price, request_hash))
+
+    def reserve_call(self, call: ReserveCall) -> Outcome:
         # No look-up first: the unique (tenant, request_id) index answers "seen before?"
         # inside the transaction, and a retry is the rare case.
         try:
-            return self.db.run(lambda c: self._reserve(c, tenant, request_id, groups, notes or []))
-        except (IntegrityError, HarnessError):
-            # A retry, or a concurrent request with the same id that won the race: return its
-            # result. (A retry can also fail a take first, when its hosts have filled up since.)
-            existing = self._by_request(tenant, request_id)
-            if existing is None:
+            return self.db.run(lambda c: self._reserve(c, call))
+        except (IntegrityError, HarnessError) as e:
+            out = self._replay(call, e)
+            if out is e:
                 raise
-            return Outcome(existing, [], False)
+            if isinstance(out, Exception):
+                raise out from None
+            return out
 
-    def reserve_many(self, items: list[tuple[str, str, list[VmGroup], list[str]]]) -> list[Outcome | Exception]:
-        """Several reservations, (tenant, request id, groups, notes) each, as `reserve` makes
-        each: in one commit where the database allows, each succeeding or failing alone."""
-        done = self.db.run_all([
-            lambda c, t=tenant, r=request_id, g=groups, n=notes: self._reserve(c, t, r, g, n)
-            for tenant, request_id, groups, notes in items])
+    def reserve_many(self, calls: list[ReserveCall]) -> list[Outcome | Exception]:
+        """Several reservations, each as `reserve` makes it: in one commit where the database
+        allows, each succeeding or failing alone."""
+        done = self.db.run_all([lambda c, call=call: self._reserve(c, call) for call in calls])
         out: list[Outcome | Exception] = []
-        for (tenant, request_id, _, _), (ok, value) in zip(items, done, strict=True):
+        for call, (ok, value) in zip(calls, done, strict=True):
             if ok:
                 out.append(value)  # type: ignore[arg-type]
             elif isinstance(value, IntegrityError | HarnessError):  # a retry? as in `reserve`
-                existing = self._by_request(tenant, request_id)
-                out.append(value if existing is None else Outcome(existing, [], False))
+                out.append(self._replay(call, value))
             else:
                 out.append(value)  # type: ignore[arg-type]
         return out
+
+    def _replay(self, call: ReserveCall, error: Exception) -> Outcome | Exception:
+        """After a failed reservation: a retry, or a concurrent request with the same id that won
+        the race, gets that reservation. (A retry can also fail a take or the price cap first,
+        when its hosts have filled up since.) Anything else gets `error`; an id first used for
+        a different request, a refusal naming request_id."""
+        existing = self._by_request(call.tenant, call.request_id)
+        if existing is None:
+            return error
+        if call.request_hash and existing.request_hash and call.request_hash != existing.request_hash:
+            return InvalidArgument.of("request_id", REUSED_REQUEST_ID)
+        return Outcome(existing, [], False)
 
     def _by_request(self, tenant: str, request_id: str) -> Reservation | None:
         with self.db.read() as s:
@@ -221,16 +255,16 @@ class ComputeStore:
                 .where(Reservation.tenant == tenant, Reservation.request_id == request_id)
             )
 
-    def _reserve(self, conn: Connection, tenant: str, request_id: str, groups: list[VmGroup], notes: list[str]) -> Outcome:
+    def _reserve(self, conn: Connection, call: ReserveCall) -> Outcome:
         # Prepared statements and plain records, not the ORM unit of work: this is the
         # hot path, and a flush costs more than the SQL.
-        res = ReservationRecord(id=new_id("res"), tenant=tenant, request_id=request_id, state="active",
+        res = ReservationRecord(id=new_id("res"), tenant=call.tenant, request_id=call.request_id, state="active",
                                 price_per_minute=0.0, created_at=self.clock.now(), released_at=0.0,
-                                groups=[{"name": g.name, "count": g.count} for g in groups], notes=list(notes),
-                                vms=[])
+                                groups=[{"name": g.name, "count": g.count} for g in call.groups],
+                                notes=list(call.notes), request_hash=call.request_hash, vms=[])
         touched: dict[str, HostUsage] = {}
         vms = res.vms
-        for g in groups:
+        for g in call.groups:
             for i in range(g.count):
                 host, usage = self._take(conn, g, g.placement[i] if g.placement else None)
                 price = self.cost.price_per_minute(g.cores, g.memory_mb / 1024, host.frequency_ghz)
@@ -240,13 +274,22 @@ class ComputeStore:
                                     agent_seen=False))
                 touched[host.id] = usage
         res.price_per_minute = sum(vm.price_per_minute for vm in vms)
+        # Before anything is recorded: raising here rolls the takes back, and the request_id stays unused.
+        self._check_price(res.price_per_minute, call.max_price)
         # The unique (tenant, request_id) index fails this insert for a retry, rolling back the takes.
         _P_INSERT_RES.execute(conn, {
-            "id": res.id, "tenant": tenant, "request_id": request_id, "state": "active",
+            "id": res.id, "tenant": call.tenant, "request_id": call.request_id, "state": "active",
             "price_per_minute": res.price_per_minute, "created_at": res.created_at, "released_at": 0.0,
-            "groups": res.groups, "notes": res.notes})
+            "groups": res.groups, "notes": res.notes, "request_hash": call.request_hash})
         _P_INSERT_VMS.executemany(conn, [{k: getattr(vm, k) for k in _VM_COLUMNS} for vm in vms])
         return Outcome(res, list(touched.values()), True)
+
+    @staticmethod
+    def _check_price(price: float, cap: float | None) -> None:
+        if cap is not None and price > cap + _PRICE_SLACK:
+            raise FailedPrecondition(
+                f"price {price:.4f}/min exceeds max_price_per_minute {cap:.4f}; nothing was reserved: "
+                "raise the cap, or ask for fewer or smaller VMs (QuotePrice says what a request costs)")
 
     def _take(self, conn: Connection, g: VmGroup, pinned: str | None) -> tuple[Host, HostUsage]:
         """Take one VM's share of a host, atomically; the host is pinned or chosen here."""

@@ -270,3 +270,53 @@ def test_with_a_control_token_get_vm_answers_the_agents_only(tmp_path: Path) -> 
     finally:
         irm.watchers.close()
         irm.db.dispose()
+
+
+def test_a_reserve_refused_for_its_price_takes_nothing_and_leaves_its_id_free(irm: ComputeIrm) -> None:
+    from services.errors import FailedPrecondition
+
+    before = generations(irm)
+    capped = req("k", 1, "a")
+    capped.max_price_per_minute = 0.01
+    with pytest.raises(FailedPrecondition, match="exceeds max_price_per_minute"):
+        irm.Reserve(capped, None)
+    [refused] = irm.ReserveBatch(irm_pb2.ReserveBatchRequest(requests=[capped]), None).outcomes
+    assert refused.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    # never recorded (not even as released), capacity never taken
+    listed = irm.ListReservations(irm_pb2.ListReservationsRequest(tenant="t", include_released=True), None)
+    assert list(listed.reservations) == [] and generations(irm) == before
+    capped.max_price_per_minute = 1.0          # the retry with a higher cap is a reservation of its own
+    assert irm.Reserve(capped, None).state == irm_pb2.Reservation.STATE_ACTIVE
+
+
+def test_a_request_id_reused_for_a_different_request_is_invalid_argument_on_request_id(irm: ComputeIrm) -> None:
+    from services.errors import InvalidArgument
+
+    first = irm.Reserve(req("k", 1, "a"), None)
+    assert irm.Reserve(req("k", 1, "a"), None).id == first.id                 # a retry: its reservation
+    capped = req("k", 1, "a")
+    capped.max_price_per_minute = 1.0
+    for different in (req("k", 2, "b"), capped):                              # other shape, or other cap
+        with pytest.raises(InvalidArgument) as e:
+            irm.Reserve(different, None)
+        assert [(v.field, v.description) for v in e.value.violations] == [
+            ("request_id", "request_id reused with a different request; use a new request_id")]
+    [batched] = irm.ReserveBatch(irm_pb2.ReserveBatchRequest(requests=[req("k", 2, "b")]), None).outcomes
+    assert batched.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert [v.field for v in batched.error.field_violations] == ["request_id"]
+    assert generations(irm)["b"] == 0 and irm.store.overbooking() == []
+
+
+def test_the_request_hash_ignores_the_request_id_and_the_order_attributes_were_set_in() -> None:
+    from irm_compute.service import request_hash
+
+    one = req("k1", 2, "a")
+    other = req("k2", 2, "a")
+    reordered = irm_pb2.ResourceGroup(name="g", resource_type="vm", count=1, placement=["a"])
+    reordered.attributes["memory_gb"].number = 1
+    reordered.attributes["cores"].number = 2
+    del other.groups[:]
+    other.groups.append(reordered)
+    assert request_hash(one) == request_hash(other) and one.request_id == "k1"   # the request is not changed
+    assert request_hash(one) != request_hash(req("k1", 3, "a"))
+    assert request_hash(one) != request_hash(req("k1", 2, "a", tenant="u"))

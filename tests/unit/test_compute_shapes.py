@@ -25,6 +25,7 @@ def group(cores: float = 2, memory_gb: float = 4, name: str = "g", **attrs: comm
     (group(cores=MAX_CORES + 1), "groups[0].attributes[cores]"),
     (group(memory_gb=math.nan), "groups[0].attributes[memory_gb]"),
     (group(memory_gb=1e30), "groups[0].attributes[memory_gb]"),
+    (group(memory_gb=0.0004), "groups[0].attributes[memory_gb]"),    # rounded to 0 MiB: a VM with no memory
     (group(frequency_ghz=common_pb2.AttributeRequest(number=math.nan)), "groups[0].attributes[frequency_ghz]"),
     (group(name="x" * (MAX_NAME + 1)), "groups[0].name"),            # the store's column: INTERNAL on PostgreSQL
 ])
@@ -38,3 +39,19 @@ def test_the_largest_allowed_shape_parses() -> None:
     v = Violations()
     (shape,) = parse_groups([group(cores=MAX_CORES, memory_gb=65536, name="x" * MAX_NAME)], v)
     assert not v.items and shape.cores == MAX_CORES and shape.memory_mb == 65536 * 1024
+
+
+def test_memory_below_one_mib_after_rounding_is_bad_input_even_as_a_range_minimum() -> None:
+    v = Violations()
+    as_range = group(name="r")
+    as_range.attributes["memory_gb"].CopyFrom(common_pb2.AttributeRequest(range=common_pb2.Range(min=0.0004, max=1)))
+    assert parse_groups([group(memory_gb=0.0004), as_range], v) == []
+    assert [x.field for x in v.items] == ["groups[0].attributes[memory_gb]", "groups[1].attributes[memory_gb]"]
+    assert "at least 1 MiB" in v.items[0].description and "0.0004" in v.items[0].description
+
+
+@pytest.mark.parametrize(("memory_gb", "mb"), [(1 / 1024, 1), (0.0006, 1), (1.5, 1536)])
+def test_memory_rounds_to_whole_mib_of_at_least_one(memory_gb: float, mb: int) -> None:
+    v = Violations()
+    (shape,) = parse_groups([group(memory_gb=memory_gb)], v)
+    assert not v.items and shape.memory_mb == mb

@@ -15,7 +15,7 @@ from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation, Vm
 from irm_compute.service import MIGRATIONS
 from irm_compute.shapes import VmGroup
-from irm_compute.store import ComputeStore
+from irm_compute.store import ComputeStore, ReserveCall
 from services.clock import VirtualClock
 from services.db import Database
 from services.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
@@ -411,10 +411,10 @@ def test_reserve_many_gives_each_request_its_own_outcome(db: Database, clock: Vi
     store = make_store(db, clock, [host("a", cores=4), host("b", cores=4)])
     first = store.reserve("t", "seen", [g(cores=1, placement=("a",))])
     out = store.reserve_many([
-        ("t", "ok", [g(count=2, cores=2, placement=("a", "b"))], ["note"]),
-        ("t", "too-big", [g(cores=3, placement=("a",))], []),  # a has 4 - 1 - 2 = 1 core left
-        ("t", "seen", [g(cores=1, placement=("a",))], []),  # a retry: the first result, nothing new
-        ("u", "ok", [g(cores=1, placement=("b",))], []),  # same request id, another tenant: its own
+        ReserveCall("t", "ok", [g(count=2, cores=2, placement=("a", "b"))], ["note"]),
+        ReserveCall("t", "too-big", [g(cores=3, placement=("a",))], []),  # a has 4 - 1 - 2 = 1 core left
+        ReserveCall("t", "seen", [g(cores=1, placement=("a",))], []),  # a retry: the first result, nothing new
+        ReserveCall("u", "ok", [g(cores=1, placement=("b",))], []),  # same request id, another tenant: its own
     ])
     ok, too_big, seen, other = out
     assert not isinstance(ok, Exception) and ok.created and ok.reservation.notes == ["note"]
@@ -431,8 +431,8 @@ def test_reserve_many_gives_each_request_its_own_outcome(db: Database, clock: Vi
 def test_reserve_many_records_the_generation_each_take_reached(db: Database, clock: VirtualClock) -> None:
     store = make_store(db, clock, [host("a", cores=8)])
     before = {h.id: h.generation for h in store.hosts()}["a"]
-    [one, two] = store.reserve_many([("t", "r1", [g(count=2, placement=("a", "a"))], []),
-                                     ("t", "r2", [g(placement=("a",))], [])])
+    [one, two] = store.reserve_many([ReserveCall("t", "r1", [g(count=2, placement=("a", "a"))], []),
+                                            ReserveCall("t", "r2", [g(placement=("a",))], [])])
     assert not isinstance(one, Exception) and not isinstance(two, Exception)
     # two takes on a for r1, then one for r2: the usage each reports is the host's right after it
     assert [(u.host_id, u.used_cores, u.generation) for u in one.touched] == [("a", 2, before + 2)]
@@ -445,8 +445,61 @@ def test_a_retry_returns_its_reservation_even_when_its_hosts_have_filled_up(db: 
     # a retry's takes would fail now (a has 1 core left); it must still get its reservation back
     again = store.reserve("t", "r", [g(cores=3, placement=("a",))])
     assert not again.created and again.reservation.id == first.reservation.id
-    [batched] = store.reserve_many([("t", "r", [g(cores=3, placement=("a",))], [])])
+    [batched] = store.reserve_many([ReserveCall("t", "r", [g(cores=3, placement=("a",))], [])])
     assert not isinstance(batched, Exception) and batched.reservation.id == first.reservation.id
     with pytest.raises(ResourceExhausted):  # a new request is refused as before
         store.reserve("t", "other", [g(cores=3, placement=("a",))])
     assert used(store) == {"a": (3, 1024)}
+
+
+# -- the price cap and the request's content, checked before anything is recorded --------
+
+def generation(store: ComputeStore, hid: str) -> int:
+    return {h.id: h.generation for h in store.hosts()}[hid]
+
+
+def test_a_price_over_the_cap_records_nothing_and_leaves_the_request_id_unused(db: Database,
+                                                                                clock: VirtualClock) -> None:
+    store = make_store(db, clock, [host("a", cores=4)])
+    price = CostModel().price_per_minute(1, 1, 2.2)
+    before = generation(store, "a")
+    with pytest.raises(FailedPrecondition, match="exceeds max_price_per_minute.*nothing was reserved"):
+        store.reserve("t", "k", [g()], max_price=price / 2)
+    [batched] = store.reserve_many([ReserveCall("t", "k", [g()], max_price=price / 2)])
+    assert isinstance(batched, FailedPrecondition)
+    # the takes rolled back with the refusal: no row, no usage, not even a generation bump
+    assert counts(store) == (0, 0) and used(store) == {"a": (0, 0)} and generation(store, "a") == before
+    # so the id is still free: the retry with a higher cap is a new, active reservation
+    again = store.reserve("t", "k", [g()], max_price=price)      # at the cap exactly: passes
+    assert again.created and again.reservation.state == "active"
+    assert again.reservation.price_per_minute == pytest.approx(price)
+
+
+def test_a_replay_of_the_same_request_gets_its_reservation_and_a_different_one_is_refused(
+        db: Database, clock: VirtualClock) -> None:
+    store = make_store(db, clock, [host("a", cores=4)])
+    first = store.reserve("t", "k", [g(cores=3)], request_hash="h1")
+    assert first.reservation.request_hash == "h1"
+    same = store.reserve("t", "k", [g(cores=3)], request_hash="h1")   # its takes fail now: still a replay
+    assert not same.created and same.reservation.id == first.reservation.id
+    # another request under the id: refused on request_id, whether its takes would fit (1 core) or not (3)
+    for cores in (1, 3):
+        with pytest.raises(InvalidArgument) as e:
+            store.reserve("t", "k", [g(cores=cores)], request_hash="h2")
+        assert [(v.field, v.description) for v in e.value.violations] == [
+            ("request_id", "request_id reused with a different request; use a new request_id")]
+    [batched] = store.reserve_many([ReserveCall("t", "k", [g(cores=1)], request_hash="h2")])
+    assert isinstance(batched, InvalidArgument) and batched.violations[0].field == "request_id"
+    assert counts(store) == (1, 1) and used(store) == {"a": (3, 1024)}
+    # the same id under another tenant is that tenant's own
+    assert store.reserve("u", "k", [g(cores=1)], request_hash="h2").created
+
+
+def test_a_row_without_a_hash_replays_unchecked(db: Database, clock: VirtualClock) -> None:
+    # Rows from before the hash was kept (the migration leaves them ""), or a caller that sends none.
+    store = make_store(db, clock, [host("a", cores=4)])
+    first = store.reserve("t", "old", [g()])
+    assert first.reservation.request_hash == ""
+    assert store.reserve("t", "old", [g(cores=2)], request_hash="h").reservation.id == first.reservation.id
+    hashed = store.reserve("t", "new", [g()], request_hash="h")
+    assert store.reserve("t", "new", [g(cores=2)]).reservation.id == hashed.reservation.id
