@@ -314,6 +314,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         groups = parse_groups(list(request.groups), v)
         v.check(len(request.constraints) == 0, "constraints",
                 "the compute IRM places groups one by one; send constraints between groups to the CRS")
+        v.check(not request.HasField("max_price_per_minute") or math.isfinite(request.max_price_per_minute),
+                "max_price_per_minute", f"a finite price per minute, got {request.max_price_per_minute}")
         v.raise_if_any()
         # The cap is checked inside the store's transaction: a refusal records nothing and leaves the id unused.
         cap = request.max_price_per_minute if request.HasField("max_price_per_minute") else None

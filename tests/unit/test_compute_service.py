@@ -289,6 +289,15 @@ def test_a_reserve_refused_for_its_price_takes_nothing_and_leaves_its_id_free(ir
     assert irm.Reserve(capped, None).state == irm_pb2.Reservation.STATE_ACTIVE
 
 
+def test_a_price_cap_that_is_not_a_number_is_invalid_argument(irm: ComputeIrm) -> None:
+    from services.errors import InvalidArgument
+
+    capped = req("k", 1, "a")
+    capped.max_price_per_minute = float("nan")
+    with pytest.raises(InvalidArgument, match="max_price_per_minute"):
+        irm.Reserve(capped, None)
+
+
 def test_a_request_id_reused_for_a_different_request_is_invalid_argument_on_request_id(irm: ComputeIrm) -> None:
     from services.errors import InvalidArgument
 
