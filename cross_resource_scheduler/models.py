@@ -38,6 +38,9 @@ class Reservation(Base):
     # `groups` (protobuf bytes: the wire format is the stable schema, and fast).
     allocation: Mapped[bytes] = mapped_column(LargeBinary, default=b"")
     notes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # sha256 of the request without its request_id: a replay of the id must ask for the same ("": rows from
+    # before it was recorded, replayed unchecked).
+    request_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
 
 class Compensation(Base):

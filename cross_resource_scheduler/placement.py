@@ -4,15 +4,24 @@ Groups are placed instance by instance, greedily: for each instance the
 candidate pool is narrowed by the constraints (same host -> the peer's node;
 a hop bound -> the peer's rack or site), scanned from a random offset until
 `sample_size` candidates pass every filter, and the best-weighed one wins.
-When none passes, the answer says which filter removed how many candidates,
-and whether the request could fit at all on an empty cloud (Kubernetes'
-Unschedulable vs UnschedulableAndUnresolvable).
+
+Greedy placement can paint itself into a corner when groups constrain each
+other (the first instances take the only rack the others could share). When
+the greedy tries fail, a complete depth-first search with backtracking runs
+over nodes grouped into interchangeable classes (one node of each class is
+tried), within a budget of work. A refusal says which filter
+removed how many candidates, and whether the request could ever fit
+(Kubernetes' Unschedulable vs UnschedulableAndUnresolvable): "never" only
+when that is proven (a group alone cannot fit the empty cloud, or a complete
+search of the empty cloud found nothing); a request that would fit on the
+resources of a manager that is down is told to come back.
 """
 
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from cross_resource_scheduler.constraints import Constraint
@@ -41,12 +50,22 @@ class Unschedulable(Exception):
     # False: it might fit later (capacity in use); True: it can never fit as asked.
     unresolvable: bool = False
     removed_by: dict[str, int] = field(default_factory=dict)
+    # Managers that are down and whose resources it could fit: it may fit once they are back.
+    down: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.message
 
 
 MAX_ORDERS = 4
+# Work one complete search may do ("does it fit now?", "does it fit an empty cloud?"), in candidate checks
+# (a step costs LEVEL_COST more, a weighed candidate one more per instance placed). It runs only after the
+# greedy tries failed; the bound keeps what a refusal costs to tens of milliseconds on any cloud.
+SEARCH_BUDGET = 20000
+LEVEL_COST = 20
+IN_USE = "capacity is in use; retry later or ask for less"
+NOT_FOUND = ("no placement meeting the constraints was found in what is free now (the search is bounded and "
+             "did not prove that none exists); retry later, or loosen the constraints or ask for less")
 
 
 def _order(req: PlacementRequest) -> list[GroupDemand]:
@@ -144,9 +163,272 @@ def _attempt(req: PlacementRequest, order: list[GroupDemand], view: CapacityView
     return Placement(placed, tentative), "", Counter(), 0
 
 
+# -- complete search ------------------------------------------------------------
+
+class _Classes:
+    """Nodes grouped into classes of interchangeable ones, per resource type.
+
+    Two nodes with the same type, site, rack, capacity, free capacity (unless judged empty), properties
+    and traits look alike to every filter and weigher: swapping them maps a placement to another. The
+    search tries, of each class, only the first node the request does not use yet, which keeps it
+    complete (it misses no placement) yet small on a large cloud of few kinds of hosts.
+    """
+
+    def __init__(self, nodes: list[Node], ignore_usage: bool) -> None:
+        by_key: dict[tuple, list[Node]] = {}
+        seen: dict[tuple[str, str], tuple] = {}
+        shared: list[Node] = []
+        for n in nodes:
+            loc = n.location
+            site, host = loc.site, loc.host
+            # (Unsorted items: the same dict in another order only splits a class, which stays sound.)
+            key = (n.resource_type, site, loc.rack, tuple(n.capacity.items()),
+                   () if ignore_usage else tuple(n.avail.items()), tuple(n.properties.items()), n.traits)
+            if host:
+                if (site, host) in seen:
+                    shared.append(n)
+                    continue
+                seen[(site, host)] = key
+            by_key.setdefault(key, []).append(n)
+        if shared:
+            # Distances compare host names: nodes sharing one (two managers' "h1") are never interchangeable.
+            clash = {(n.location.site, n.location.host) for n in shared}
+            for members in by_key.values():
+                members[:] = [n for n in members if (n.location.site, n.location.host) not in clash]
+            for n in nodes:
+                if (n.location.site, n.location.host) in clash:
+                    by_key[seen[(n.location.site, n.location.host)] + (n.key,)] = [n]
+            by_key = {k: v for k, v in by_key.items() if v}
+        # Every node's rank: a class's members are consecutive (see _candidates).
+        self.rank: dict[str, int] = {}
+        self.by_type: dict[str, list[list[Node]]] = defaultdict(list)
+        self.by_site: dict[tuple[str, str], list[list[Node]]] = defaultdict(list)
+        self.by_rack: dict[tuple[str, str, str], list[list[Node]]] = defaultdict(list)
+        for key, members in by_key.items():
+            for n in members:
+                self.rank[n.key] = len(self.rank)
+            self.by_type[key[0]].append(members)
+            self.by_site[key[:2]].append(members)
+            self.by_rack[key[:3]].append(members)
+
+    def narrowed(self, ctx: Context) -> list[list[Node]]:
+        """The classes a hop or latency bound leaves the group, as _pool narrows the greedy's candidates."""
+        g, topo = ctx.group, ctx.topology
+        by_latency = not any(link.latency_ms for link in topo.links.values())
+        best = self.by_type.get(g.resource_type, [])
+        for c in ctx.constraints:
+            peers = ctx.peers(c)
+            if not peers:
+                continue
+            p = peers[0].location
+            if (c.kind == "max_hops" and c.value < topo.same_site.hops) or (
+                    by_latency and c.kind == "max_latency_ms" and c.value < topo.same_site.latency_ms):
+                pool = self.by_rack.get((g.resource_type, p.site, p.rack), [])
+            elif (c.kind == "max_hops" and c.value < topo.cross_site.hops) or (
+                    by_latency and c.kind == "max_latency_ms" and c.value < topo.cross_site.latency_ms):
+                pool = self.by_site.get((g.resource_type, p.site), [])
+            else:
+                continue
+            if len(pool) < len(best):
+                best = pool
+        return best
+
+
+def _candidates(ctx: Context, classes: _Classes, on: dict[str, tuple[Node, int]], pipeline: Pipeline
+                ) -> tuple[list[Node], int]:
+    """The nodes the next instance of ctx's group may take, best-weighed first, and the work it took.
+
+    Candidates are the nodes the request already uses and, of each class, the first node it does not.
+    A group's instances are interchangeable too, so each takes a node ranked no lower than the one its
+    previous instance took: a set of nodes is tried in one order only.
+    """
+    g = ctx.group
+    rank = classes.rank
+    mine = ctx.placed[g.name]
+    floor = rank[mine[-1].key] if mine else -1
+    pool = [n for n, _ in on.values() if n.resource_type == g.resource_type and rank[n.key] >= floor]
+    if not any(c.kind == "same_host" and ctx.peers(c) for c in ctx.constraints):  # else only `on` can do
+        for members in classes.narrowed(ctx):
+            if rank[members[-1].key] < floor:
+                continue
+            for n in members:
+                if n.key not in on and rank[n.key] >= floor:
+                    pool.append(n)
+                    break
+    checks = [f.checker(ctx) for f in pipeline.filters if f.relevant(ctx)]
+    feasible = [n for n in pool if all(ok(n) for ok in checks)]
+    work = LEVEL_COST + len(pool)
+    scorers = [(s, m) for s, m in ((w.scorer(ctx), m) for w, m in pipeline.weighers) if callable(s)]
+    if scorers and len(feasible) > 1:
+        # Best first, as greedy would pick: the first complete placement found is a good one.
+        feasible.sort(key=lambda n: -sum(m * s(n) for s, m in scorers))
+        # A weigher may compare a candidate with every instance placed so far (topology does).
+        work += len(feasible) * (1 + sum(len(v) for v in ctx.placed.values()))
+    return feasible, work
+
+
+def _search(req: PlacementRequest, order: list[GroupDemand], classes: _Classes, pipeline: Pipeline,
+            topology: TopologyModel, ignore_usage: bool) -> tuple[Placement | None, bool]:
+    """Depth-first over every instance, backtracking when one has no candidate left.
+
+    Returns the first complete placement, or None and whether the search was complete: None after a
+    complete search proves that no placement exists on these nodes; after SEARCH_BUDGET's worth of work
+    it only says none was found.
+    """
+    budget = SEARCH_BUDGET
+    steps = [g for g in order for _ in range(g.count)]
+    placed: dict[str, list[Node]] = {g.name: [] for g in order}
+    tentative: dict[str, dict[str, float]] = {}
+    on: dict[str, tuple[Node, int]] = {}  # node key -> (node, instances of this request on it)
+    ctxs = {g.name: Context(g, [c for c in req.constraints if c.involves(g.name)], placed, tentative, topology,
+                            ignore_usage) for g in order}
+    levels: list[Iterator[Node]] = []
+    depth = 0
+    while depth < len(steps):
+        g = steps[depth]
+        if len(levels) == depth:
+            feasible, work = _candidates(ctxs[g.name], classes, on, pipeline)
+            budget -= work
+            if budget < 0:
+                return None, False
+            levels.append(iter(feasible))
+        else:
+            _take_back(g, placed, tentative, on)  # this level's previous choice led nowhere
+        node = next(levels[depth], None)
+        if node is None:
+            levels.pop()
+            if depth == 0:
+                return None, True
+            depth -= 1
+            continue
+        _put(g, node, placed, tentative, on)
+        depth += 1
+    demand: dict[str, dict[str, float]] = {}
+    for g in order:  # summed afresh: no rounding left over from the choices taken back
+        for n in placed[g.name]:
+            slot = demand.setdefault(n.key, {})
+            for k, v in g.demand.items():
+                slot[k] = slot.get(k, 0.0) + v
+    return Placement(placed, demand), True
+
+
+def _put(g: GroupDemand, node: Node, placed: dict[str, list[Node]], tentative: dict[str, dict[str, float]],
+         on: dict[str, tuple[Node, int]]) -> None:
+    placed[g.name].append(node)
+    slot = tentative.setdefault(node.key, {})
+    for k, v in g.demand.items():
+        slot[k] = slot.get(k, 0.0) + v
+    on[node.key] = (node, on.get(node.key, (node, 0))[1] + 1)
+
+
+def _take_back(g: GroupDemand, placed: dict[str, list[Node]], tentative: dict[str, dict[str, float]],
+               on: dict[str, tuple[Node, int]]) -> None:
+    node = placed[g.name].pop()
+    count = on[node.key][1] - 1
+    if count == 0:
+        # Untouched again: the node is its class's equal once more (its key leaves `tentative`).
+        del on[node.key], tentative[node.key]
+        return
+    on[node.key] = (node, count)
+    slot = tentative[node.key]
+    for k, v in g.demand.items():
+        slot[k] -= v
+
+
+# -- proofs that a request never fits -------------------------------------------
+
+def _instances_fit(node: Node, g: GroupDemand, ignore_usage: bool) -> int:
+    """How many instances of g a node holds, empty or as it is now (the capacity filter's arithmetic)."""
+    most = g.count
+    room = node.capacity if ignore_usage else node.avail
+    for k, v in g.demand.items():
+        if v > 0:
+            most = min(most, int((room.get(k, 0.0) + 1e-9) // v))
+    return max(most, 0)
+
+
+def _group_never_fits(req: PlacementRequest, classes: _Classes, pipeline: Pipeline, topology: TopologyModel,
+                      ignore_usage: bool) -> str | None:
+    """Why some group cannot fit the classes' nodes (empty, or as they are now), judged by itself alone;
+    None if each group could.
+
+    Sound (it never refuses what fits): a group needs `count` instances on nodes that pass every filter
+    on their own, each node holding as many as its capacity allows -- one if the group's instances must be
+    on different hosts, and all of them on one node if they must share a host. A class's nodes are alike:
+    one of each is judged.
+    """
+    for g in req.groups:
+        ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], {}, {}, topology, ignore_usage)
+        checks = [f.checker(ctx) for f in pipeline.filters if f.relevant(ctx)]
+        fits = [(_instances_fit(members[0], g, ignore_usage), len(members))
+                for members in classes.by_type.get(g.resource_type, []) if all(ok(members[0]) for ok in checks)]
+        own = {c.kind for c in ctx.constraints if c.a == c.b == g.name}
+        if "same_host" in own:
+            room, how = max((f for f, _ in fits), default=0), "on one host"
+        elif "different_host" in own:
+            room, how = sum(n for f, n in fits if f > 0), "on different hosts"
+        else:
+            room, how = sum(f * n for f, n in fits), ""
+        if room < g.count:
+            return (f"group {g.name!r} needs {g.count} instance{'s' if g.count > 1 else ''}"
+                    f"{' ' + how if how else ''}; the {g.resource_type} resources that could hold it have room "
+                    f"for {room}")
+    return None
+
+
+def _fits_empty(req: PlacementRequest, order: list[GroupDemand], nodes: list[Node], pipeline: Pipeline,
+                topology: TopologyModel) -> tuple[bool | None, str, Placement | None]:
+    """Whether the request fits these nodes when they are empty: True (with a placement), False (with the
+    reason; proven), or None (not known: the search ran out of budget)."""
+    classes = _Classes(nodes, ignore_usage=True)
+    reason = _group_never_fits(req, classes, pipeline, topology, ignore_usage=True)
+    if reason is not None:
+        return False, reason, None
+    found, complete = _search(req, order, classes, pipeline, topology, ignore_usage=True)
+    if found is not None:
+        return True, "", found
+    return (False, "no combination of hosts meets every constraint", None) if complete else (None, "", None)
+
+
+def _verdict(req: PlacementRequest, order: list[GroupDemand], view: CapacityView, pipeline: Pipeline,
+             topology: TopologyModel, searched_now: bool) -> tuple[str, bool, list[str]]:
+    """For a request no placement was found for now: (hint, unresolvable, down managers that could hold it)."""
+    types = {g.resource_type for g in req.groups}
+    mine = [n for n in view.nodes.values() if n.resource_type in types]
+    up = [n for n in mine if not view.is_down(n.manager)]
+    fits, reason, _ = _fits_empty(req, order, up, pipeline, topology)
+    if fits:
+        # Only a complete search of what is free now shows that it is the use that stands in the way.
+        return (IN_USE if searched_now else NOT_FOUND), False, []
+    down = [n for n in mine if view.is_down(n.manager)]
+    if down:
+        with_down, _, found = _fits_empty(req, order, up + down, pipeline, topology)
+        if with_down is not False:
+            names = sorted({n.manager for nodes in found.nodes.values() for n in nodes if view.is_down(n.manager)}
+                           if found else {n.manager for n in down})
+            return (f"it could fit on the resources of {'managers' if len(names) > 1 else 'manager'} "
+                    f"{', '.join(names)}, which {'are' if len(names) > 1 else 'is'} down; retry later"), False, names
+    if fits is False:
+        return f"it cannot fit even on an empty cloud ({reason}); change the request", True, []
+    return NOT_FOUND, False, []
+
+
+def _needs_missing_filter(req: PlacementRequest, pipeline: Pipeline) -> str | None:
+    missing = pipeline.missing_filters(req.constraints)
+    if not missing:
+        return None
+    said = "; ".join(f"{kind} constraints need the {name!r} filter" for name, kind in sorted(missing.items()))
+    return (f"{said}, which this CRS does not enable (its `filters` setting); drop those constraints, or ask "
+            "the operator to enable the filter")
+
+
 def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel,
              rng: random.Random) -> Placement:
     """Place every instance of every group, or raise Unschedulable saying why."""
+    missing = _needs_missing_filter(req, pipeline)
+    if missing is not None:
+        # Placing without the filter would silently break the tenant's constraints.
+        raise Unschedulable(missing, unresolvable=True)
     order = _order(req)
     # Greedy placement can paint itself into a corner when groups constrain
     # each other; with constraints, retry once with each group leading.
@@ -160,16 +442,20 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
                 return placement
             first = first or (where, removed, pool)
         where, removed, pool = first  # type: ignore[misc]
-        could = any(_attempt(req, o, view, pipeline, topology, random.Random(rng.random()), ignore_usage=True)[0]
-                    for o in orders)
-    types = sorted({g.resource_type for g in req.groups})
+        types = {g.resource_type for g in req.groups}
+        up = [n for n in view.nodes.values() if n.resource_type in types and not view.is_down(n.manager)]
+        now = _Classes(up, ignore_usage=False)
+        # A group with too little room now needs no search (the common refusal on a loaded cloud).
+        searched = _group_never_fits(req, now, pipeline, topology, ignore_usage=False) is not None
+        if not searched:
+            found, searched = _search(req, order, now, pipeline, topology, ignore_usage=False)
+            if found is not None:
+                return found
+        hint, unresolvable, down = _verdict(req, order, view, pipeline, topology, searched)
     if pool == 0:
-        detail = f"no {'/'.join(types)} resources are available (no manager up provides them)"
+        names = "/".join(sorted(types))
+        detail = f"no {names} resources are available (no manager up provides them)"
     else:
         parts = ", ".join(f"{name} removed {count}" for name, count in removed.most_common())
         detail = f"none of {pool} candidates fits: {parts}"
-    unresolvable = not could
-    hint = ("it cannot fit even on an empty cloud; change the request" if unresolvable
-            else "capacity is in use; retry later or ask for less")
-    return_error = Unschedulable(f"{where}: {detail}; {hint}", unresolvable, dict(removed))
-    raise return_error
+    raise Unschedulable(f"{where}: {detail}; {hint}", unresolvable, dict(removed), down)

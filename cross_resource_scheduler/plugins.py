@@ -304,6 +304,33 @@ class TopologyWeigher(Weigher):
         return score
 
 
+def price_key(node: Node) -> tuple:
+    """What a manager's price for an instance may depend on: nodes alike in it are quoted once."""
+    return (node.manager, tuple(node.capacity.items()), tuple(node.properties.items()), node.traits)
+
+
+class PriceWeigher(Weigher):
+    """Prefer nodes where an instance of the group costs less (used to meet a tenant's max price).
+
+    `prices`: (group name, price_key(node)) -> the manager's quote for one instance there; a node not
+    quoted scores as the dearest.
+    """
+
+    name = "price"
+
+    def __init__(self, prices: dict[tuple[str, tuple], float]) -> None:
+        self.prices = prices
+        self.top = max(prices.values(), default=0.0)
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        price = self.prices.get((ctx.group.name, price_key(node)))
+        return 0.0 if price is None or self.top <= 0 else 1.0 - price / self.top
+
+
+# The filter that enforces each kind of constraint: without it enabled, placement would ignore the constraint.
+ENFORCED_BY = {"same_host": "affinity", "different_host": "affinity", "max_hops": "distance",
+               "max_latency_ms": "distance", "min_bandwidth_gbps": "distance"}
+
 FILTERS: dict[str, type[Filter]] = {f.name: f for f in
                                     (CapacityFilter, PropertiesFilter, TraitsFilter, AffinityFilter, DistanceFilter)}
 WEIGHERS: dict[str, type[Weigher]] = {w.name: w for w in (PackWeigher, SpreadWeigher, TopologyWeigher)}
@@ -335,3 +362,13 @@ class Pipeline:
             raise PipelineError("sample_size must be >= 1")
         return cls([FILTERS[f]() for f in filters], [(WEIGHERS[w](), float(m)) for w, m in weighers.items()],
                    sample_size)
+
+    def missing_filters(self, constraints: list[Constraint]) -> dict[str, str]:
+        """Filters the constraints need that this pipeline lacks: filter name -> the kinds needing it."""
+        enabled = {f.name for f in self.filters}
+        missing: dict[str, list[str]] = {}
+        for c in constraints:
+            name = ENFORCED_BY.get(c.kind)
+            if name is not None and name not in enabled and c.kind not in missing.setdefault(name, []):
+                missing[name].append(c.kind)
+        return {name: "/".join(kinds) for name, kinds in missing.items() if kinds}

@@ -29,7 +29,14 @@ from cross_resource_scheduler import constraints as cons
 from cross_resource_scheduler.gate import PriorityGate
 from cross_resource_scheduler.models import Compensation, Manager, Reservation
 from cross_resource_scheduler.placement import Placement, PlacementRequest, Unschedulable, schedule
-from cross_resource_scheduler.plugins import GroupDemand, Pipeline, PipelineError
+from cross_resource_scheduler.plugins import (
+    Context,
+    GroupDemand,
+    Pipeline,
+    PipelineError,
+    PriceWeigher,
+    price_key,
+)
 from cross_resource_scheduler.registry import ManagerState, Registry
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
@@ -75,6 +82,10 @@ DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PR
                      grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
                      grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
 MAX_COUNT = 1000
+# Over a max price, placement is made again preferring cheap nodes: the price weigher's multiplier (it must
+# outweigh the others), and how many kinds of node per group are quoted for it.
+PRICE_MULTIPLIER = 100.0
+PRICED_KINDS = 64
 _ACTIVE = irm_pb2.Reservation.STATE_ACTIVE
 _PARSE_CACHE = 1024
 # Open WatchCapacity streams at most (the Broadcaster refuses more): each holds one of the server's 32 worker
@@ -84,6 +95,7 @@ MAX_WATCHES = 8
 # How long a registration waits for the manager already registered under its name to answer a health check.
 PROBE_TIMEOUT_S = 1.0
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
+REUSED_REQUEST_ID = "request_id reused with a different request; use a new request_id"
 
 
 @dataclass(slots=True)
@@ -100,6 +112,7 @@ class ReservationRow:
     released_at: float
     allocation: bytes
     notes: list[str]
+    request_hash: str = ""
 
 
 @dataclass
@@ -144,6 +157,49 @@ def part_request_ids(res_id: str, manager: str, attempts: int) -> list[str]:
     before ids were per attempt (`<res>@<manager>`)."""
     return [irm_request_id(res_id, a, manager) for a in range(max(attempts, _ATTEMPTS_ASKED))] + [
         f"{res_id}@{manager}"]
+
+
+def request_hash(request: irm_pb2.ReserveRequest) -> str:
+    """What a Reserve asks for, whatever its request_id: the id's replays must carry the same.
+
+    Deterministic serialization orders the attribute maps, so equal requests hash equal within one
+    protobuf runtime (the point: a client's retry against the same CRS).
+    """
+    content = irm_pb2.ReserveRequest()
+    content.CopyFrom(request)
+    content.ClearField("request_id")
+    return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
+
+
+def merged_attribute(old: irm_pb2.AttributeSpec | None, new: irm_pb2.AttributeSpec) -> irm_pb2.AttributeSpec:
+    """One attribute as several managers of a type describe it: the union of their domains (lowest min,
+    highest max; a side one leaves open stays open) and of their allowed values. A value one manager's
+    hosts can take is valid; placement then finds the manager whose hosts fit it."""
+    if old is None:
+        return new
+    out = irm_pb2.AttributeSpec()
+    out.CopyFrom(old)
+    if old.HasField("domain") and new.HasField("domain"):
+        a, b = old.domain, new.domain
+        out.domain.ClearField("min")
+        out.domain.ClearField("max")
+        if a.HasField("min") and b.HasField("min"):
+            out.domain.min = min(a.min, b.min)
+        if a.HasField("max") and b.HasField("max"):
+            out.domain.max = max(a.max, b.max)
+    else:
+        out.ClearField("domain")
+    if old.allowed_values and new.allowed_values:
+        out.allowed_values.extend(v for v in new.allowed_values if v not in old.allowed_values)
+    else:
+        del out.allowed_values[:]
+    return out
+
+
+def _domain(dom: common_pb2.Range) -> str:
+    lo = f"{dom.min:g}" if dom.HasField("min") else "-inf"
+    hi = f"{dom.max:g}" if dom.HasField("max") else "inf"
+    return f"[{lo}, {hi}]"
 
 
 def _err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str] | None = None) -> HarnessError:
@@ -365,18 +421,24 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     # -- request parsing -------------------------------------------------
     def _specs(self) -> dict[str, dict[str, irm_pb2.AttributeSpec]]:
-        up = self.registry.up()
+        """The attributes of each type a manager up provides, as all its managers (up or down) describe
+        them together: a value valid at any of them is valid (a down one's is refused as UNAVAILABLE by
+        placement, not as a mistake of the tenant's)."""
+        managers = self.registry.all()
         # A manager's specs list is replaced, never edited: the same lists, the same answer.
-        key = [(m.name, m.specs) for m in up]
+        key = [(m.name, m.up, m.specs) for m in managers]
         cached = self._specs_cache
         if cached is not None and len(cached[0]) == len(key) and all(
-                a[0] == b[0] and a[1] is b[1] for a, b in zip(cached[0], key, strict=True)):
+                a[0] == b[0] and a[1] == b[1] and a[2] is b[2] for a, b in zip(cached[0], key, strict=True)):
             return cached[1]
+        offered = {spec.name for m in managers if m.up for spec in m.specs}
         out: dict[str, dict[str, irm_pb2.AttributeSpec]] = defaultdict(dict)
-        for m in up:
+        for m in managers:
             for spec in m.specs:
-                for a in spec.attributes:
-                    out[spec.name].setdefault(a.name, a)
+                if spec.name in offered:
+                    attrs = out[spec.name]
+                    for a in spec.attributes:
+                        attrs[a.name] = merged_attribute(attrs.get(a.name), a)
         self._specs_cache = (key, out)
         return out
 
@@ -425,8 +487,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 waiting[g.resource_type] = providers
                 # Checked against what its managers last described, if anything: bad input is said now,
                 # not after the client waited for the manager to come back.
-                attrs = {a.name: a for m in providers for spec in m.specs if spec.name == g.resource_type
-                         for a in spec.attributes}
+                attrs = {}
+                for spec in (s for m in providers for s in m.specs if s.name == g.resource_type):
+                    for a in spec.attributes:
+                        attrs[a.name] = merged_attribute(attrs.get(a.name), a)
                 if not attrs:
                     continue
             demand: dict[str, float] = {}
@@ -449,6 +513,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     continue
                 lo = req.number if which == "number" else (req.range.min if req.range.HasField("min") else -math.inf)
                 hi = req.number if which == "number" else (req.range.max if req.range.HasField("max") else math.inf)
+                if math.isnan(lo) or math.isnan(hi):
+                    # Every comparison with NaN is false: it would pass every check below and match no host.
+                    v.add(ap, f"a number ({spec.unit}), not NaN")
+                    continue
+                if which == "number" and not math.isfinite(lo):
+                    v.add(ap, f"a finite number ({spec.unit}); for an open bound use a range")
+                    continue
                 if lo > hi:
                     v.add(ap, "range min must not exceed max")
                     continue
@@ -458,10 +529,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         v.add(ap, "a range for a consumable attribute needs a lower bound")
                         continue
                     if (dom.HasField("min") and lo < dom.min - 1e-9) or (dom.HasField("max") and lo > dom.max + 1e-9):
-                        v.add(ap, f"{lo:g} {spec.unit} is outside [{dom.min:g}, {dom.max:g}]")
+                        v.add(ap, f"{lo:g} {spec.unit} is outside {_domain(dom)}")
                         continue
                     demand[key] = lo
                 else:
+                    if (dom.HasField("min") and hi < dom.min - 1e-9) or (dom.HasField("max") and lo > dom.max + 1e-9):
+                        asked = f"{lo:g}" if which == "number" else f"the range [{lo:g}, {hi:g}]"
+                        v.add(ap, f"{asked} {spec.unit} is outside {_domain(dom)}, what the managers' resources have")
+                        continue
                     props[key] = (lo, hi)
             demands.append(GroupDemand(g.name, g.resource_type, g.count, demand, props,
                                        frozenset(g.required_traits), frozenset(g.forbidden_traits)))
@@ -518,13 +593,16 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             quotes.extend(reply.groups)
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
-    def _place(self, req: PlacementRequest, priority: int, assume_token: str | None) -> Placement:
+    def _place(self, req: PlacementRequest, priority: int, assume_token: str | None,
+               pipeline: Pipeline | None = None) -> Placement:
         with self.gate.hold(priority):
             try:
-                placement = schedule(req, self.view, self.pipeline, self.topology, self.rng)
+                placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, self.rng)
             except Unschedulable as e:
                 log.info("unschedulable", extra={"reason": str(e), "removed_by": e.removed_by})
-                raise (FailedPrecondition if e.unresolvable else ResourceExhausted)(str(e)) from None
+                # A manager down that could hold it: it is the manager the client waits for (README's contract).
+                error = Unavailable if e.down else FailedPrecondition if e.unresolvable else ResourceExhausted
+                raise error(str(e)) from None
             if assume_token is not None:
                 for key, demand in placement.demand.items():
                     self.view.assume(assume_token, self.view.nodes[key], demand)
@@ -539,9 +617,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             raise InvalidArgument.of("max_price_per_minute", f"a finite price, got {request.max_price_per_minute}")
         req = self._parse(list(request.groups), list(request.constraints))
         res_id = f"crs-{os.urandom(10).hex()}"
+        content = request_hash(request)
         claim = dict(id=res_id, tenant=tenant, request_id=request.request_id, state="pending",
                      priority=request.priority, price_per_minute=0.0, created_at=self.clock.now(),
-                     released_at=0.0, allocation=b"", notes=[])
+                     released_at=0.0, allocation=b"", notes=[], request_hash=content)
         try:
             # The unique (tenant, request_id) index makes the claim the idempotency check.
             self.db.execute(_CLAIM, claim)
@@ -549,6 +628,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             existing = self._find(tenant, request.request_id)
             if existing is None:
                 raise Aborted("a concurrent request with this request_id failed; retry") from None
+            if existing.request_hash and existing.request_hash != content:
+                # Answering with the first reservation would hand the client something it did not ask for.
+                raise InvalidArgument.of("request_id", REUSED_REQUEST_ID) from None
             return self._existing(existing)
         try:
             return self._reserve(tenant, res_id, claim["created_at"], request, req)
@@ -576,11 +658,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             pinned = self._pinned(groups, placement)
             try:
                 if request.HasField("max_price_per_minute"):
-                    quote = self._quote(tenant, groups, placement)
-                    if quote.price_per_minute > request.max_price_per_minute + 1e-12:
-                        raise FailedPrecondition(
-                            f"quoted price {quote.price_per_minute:.4f}/min exceeds max_price_per_minute "
-                            f"{request.max_price_per_minute:.4f}; nothing was reserved")
+                    placement = self._within_price(tenant, groups, req, request, token, placement)
+                    pinned = self._pinned(groups, placement)
                 allocated, notes, caught_up = self._delegate(tenant, res_id, attempt, pinned, by_name)
             except ResourceExhausted as e:
                 # An IRM saw capacity our view had not caught up with: place again.
@@ -607,6 +686,65 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return out
         assert last_error is not None
         raise last_error
+
+    def _within_price(self, tenant: str, groups: list[irm_pb2.ResourceGroup], req: PlacementRequest,
+                      request: irm_pb2.ReserveRequest, token: str, placement: Placement) -> Placement:
+        """`placement`, or one preferring cheap nodes when it costs more than the tenant's max price: the
+        pipeline's pick weighs packing and distance, not price. Refused only if that one costs more too."""
+        cap = request.max_price_per_minute
+        price = self._quote(tenant, groups, placement).price_per_minute
+        if price <= cap + 1e-12:
+            return placement
+        prices = self._unit_prices(tenant, groups, req)
+        if prices:
+            cheap = Pipeline(self.pipeline.filters, [(PriceWeigher(prices), PRICE_MULTIPLIER), *self.pipeline.weighers],
+                             sample_size=max(self.pipeline.sample_size, len(self.view.nodes)))
+            self.view.forget(token)
+            placement = self._place(req, request.priority, token, cheap)
+            price = self._quote(tenant, groups, placement).price_per_minute
+            if price <= cap + 1e-12:
+                return placement
+        raise FailedPrecondition(
+            f"the cheapest placement found is quoted {price:.4f}/min, over max_price_per_minute {cap:.4f}; "
+            "nothing was reserved: raise the limit or ask for less")
+
+    def _unit_prices(self, tenant: str, groups: list[irm_pb2.ResourceGroup], req: PlacementRequest
+                     ) -> dict[tuple[str, tuple], float]:
+        """Each group's price for one instance on each kind of node that could hold it (PriceWeigher's
+        table): one QuotePrice per manager, pinned to one node of each kind."""
+        asks: dict[str, list[tuple[str, tuple, irm_pb2.ResourceGroup]]] = defaultdict(list)
+        by_name = {g.name: g for g in groups}
+        for g in req.groups:
+            ctx = Context(g, [], {}, {}, self.topology, ignore_usage=True)
+            checks = [f.checker(ctx) for f in self.pipeline.filters if f.relevant(ctx)]
+            kinds: dict[tuple, object] = {}
+            for node in self.view.of_type(g.resource_type):
+                key = price_key(node)
+                if key in kinds or not all(ok(node) for ok in checks):
+                    continue
+                kinds[key] = node
+                one = irm_pb2.ResourceGroup()
+                one.CopyFrom(by_name[g.name])
+                one.name, one.count = f"q{sum(len(a) for a in asks.values())}", 1
+                one.placement[:] = [node.physical_id]
+                asks[node.manager].append((g.name, key, one))
+                if len(kinds) >= PRICED_KINDS:
+                    break
+        prices: dict[tuple[str, tuple], float] = {}
+        for manager, items in asks.items():
+            state = self.registry.get(manager)
+            if state is None or not state.up:
+                continue
+            try:
+                reply = state.stub().QuotePrice(irm_pb2.QuotePriceRequest(
+                    tenant=tenant, groups=[one for _, _, one in items]), timeout=self.config.irm_timeout_s)
+            except grpc.RpcError:
+                continue  # not quoted: its nodes score as the dearest
+            quoted = {q.name: q.price_per_minute for q in reply.groups}
+            for name, key, one in items:
+                if one.name in quoted:
+                    prices[(name, key)] = quoted[one.name]
+        return prices
 
     def _attempts(self) -> int:
         return max(1, self.config.place_attempts)
