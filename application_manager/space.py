@@ -135,6 +135,20 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
     impls = manifest.variants
     tunables = {p.var: Choice(p.var, p.values, guess_kind(p.name)) for p in manifest.parameters if p.tunable}
     everywhere = {n for impl in impls for n in [*impl.choices(), *impl.fixed()]}
+    offered = [impl for impl in impls
+               if offered_types is None or {g.type for g in impl.groups} <= offered_types]
+    # The cap is on the whole space, not per implementation: the space holds every implementation's
+    # configurations at once (plus one row of `units` and `features` each), so N implementations of
+    # MAX_CONFIGURATIONS each would cost N times the memory one is allowed. Counted before anything
+    # is enumerated (the product of each variable's value count), so a refused manifest costs nothing.
+    counts = [(impl.name, math.prod(len(c.values) for c in {**impl.choices(), **tunables}.values()))
+              for impl in offered]  # a list, not a dict: two implementations may share a name
+    if sum(n for _, n in counts) > MAX_CONFIGURATIONS:
+        largest = sorted(counts, key=lambda kv: -kv[1])[:3]
+        detail = ", ".join(f"{name!r}: {n}" for name, n in largest) + (", ..." if len(counts) > 3 else "")
+        raise InvalidArgument.of("manifest", f"the implementations have {sum(n for _, n in counts)} configurations "
+                                             f"in total ({detail}); at most {MAX_CONFIGURATIONS} can be "
+                                             f"enumerated: offer fewer values or fewer implementations")
     for impl in impls:
         types = {g.type for g in impl.groups}
         if offered_types is not None and not types <= offered_types:
@@ -145,10 +159,6 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
         choices = {**impl.choices(), **tunables}
         fixed = impl.fixed()
         names = sorted(choices)
-        total = math.prod(len(choices[n].values) for n in names)
-        if total > MAX_CONFIGURATIONS:
-            raise InvalidArgument.of("manifest", f"implementation {impl.name!r} has {total} configurations; "
-                                                 f"at most {MAX_CONFIGURATIONS} can be enumerated")
         # A constraint on a variable this variant does not have (another module's other implementation
         # chooses it) says nothing about this variant.
         absent = everywhere - set(choices) - set(fixed)

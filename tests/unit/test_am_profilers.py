@@ -114,7 +114,8 @@ def test_stop_rules_budget_and_duration():
 
 
 def test_curve_families_pick_the_right_shape():
-    x = [1.0, 2.0, 3.0, 4.0]
+    # Five points: AICc compares two-parameter families from five points on (fewer: proportional alone).
+    x = [1.0, 2.0, 3.0, 4.0, 5.0]
     lin = fit_curve(x, [1 + 2 * v for v in x])
     assert lin["family"] == "linear" and lin["r2"] == pytest.approx(1.0)
     assert apply_curve(lin, 10) == pytest.approx(21)

@@ -108,3 +108,29 @@ def test_list_applications_pages_oldest_first(am):
     with pytest.raises(InvalidArgument) as e:
         am.ListApplications(pb.ListApplicationsRequest(tenant="t", page_token="forged"), _Ctx())
     assert e.value.violations[0].field == "page_token"
+
+
+def _implementations(n: int, cores: int, memories: int) -> str:
+    """A manifest of `n` implementations with `cores` x `memories` configurations each."""
+    def impl(i: int) -> dict:
+        return {"ImplementationName": f"impl{i}", "Command": ["true"], "Resources": {"Groups": [{
+            "GroupID": f"g{i}", "Role": "MASTER", "Type": "Machine", "NumInstances": {"Value": 1},
+            "Attributes": {"Cores": {"Var": f"%c{i}", "Values": list(range(1, cores + 1))},
+                           "Memory": {"Var": f"%m{i}", "Values": list(range(256, 256 + memories))}}}]}}
+    return json.dumps({"Name": "Wide", "Modules": [{"ModuleName": "Main", "Parameters": [],
+                                                    "Implementations": [impl(i) for i in range(n)]}]})
+
+
+def test_the_configuration_cap_counts_every_implementation_together(am):
+    # Each implementation is under the cap, their sum is not: a few kilobytes of manifest once asked
+    # for 300,000 configurations (and 8 such implementations exhausted the AM's memory).
+    from application_manager.space import MAX_CONFIGURATIONS
+    per = 300 * 500
+    assert per < MAX_CONFIGURATIONS < 2 * per
+    with pytest.raises(InvalidArgument) as e:
+        _submit(am, _implementations(2, 300, 500))
+    (v,) = e.value.violations
+    assert v.field.startswith("manifest") and str(2 * per) in v.description and str(MAX_CONFIGURATIONS) in v.description
+    # Many small implementations are fine.
+    app = _submit(am, _implementations(3, 4, 5))
+    assert app.id
