@@ -16,6 +16,12 @@ main module's time; a service that dies before the main module ends fails the ru
 A run given a `cancelled` event (an execution whose client went away) is cut short once it is set: its
 modules are stopped through their agents, as a timeout stops them, the reservation is released, and the
 run is a failed observation marked `cancelled` (the configuration did not fail: the caller left).
+
+Failures that are not the configuration's doing -- the CRS refusing for now (no room, a manager away), the run
+lost with its agent, a cancelled run -- are observations marked `transient`: recorded, never measurements.
+
+A run reserves under the caller's `request_id` (the service derives it from the session or execution), so a
+reservation an AM that died left behind is found by its request id and released when it starts again.
 """
 
 from __future__ import annotations
@@ -40,10 +46,28 @@ from services import client
 
 log = logging.getLogger(__name__)
 CANCELLED = "cancelled: the client cancelled or its deadline passed"
+# CRS refusals that say nothing of the configuration: capacity in use, a manager away, the CRS slow or restarting.
+# FAILED_PRECONDITION ("never fits", proven) and INVALID_ARGUMENT are the configuration's own and stay failures.
+TRANSIENT_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
+                             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
 # How often a wait looks at the cancellation flag: how late, at most, a cancelled run starts stopping.
 _POLL_S = 0.2
 # After StopExecution (which waits for the kill itself), how long the exit status may take to arrive.
 _STOP_WAIT_S = 30.0
+
+_TRANSIENT_PREFIXES = ("could not reserve: ", "could not run: ", "the run was lost: ")
+
+
+def transient_error(error: str) -> bool:
+    """Whether a failed run's error is one of the ones above that say nothing of the configuration: a CRS or
+    agent refusal with a code in TRANSIENT_CODES, or a run lost without a code. For observations that did not
+    come through `LocalBackend.run` with their flag set (another back-end's, a stand-in's)."""
+    for prefix in _TRANSIENT_PREFIXES:
+        if error.startswith(prefix):
+            code = error[len(prefix):].split(":", 1)[0].strip()
+            known = {c.name for c in grpc.StatusCode}
+            return code in {c.name for c in TRANSIENT_CODES} or (prefix == _TRANSIENT_PREFIXES[2] and code not in known)
+    return error.startswith("cancelled: ") or error.startswith("stopped: ")
 
 
 @dataclass
@@ -83,7 +107,7 @@ def _attr_value(name: str, value: Any) -> tuple[str, float]:
 class LocalBackend:
     def __init__(self, crs_address: str, tenant: str, manifest: Manifest, space: Space,
                  parameters: dict[str, Any], app_dir: str, python: str, timeout_s: float,
-                 cancelled: threading.Event | None = None) -> None:
+                 cancelled: threading.Event | None = None, cancel_reason: str = CANCELLED) -> None:
         self.crs = irm_pb2_grpc.ResourceManagerStub(client.channel(crs_address))
         self.tenant = tenant
         self.manifest = manifest
@@ -95,6 +119,8 @@ class LocalBackend:
         self.has_benchmark = any(p.benchmark is not None for p in manifest.parameters)
         self.ready_timeout_s = 60.0
         self.cancelled = cancelled
+        # What a cancelled run's error says: the caller went away (an execution) or profiling was stopped.
+        self.cancel_reason = cancel_reason
 
     def implementation(self, config: dict[str, Any]) -> Implementation | Variant:
         name = config.get(IMPLEMENTATION)
@@ -162,7 +188,10 @@ class LocalBackend:
         values = {**self.values(config, input), **(extra or {})}
         argv = [substitute(a, values) for a in impl.command]
         if impl.execution_args.strip():
-            argv += shlex.split(substitute(impl.execution_args, values))
+            # Split the template, then substitute into each word: a value (a directory with a space or an
+            # apostrophe) is one argument, never re-parsed as shell words. The service refuses a template
+            # shlex cannot split at submit time.
+            argv += [substitute(a, values) for a in shlex.split(impl.execution_args)]
         env = {k: substitute(v, values) for k, v in impl.env.items()}
         if impl.deployment_args:
             env["HARNESS_DEPLOYMENT_ARGS"] = substitute(impl.deployment_args, values)
@@ -176,7 +205,8 @@ class LocalBackend:
         # The reservation was held from t0 until now: that much is spent, whatever the run measured.
         elapsed = time.monotonic() - t0 if t0 is not None else 0.0
         cost = res.price_per_minute * elapsed / 60.0 if res is not None else 0.0
-        return RunDetail(Observation(proposal.config, False, elapsed, cost, proposal.input, error=CANCELLED),
+        return RunDetail(Observation(proposal.config, False, elapsed, cost, proposal.input, error=self.cancel_reason,
+                                     transient=True),
                          res.id if res is not None else "", module.tail()[-2000:] if module else "",
                          module.notes if module else [], cancelled=True)
 
@@ -192,7 +222,8 @@ class LocalBackend:
                                                           constraints=constraints), timeout=60)
         except grpc.RpcError as e:
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
-                                         error=f"could not reserve: {e.code().name}: {e.details()}"))
+                                         error=f"could not reserve: {e.code().name}: {e.details()}",
+                                         transient=e.code() in TRANSIENT_CODES))
         services: list[_ModuleRun] = []
         t0 = time.monotonic()
         try:
@@ -230,7 +261,9 @@ class LocalBackend:
                 elapsed = time.monotonic() - t0
                 why = main.error or "the agent's stream ended without an exit status"
                 return RunDetail(Observation(proposal.config, False, elapsed, res.price_per_minute * elapsed / 60.0,
-                                             proposal.input, error=f"the run was lost: {why}"), res.id, main.tail())
+                                             proposal.input, error=f"the run was lost: {why}",
+                                             transient=main.error_code is None or main.error_code in TRANSIENT_CODES),
+                                 res.id, main.tail())
             minutes = (exited.wall_time_s + startup_s) / 60.0
             # A replaying agent knows what the measured run cost; a live run costs its reservation.
             cost = exited.replayed_cost or res.price_per_minute * minutes
@@ -251,8 +284,11 @@ class LocalBackend:
             return RunDetail(Observation(proposal.config, ok, exited.wall_time_s, cost, proposal.input, cpu, mem, error),
                              res.id, tail[-2000:], main.notes)
         except grpc.RpcError as e:
+            # The agent out of reach is the cloud's trouble, not the configuration's; a refusal of the request is.
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
-                                         error=f"could not run: {e.code().name}: {e.details()}"), res.id)
+                                         error=f"could not run: {e.code().name}: {e.details()}",
+                                         transient=e.code() in TRANSIENT_CODES),
+                             res.id)
         finally:
             for svc in services:
                 svc.stop()
@@ -291,6 +327,7 @@ class _ModuleRun:
         self.notes: list[str] = []
         self.endpoint = ""
         self.error = ""
+        self.error_code: grpc.StatusCode | None = None
         self._stream: Any = None
         self._out = b""
         self._lines = b""
@@ -326,6 +363,7 @@ class _ModuleRun:
                     self.exited = ev.exited
         except grpc.RpcError as e:
             self.error = f"{e.code().name}: {e.details()}"
+            self.error_code = e.code()
         finally:
             self._done.set()
             self._started.set()

@@ -3,7 +3,7 @@ runs, the performance model and executions. Everything the model needs survives 
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.db import metadata as db_metadata
@@ -60,6 +60,9 @@ class Run(Base):
     memory_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
+    # Failed through no fault of the configuration (capacity refused, run lost, the caller's timeout): kept for
+    # audit, left out of the model and of later sessions' search (profilers.base.Observation.transient).
+    transient: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Model(Base):

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import queue
+import shlex
 import sys
 import threading
 import uuid
@@ -31,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
 from application_manager import models as m
-from application_manager.local import LocalBackend
+from application_manager.local import LocalBackend, transient_error
 from application_manager.manifest import Manifest, _get, parse_manifest
 from application_manager.model import Point, pareto, select
 from application_manager.profilers import BENCHMARK, PRODUCTION, PROFILERS, History, Observation, Proposal
@@ -63,6 +64,15 @@ MAX_RUNS = 200
 # message: unbounded, a few large ones would exceed a client's receive limit (4 MiB by default) for good.
 MAX_MANIFEST_BYTES = 256 * 1024
 MAX_SLO_BYTES = 64 * 1024
+# The longest a run may be given: the agent's stream deadline is the limit plus a margin, and gRPC turns an
+# unbounded one (1e300, inf) into an immediate DEADLINE_EXCEEDED -- every run would fail at once.
+MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
+# How long StopProfiling waits for the cancelled run to wind down (stop its modules, release its reservation)
+# before answering with the session as it is then (still RUNNING; it ends STOPPED by itself).
+STOP_ANSWER_S = 1.5
+# How long stopping the service waits for cancelled sessions and executions to release their reservations.
+SHUTDOWN_WAIT_S = 30.0
+STOPPED_RUN = "stopped: profiling was stopped (StopProfiling, or the service stopping) while it ran"
 _SESSION_STATE = {"running": pb.ProfilingSession.STATE_RUNNING, "done": pb.ProfilingSession.STATE_DONE,
                   "stopped": pb.ProfilingSession.STATE_STOPPED, "failed": pb.ProfilingSession.STATE_FAILED}
 _EXEC_STATE = {"running": pb.ApplicationExecution.STATE_RUNNING,
@@ -97,9 +107,13 @@ class Loaded:
     prices: np.ndarray | None = None
 
     def prices_from(self, backend: LocalBackend) -> np.ndarray:
-        if self.prices is None:
-            self.prices = backend.prices()
-        return self.prices
+        if self.prices is not None:
+            return self.prices
+        prices = backend.prices()
+        # NaN is "the CRS could not quote this now": kept, a momentary failure would price the space for good.
+        if not np.isnan(prices).any():
+            self.prices = prices
+        return prices
 
 
 class SessionRunner:
@@ -125,6 +139,35 @@ class SessionRunner:
                 q.put((event, final))
 
 
+def reservation_request_id(owner: str, run: int | None = None) -> str:
+    """The CRS request id of a run: derived from its session (and the run's number in it) or execution, so a
+    reservation left by an AM that died mid-run is found again (`_release_left`)."""
+    return f"am-{owner}" if run is None else f"am-{owner}-{run}"
+
+
+def _check_execution_args(manifest_json: str, field: str) -> None:
+    """ExecutionArgs is split into words before values are substituted (application_manager.local): one shlex
+    cannot split (an unclosed quote) would fail every run, so it is refused up front."""
+    try:
+        data = json.loads(manifest_json)
+    except ValueError:
+        return      # parse_manifest said why already
+    v = Violations()
+    modules = _get(data, "Modules") if isinstance(data, dict) else None
+    for mi, mod in enumerate(modules if isinstance(modules, list) else []):
+        impls = _get(mod, "Implementations") if isinstance(mod, dict) else None
+        for ii, impl in enumerate(impls if isinstance(impls, list) else []):
+            text = _get(impl, "ExecutionArgs") if isinstance(impl, dict) else None
+            if not isinstance(text, str):
+                continue
+            try:
+                shlex.split(text)
+            except ValueError as e:
+                v.add(f"{field}.Modules[{mi}].Implementations[{ii}].ExecutionArgs",
+                      f"cannot be split into arguments ({e}): close the quote, or escape the character")
+    v.raise_if_any()
+
+
 def _config_pb(space: Space, config: dict[str, Any]) -> pb.Configuration:
     return pb.Configuration(
         implementation=str(config.get("implementation", "")),
@@ -135,6 +178,9 @@ def _config_pb(space: Space, config: dict[str, Any]) -> pb.Configuration:
 
 class ApplicationManager(pb_grpc.ApplicationManagerServicer):
     def __init__(self, config: AppManagerConfig, clock: Clock | None = None) -> None:
+        if not (math.isfinite(config.run_timeout_s) and 0 < config.run_timeout_s <= MAX_RUN_TIMEOUT_S):
+            raise ValueError(f"run_timeout_s {config.run_timeout_s!r}: seconds, more than 0 and at most "
+                             f"{MAX_RUN_TIMEOUT_S:g} ({MAX_RUN_TIMEOUT_S / 86400:g} days)")
         if config.backend != "local":
             raise ValueError(f"backend {config.backend!r}: the service runs the 'local' back-end "
                              "(the replay back-end is for `harness bench profilers`)")
@@ -151,23 +197,73 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         # Held from the look for an earlier request with the same request id to the insert of a new row:
         # concurrent retries otherwise both miss and both insert (the loser an INTERNAL IntegrityError).
         self._request_ids = threading.Lock()
+        # Set when the service stops: no run starts after it, and the ones in progress are cancelled.
+        self._shutdown = threading.Event()
+        # The cancellation event of every execution in progress (set on stop), and a condition to wait for them.
+        self._executions: set[threading.Event] = set()
+        self._executions_done = threading.Condition(self._lock)
         self._interrupted()
 
     def _interrupted(self) -> None:
-        """Sessions left running by a previous process ended with it."""
+        """Sessions and executions left running by a previous process ended with it; so do their reservations."""
+        left: dict[str, list[str]] = {}     # tenant -> request ids (a session's: a prefix) its runs reserved under
+
         def fix(s) -> None:  # type: ignore[no-untyped-def]
+            left.clear()
             for row in s.scalars(sql_select(m.Session).where(m.Session.state == "running")):
                 row.state, row.message, row.ended_at = "failed", "interrupted: the service restarted", self.clock.now()
+                app = s.get(m.Application, row.application_id)
+                if app is not None:
+                    # Every run of the session: am-<session>-<n>.
+                    left.setdefault(app.tenant, []).append(reservation_request_id(row.id, 0).removesuffix("0"))
             for row in s.scalars(sql_select(m.Execution).where(m.Execution.state == "running")):
                 row.state, row.error, row.ended_at = "failed", "interrupted: the service restarted", self.clock.now()
+                left.setdefault(row.tenant, []).append(reservation_request_id(row.id))
         self.db.transact(fix)
+        for tenant, request_ids in left.items():
+            self._release_left(tenant, request_ids)
+
+    def _release_left(self, tenant: str, request_ids: list[str]) -> None:
+        """Release the tenant's active reservations whose request id is one of `request_ids` (an execution's) or
+        starts with one ending in "-" (a session's runs): what a run in progress held when the AM died.
+        Best-effort: a CRS out of reach is logged, and those reservations stay until released at the CRS."""
+        exact = {p for p in request_ids if not p.endswith("-")}
+        starts = tuple(p for p in request_ids if p.endswith("-"))
+        token = ""
+        try:
+            while True:
+                page = self.crs.ListReservations(irm_pb2.ListReservationsRequest(
+                    tenant=tenant, page_size=1000, page_token=token), timeout=10)
+                for r in page.reservations:
+                    if r.state != irm_pb2.Reservation.STATE_ACTIVE:
+                        continue
+                    if r.request_id in exact or (starts and r.request_id.startswith(starts)):
+                        self.crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(
+                            tenant=tenant, reservation_id=r.id), timeout=30)
+                        log.info("released a reservation an interrupted run left",
+                                 extra={"reservation": r.id, "request_id": r.request_id})
+                token = page.next_page_token
+                if not token:
+                    return
+        except grpc.RpcError as e:
+            log.warning("could not release the reservations interrupted runs left: release them at the CRS "
+                        "(ReleaseReservation; their request ids start with the ones logged here)",
+                        extra={"tenant": tenant, "request_ids": request_ids, "code": str(e.code()),
+                               "crs": self.config.crs_address})
 
     def stop(self) -> None:
+        """Cancel what runs (each run stops its modules and releases its reservation), wait for it, close."""
+        self._shutdown.set()
+        with self._lock:
+            for ev in self._executions:
+                ev.set()
         for r in list(self._sessions.values()):
             r.stop.set()
         for r in list(self._sessions.values()):
             if r.thread:
-                r.thread.join(timeout=30)
+                r.thread.join(timeout=SHUTDOWN_WAIT_S)
+        with self._executions_done:
+            self._executions_done.wait_for(lambda: not self._executions, timeout=SHUTDOWN_WAIT_S)
         self.db.dispose()
 
     # -- loading ---------------------------------------------------------------
@@ -192,6 +288,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             raise NotFound(f"no application {application_id}")
         owned(tenant, app.tenant, f"application {application_id}")
         manifest = parse_manifest(app.manifest, "manifest_json")
+        _check_execution_args(app.manifest, "manifest_json")
         slo = parse_slo(app.slo or "{}", manifest, "slo_json")
         try:
             space = from_manifest(manifest, slo.parameters, self._offered_types())
@@ -208,11 +305,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             self._loaded[application_id] = loaded
         return loaded
 
-    def _backend(self, loaded: Loaded, slo: Slo | None = None,
-                 cancelled: threading.Event | None = None) -> LocalBackend:
+    def _backend(self, loaded: Loaded, slo: Slo | None = None, cancelled: threading.Event | None = None,
+                 cancel_reason: str = "") -> LocalBackend:
         slo = slo or loaded.slo
-        return LocalBackend(self.config.crs_address, loaded.app.tenant, loaded.manifest, loaded.space, slo.parameters,
-                            loaded.app.app_dir, self.python, self.config.run_timeout_s, cancelled)
+        b = LocalBackend(self.config.crs_address, loaded.app.tenant, loaded.manifest, loaded.space, slo.parameters,
+                         loaded.app.app_dir, self.python, self.config.run_timeout_s, cancelled)
+        if cancel_reason:
+            b.cancel_reason = cancel_reason
+        return b
 
     def _application_pb(self, loaded: Loaded) -> pb.Application:
         a = loaded.app
@@ -265,6 +365,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 f"at most {MAX_SLO_BYTES} bytes ({MAX_SLO_BYTES // 1024} KiB) of UTF-8")
         v.raise_if_any()
         manifest = parse_manifest(request.manifest_json, "manifest_json")
+        _check_execution_args(request.manifest_json, "manifest_json")
         slo = parse_slo(request.slo_json or "{}", manifest, "slo_json")
         v = Violations()
         v.check(len(request.app_dir) <= 1024, "app_dir", "at most 1024 characters")
@@ -314,7 +415,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
     # -- the model -------------------------------------------------------------------
     def _observations(self, loaded: Loaded) -> list[Observation]:
         with self.db.read() as s:
-            rows = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id).order_by(m.Run.id)))
+            # Transient runs (refused, lost, cancelled) are no measurement: a profiler must not take their
+            # configurations as tried, so a later session may try them again.
+            rows = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id,
+                                                          m.Run.transient.is_(False)).order_by(m.Run.id)))
         out = []
         for r in rows:
             i = loaded.space.index(r.config)
@@ -326,7 +430,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         """Measured production points (repeated configurations averaged) plus predictions of the rest."""
         with self.db.read() as s:
             rows = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id,
-                                                          m.Run.input == PRODUCTION)))
+                                                          m.Run.input == PRODUCTION, m.Run.transient.is_(False))))
         by_key: dict[str, list[m.Run]] = {}
         for r in rows:
             by_key.setdefault(json.dumps(r.config, sort_keys=True), []).append(r)
@@ -429,7 +533,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         v.check(request.max_cost >= 0 and math.isfinite(request.max_cost), "max_cost", "a cost >= 0 (0: no budget)")
         v.check(request.max_duration_s >= 0 and math.isfinite(request.max_duration_s), "max_duration_s",
                 "seconds >= 0 (0: no limit)")
-        v.check(request.run_timeout_s >= 0, "run_timeout_s", "seconds >= 0")
+        v.check(math.isfinite(request.run_timeout_s) and 0 <= request.run_timeout_s <= MAX_RUN_TIMEOUT_S,
+                "run_timeout_s", f"seconds, 0 (the service's default) to {MAX_RUN_TIMEOUT_S:g} "
+                f"({MAX_RUN_TIMEOUT_S / 86400:g} days)")
         v.raise_if_any()
         loaded = self._load(tenant, request.application_id)
         sid = f"prof-{uuid.uuid4().hex[:12]}"
@@ -471,7 +577,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         sid = row.id
         state, message, frontier_size = "failed", "", 0
         try:
-            backend = self._backend(loaded)
+            # The session's stop flag cancels the run in progress (StopProfiling, or the service stopping).
+            backend = self._backend(loaded, cancelled=runner.stop, cancel_reason=STOPPED_RUN)
             prices = loaded.prices_from(backend)
             history = self._history(loaded) if request.warm_start else None
             prof = PROFILERS[row.profiler](loaded.space, np.random.default_rng(request.seed), prices=prices,
@@ -482,16 +589,22 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             timeout = request.run_timeout_s or self.config.run_timeout_s
             reasons: dict[int, str] = {}
 
+            made = 0
+
             def execute(p: Proposal) -> Observation:
+                nonlocal made
+                made += 1
                 reasons[p.config] = p.why
-                return backend.run(p, timeout_s=timeout).observation
+                o = backend.run(p, request_id=reservation_request_id(sid, made), timeout_s=timeout).observation
+                return o if o.ok or o.transient or not transient_error(o.error) else replace(o, transient=True)
 
             def on_run(p: Proposal, o: Observation, obs: list[Observation]) -> None:
                 nonlocal frontier_size
                 cfg = loaded.space.configs[o.config]
                 run = m.Run(application_id=loaded.app.id, session_id=sid, ordinal=len(obs), config=cfg, input=o.input,
                             ok=o.ok, error=o.error, time_s=o.time_s, cost=o.cost, cpu_percent=o.cpu_percent,
-                            memory_percent=o.memory_percent, reason=p.why, created_at=self.clock.now())
+                            memory_percent=o.memory_percent, reason=p.why, created_at=self.clock.now(),
+                            transient=o.transient)
 
                 def save(s) -> m.Session:  # type: ignore[no-untyped-def]
                     s.add(run)
@@ -541,10 +654,16 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         owned(tenant, app.tenant, f"session {request.session_id}")
         runner = self._sessions.get(row.id)
         if runner is not None:
+            # The run in progress is cancelled through the stop flag: waiting a moment lets it end STOPPED in
+            # this answer; a run slow to stop (its program ignoring the kill) does not hold the call.
             runner.stop.set()
-            runner.done.wait(timeout=self.config.run_timeout_s + 60)
+            runner.done.wait(timeout=STOP_ANSWER_S)
         with self.db.read() as s:
-            return self._session_pb(s.get(m.Session, request.session_id))
+            out = self._session_pb(s.get(m.Session, request.session_id))
+        if out.state == pb.ProfilingSession.STATE_RUNNING:
+            out.message = ("stopping: the run in progress is being cancelled (its reservation released); the "
+                           "session ends STOPPED shortly (GetModel shows it)")
+        return out
 
     # -- execution -------------------------------------------------------------------
     def _execution_pb(self, loaded: Loaded, e: m.Execution) -> pb.ApplicationExecution:
@@ -559,7 +678,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         tenant = require_tenant(request.tenant)
         loaded = self._load(tenant, request.application_id)
         v = Violations()
-        v.check(request.timeout_s >= 0, "timeout_s", "seconds >= 0")
+        v.check(math.isfinite(request.timeout_s) and 0 <= request.timeout_s <= MAX_RUN_TIMEOUT_S,
+                "timeout_s", f"seconds, 0 (the service's default) to {MAX_RUN_TIMEOUT_S:g} "
+                f"({MAX_RUN_TIMEOUT_S / 86400:g} days)")
         v.check(len(request.request_id) <= 128, "request_id", "at most 128 characters")
         v.check(len(request.slo_json.encode()) <= MAX_SLO_BYTES, "slo_json",
                 f"at most {MAX_SLO_BYTES} bytes ({MAX_SLO_BYTES // 1024} KiB) of UTF-8")
@@ -595,9 +716,15 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         cancelled = threading.Event()
         if not context.add_callback(cancelled.set):
             cancelled.set()
+        # The service stopping cancels it too (its reservation released, not left behind).
+        with self._lock:
+            self._executions.add(cancelled)
+        if self._shutdown.is_set():
+            cancelled.set()
         try:
             detail = self._backend(loaded, slo, cancelled).run(
-                Proposal(i), timeout_s=request.timeout_s or self.config.run_timeout_s)
+                Proposal(i), request_id=reservation_request_id(row.id),
+                timeout_s=request.timeout_s or self.config.run_timeout_s)
         except Exception as exc:
             # Never an execution left "running" (a retry with its request id would return it so forever).
             why = f"{type(exc).__name__}: {exc}"[:2000]
@@ -607,7 +734,16 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 e.state, e.error, e.ended_at = "failed", why, self.clock.now()
             self.db.transact(fail)
             raise
+        finally:
+            with self._executions_done:
+                self._executions.discard(cancelled)
+                self._executions_done.notify_all()
         o = detail.observation
+        if not o.ok and not o.transient and (transient_error(o.error) or (
+                request.timeout_s and o.error.split(":")[0].strip() == "timeout")):
+            # Refused or lost, or killed at the bound this caller chose (the bound was short): says nothing of
+            # the configuration.
+            o = replace(o, transient=True)
 
         def finish(s) -> m.Execution:  # type: ignore[no-untyped-def]
             e = s.get(m.Execution, row.id)
@@ -622,10 +758,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             s.add(m.Run(application_id=loaded.app.id, session_id=f"execution:{row.id}", ordinal=0,
                         config=chosen.config, input=PRODUCTION, ok=o.ok, error=o.error, time_s=o.time_s, cost=o.cost,
                         cpu_percent=o.cpu_percent, memory_percent=o.memory_percent, reason="execution under the SLO",
-                        created_at=self.clock.now()))
+                        created_at=self.clock.now(), transient=o.transient))
             return e
         e = self.db.transact(finish)
-        if not detail.cancelled:
+        if not detail.cancelled and not o.transient:
             self._refresh_model(loaded)
         return self._execution_pb(loaded, e)
 
@@ -634,6 +770,13 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         with self.db.read() as s:
             runs = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id,
                                                           m.Run.input == PRODUCTION)))
+        unmeasured = [r for r in runs if r.transient]
+        runs = [r for r in runs if not r.transient]
+        if not runs and unmeasured:
+            top, n = Counter(r.error or "no error recorded" for r in unmeasured).most_common(1)[0]
+            raise FailedPrecondition(
+                f"no performance model yet: none of the {len(unmeasured)} run(s) could be measured ({n} of them: "
+                f"{top[:300]}), which says nothing of the configurations; profile again when the cloud has room")
         if not runs:
             raise FailedPrecondition("no performance model yet: profile the application first")
         errors = Counter(r.error or "no error recorded" for r in runs if not r.ok)

@@ -33,11 +33,20 @@ class Observation:
     cpu_percent: float | None = None  # mean over the run, % of the VM's cores
     memory_percent: float | None = None  # peak, % of the VM's memory
     error: str = ""
+    # Not the configuration's doing (the CRS had no room, the run was lost, the caller's timeout or cancellation):
+    # kept for audit, but no evidence about the configuration -- never a point of the model, and not "seen" by a
+    # later session, which may try it again.
+    transient: bool = False
+
+    @property
+    def measured(self) -> bool:
+        """Whether the run says something about its configuration (ok, or failed through its own doing)."""
+        return not self.transient
 
     @property
     def memory_bottleneck(self) -> bool:
         """Bottleneck detection (thesis §4.4.3): the run died with memory at its limit."""
-        if self.ok:
+        if self.ok or self.transient:
             return False
         return "memory" in self.error.lower() or (self.memory_percent or 0.0) >= OVER
 
@@ -69,6 +78,8 @@ class History:
 def whitebox_hints(space: Space, obs: Observation) -> dict[str, int]:
     """Algorithm 4: +1 (increase) / -1 (decrease) per dimension, from the run's utilisation."""
     hints: dict[str, int] = {}
+    if obs.transient:
+        return hints    # a refused or lost run measured no utilisation
     for d in space.dims:
         if d.kind == "memory":
             if obs.memory_bottleneck:
@@ -113,7 +124,15 @@ class Profiler:
         return []
 
     def visited(self, observed: list[Observation], input: str = PRODUCTION) -> set[int]:
+        """Configurations run on `input`. A transient observation counts too: it is in `observed` only for the
+        session that made it (the service leaves earlier sessions' out), so the session does not retry at once
+        what the CRS just refused, while a later one may."""
         return {o.config for o in observed if o.input == input}
+
+    @staticmethod
+    def measured(observed: list[Observation]) -> list[Observation]:
+        """The observations that are evidence about their configuration (transient ones left out)."""
+        return [o for o in observed if not o.transient]
 
     def random_unvisited(self, observed: list[Observation], input: str = PRODUCTION) -> int | None:
         seen = self.visited(observed, input)

@@ -64,8 +64,8 @@ class SimulatedAnnealing(Profiler):
     def _absorb(self, observed: list[Observation]) -> None:
         for o in observed[self._seen:]:
             self._seen += 1
-            if o.input != "production":
-                continue
+            if o.input != "production" or o.transient:
+                continue    # a refused or lost run is no step of the walk: it says nothing of its configuration
             if self.current is None or not math.isfinite(utility(self.current)):
                 if math.isfinite(utility(o)) or self.current is None:
                     self.current = o

@@ -148,7 +148,8 @@ class Extrapolated(Profiler):
 
     # -- helpers ---------------------------------------------------------
     def _as_production(self, input: str) -> list[Observation]:
-        return [Observation(o.config, o.ok, o.time_s, o.cost, PRODUCTION, o.cpu_percent, o.memory_percent, o.error)
+        return [Observation(o.config, o.ok, o.time_s, o.cost, PRODUCTION, o.cpu_percent, o.memory_percent, o.error,
+                            transient=o.transient)
                 for o in self.observed if o.input == input]
 
     def allowed(self, i: int) -> bool:
@@ -177,7 +178,7 @@ class Extrapolated(Profiler):
                 continue
             yield Proposal(c, PRODUCTION, "extrapolation test on the production input")
             o = self._last()
-            if o.ok:
+            if o.ok or o.transient:    # a refused or lost run says nothing of what the configuration lacks
                 continue
             if o.memory_bottleneck:
                 mem_dims = [d.name for d in self.space.dims if d.kind == "memory"]

@@ -171,11 +171,12 @@ class ModelBased(Profiler):
         seen = {o.config for o in prod}
         if len(seen) >= len(self.space):
             return None
-        ok = {o.config: math.log(max(o.time_s, 1e-6)) for o in prod if o.ok}
-        failed = {o.config for o in prod if not o.ok} - set(ok)
+        # A transient run (refused, lost) is no failure of its configuration: out of the model, but seen above.
+        ok = {o.config: math.log(max(o.time_s, 1e-6)) for o in prod if o.ok and not o.transient}
+        failed = {o.config for o in prod if not o.ok and not o.transient} - set(ok)
         mu, pf = self.prior(ok, failed)
         mean, sd = self.posterior(ok, mu)
-        by_time = len(prod) % self.time_every == self.time_every - 1
+        by_time = len(self.measured(prod)) % self.time_every == self.time_every - 1
         f = mean if by_time else mean + self.logp
         done = [ok[c] + (0.0 if by_time else self.logp[c]) for c in ok]
         best = min(done) if done else float(np.min(f))

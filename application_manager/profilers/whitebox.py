@@ -33,13 +33,18 @@ class UtilisationDriven(Profiler):
                 j = self.space.step(o.config, dim, direction, seen | set(self.queue))
                 if j is not None:
                     self.queue.append(j)
-        if not observed:
+        if not self.measured(observed):
+            # Nothing measured yet (or only runs the CRS refused or lost): start again somewhere else.
             i = self.random_unvisited(observed)
             return None if i is None else Proposal(i, why="random start")
         while self.queue:
             i = self.queue.popleft()
             if i not in seen:
                 return Proposal(i, why="whitebox hint")
+        if observed[-1].transient:
+            # The walk's last step was refused or lost, not measured: no hint is not "no bottleneck left".
+            i = self.random_unvisited(observed)
+            return None if i is None else Proposal(i, why="the last run was not measured: random restart")
         return None
 
 

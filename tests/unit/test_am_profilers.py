@@ -241,3 +241,22 @@ def test_bo_on_a_large_space_runs_in_bounded_memory():
                        cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stderr[-600:]
     assert r.stdout.split() == ["16000", "4"]
+
+
+def test_extrapolated_learns_no_bound_from_a_refused_production_run():
+    # A production run the CRS refused (transient) says nothing of what the configuration lacks: no "retry with
+    # the dimension at its maximum", no constraint.
+    s = from_records(["memory"], [{"memory": m} for m in (96, 512, 1024)])
+    prices = np.array([1.0, 2.0, 3.0])
+    p = PROFILERS["extrapolated"](s, np.random.default_rng(2), max_runs=9, has_benchmark=True, prices=prices)
+    reasons = []
+
+    def run(pr: Proposal) -> Observation:
+        reasons.append(pr.why)
+        if pr.input == "benchmark":
+            return Observation(pr.config, True, 1.0, prices[pr.config], "benchmark", 50.0, 50.0)
+        return Observation(pr.config, False, 0.0, 0.0, "production", error="could not reserve: RESOURCE_EXHAUSTED",
+                           transient=True)
+
+    profile(p, run, StopRules(max_runs=9))
+    assert p.constraints == [] and not [r for r in reasons if r.startswith("no bottleneck seen")], reasons
