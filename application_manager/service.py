@@ -73,6 +73,7 @@ STOP_ANSWER_S = 1.5
 # How long stopping the service waits for cancelled sessions and executions to release their reservations.
 SHUTDOWN_WAIT_S = 30.0
 STOPPED_RUN = "stopped: profiling was stopped (StopProfiling, or the service stopping) while it ran"
+REUSED_REQUEST_ID = "request_id reused with a different request; use a new request_id"
 _SESSION_STATE = {"running": pb.ProfilingSession.STATE_RUNNING, "done": pb.ProfilingSession.STATE_DONE,
                   "stopped": pb.ProfilingSession.STATE_STOPPED, "failed": pb.ProfilingSession.STATE_FAILED}
 _EXEC_STATE = {"running": pb.ApplicationExecution.STATE_RUNNING,
@@ -351,11 +352,23 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             return s.scalar(sql_select(m.Execution).where(m.Execution.tenant == tenant,
                                                           m.Execution.request_id == request_id))
 
+    @staticmethod
+    def _same_request(same: bool) -> None:
+        """A retry must ask for what its request id first asked for: answering another request with the first
+        one's application or execution would hand the client something it did not ask for."""
+        if not same:
+            raise InvalidArgument.of("request_id", REUSED_REQUEST_ID)
+
+    def _replayed_application(self, tenant: str, prior: m.Application, request) -> pb.Application:  # type: ignore[no-untyped-def]
+        self._same_request((prior.manifest, prior.slo, prior.app_dir)
+                           == (request.manifest_json, request.slo_json or "{}", request.app_dir))
+        return self._application_pb(self._load(tenant, prior.id))
+
     # -- applications ------------------------------------------------------------
     def SubmitApplication(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         if request.request_id and (prior := self._prior_application(tenant, request.request_id)) is not None:
-            return self._application_pb(self._load(tenant, prior.id))
+            return self._replayed_application(tenant, prior, request)
         if not request.manifest_json.strip():
             raise InvalidArgument.of("manifest_json", "required: the application manifest (JSON, thesis appendix A)")
         v = Violations()
@@ -382,7 +395,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                           updated_at=self.clock.now()))
         earlier = self._add_once(request.request_id, lambda: self._prior_application(tenant, request.request_id), add)
         if earlier is not None:
-            return self._application_pb(self._load(tenant, earlier.id))
+            return self._replayed_application(tenant, earlier, request)
         loaded = Loaded(app, manifest, slo, space)
         with self._lock:
             self._loaded[app.id] = loaded
@@ -685,9 +698,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         v.check(len(request.slo_json.encode()) <= MAX_SLO_BYTES, "slo_json",
                 f"at most {MAX_SLO_BYTES} bytes ({MAX_SLO_BYTES // 1024} KiB) of UTF-8")
         v.raise_if_any()
-        if request.request_id and (prior := self._prior_execution(tenant, request.request_id)) is not None:
-            return self._execution_pb(self._load(tenant, prior.application_id), prior)
         slo = self._execution_slo(loaded, request.slo_json) if request.slo_json else loaded.slo
+        if request.request_id and (prior := self._prior_execution(tenant, request.request_id)) is not None:
+            self._same_request((prior.application_id, prior.slo) == (loaded.app.id, slo.describe()))
+            return self._execution_pb(self._load(tenant, prior.application_id), prior)
         with self.db.read() as s:
             model = s.get(m.Model, loaded.app.id)
         front = [Point(p["config"], p["time_s"], p["cost"], True, p["predicted"]) for p in (model.frontier or [])]
@@ -710,6 +724,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                  lambda s: s.add(row))
         if earlier is not None:
             # A concurrent retry won: it runs the application; this one answers with what it has so far.
+            self._same_request((earlier.application_id, earlier.slo) == (loaded.app.id, slo.describe()))
             return self._execution_pb(self._load(tenant, earlier.application_id), earlier)
         # Once the RPC ends (the client cancelled, or its deadline passed) nobody waits for the result: the
         # run stops instead of holding its reservation and this worker thread to the end.

@@ -84,14 +84,19 @@ def test_an_oversized_slo_is_refused_on_submission_and_on_execution(am):
     assert [v.field for v in e.value.violations] == ["slo_json"]
 
 
-def test_a_retry_of_an_accepted_application_is_answered_before_the_limits_are_checked(am):
-    first = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", request_id="r1", app_dir="/x",
-                                                             manifest_json=examples.manifest("rtm")), _Ctx())
-    # The key alone identifies the request: its retry is answered whatever else it carries.
-    again = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", request_id="r1", app_dir="/x",
-                                                             manifest_json=_manifest_of(svc.MAX_MANIFEST_BYTES + 1)),
-                                 _Ctx())
-    assert again.id == first.id
+def test_a_retry_of_an_accepted_application_is_answered_before_the_limits_are_checked(am, monkeypatch):
+    request = pb.SubmitApplicationRequest(tenant="t", request_id="r1", app_dir="/x",
+                                          manifest_json=examples.manifest("rtm"))
+    first = am.SubmitApplication(request, _Ctx())
+    big = _manifest_of(svc.MAX_MANIFEST_BYTES + 1)
+    # Limits tightened since (an upgrade): the retry of what was accepted still gets its application.
+    monkeypatch.setattr(svc, "MAX_MANIFEST_BYTES", 10)
+    assert am.SubmitApplication(request, _Ctx()).id == first.id
+    # Another request under the key is refused as such, not as too large.
+    with pytest.raises(InvalidArgument) as e:
+        am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", request_id="r1", app_dir="/x",
+                                                         manifest_json=big), _Ctx())
+    assert [v.field for v in e.value.violations] == ["request_id"]
 
 
 def test_list_applications_pages_oldest_first(am):
