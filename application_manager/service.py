@@ -53,6 +53,7 @@ from services.errors import (
     Violations,
     owned,
     require_tenant,
+    reused_request_id,
 )
 from services.server import Component
 
@@ -73,7 +74,6 @@ STOP_ANSWER_S = 1.5
 # How long stopping the service waits for cancelled sessions and executions to release their reservations.
 SHUTDOWN_WAIT_S = 30.0
 STOPPED_RUN = "stopped: profiling was stopped (StopProfiling, or the service stopping) while it ran"
-REUSED_REQUEST_ID = "request_id reused with a different request; use a new request_id"
 _SESSION_STATE = {"running": pb.ProfilingSession.STATE_RUNNING, "done": pb.ProfilingSession.STATE_DONE,
                   "stopped": pb.ProfilingSession.STATE_STOPPED, "failed": pb.ProfilingSession.STATE_FAILED}
 _EXEC_STATE = {"running": pb.ApplicationExecution.STATE_RUNNING,
@@ -357,7 +357,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         """A retry must ask for what its request id first asked for: answering another request with the first
         one's application or execution would hand the client something it did not ask for."""
         if not same:
-            raise InvalidArgument.of("request_id", REUSED_REQUEST_ID)
+            raise reused_request_id()
 
     def _replayed_application(self, tenant: str, prior: m.Application, request) -> pb.Application:  # type: ignore[no-untyped-def]
         self._same_request((prior.manifest, prior.slo, prior.app_dir)

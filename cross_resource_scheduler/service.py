@@ -56,6 +56,7 @@ from services.errors import (
     from_rpc_error,
     owned,
     require_tenant,
+    reused_request_id,
 )
 from services.server import Component
 from services.watch import Broadcaster
@@ -95,7 +96,6 @@ MAX_WATCHES = 8
 # How long a registration waits for the manager already registered under its name to answer a health check.
 PROBE_TIMEOUT_S = 1.0
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
-REUSED_REQUEST_ID = "request_id reused with a different request; use a new request_id"
 
 
 @dataclass(slots=True)
@@ -630,7 +630,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 raise Aborted("a concurrent request with this request_id failed; retry") from None
             if existing.request_hash and existing.request_hash != content:
                 # Answering with the first reservation would hand the client something it did not ask for.
-                raise InvalidArgument.of("request_id", REUSED_REQUEST_ID) from None
+                raise reused_request_id() from None
             return self._existing(existing)
         try:
             return self._reserve(tenant, res_id, claim["created_at"], request, req)

@@ -26,10 +26,10 @@ from services.db import Database, Prepared
 from services.errors import (
     FailedPrecondition,
     HarnessError,
-    InvalidArgument,
     NotFound,
     ResourceExhausted,
     owned,
+    reused_request_id,
 )
 
 _H, _R, _V = Host.__table__, Reservation.__table__, Vm.__table__
@@ -79,7 +79,6 @@ _P_MARK_SEEN = Prepared(_MARK_SEEN)
 
 # Prices are sums of floats: a cap set to a quote of the same shapes may differ from the charge in the last bits.
 _PRICE_SLACK = 1e-9
-REUSED_REQUEST_ID = "request_id reused with a different request; use a new request_id"
 
 
 def new_id(prefix: str) -> str:
@@ -245,7 +244,7 @@ class ComputeStore:
         if existing is None:
             return error
         if call.request_hash and existing.request_hash and call.request_hash != existing.request_hash:
-            return InvalidArgument.of("request_id", REUSED_REQUEST_ID)
+            return reused_request_id()
         return Outcome(existing, [], False)
 
     def _by_request(self, tenant: str, request_id: str) -> Reservation | None:

@@ -42,7 +42,8 @@ def test_a_resubmission_under_one_request_id_must_be_the_same_request(am):
     for other in ({"rows": 400}, {"app_dir": "/y"}):                # another input, another directory
         with pytest.raises(InvalidArgument) as e:
             _submit(am, "r1", **other)
-        assert [(v.field, v.description) for v in e.value.violations] == [("request_id", svc.REUSED_REQUEST_ID)]
+        assert [(v.field, v.description) for v in e.value.violations] == [(
+            "request_id", "request_id reused with a different request; use a new request_id")]
 
 
 def test_an_execution_request_id_names_one_application_and_slo(am):
