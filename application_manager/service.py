@@ -53,8 +53,8 @@ from services.errors import (
     Violations,
     owned,
     require_tenant,
-    reused_request_id,
 )
+from services.idempotency import reused_request_id
 from services.server import Component
 
 log = logging.getLogger(__name__)

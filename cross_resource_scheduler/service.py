@@ -56,8 +56,8 @@ from services.errors import (
     from_rpc_error,
     owned,
     require_tenant,
-    reused_request_id,
 )
+from services.idempotency import request_hash, reused_request_id
 from services.server import Component
 from services.watch import Broadcaster
 
@@ -157,18 +157,6 @@ def part_request_ids(res_id: str, manager: str, attempts: int) -> list[str]:
     before ids were per attempt (`<res>@<manager>`)."""
     return [irm_request_id(res_id, a, manager) for a in range(max(attempts, _ATTEMPTS_ASKED))] + [
         f"{res_id}@{manager}"]
-
-
-def request_hash(request: irm_pb2.ReserveRequest) -> str:
-    """What a Reserve asks for, whatever its request_id: the id's replays must carry the same.
-
-    Deterministic serialization orders the attribute maps, so equal requests hash equal within one
-    protobuf runtime (the point: a client's retry against the same CRS).
-    """
-    content = irm_pb2.ReserveRequest()
-    content.CopyFrom(request)
-    content.ClearField("request_id")
-    return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
 
 
 def merged_attribute(old: irm_pb2.AttributeSpec | None, new: irm_pb2.AttributeSpec) -> irm_pb2.AttributeSpec:

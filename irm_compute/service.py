@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -32,6 +31,7 @@ from services import client, control
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import HarnessError, InvalidArgument, Violations, require_tenant
+from services.idempotency import request_hash
 from services.registration import Membership
 from services.server import Component
 from services.watch import Broadcaster
@@ -118,18 +118,6 @@ def _validate_request_id(request_id: str) -> None:
         raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
     if len(request_id) > 128:
         raise InvalidArgument.of("request_id", "at most 128 characters")
-
-
-def request_hash(request: irm_pb2.ReserveRequest) -> str:
-    """What a Reserve asks for, whatever its request_id: the id's replays must carry the same.
-
-    Deterministic serialization orders the attribute maps, so equal requests hash equal within one
-    protobuf runtime (the point: a client's retry, minutes later, against the same server).
-    """
-    content = irm_pb2.ReserveRequest()
-    content.CopyFrom(request)
-    content.ClearField("request_id")
-    return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
 
 
 class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeControlServicer):

@@ -29,8 +29,8 @@ from services.errors import (
     NotFound,
     ResourceExhausted,
     owned,
-    reused_request_id,
 )
+from services.idempotency import reused_request_id
 
 _H, _R, _V = Host.__table__, Reservation.__table__, Vm.__table__
 # Built once: constructing a statement costs more than running it on SQLite.

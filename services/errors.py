@@ -146,12 +146,6 @@ def owned(tenant: str, owner: str, what: str) -> None:
         raise PermissionDenied(f"{what} belongs to another tenant")
 
 
-def reused_request_id() -> InvalidArgument:
-    """A request id already used for a different request: answering with the first one's result would hand the
-    client something it did not ask for (every service that is idempotent by request id says it alike)."""
-    return InvalidArgument.of("request_id", "request_id reused with a different request; use a new request_id")
-
-
 def require_tenant(tenant: str) -> str:
     if not tenant:
         raise InvalidArgument.of("tenant", "required: name the calling tenant")

@@ -317,7 +317,7 @@ def test_a_request_id_reused_for_a_different_request_is_invalid_argument_on_requ
 
 
 def test_the_request_hash_ignores_the_request_id_and_the_order_attributes_were_set_in() -> None:
-    from irm_compute.service import request_hash
+    from services.idempotency import request_hash
 
     one = req("k1", 2, "a")
     other = req("k2", 2, "a")
