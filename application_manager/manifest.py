@@ -533,6 +533,13 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
             v.add(f"{path}.{key}", "expected a string (use %var to refer to parameters)")
             val = ""
         args[key] = val
+    try:
+        # Split into words before values are substituted (application_manager.local): one that cannot be split
+        # (an unclosed quote) would fail every run.
+        shlex.split(args["ExecutionArgs"])
+    except ValueError as e:
+        v.add(f"{path}.ExecutionArgs", f"cannot be split into arguments ({e}): close the quote, or escape the "
+                                       "character")
     all_vars = scope | set(BUILTIN_VARS) | {f"%{gid}_address" for gid in {g.id for g in groups} | other_groups}
     texts = [*command, args["DeploymentArgs"], args["ExecutionArgs"], *map(str, env.values())]
     for t in texts:

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import queue
-import shlex
 import sys
 import threading
 import uuid
@@ -146,29 +145,6 @@ def reservation_request_id(owner: str, run: int | None = None) -> str:
     return f"am-{owner}" if run is None else f"am-{owner}-{run}"
 
 
-def _check_execution_args(manifest_json: str, field: str) -> None:
-    """ExecutionArgs is split into words before values are substituted (application_manager.local): one shlex
-    cannot split (an unclosed quote) would fail every run, so it is refused up front."""
-    try:
-        data = json.loads(manifest_json)
-    except ValueError:
-        return      # parse_manifest said why already
-    v = Violations()
-    modules = _get(data, "Modules") if isinstance(data, dict) else None
-    for mi, mod in enumerate(modules if isinstance(modules, list) else []):
-        impls = _get(mod, "Implementations") if isinstance(mod, dict) else None
-        for ii, impl in enumerate(impls if isinstance(impls, list) else []):
-            text = _get(impl, "ExecutionArgs") if isinstance(impl, dict) else None
-            if not isinstance(text, str):
-                continue
-            try:
-                shlex.split(text)
-            except ValueError as e:
-                v.add(f"{field}.Modules[{mi}].Implementations[{ii}].ExecutionArgs",
-                      f"cannot be split into arguments ({e}): close the quote, or escape the character")
-    v.raise_if_any()
-
-
 def _config_pb(space: Space, config: dict[str, Any]) -> pb.Configuration:
     return pb.Configuration(
         implementation=str(config.get("implementation", "")),
@@ -289,7 +265,6 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             raise NotFound(f"no application {application_id}")
         owned(tenant, app.tenant, f"application {application_id}")
         manifest = parse_manifest(app.manifest, "manifest_json")
-        _check_execution_args(app.manifest, "manifest_json")
         slo = parse_slo(app.slo or "{}", manifest, "slo_json")
         try:
             space = from_manifest(manifest, slo.parameters, self._offered_types())
@@ -378,7 +353,6 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 f"at most {MAX_SLO_BYTES} bytes ({MAX_SLO_BYTES // 1024} KiB) of UTF-8")
         v.raise_if_any()
         manifest = parse_manifest(request.manifest_json, "manifest_json")
-        _check_execution_args(request.manifest_json, "manifest_json")
         slo = parse_slo(request.slo_json or "{}", manifest, "slo_json")
         v = Violations()
         v.check(len(request.app_dir) <= 1024, "app_dir", "at most 1024 characters")
