@@ -3,7 +3,19 @@ runs, the performance model and executions. Everything the model needs survives 
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.db import metadata as db_metadata
@@ -27,8 +39,17 @@ class Application(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+# A running session or execution belongs to the AM process that runs it (`owner`: host:pid:tag), which marks
+# it alive every few seconds (`heartbeat_at`, wall time): another process on the same database leaves it be,
+# and takes it as interrupted only once its owner is gone (application_manager.owners).
+_RUNNING = text("state = 'running'")
+
+
 class Session(Base):
     __tablename__ = "am_sessions"
+    # One running session per application, whichever AM process runs it.
+    __table_args__ = (Index("uq_am_sessions_running_application", "application_id", unique=True,
+                            sqlite_where=_RUNNING, postgresql_where=_RUNNING),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     application_id: Mapped[str] = mapped_column(ForeignKey("am_applications.id"), index=True)
@@ -41,6 +62,10 @@ class Session(Base):
     params: Mapped[dict] = mapped_column(JSON)
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float] = mapped_column(Float, default=0.0)
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # StopProfiling through another AM process: the owner's heartbeat sees it and stops the session.
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Run(Base):
@@ -98,3 +123,5 @@ class Execution(Base):
     reservation_id: Mapped[str] = mapped_column(String(64), default="")
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float] = mapped_column(Float, default=0.0)
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)

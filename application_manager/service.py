@@ -17,6 +17,7 @@ import math
 import queue
 import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -27,10 +28,12 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 from sqlalchemy import select as sql_select
+from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
 from application_manager import models as m
+from application_manager import owners
 from application_manager.local import LocalBackend, transient_error
 from application_manager.manifest import Manifest, _get, parse_manifest
 from application_manager.model import Point, pareto, select
@@ -94,6 +97,9 @@ class AppManagerConfig:
     python: str = ""
     # A profiling or execution run is killed after this many seconds unless the request says otherwise.
     run_timeout_s: float = 600.0
+    # How often this process marks the sessions and executions it runs as alive. Other AM processes on the same
+    # database take them as interrupted once their owner is gone: at once on this host, else after 3 of these.
+    heartbeat_s: float = 5.0
 
 
 @dataclass
@@ -161,8 +167,12 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         if config.backend != "local":
             raise ValueError(f"backend {config.backend!r}: the service runs the 'local' back-end "
                              "(the replay back-end is for `harness bench profilers`)")
+        if not (math.isfinite(config.heartbeat_s) and 0 < config.heartbeat_s <= 300):
+            raise ValueError(f"heartbeat_s {config.heartbeat_s!r}: seconds, more than 0 and at most 300")
         self.config = config
         self.clock = clock or WallClock()
+        self.owner = owners.new_owner()
+        self._stale_after = owners.STALE_BEATS * config.heartbeat_s
         self.db = Database(config.database or default_url(config.state_dir, "application-manager"))
         self.db.migrate(MIGRATIONS, "alembic_version_am")
         self.crs = irm_pb2_grpc.ResourceManagerStub(client.channel(config.crs_address))
@@ -179,26 +189,71 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         # The cancellation event of every execution in progress (set on stop), and a condition to wait for them.
         self._executions: set[threading.Event] = set()
         self._executions_done = threading.Condition(self._lock)
-        self._interrupted()
+        self._sweep()
+        self._heartbeat = threading.Thread(target=self._beat_loop, name="am-heartbeat", daemon=True)
+        self._heartbeat.start()
 
-    def _interrupted(self) -> None:
-        """Sessions and executions left running by a previous process ended with it; so do their reservations."""
+    def _gone(self, owner: str | None, heartbeat_at: float | None) -> str | None:
+        return owners.gone(owner, heartbeat_at, me=self.owner, now=time.time(), stale_after=self._stale_after)
+
+    def _end_gone_session(self, s: DbSession, row: m.Session, why: str, left: dict[str, list[str]]) -> None:
+        """Fail `row` (running, its owner gone) unless another process did first; note its runs' request ids."""
+        done = s.execute(sql_update(m.Session).where(
+            m.Session.id == row.id, m.Session.state == "running",
+            m.Session.owner.is_not_distinct_from(row.owner)).values(
+            state="failed", message=why, ended_at=self.clock.now())).rowcount
+        app = s.get(m.Application, row.application_id) if done else None
+        if app is not None:
+            # Every run of the session: am-<session>-<n>.
+            left.setdefault(app.tenant, []).append(reservation_request_id(row.id, 0).removesuffix("0"))
+
+    def _sweep(self) -> None:
+        """Sessions and executions whose AM process is gone (`owners.gone`) end as interrupted, and the
+        reservations their runs left are released."""
         left: dict[str, list[str]] = {}     # tenant -> request ids (a session's: a prefix) its runs reserved under
 
         def fix(s) -> None:  # type: ignore[no-untyped-def]
             left.clear()
-            for row in s.scalars(sql_select(m.Session).where(m.Session.state == "running")):
-                row.state, row.message, row.ended_at = "failed", "interrupted: the service restarted", self.clock.now()
-                app = s.get(m.Application, row.application_id)
-                if app is not None:
-                    # Every run of the session: am-<session>-<n>.
-                    left.setdefault(app.tenant, []).append(reservation_request_id(row.id, 0).removesuffix("0"))
-            for row in s.scalars(sql_select(m.Execution).where(m.Execution.state == "running")):
-                row.state, row.error, row.ended_at = "failed", "interrupted: the service restarted", self.clock.now()
-                left.setdefault(row.tenant, []).append(reservation_request_id(row.id))
+            for row in s.scalars(sql_select(m.Session).where(m.Session.state == "running")).all():
+                if (why := self._gone(row.owner, row.heartbeat_at)) is not None:
+                    self._end_gone_session(s, row, why, left)
+            for row in s.scalars(sql_select(m.Execution).where(m.Execution.state == "running")).all():
+                if (why := self._gone(row.owner, row.heartbeat_at)) is None:
+                    continue
+                done = s.execute(sql_update(m.Execution).where(
+                    m.Execution.id == row.id, m.Execution.state == "running",
+                    m.Execution.owner.is_not_distinct_from(row.owner)).values(
+                    state="failed", error=why, ended_at=self.clock.now())).rowcount
+                if done:
+                    left.setdefault(row.tenant, []).append(reservation_request_id(row.id))
         self.db.transact(fix)
         for tenant, request_ids in left.items():
             self._release_left(tenant, request_ids)
+
+    def _beat(self) -> None:
+        """Mark this process's running rows alive; stop the sessions another process was asked to stop."""
+        me, now = str(self.owner), time.time()
+
+        def go(s) -> list[str]:  # type: ignore[no-untyped-def]
+            s.execute(sql_update(m.Session).where(m.Session.owner == me, m.Session.state == "running")
+                      .values(heartbeat_at=now))
+            s.execute(sql_update(m.Execution).where(m.Execution.owner == me, m.Execution.state == "running")
+                      .values(heartbeat_at=now))
+            return list(s.scalars(sql_select(m.Session.id).where(
+                m.Session.owner == me, m.Session.state == "running", m.Session.stop_requested.is_(True))))
+        for sid in self.db.transact(go):
+            runner = self._sessions.get(sid)
+            if runner is not None and not runner.stop.is_set():
+                log.info("stopping a session as asked through another AM process", extra={"session": sid})
+                runner.stop.set()
+
+    def _beat_loop(self) -> None:
+        while not self._shutdown.wait(self.config.heartbeat_s):
+            try:
+                self._beat()
+                self._sweep()
+            except Exception:  # noqa: BLE001 - a database hiccup: the next beat tries again
+                log.exception("heartbeat failed", extra={"owner": str(self.owner)})
 
     def _release_left(self, tenant: str, request_ids: list[str]) -> None:
         """Release the tenant's active reservations whose request id is one of `request_ids` (an execution's) or
@@ -231,6 +286,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
     def stop(self) -> None:
         """Cancel what runs (each run stops its modules and releases its reservation), wait for it, close."""
         self._shutdown.set()
+        self._heartbeat.join(timeout=SHUTDOWN_WAIT_S)
         with self._lock:
             for ev in self._executions:
                 ev.set()
@@ -538,8 +594,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                             max_runs=max_runs, spent=0.0, message="",
                             params={"max_cost": request.max_cost, "max_duration_s": request.max_duration_s,
                                     "seed": request.seed, "warm_start": request.warm_start},
-                            started_at=self.clock.now(), ended_at=0.0)
-            self.db.transact(lambda s: s.add(row))
+                            started_at=self.clock.now(), ended_at=0.0, owner=str(self.owner),
+                            heartbeat_at=time.time())
+            self._add_session(row)
             self._sessions[sid] = runner
             runner.thread = threading.Thread(target=self._profile, name=f"profile-{sid}", daemon=True,
                                              args=(loaded, row, request, runner))
@@ -559,6 +616,31 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             yield event
             if final:
                 return
+
+    def _add_session(self, row: m.Session) -> None:
+        """Insert `row` unless a session runs on its application in any AM process (one whose owner is gone
+        ends as interrupted first)."""
+        left: dict[str, list[str]] = {}
+
+        def add(s) -> None:  # type: ignore[no-untyped-def]
+            left.clear()
+            other = s.scalars(sql_select(m.Session).where(m.Session.application_id == row.application_id,
+                                                          m.Session.state == "running")).first()
+            if other is not None:
+                why = self._gone(other.owner, other.heartbeat_at)
+                if why is None:
+                    raise FailedPrecondition(f"application {row.application_id} is being profiled by session "
+                                             f"{other.id} (in AM process {other.owner}); stop it first")
+                self._end_gone_session(s, other, why, left)
+            s.add(row)
+        try:
+            self.db.transact(add)
+        except IntegrityError:
+            # Another AM process started one between our look and our insert (the index allows one running).
+            raise FailedPrecondition(f"application {row.application_id} is being profiled by a session of "
+                                     "another AM process; stop it first") from None
+        for tenant, request_ids in left.items():
+            self._release_left(tenant, request_ids)
 
     def _profile(self, loaded: Loaded, row: m.Session, request, runner: SessionRunner) -> None:  # type: ignore[no-untyped-def]
         sid = row.id
@@ -640,16 +722,28 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             raise NotFound(f"no profiling session {request.session_id}")
         owned(tenant, app.tenant, f"session {request.session_id}")
         runner = self._sessions.get(row.id)
+        elsewhere = ""
         if runner is not None:
             # The run in progress is cancelled through the stop flag: waiting a moment lets it end STOPPED in
             # this answer; a run slow to stop (its program ignoring the kill) does not hold the call.
             runner.stop.set()
             runner.done.wait(timeout=STOP_ANSWER_S)
+        elif row.state == "running":
+            if self._gone(row.owner, row.heartbeat_at) is not None:
+                self._sweep()           # its process is gone: it ends now, what it reserved released
+            else:
+                # Run by another AM process: its heartbeat sees the request and stops it.
+                def ask(s) -> None:  # type: ignore[no-untyped-def]
+                    s.execute(sql_update(m.Session).where(m.Session.id == row.id, m.Session.state == "running")
+                              .values(stop_requested=True))
+                self.db.transact(ask)
+                elsewhere = (f" by the AM process running it ({row.owner}) within {self.config.heartbeat_s:g} s "
+                             "of now")
         with self.db.read() as s:
             out = self._session_pb(s.get(m.Session, request.session_id))
         if out.state == pb.ProfilingSession.STATE_RUNNING:
-            out.message = ("stopping: the run in progress is being cancelled (its reservation released); the "
-                           "session ends STOPPED shortly (GetModel shows it)")
+            out.message = (f"stopping: the run in progress is being cancelled{elsewhere} (its reservation "
+                           "released); the session ends STOPPED shortly (GetModel shows it)")
         return out
 
     # -- execution -------------------------------------------------------------------
@@ -693,7 +787,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         row = m.Execution(id=f"exec-{uuid.uuid4().hex[:12]}", application_id=loaded.app.id, tenant=tenant,
                           request_id=request.request_id or None, state="running", config=chosen.config,
                           slo=slo.describe(), predicted_time_s=chosen.time_s, predicted_cost=chosen.cost,
-                          started_at=self.clock.now())
+                          started_at=self.clock.now(), owner=str(self.owner), heartbeat_at=time.time())
         earlier = self._add_once(request.request_id, lambda: self._prior_execution(tenant, request.request_id),
                                  lambda s: s.add(row))
         if earlier is not None:
