@@ -13,7 +13,7 @@ from application_manager.owners import Owner, gone
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import irm_pb2
 from tests.conftest import eventually
-from tests.unit.test_am_stop_s9 import _am, _Crs, _Ctx, _Held, _submit
+from tests.unit.test_am_stop import _am, _Crs, _Ctx, _Held, _submit
 
 ME = Owner("node-a", 100, "aaaa1111")
 NOW = 1_000.0
