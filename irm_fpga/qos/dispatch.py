@@ -57,6 +57,13 @@ class Scheduler:
         if self.budget_s is not None and not self.budget_s >= 0:
             raise ValueError(f"budget_s must be >= 0 seconds or None (got {self.budget_s!r})")
 
+    @property
+    def wakes(self) -> bool:
+        """Whether it must decide again at the start deadline of a job it left waiting (`hy.wake_time`): the
+        lookahead may wait with devices free for a sampled arrival, and nothing else would come before the
+        job turns late if that arrival does not."""
+        return self.lookahead > 0
+
 
 @dataclass(frozen=True)
 class Decision:

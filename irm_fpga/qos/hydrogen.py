@@ -277,14 +277,17 @@ def forecast_arrivals(history: Sequence[HJob], now: float, count: int, *, span: 
 
 def project(alg: Callable[..., Allocation], name: str, queue: Sequence[HJob], now: float,
             running_ends: Sequence[tuple[float, int]], pool: int, window: int, cost: Cost,
-            expected: Sequence[HJob] = (), available: int | None = None) -> Projection:
+            expected: Sequence[HJob] = (), available: int | None = None,
+            wake_late_after: float | None = None) -> Projection:
     """Schedule of the first `window` queued jobs, and of `expected` arrivals, if `alg` keeps deciding.
 
     Events are the running jobs' ends and the expected arrivals; an expected
     job joins the ready queue (after the queued ones) when it arrives.
     `available` (default: pool minus the running jobs) caps the decision now
     (the allocation returned); the projection then goes on from the same
-    instant with every device not running a job.
+    instant with every device not running a job. `wake_late_after`: the
+    scheduler also decides at each waiting job's start deadline
+    (`wake_time`), as one that wakes for a job it held does.
     """
     pending = list(queue[:window])
     future = sorted(expected, key=lambda j: (j.arrival, j.job_id))
@@ -319,9 +322,10 @@ def project(alg: Callable[..., Allocation], name: str, queue: Sequence[HJob], no
             break
         if capped:                    # devices of jobs ending now: the projection may use them at once
             continue
-        if not busy and not future:   # nothing running, nothing coming, nothing fits: the rest cannot start
+        wake = math.inf if wake_late_after is None else wake_time(pending, t, wake_late_after) or math.inf
+        if not busy and not future and wake == math.inf:   # nothing running, coming or due: the rest never starts
             break
-        t = min(busy[0][0] if busy else math.inf, future[0].arrival if future else math.inf)
+        t = min(busy[0][0] if busy else math.inf, future[0].arrival if future else math.inf, wake)
     # A schedule that leaves some of the window's jobs unstarted never finishes them all.
     makespan = math.inf if pending else max(finishes.values(), default=now) - now
     return Projection(name, first or [], starts, finishes, makespan)
@@ -476,6 +480,18 @@ DEADLINE_EPS = 1e-9
 def start_deadline(job: HJob, late_after: float = LATE_AFTER_S) -> float:
     """The latest start that is not late (seed 001 §VI: waiting more than `late_after` s is late)."""
     return job.arrival + late_after
+
+
+WAKE_EARLY_S = 1e-6     # a wake at a start deadline comes this much before it (a start at the wake is on time)
+
+
+def wake_time(jobs: Sequence[HJob], now: float, late_after: float = LATE_AFTER_S,
+              early: float = WAKE_EARLY_S) -> float | None:
+    """When a scheduler that held `jobs` back must decide again: `early` s before the first start deadline
+    still ahead of `now` (None: none is). A decision to wait with devices free (the lookahead's) is otherwise
+    looked at again only when something arrives or ends, maybe after the job has turned late."""
+    due = [t for j in jobs if (t := start_deadline(j, late_after) - early) > now]
+    return min(due, default=None)
 
 
 @functools.lru_cache(maxsize=64)      # the signature check per call had slowed the simulator by 13 %

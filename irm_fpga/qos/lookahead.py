@@ -182,7 +182,7 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
         shown: Projection | None = None
         for fut in futures:
             proj = project(_then(step, now, base), "lookahead", head, now, running_ends, pool, window, cost,
-                           fut, available)
+                           fut, available, wake_late_after=late_after)
             shown = shown or proj
             neg_late, neg_never, neg_waits, neg_ends = deadline_score(proj, [*head, *fut], late_after)
             late -= neg_late

@@ -248,7 +248,10 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
     repeat, and decisions between two arrivals see the same futures).
 
     Every decision is `irm_fpga.qos.dispatch.decide`, the call the FPGA IRM's job
-    manager makes live under a Hydrogen policy.
+    manager makes live under a Hydrogen policy. A scheduler that may hold a
+    job back with devices free (`Scheduler.wakes`: the lookahead) also
+    decides at the next start deadline of a job it left waiting
+    (`hy.wake_time`), as the live manager does.
 
     `trace`, if given, gets one (job, start, devices, seconds) per dispatch.
 
@@ -262,7 +265,7 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
                                    elasticity=elasticity and algorithm in MANAGED_MODES, beta=beta,
                                    pool_min=pool_min, forecast=forecast, lookahead=lookahead, seed=seed,
                                    algorithms=algorithms)
-    events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival, seq, payload)
+    events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival 2=wake, seq, payload)
     seq = 0
     for j in jobs:
         heapq.heappush(events, (j.arrival, 1, seq, j))
@@ -288,6 +291,8 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
         last = now
         while events and events[0][0] <= now:
             _, kind, _, payload = heapq.heappop(events)
+            if kind == 2:
+                continue                # a held job's start deadline: a decision, nothing else
             if kind == 0:
                 job, n, took = payload
                 running.pop(job.job_id)
@@ -330,6 +335,9 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
             heapq.heappush(events, (end, 0, seq, (job, n, took)))
             seq += 1
         queue = [q for q in queue if q.job_id not in picked]
+        if scheduler.wakes and (wake := hy.wake_time(queue, now, late_after)) is not None:
+            heapq.heappush(events, (wake, 2, seq, None))
+            seq += 1
     provisioned += max(pool, sum(n for _, n in running.values())) * (sc.duration - last)
     late = sum(1 for w in waits if w > late_after) + sum(1 for q in queue if sc.duration - q.arrival > late_after)
     return HydrogenMetrics(W_T=sum(waits) / len(waits) if waits else 0.0,

@@ -190,3 +190,38 @@ def test_a_job_wider_than_the_largest_pool_waits_without_blocking_the_queue(name
     small = HJob("small", 0.5, 1.0, 1, 1)
     d = dispatch.decide(dispatch.scheduler_for(name), [wide, small], now=1.0, pool=6, pool_max=6)
     assert d.allocation == [("small", 1)]
+
+
+def test_a_held_job_is_decided_again_at_its_start_deadline_in_projections_and_in_the_simulator(monkeypatch):
+    from irm_fpga.qos import hydrogen as hy
+    from irm_fpga.qos import lookahead as la
+
+    a = HJob("a", 0.0, 1.0)
+    assert hy.wake_time([a, HJob("b", 0.3, 1.0)], 0.5) == pytest.approx(1.0 - hy.WAKE_EARLY_S)
+    assert hy.wake_time([a], 1.0) is None                          # its deadline has passed: nothing to wake for
+    # Held now with a device free and nothing else to come: without a wake it never starts in the projection;
+    # with one it starts just before its deadline, on time.
+    first_wait = la._then([], 0.0, hy.slack_amap)
+    assert "a" not in hy.project(first_wait, "x", [a], 0.0, [], 1, 30, linear_cost).starts
+    woken = hy.project(la._then([], 0.0, hy.slack_amap), "x", [a], 0.0, [], 1, 30, linear_cost, wake_late_after=1.0)
+    assert woken.starts["a"] == pytest.approx(1.0 - hy.WAKE_EARLY_S)
+
+    # The simulator: a lookahead that waits at a job's arrival decides again at its deadline (with no other
+    # event before it, the job would start at the next arrival, 5 s later: late).
+    seen: list[float] = []
+
+    def waits_once_per_job(queue, available, window, cost=linear_cost, *, now, **kw):  # noqa: ANN001, ANN202
+        seen.append(now)
+        job = queue[0]
+        go = [] if now == job.arrival else [(job.job_id, 1)]
+        return hy.Projection("lookahead", go, {}, {}, 0.0)
+    monkeypatch.setattr(la, "lookahead_schedule", waits_once_per_job)
+    sc = Scenario("slow", (JobType("j", 0.5, 1, 1, 1.0),), rate=0.2, duration=12.0, strategy=hy.COMPLETION_TIME,
+                  pool=1, spread=0.0)
+    trace: list = []
+    r = run_hydrogen(sc, "managed_deadline", 0, lookahead=2, trace=trace)
+    assert r.N_L == 0 and len(trace) == 2 and len(seen) == 4       # each job: its arrival, its wake
+    for job, start, _, _ in trace:
+        assert start == pytest.approx(job.arrival + 1.0 - hy.WAKE_EARLY_S)
+    # Without lookahead the scheduler never waits on purpose: no wake events.
+    assert not run_hydrogen(sc, "managed_deadline", 0).N_L
