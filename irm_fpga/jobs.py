@@ -62,6 +62,7 @@ import logging
 import math
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -118,6 +119,8 @@ MIN_ACTION_S, MAX_ACTION_S = 1e-6, 1e6   # a job's own estimate of that: a micro
 # the CRS's calls and health checks share.
 MAX_WATCHES = 16
 LOAD_WAIT_S = 10.0              # a request that comes while the manager loads waits this long, then UNAVAILABLE
+MAX_CONTROL_PERIOD_S = 86400.0  # a longer period is a typo (and overflows the thread's wait)
+WAKE_MARGIN_S = 0.1             # a wake for a held job comes this much (plus the decision's budget) before its limit
 
 
 @dataclass
@@ -176,8 +179,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # unchanged decides nothing, as the simulator decides on arrivals and ends only (a timer round that
         # re-ran Algorithm 3 walked the pool up and down with nothing arriving or ending).
         self._decided: tuple | None = None
-        if not self.config.control_period_s > 0:
-            raise ValueError("job manager configuration: control_period_s must be > 0")
+        # Hydrogen (`Scheduler.wakes`): when the last decision held back a job it could have started, the clock
+        # time to decide again, before that job's start limit (the simulator's wake, `hy.wake_time`).
+        self._wake_at: float | None = None
+        if not 0 < self.config.control_period_s <= MAX_CONTROL_PERIOD_S:
+            raise ValueError(f"job manager configuration: control_period_s must be > 0 and at most "
+                             f"{MAX_CONTROL_PERIOD_S:g} seconds (got {self.config.control_period_s!r})")
         if not 0.0 <= self.config.alpha <= 1.0:
             raise ValueError("job manager configuration: alpha must be in [0, 1]")
         self.orch = orchestrator
@@ -289,11 +296,33 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.config.control_period_s):
+        period = self.config.control_period_s
+        next_round = time.monotonic() + period
+        while True:
+            wait = next_round - time.monotonic()
+            wake = self._wake_at
+            if wake is not None:
+                wait = min(wait, wake - self.clock.now())
+            if self._stop.wait(max(0.0, wait)):
+                return
             try:
-                self.control_once()
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + period
+                    self.control_once()
+                else:
+                    self.wake_once()
             except Exception:  # noqa: BLE001 - the loop must survive a bad round
                 log.exception("job control round failed")
+
+    def wake_once(self) -> None:
+        """Decide again if a held job's wake is due (`_wake_at`), whatever changed since the last decision."""
+        with self.lock:
+            now = self.clock.now()
+            if self.scheduler is None or self._wake_at is None or now < self._wake_at:
+                return
+            self._wake_at = None
+            self._decided = None
+            self._dispatch(now)
 
     # -- state -------------------------------------------------------------
     def _active(self) -> list[FpgaJob]:
@@ -381,9 +410,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                          for server, n in (g.parts or {}).items() if server in caps)
         return broker_max(sum(caps.values()), reserved=others)
 
-    def _pool_if_known(self, active: list[FpgaJob]) -> int | None:
-        """`_pool`, or None while a server holding part of an active job's group does not answer: its devices
-        would count as gone and every job shrink (the next round, once it answers, decides again)."""
+    def _answering(self, active: list[FpgaJob]) -> tuple[dict[str, int], list[str]]:
+        """Usable devices per server that answers, and the servers holding active jobs' groups that have not
+        answered for less than `silent_server_s` (decisions wait for them). A server's silence is timed from
+        the first call here that misses it: call it every round, not only when there is something to decide."""
         caps = self.orch._free_total_capacity()
         with self.db.read() as s:
             held = {n for r in active if r.group_id for g in [s.get(Group, r.group_id)] if g for n in (g.parts or {})}
@@ -391,14 +421,28 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         now = self.clock.now()
         self._silent_since = {n: self._silent_since.get(n, now) for n in missing}
         waiting = [n for n in missing if now - self._silent_since[n] < self.config.silent_server_s]
+        if missing and not waiting:
+            log.warning("servers holding job groups silent for longer than silent_server_s: deciding without "
+                        "their devices", extra={"servers": missing, "silent_server_s": self.config.silent_server_s})
+        return caps, waiting
+
+    def _pool_if_known(self, active: list[FpgaJob]) -> int | None:
+        """`_pool`, or None while a server holding part of an active job's group does not answer: its devices
+        would count as gone and every job shrink (the next round, once it answers, decides again)."""
+        caps, waiting = self._answering(active)
         if waiting:
             log.warning("job allocation skipped: servers holding job groups did not answer",
                         extra={"servers": waiting})
             return None
-        if missing:
-            log.warning("servers holding job groups silent for longer than silent_server_s: deciding without "
-                        "their devices", extra={"servers": missing, "silent_server_s": self.config.silent_server_s})
         return self._pool(active, caps)
+
+    def _live_devices(self, active: list[FpgaJob], caps: dict[str, int]) -> dict[str, int]:
+        """Each active job's devices on the servers in `caps` (those that answer): a server taken as gone took
+        its part of a job's group with it, and those devices are out of the pool already."""
+        with self.db.read() as s:
+            groups = {r.id: s.get(Group, r.group_id) if r.group_id else None for r in active}
+        return {r.id: r.devices if (g := groups[r.id]) is None or not g.parts
+                else sum(n for server, n in g.parts.items() if server in caps) for r in active}
 
     # -- applying decisions ------------------------------------------------
     def _resize(self, row: FpgaJob, n: int, now: float) -> FpgaJob:
@@ -453,19 +497,25 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """
         assert self.scheduler is not None
         queued = self._queued()
+        running = self._active()
+        if not queued and not running:
+            return
+        caps, waiting = self._answering(running)    # every round: silences are timed from when they began
         if not queued:
             return
-        running = self._active()
-        known = self._pool_if_known(running)
-        if known is None:
+        if waiting:
+            log.warning("job dispatch skipped: servers holding job groups did not answer",
+                        extra={"servers": waiting})
             return
-        hi = self._hydrogen_max(running, known)
+        live = self._live_devices(running, caps)
+        hi = self._hydrogen_max(running, self._pool(running, caps))
+        running = [r for r in running if live[r.id] > 0]
         if hi < 1:
             return
         # A job turning late is an event too: a policy that chose to wait for an arrival that never came
         # decides again then, not only when something arrives or ends.
         late = tuple(r.id for r in queued if now > r.registered_at + self.config.late_after_s)
-        inputs = (tuple(r.id for r in queued), tuple((r.id, r.devices) for r in running), hi, late)
+        inputs = (tuple(r.id for r in queued), tuple((r.id, live[r.id]) for r in running), hi, late)
         if inputs == self._decided:
             return
         pool = self._provisioned(hi)
@@ -473,7 +523,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         for r in running:
             job = self._hjob(r, hi)
             start = r.allocations[0][0] if r.allocations else r.registered_at
-            run.append(hy.RunningJob(job, max(now, start + self.cost(job, max(1, r.devices))), r.devices))
+            run.append(hy.RunningJob(job, max(now, start + self.cost(job, max(1, r.devices))), live[r.id]))
         with self.db.read() as s:
             recent = list(s.scalars(select(FpgaJob).where(FpgaJob.goal == DEADLINE,
                                                           FpgaJob.registered_at >= now - hy.FORECAST_SPAN_S)))
@@ -489,6 +539,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._save_pool(d.pool, now)
         by_id = {r.id: r for r in queued}
         started = [self._start(by_id[job_id], n, now) for job_id, n in d.allocation]
+        if self.scheduler.wakes:
+            picked = {job_id for job_id, _ in d.allocation}
+            held = [self._hjob(r, hi) for r in queued if r.id not in picked]
+            early = (self.scheduler.budget_s or 0.0) + WAKE_MARGIN_S
+            self._wake_at = hy.wake_time(held, now, self.config.late_after_s, early=early)
         # The next round decides again when a dispatch the Orchestrator refused left its job queued, or when the
         # pool grew while jobs still wait (the paper's Algorithm 3 grows one device a decision: a job wider than
         # the pool needs several in a row, with no event between them).

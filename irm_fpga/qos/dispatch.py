@@ -113,10 +113,15 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
     ends = [(r.end, r.devices) for r in running]
     if s.algorithm not in MANAGED_MODES:
         alg = hy.with_late_after(plugins.single_algorithm(s.algorithm), s.late_after)
-        picked = alg(queue, free, s.window, cost, now=now)
-        if s.algorithm not in SINGLE_ALGORITHMS:        # a plug-in's answer is checked before anyone acts on it
-            picked = plugins.check_allocation(s.algorithm, picked, queue, s.window, free)
-        return Decision(picked, "", pool)
+        if s.algorithm in SINGLE_ALGORITHMS:
+            return Decision(alg(queue, free, s.window, cost, now=now), "", pool)
+        # A plug-in's answer is checked before anyone acts on it, against the queue as it was before the call:
+        # it gets a copy, so one that sorts or pops the list it is given cannot move the window it is checked by.
+        try:
+            picked = alg(list(queue), free, s.window, cost, now=now)
+        except SystemExit as e:         # a plug-in's exit() must not end the caller's thread
+            raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} called exit({e.code!r})") from None
+        return Decision(plugins.check_allocation(s.algorithm, picked, queue, s.window, free), "", pool)
     if s.algorithm == "managed_deadline":
         algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms
         schedule = None

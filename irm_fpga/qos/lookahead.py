@@ -163,10 +163,11 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
     Returns the chosen step's projection on the first future (its
     `allocation` is the dispatch now; its `algorithm` is "lookahead").
 
-    `stop_at` (a `clock()` time; None: no limit) bounds the search: once
-    it has passed, no further first step is tried, except that the step
-    `base` itself would take now is always weighed, so a cut-short search
-    is never worse (in its own projections) than `base` alone.
+    `stop_at` (a `clock()` time; None: no limit) bounds the search: the
+    step `base` itself would take now is weighed first (and wins ties),
+    then first steps in order until it has passed, so a cut-short search
+    is never worse (in its own projections) than `base` alone, and waiting
+    is chosen only if it was weighed and found strictly better.
     """
     if pool is None:
         pool = available + sum(n for _, n in running_ends)
@@ -192,15 +193,17 @@ def lookahead_schedule(queue: Sequence[HJob], available: int, window: int, cost:
         if best_key is None or key > best_key:
             best, best_key = shown, key
 
-    tried: list[Allocation] = []
-    for step in iter_first_steps(head, available, now, late_after):
-        weigh(step)
-        tried.append(step)
-        if stop_at is not None and clock() >= stop_at:
-            fallback = base(head, available, window, cost, now=now)
-            if sorted(fallback) not in (sorted(t) for t in tried):
-                weigh(fallback)
-            break
+    if stop_at is None:
+        for step in iter_first_steps(head, available, now, late_after):
+            weigh(step)
+    else:
+        first = base(head, available, window, cost, now=now)
+        weigh(first)
+        for step in iter_first_steps(head, available, now, late_after):
+            if clock() >= stop_at:
+                break
+            if sorted(step) != sorted(first):
+                weigh(step)
     assert best is not None
     return best
 

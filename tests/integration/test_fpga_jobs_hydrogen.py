@@ -136,7 +136,10 @@ def test_unknown_hydrogen_settings_fail_at_start_up(irm_factory):
     for cfg, match in [(JobsConfig(policy="fcfs_fastest"), "unknown policy 'fcfs_fastest'"),
                        (JobsConfig(policy="fcfs_min", pool_min=3, pool_max=2), "pool_min <= pool_max"),
                        (JobsConfig(policy="managed_deadline", window=0), "window >= 1"),
-                       (JobsConfig(policy="managed_lookahead", lookahead_budget_s=-1.0), "lookahead_budget_s")]:
+                       (JobsConfig(policy="managed_lookahead", lookahead_budget_s=-1.0), "lookahead_budget_s"),
+                       # A period beyond a day is a typo; 1e10 s overflowed the control thread's wait and killed it.
+                       (JobsConfig(policy="fcfs_min", control_period_s=1e10), "at most 86400 seconds"),
+                       (JobsConfig(policy="edf", control_period_s=float("nan")), "control_period_s must be")]:
         with pytest.raises(ValueError, match=match):
             JobManager(irm.orch, cfg)
     # The live lookahead's search budget reaches the scheduler (the simulator's has none).
@@ -526,6 +529,59 @@ def test_a_server_silent_for_longer_than_the_bound_is_taken_as_gone(irm_factory)
     irm.clock.advance(2.0)
     irm.manager.control_once()             # 31 s of silence: s1's devices are gone, s2's 2 serve the queue
     assert irm.job(b.id).state == ACTIVE and irm.job(a.id).state == ACTIVE
+
+
+@pytest.mark.parametrize("policy", ["fcfs_min", "managed_deadline"])
+def test_the_jobs_of_a_server_taken_as_gone_hold_none_of_the_answering_servers_devices(irm_factory, policy):
+    irm = irm_factory(policy, silent_server_s=30.0)
+    a = irm.register("a", min_devices=1, max_devices=1, action_seconds=100.0, **deadline(1000.0, 10))
+    assert irm.job(a.id).state == ACTIVE
+    irm.orch.servers = {"s1": irm.server, "s2": irm.server}
+    irm.orch.capacity = {"s2": 2}          # s1, holding a's group, gone for good; s2 has 2 devices
+    b = irm.register("b", min_devices=2, max_devices=2, action_seconds=1.0, **deadline(1000.0, 10))
+    irm.clock.advance(31.0)
+    irm.manager.control_once()             # s1 taken as gone: a's device went with it, s2's 2 are b's
+    assert irm.job(b.id).state == ACTIVE and irm.job(b.id).devices == 2
+
+
+def test_a_servers_silence_is_timed_from_when_it_began_even_with_nothing_queued(irm_factory):
+    irm = irm_factory("fcfs_min", silent_server_s=30.0)
+    irm.register("a", min_devices=1, max_devices=1, action_seconds=100.0, **deadline(1000.0, 10))
+    irm.orch.servers = {"s1": irm.server, "s2": irm.server}
+    irm.orch.capacity = {"s2": 2}          # s1, holding a's group, silent from now on
+    for _ in range(4):                     # 40 s of rounds with nothing queued: s1 silent all along
+        irm.clock.advance(10.0)
+        irm.manager.control_once()
+    b = irm.register("b", min_devices=1, max_devices=1, action_seconds=1.0, **deadline(1000.0, 10))
+    assert irm.job(b.id).state == ACTIVE   # silent 40 s > 30 s: gone, b is not held another 30 s
+
+
+def test_a_lookahead_that_holds_a_job_decides_again_before_its_start_limit(irm_factory, monkeypatch):
+    from irm_fpga.qos import hydrogen as hy
+    from irm_fpga.qos import lookahead as la
+
+    real = la.lookahead_schedule
+    calls: list[float] = []
+
+    def holds_at_first(queue, available, window, cost=hy.linear_cost, *, now, **kw):  # noqa: ANN001, ANN202
+        calls.append(now)
+        if len(calls) == 1:     # wait for an arrival that never comes, every device free
+            return hy.Projection("lookahead", [], {}, {}, 0.0)
+        return real(queue, available, window, cost, now=now, **kw)
+    monkeypatch.setattr(la, "lookahead_schedule", holds_at_first)
+    irm = irm_factory("managed_lookahead", lookahead_budget_s=0.1)
+    j = irm.register("j", action_seconds=1.0, **deadline(100.0, 40))
+    assert irm.job(j.id).state == QUEUED
+    wake = irm.manager._wake_at
+    assert wake == pytest.approx(irm.job(j.id).registered_at + 1.0 - 0.1 - 0.1)
+    irm.clock.advance(0.5)
+    irm.manager.wake_once()                # not due yet: nothing decided
+    assert irm.job(j.id).state == QUEUED and len(calls) == 1
+    irm.clock.advance(0.3)
+    irm.manager.wake_once()                # due, nothing else happened: decided again, on time
+    got = irm.job(j.id)
+    assert got.state == ACTIVE and got.allocations[0][0] - got.registered_at <= 1.0
+    assert irm.manager._wake_at is None
 
 
 def test_a_queued_job_wider_than_the_pool_holds_back_no_one(irm_factory):

@@ -120,19 +120,24 @@ def _counting_projections(monkeypatch) -> list[int]:
     return calls
 
 
-def test_a_search_cut_short_weighs_waiting_and_the_base_step_and_keeps_the_better(monkeypatch):
+def test_a_search_cut_short_weighs_the_base_step_first(monkeypatch):
     from irm_fpga.qos.hydrogen import slack_amap
 
     q = [HJob(f"j{i}", 0.1 * i, 2.0, 1, 3) for i in range(6)]
     calls = _counting_projections(monkeypatch)
     full = lookahead_schedule(q, 4, 30, now=0.6, pool=4)
     assert calls[0] == len(first_steps(q, 4, 0.6)) > 2
-    # The deadline passed before the first step was weighed: only waiting (the first step) and what slack_amap
-    # would start now are weighed, and starting beats waiting.
+    # The deadline passed before the search began: only what slack_amap would start now is weighed (not
+    # waiting: live, a wait nobody weighed against anything held the queue with every device free).
     calls[0] = 0
     cut = lookahead_schedule(q, 4, 30, now=0.6, pool=4, stop_at=5.0, clock=lambda: 5.0)
-    assert calls[0] == 2
+    assert calls[0] == 1
     assert cut.allocation == slack_amap(q, 4, 30, now=0.6) != []
+    # Each first step the search reaches is weighed once (the base's is not weighed again).
+    ticks = iter(range(100))
+    calls[0] = 0
+    lookahead_schedule(q, 4, 30, now=0.6, pool=4, stop_at=3, clock=lambda: next(ticks))
+    assert calls[0] == 1 + 3
     # A deadline the search never reaches changes nothing.
     calls[0] = 0
     later = lookahead_schedule(q, 4, 30, now=0.6, pool=4, stop_at=5.0, clock=lambda: 4.0)

@@ -103,6 +103,48 @@ def test_a_plug_ins_answer_is_checked_before_it_is_acted_on():
     assert check_allocation(name, [], QUEUE, 3, 0) == []
 
 
+def pops(queue, available, window, cost, *, now=0.0):
+    """FCFS at the minimum written as a consumer: pops what it starts from the list it is given."""
+    out = []
+    while queue and available >= queue[0].min_devices:
+        job = queue.pop(0)
+        out.append((job.job_id, job.min_devices))
+        available -= job.min_devices
+    return out
+
+
+def sorts_in_place(queue, available, window, cost, *, now=0.0):
+    """Longest first, by sorting the list it is given: its window is then another one."""
+    queue.sort(key=lambda j: -j.default_time)
+    return [(j.job_id, j.min_devices) for j in queue[:window]][:1]
+
+
+def adds_its_own(queue, available, window, cost, *, now=0.0):
+    queue.append(HJob("ghost", 0.0, 1.0))
+    return [("ghost", 1)]
+
+
+def exits(queue, available, window, cost, *, now=0.0):
+    raise SystemExit(3)
+
+
+def test_a_plug_in_that_changes_the_queue_it_is_given_is_checked_against_the_queue_as_it_was():
+    def decide(name: str, window: int = 3) -> list:
+        s = dispatch.scheduler_for(f"tests.unit.test_qos_plugins:{name}", window=window)
+        queue = list(QUEUE)
+        try:
+            return dispatch.decide(s, queue, now=0.3, pool=3, pool_max=4).allocation
+        finally:
+            assert queue == QUEUE                     # the caller's queue is never changed
+    assert decide("pops") == [("short", 1), ("long", 2)]
+    with pytest.raises(PolicyError, match="'long', which is not among the first 1"):
+        decide("sorts_in_place", window=1)           # 'long' is second in arrival order: outside the window
+    with pytest.raises(PolicyError, match="'ghost', which is not among"):
+        decide("adds_its_own")
+    with pytest.raises(PolicyError, match=r"called exit\(3\)"):
+        decide("exits")
+
+
 def test_built_ins_are_not_shadowed():
     assert single_algorithm("sjtf") is get_policy("sjtf")
     assert longest_first(QUEUE, 0, 3, linear_cost) == []
