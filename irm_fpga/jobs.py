@@ -79,7 +79,7 @@ from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, THROUGHPUT, JobProgress, QosJob
-from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS, is_scheduling
+from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS, canonical, is_scheduling
 from irm_fpga.qos.throughput import (
     DEFAULT_ALPHA,
     ControllerState,
@@ -242,7 +242,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             saved = {c.job_id: c for c in s.scalars(select(FpgaJobController))}
             kept = s.get(FpgaJobPool, 1)
         if self.scheduler is not None and self.scheduler.elasticity and kept is not None \
-                and kept.policy == self.config.policy:
+                and canonical(kept.policy) == canonical(self.config.policy):
             self._pool_size = kept.devices          # `_provisioned` bounds it by today's devices and pool_min
         for row in rows:
             c = saved.get(row.id)

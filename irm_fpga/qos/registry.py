@@ -35,6 +35,14 @@ SCHEDULING_ALGORITHMS: dict[str, Callable] = {
 }
 
 
+# Names of one policy: what one sized (the elastic pool) is kept when restarted under the other.
+ALIASES = {"managed_paper": "managed"}
+
+
+def canonical(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
 def is_scheduling(name: str) -> bool:
     """Whether `name` names a scheduling algorithm: built in, or a plug-in's name (not loaded here)."""
     return name in SCHEDULING_ALGORITHMS or is_external(name)

@@ -491,6 +491,18 @@ def test_the_elastic_pool_survives_a_restart_under_the_same_policy_only(irm_fact
     assert irm.manager.pool_devices() == DEVICES
 
 
+def test_the_elastic_pool_survives_a_restart_under_another_name_of_the_same_policy(irm_factory):
+    irm = irm_factory("managed")
+    irm.register("a", action_seconds=1.0, **deadline(100.0, 10))
+    irm.clock.advance(5.0)
+    irm.register("b", action_seconds=1.0, **deadline(100.0, 10))
+    pool = irm.manager.pool_devices()
+    assert pool < DEVICES                                    # Algorithm 3 shrank it
+    irm.policy = "managed_paper"
+    irm.restart()
+    assert irm.manager.pool_devices() == pool
+
+
 def test_a_pool_cut_for_a_while_is_not_kept_as_the_elasticity_managers(irm_factory):
     irm = irm_factory("managed_deadline")
     irm.orch.capacity = {"s1": 2}          # for one decision 2 devices are usable (6 blacklisted, then back)
