@@ -82,6 +82,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy.optimize import nnls
 
 SCALE_UP = "Scale Up"
 SCALE_DOWN = "Scale Down"
@@ -153,7 +154,9 @@ class LearnedCostModel:
             return None
         x = np.array([[1.0, 1.0 / r] for r, _ in obs])
         y = np.array([v for _, v in obs])
-        (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+        # Non-negative: live times carry up to a control period of noise, and two noisy points fitted freely
+        # can give b < 0 (more devices predicted slower) or a < 0 (a cost below zero on many devices).
+        (a, b), _ = nnls(x, y)
         self._fit[design] = (float(a), float(b))
         return self._fit[design]
 

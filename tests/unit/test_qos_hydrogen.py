@@ -90,6 +90,13 @@ def test_linear_and_learned_cost():
     for r in (1, 2, 4):
         m2.observe(j, r, 12.0 * (0.2 + 0.8 / r))
     assert m2.coefficients(j.design) == pytest.approx((0.2, 0.8))
+    # Noisy runs that a free least-squares fit reads as "more devices, slower" (12 s per action-share on 1
+    # device, 13 on 2: b = -2): the fit is non-negative, so more devices are never predicted slower.
+    m3 = LearnedCostModel()
+    m3.observe(j, 1, 12.0)
+    m3.observe(j, 2, 13.0)
+    a, b = m3.coefficients(j.design)
+    assert a >= 0 and b >= 0 and m3(j, 2) <= m3(j, 1)
 
 
 def test_managed_mode_picks_by_strategy():
