@@ -215,6 +215,23 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         tenant=args.tenant, reservation_id=args.reservation), timeout=30))
 
 
+class _Stopped(Exception):
+    """`harness run` was told to stop (a signal): the remote command is stopped too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def run_exit_status(exit_code: int) -> int:
+    """The shell's status for the remote command: its code, or 128 + N if signal N killed it."""
+    return 128 + -exit_code if exit_code < 0 else min(exit_code, 255)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2
 
@@ -224,6 +241,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not argv:
         print("harness run: give the command after --", file=sys.stderr)
         return 2
+    # Ctrl-C, a closed terminal or a supervisor's SIGTERM stop the remote command as well: the stream's end
+    # alone leaves it running (the agent keeps it for GetExecution), with no limit unless --timeout was given.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_stopped)
+    stub = None
+    execution = ""
     try:
         res = _irm(args).GetReservation(irm_pb2.GetReservationRequest(tenant=args.tenant,
                                                                       reservation_id=args.reservation), timeout=10)
@@ -234,7 +257,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         vm = vms[0]
         env = dict(args.env or [])
         stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
-        code = 0
+        exited = None
         for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv, env=env,
                                                         timeout_s=args.timeout)):
             kind = ev.WhichOneof("event")
@@ -244,16 +267,36 @@ def cmd_run(args: argparse.Namespace) -> int:
             elif kind == "stderr":
                 sys.stderr.buffer.write(ev.stderr)
                 sys.stderr.flush()
-            elif kind == "started" and ev.started.notes:
-                print("note: " + "; ".join(ev.started.notes), file=sys.stderr)
+            elif kind == "started":
+                execution = ev.started.execution_id
+                if ev.started.notes:
+                    print("note: " + "; ".join(ev.started.notes), file=sys.stderr)
             elif kind == "exited":
-                x = ev.exited
-                code = x.exit_code
+                exited = x = ev.exited
                 print(f"[exit {x.exit_code} after {x.wall_time_s:.2f}s; mean CPU {x.mean_cpu_percent:.0f}%, "
                       f"peak memory {x.peak_memory_mb:.0f} MB{'; ' + x.reason if x.reason else ''}]", file=sys.stderr)
-        return 0 if code == 0 else 1
+        if exited is None:
+            print(f"harness run: the agent ended the stream before execution {execution or '?'} exited",
+                  file=sys.stderr)
+            return 1
+        return run_exit_status(exited.exit_code)
     except grpc.RpcError as e:
         return _fail(e)
+    except (KeyboardInterrupt, _Stopped, BrokenPipeError) as e:
+        if isinstance(e, BrokenPipeError):
+            # Nobody reads our output any more (`| head`): stop writing to it, also at interpreter exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = {KeyboardInterrupt: 128 + signal.SIGINT, BrokenPipeError: 128 + signal.SIGPIPE}.get(
+            type(e), 128 + getattr(e, "signum", 0))
+        if stub is not None and execution:
+            try:
+                stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=args.tenant, execution_id=execution),
+                                   timeout=10)
+                print(f"[stopped execution {execution}]", file=sys.stderr)
+            except grpc.RpcError as err:
+                print(f"harness run: could not stop execution {execution} ({err.code().name}): it may still "
+                      "run; releasing the reservation stops it", file=sys.stderr)
+        return status
 
 
 # -- jobs: the FPGA IRM's QoS job API (harness.v1.FpgaJobs) ------------------------------------

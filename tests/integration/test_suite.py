@@ -14,6 +14,7 @@ import sys
 import threading
 
 import grpc
+import psutil
 import pytest
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2, irm_pb2_grpc
@@ -246,6 +247,43 @@ def test_cli_tenant_verbs_against_the_suite(running):
     assert json.loads(harness("release", res["id"]).stdout)["state"] == "STATE_RELEASED"
     bad = harness("reserve", "--group", "name=web,cores=0,memory_gb=1")
     assert bad.returncode == 1 and "groups[0].attributes[cores]" in bad.stderr
+
+
+def test_harness_run_passes_the_exit_status_on_and_stops_the_command_when_it_is_stopped(running, tmp_path):
+    crs = running["crs"]
+    res = crs.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="run-cli-stop", groups=[
+        vm_group("master", 1, 1, 0.5)]))
+
+    def harness_run(*argv: str, **kw) -> subprocess.Popen:  # noqa: ANN003
+        return subprocess.Popen([sys.executable, "-m", "services.cli", "run", res.id, "--crs", running["addrs"]["crs"],
+                                 "--tenant", TENANT, "--", *argv], stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        p = harness_run("/bin/sh", "-c", "exit 3", stdout=subprocess.DEVNULL)
+        assert p.wait(60) == 3                               # the command's status, not just "failed"
+        p = harness_run("/bin/sh", "-c", "kill -TERM $$", stdout=subprocess.DEVNULL)
+        assert p.wait(60) == 128 + signal.SIGTERM            # killed by a signal: as a shell reports it
+
+        # Ctrl-C: the remote command is stopped too (it would otherwise run on, with no limit).
+        pid_file = tmp_path / "pid"
+        p = harness_run("/bin/sh", "-c", f"echo $$ > {pid_file}; exec sleep 300", stdout=subprocess.DEVNULL)
+        pid = int(eventually(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30,
+                             what="the command to run"))
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 130
+        err = p.stderr.read()
+        assert "stopped execution" in err and "Traceback" not in err, err
+        eventually(lambda: not psutil.pid_exists(pid), what=f"the remote command {pid} to be gone")
+
+        # A reader that goes away (`harness run ... | head -1`): the command stops, no traceback.
+        p = harness_run(sys.executable, "-c", "import time\nwhile True: print('y' * 1000, flush=True)",
+                        stdout=subprocess.PIPE)
+        assert p.stdout.readline().startswith("y")
+        p.stdout.close()
+        assert p.wait(30) == 128 + signal.SIGPIPE
+        err = p.stderr.read()
+        assert "stopped execution" in err and "Traceback" not in err, err
+    finally:
+        crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=TENANT, reservation_id=res.id))
 
 
 def test_cli_jobs_verbs_against_the_suites_fpga_irm(running):
