@@ -1,4 +1,4 @@
-"""`harness bench profilers --dataset PATH --json [--quick]`: every profiler on every workload.
+"""`harness bench profilers [--dataset PATH] [--quick] [--table]`: every profiler on every workload, as JSON.
 
 On a dataset in the replay format (application_manager.replay; the IBM multi-cloud CSV is
 recognised and converted on the fly), each profiler profiles each workload through the
@@ -17,6 +17,8 @@ Figures, averaged over workloads and seeds:
 `summary` names, per mode and budget, the best profiler by p_cost_within_10pct (then lower
 slo_fail_rate, then lower profiling_cost) with its figures.
 Workloads without any ok run have no cheapest configuration; they are listed as skipped.
+The result is printed as JSON (as every `harness bench`); `--table` also writes the summary as a short table
+to stderr, so standard output stays one JSON document.
 """
 
 from __future__ import annotations
@@ -124,7 +126,8 @@ def run(dataset: Dataset, names: list[str], seeds: int, budgets: tuple[int, ...]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="harness bench profilers", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default=str(DEFAULT_DATASET), help="CSV in the replay format (or the IBM CSV)")
-    p.add_argument("--json", action="store_true", help="print the JSON result (default: a short table)")
+    p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    p.add_argument("--table", action="store_true", help="also write the summary as a table, to stderr")
     p.add_argument("--quick", action="store_true", help="fewer seeds (under 60 s on the IBM data)")
     p.add_argument("--seeds", type=int, default=0, help="seeds per (profiler, workload, budget); default 10, quick 2")
     p.add_argument("--profilers", default=",".join(PROFILERS), help="comma-separated names")
@@ -149,14 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                [len(dataset.space(w, dataset.input_sizes(w)[-1])) for w in dataset.workloads])), 1),
            "profilers": result["figures"], "summary": result["summary"],
            "elapsed_s": round(time.monotonic() - t0, 1)}
-    if args.json:
-        emit(out)
-    else:
+    emit(out)
+    if args.table:
         for mode in ("cold", "warm"):
             for b, s in out["summary"][mode].items():
                 print(f"{mode:5} budget {b:>2}: best {s['profiler']:13} p_cost {s['p_cost_within_10pct']:.2f} "
                       f"p_time {s['p_time_within_10pct']:.2f} slo_fail {s['slo_fail_rate']:.3f} "
-                      f"profiling_cost {s['profiling_cost']:.4f}")
+                      f"profiling_cost {s['profiling_cost']:.4f}", file=sys.stderr)
     return 0
 
 

@@ -71,7 +71,10 @@ def run_allocation(jobs: Sequence[QosJob], policy: str, *, devices: int = 8, act
                    blacklisted: int = 0) -> AllocationRun:
     """Run `jobs` (submitted at their `submitted_at`) under `edf`, `throughput` or `static`.
 
-    `sizes` gives the actions of throughput jobs (deadline jobs carry `size`).
+    `sizes` gives the actions of throughput jobs (deadline jobs carry `size`). A job that ends part-way
+    through a tick frees its devices at that instant; EDF reallocates them then, and the other jobs run on
+    the new allocation for the rest of the tick only (`static` and `throughput` reallocate on arrivals and
+    control periods, so their freed devices stay idle until then).
     """
     clock = VirtualClock()
     rng = random.Random(seed)
@@ -89,10 +92,10 @@ def run_allocation(jobs: Sequence[QosJob], policy: str, *, devices: int = 8, act
     next_control = period
     last_end = 0.0
 
-    def set_alloc(new: dict[str, int]) -> None:
+    def set_alloc(new: dict[str, int], at: float | None = None) -> None:
         for jid, n in new.items():
             if alloc.get(jid) != n:
-                traces[jid].allocations.append((clock.now(), n))
+                traces[jid].allocations.append((clock.now() if at is None else at, n))
         alloc.clear()
         alloc.update(new)
 
@@ -131,23 +134,47 @@ def run_allocation(jobs: Sequence[QosJob], policy: str, *, devices: int = 8, act
                 for j in active:
                     factor[j.job_id] = max(0.0, 1.0 + rng.uniform(-noise, noise))
         # advance one tick
-        for j in list(active):
-            n = alloc.get(j.job_id, 0)
-            rate = n / action_time * factor[j.job_id]
-            left = size[j.job_id] - work[j.job_id]
-            if rate > 0 and left <= rate * tick:
-                dt = left / rate
-                work[j.job_id] = size[j.job_id]
-                busy += n * dt
-                traces[j.job_id].finished_at = now + dt
-                last_end = max(last_end, now + dt)
-                active.remove(j)
-                alloc.pop(j.job_id, None)
-                if policy == "edf":
-                    set_alloc(edf_allocate(active, usable))
-            else:
-                work[j.job_id] += rate * tick
-                busy += n * tick
+        elapsed = 0.0
+        while active:
+            rem = max(0.0, tick - elapsed)
+            start = now + elapsed
+            rates = {j.job_id: alloc.get(j.job_id, 0) / action_time * factor[j.job_id] for j in active}
+            ends = {j.job_id: (size[j.job_id] - work[j.job_id]) / rates[j.job_id] for j in active
+                    if rates[j.job_id] > 0 and size[j.job_id] - work[j.job_id] <= rates[j.job_id] * rem}
+            if policy != "edf" or not ends:
+                # No allocation changes before the tick ends: each job runs at its rate for the rest of it.
+                for j in list(active):
+                    n = alloc.get(j.job_id, 0)
+                    if j.job_id in ends:
+                        dt = ends[j.job_id]
+                        work[j.job_id] = size[j.job_id]
+                        busy += n * dt
+                        traces[j.job_id].finished_at = start + dt
+                        last_end = max(last_end, start + dt)
+                        active.remove(j)
+                        alloc.pop(j.job_id, None)
+                    else:
+                        work[j.job_id] += rates[j.job_id] * rem
+                        busy += n * rem
+                break
+            # EDF hands a finished job's devices to the others at once, so the rest of the tick runs on the new
+            # allocation: the others may use those devices only from the first finish on, never for the whole
+            # tick (that would count the freed devices twice).
+            dt = min(ends.values())
+            for j in list(active):
+                n = alloc.get(j.job_id, 0)
+                if j.job_id in ends and ends[j.job_id] <= dt + 1e-12:
+                    work[j.job_id] = size[j.job_id]
+                    busy += n * ends[j.job_id]
+                    traces[j.job_id].finished_at = start + ends[j.job_id]
+                    last_end = max(last_end, start + ends[j.job_id])
+                    active.remove(j)
+                    alloc.pop(j.job_id, None)
+                else:
+                    work[j.job_id] += rates[j.job_id] * dt
+                    busy += n * dt
+            elapsed += dt
+            set_alloc(edf_allocate(active, usable), at=now + elapsed)
         clock.advance(tick)
     return AllocationRun(traces, busy, last_end or clock.now(), devices)
 

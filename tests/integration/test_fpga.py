@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from concurrent.futures import wait
 
 import grpc
@@ -208,7 +207,11 @@ def test_reserve_a_virtual_fpga_through_the_crs(suite):
     c.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="alice", reservation_id=res.id))
     o = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
     assert o.ListGroups(fpga_pb2.ListGroupsRequest(tenant="alice")).groups == []
-    threading.Event().wait(0)  # nothing left running on our side
+    # The release reached the data plane too: the FPGA-server holds no part of the group, and its devices are free
+    # for others (a part left behind would keep them, though the Orchestrator no longer lists the group).
+    info = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)).GetServer(fpga_pb2.GetServerRequest())
+    assert list(info.groups) == []
+    assert info.devices and all(d.state == fpga_pb2.DeviceInfo.STATE_FREE for d in info.devices)
 
 
 @pytest.mark.parametrize("policy", ["thesis", "improved"])

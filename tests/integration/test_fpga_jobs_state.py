@@ -21,6 +21,7 @@ from irm_fpga.job_models import FpgaJob, FpgaJobController
 from irm_fpga.jobs import RETIRED, JobManager
 from irm_fpga.models import Group
 from services.errors import NotFound, Unavailable
+from tests.conftest import eventually
 from tests.integration.fake_orchestrator import DEVICES, deadline
 
 # -- auto-retirement -------------------------------------------------------------------------
@@ -290,17 +291,46 @@ def test_only_the_managers_own_job_groups_are_dropped_as_orphans(irm_factory):
         assert s.get(Group, mine.id).deleted is False
 
 
+class WatchedLock:
+    """A lock standing in for another, recording the threads that find it held by someone else."""
+
+    def __init__(self, inner) -> None:  # noqa: ANN001
+        self.inner = inner
+        self.blocked: set[int] = set()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        # A first try that does not block tells a thread that must wait (another holds it) from one that may go on.
+        if self.inner.acquire(False):
+            return True
+        self.blocked.add(threading.get_ident())
+        return self.inner.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 def test_dropping_orphans_waits_for_a_registration_in_flight(irm_factory, monkeypatch):
     # The server takes RegisterJob before the manager's start hook runs: a registration between making its
     # group and recording its job must not see its group dropped as an orphan.
     irm = irm_factory("edf")
+    lock = irm.manager.lock = WatchedLock(irm.manager.lock)
     real_insert, sweeps = JobManager._insert, []
 
     def insert(self, row):  # noqa: ANN001, ANN202
         sweep = threading.Thread(target=self._drop_orphans)
         sweep.start()
         sweeps.append(sweep)
-        sweep.join(1.0)          # it waits for the manager's lock this registration holds
+        # The sweep has reached the manager's lock, which this registration holds, and waits there: it can only
+        # look for orphans once the job is recorded. A sweep that does not take the lock ends without waiting,
+        # which fails here at once.
+        eventually(lambda: sweep.ident in lock.blocked or not sweep.is_alive(), timeout=10, interval=0.005)
+        assert sweep.ident in lock.blocked and sweep.is_alive()
         return real_insert(self, row)
 
     monkeypatch.setattr(JobManager, "_insert", insert)

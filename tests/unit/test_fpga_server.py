@@ -10,8 +10,10 @@ they work without the dispatcher, which only looks in as a safety net while hand
 
 from __future__ import annotations
 
+import itertools
 import queue
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -82,6 +84,87 @@ def in_thread(fn, *args):  # type: ignore[no-untyped-def]
     return th, out
 
 
+_order = itertools.count()
+
+
+class Nap:
+    """One timed sleep of a handler on its bell. `rung`: None while it sleeps, then True if a ring ended it
+    (`by`: the server function that rang), False if its timeout did -- so a test can wait until a handler is
+    asleep, and tell a wake-up, and whose, from a timeout."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.seq = next(_order)
+        self.ended: float | None = None
+        self.rung: bool | None = None
+        self.by: str | None = None
+
+
+class NapBell:
+    """A handler's bell (a bare lock it sleeps on, rung by releasing it) that records its sleeps and rings.
+
+    Every effective ring (a release of the held lock) is taken by exactly one successful acquire, in order:
+    so the n-th acquire that succeeds was ended by the n-th ring, whoever got in between."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.guard = threading.Lock()   # ringers one at a time: "held" is then checked and released as one step
+        self.naps: list[Nap] = []
+        self.rings: list[tuple[int, str]] = []   # (order, ringer), effective rings only
+        self.taken = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        nap = Nap(timeout) if blocking and timeout >= 0 else None
+        if nap:
+            self.naps.append(nap)
+        got = self.lock.acquire(blocking, timeout) if nap else self.lock.acquire(blocking)
+        by = None
+        if got:
+            self.taken += 1
+            by = self.rings[self.taken - 1][1]
+        if nap:
+            nap.ended, nap.by, nap.rung = time.monotonic(), by, got
+        return got
+
+    def release(self) -> None:
+        ringer = sys._getframe(2).f_code.co_name     # release <- _Bell.wake <- the ringer
+        with self.guard:
+            if not self.lock.locked():
+                raise RuntimeError("release unlocked lock")   # already rung: _Bell.wake ignores it
+            self.rings.append((next(_order), ringer))
+            self.lock.release()
+
+    def asleep(self) -> bool:
+        """Asleep in a nap that began after the last ring (no ring it has not yet seen is on its way to it)."""
+        last = self.rings[-1][0] if self.rings else -1
+        return bool(self.naps) and self.naps[-1].rung is None and self.naps[-1].seq > last
+
+
+@pytest.fixture
+def bells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunBatch waiters and Execute streams made from now on sleep on a `NapBell` (`sink.bell`)."""
+    import irm_fpga.server as server
+
+    class Waiter(server._Waiter):
+        def __init__(self, expect) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(expect)
+            self.bell = NapBell()
+
+    class Stream(server._Stream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bell = NapBell()
+
+    monkeypatch.setattr(server, "_Waiter", Waiter)
+    monkeypatch.setattr(server, "_Stream", Stream)
+
+
+def sink_of(s: FpgaServerService, client: str) -> NapBell:
+    """The bell of `client`'s only sink (a RunBatch waiter), once it has one."""
+    return eventually(lambda: s.sinks.get(client), timeout=5, interval=0.002)[0].bell
+
+
 def test_one_task_comes_back_with_queue_time_device_time_and_device(svc: FpgaServerService) -> None:
     group(svc, "g", 1, "c")
     t0 = time.monotonic()
@@ -149,24 +232,30 @@ def test_a_revoked_client_is_refused_and_its_waiting_task_answered(svc: FpgaServ
         svc.RunBatch(batch("b", task(3, 0.01)), Ctx(10))
 
 
-def test_one_task_waits_for_a_lock_held_by_another_client(svc: FpgaServerService) -> None:
+def test_one_task_waits_for_a_lock_held_by_another_client(svc: FpgaServerService, bells: None) -> None:
     group(svc, "g", 1, "holder", "other")
     (lock,) = svc.RunBatch(batch("holder", task(1, kind=LOCK)), Ctx(10)).results
     assert (lock.kind, lock.device) == (LOCK, 0)
     th, out = in_thread(svc.RunBatch, batch("other", task(2, 0.01)), Ctx(10))
-    time.sleep(0.15)
-    assert th.is_alive()  # the device is held: it waits
+    bell = sink_of(svc, "other")
+    # the device is held: its task is queued and its handler asleep, nothing planned for it
+    eventually(lambda: svc.engine.group_info("g").waiting == 1 and bell.asleep(), timeout=5)
+    assert th.is_alive()
     # the holder's own tasks run on the held device meanwhile
     (mine,) = svc.RunBatch(batch("holder", task(3, 0.01)), Ctx(10)).results
     assert (mine.device, mine.error) == (0, "") and mine.queue_time_s < 0.1
     assert th.is_alive()
-    # The waiting handler sleeps in 0.5 s naps while nothing is planned for it (since it
-    # submitted, about 0.17 s ago): unlock early in its second nap.
-    time.sleep(0.4)
+    # The waiting handler sleeps in 0.5 s naps while nothing is planned for it: unlock in its second nap.
+    eventually(lambda: len(bell.naps) >= 2, timeout=5, interval=0.005)
+    first, second = bell.naps[:2]
+    assert (first.timeout, first.rung, second.timeout) == (0.5, False, 0.5)  # nothing woke it in the first
+    t_sent = time.monotonic()
     svc.RunBatch(batch("holder", task(4, kind=UNLOCK)), Ctx(10))
     t_unlock = time.monotonic()
     th.join(5)
-    # the unlock woke the waiting handler (it would otherwise sleep on for up to 0.5 s)
+    # the unlock woke the waiting handler (it would otherwise sleep on for up to 0.5 s): the nap it was in
+    # ended with the unlock's ring (`_kick`), not with its timeout nor with its result handed out by another
+    assert (second.rung, second.by) == (True, "_kick") and second.ended is not None and second.ended >= t_sent
     assert time.monotonic() - t_unlock < 0.25
     (r,) = out["value"].results  # type: ignore[union-attr]
     assert r.error == "" and r.device == 0 and r.device_time_s == pytest.approx(0.01)
@@ -187,14 +276,15 @@ def test_a_group_without_devices_holds_the_task_until_the_deadline(svc: FpgaServ
     eventually(lambda: svc.engine.measurements().groups[0].executed == 2, timeout=5)
 
 
-def test_a_departed_caller_stops_its_handler(svc: FpgaServerService) -> None:
+def test_a_departed_caller_stops_its_handler(svc: FpgaServerService, bells: None) -> None:
     group(svc, "g", 0, "c")
     ctx = Ctx(None)
     th, out = in_thread(svc.RunBatch, batch("c", task(1, 0.01)), ctx)
-    time.sleep(0.05)
+    bell = sink_of(svc, "c")
+    eventually(lambda: svc.engine.group_info("g").waiting == 1 and bell.asleep(), timeout=5, interval=0.005)
     ctx.active = False
     th.join(5)
-    assert isinstance(out.get("error"), FailedPrecondition)
+    assert isinstance(out.get("error"), FailedPrecondition) and "went away" in str(out["error"])
 
 
 def test_concurrent_handlers_get_their_own_results_whoever_drives(svc: FpgaServerService) -> None:
@@ -298,15 +388,19 @@ def test_one_stream_drives_for_all_and_hands_over_when_it_is_done(bare: FpgaServ
     assert bare.waiting_handlers == 0 and bare.stream_driver is None and not bare.streams_waiting
 
 
-def test_a_new_task_on_a_waiting_stream_wakes_the_driver(bare: FpgaServerService) -> None:
+def test_a_new_task_on_a_waiting_stream_wakes_the_driver(bare: FpgaServerService, bells: None) -> None:
     group(bare, "g", 2, "a", "b")
     a = Stream(bare, batch("a", task(1, 2.0)))  # drives, with nothing due for 2 s
-    eventually(lambda: bare.stream_driver is not None, timeout=5)
-    time.sleep(0.05)
+    driver = eventually(lambda: bare.stream_driver, timeout=5)
+    eventually(lambda: bare.engine.busy() and driver.bell.asleep(), timeout=5, interval=0.005)
+    nap = driver.bell.naps[-1]
     t0 = time.monotonic()
     b = Stream(bare, batch("b", task(1, 0.01)))
     eventually(lambda: b.ids() == [1], timeout=5, interval=0.005)
     assert time.monotonic() - t0 < 0.3  # not when a's handler would next have looked (0.5 s)
+    # b's task rang the driver out of the nap it was in when b's task came, before that nap's timeout
+    assert (nap.timeout, nap.rung, nap.by) == (0.5, True, "_stream_submit")
+    assert nap.ended is not None and nap.ended >= t0
     b.end()
     bare.RevokeClient(fpga_pb2.ServerClientRequest(client_id="a"), None)
     a.end()
@@ -356,20 +450,24 @@ def test_an_idle_dispatcher_sleeps_until_told_of_work_not_every_grace_period() -
         s.stop()
 
 
-def test_the_dispatcher_hands_out_what_no_driving_handler_planned_for(svc: FpgaServerService) -> None:
+def test_the_dispatcher_hands_out_what_no_driving_handler_planned_for(svc: FpgaServerService,
+                                                                    bells: None) -> None:
     from irm_fpga.server import DISPATCH_GRACE_S
 
     group(svc, "g", 1, "holder", "a")
     group(svc, "h", 1, "other")
     svc.RunBatch(batch("holder", task(1, kind=LOCK)), Ctx(10))
     th, out = in_thread(svc.RunBatch, batch("a", task(2, 0.01)), Ctx(10))  # drives, nothing planned
-    eventually(lambda: svc.waiting_handlers == 1, timeout=5)
-    time.sleep(0.02)
+    bell = sink_of(svc, "a")
+    eventually(lambda: svc.waiting_handlers == 1 and bell.asleep(), timeout=5, interval=0.002)
+    nap = bell.naps[-1]
     # work nobody is told about (straight into the engine): the handler sleeps on (up to 0.5 s)
     svc.engine.submit("other", [(9, {"duration": 0.01}, "run")])
     t0 = time.monotonic()
     eventually(lambda: not svc.engine.busy(), timeout=5, interval=0.002)
     assert time.monotonic() - t0 < 0.01 + 3 * DISPATCH_GRACE_S + 0.1
+    # the dispatcher handed it out: the handler is still in the nap it was in, nothing woke it
+    assert bell.naps[-1] is nap and nap.rung is None
     svc.RunBatch(batch("holder", task(3, kind=UNLOCK)), Ctx(10))
     th.join(5)
     assert out["value"].results[0].error == ""  # type: ignore[union-attr]
