@@ -50,6 +50,24 @@ class Suite:
         p.wait_ready()
         return p
 
+    def compute_cloud(self, **agent_settings: Any) -> tuple[ServiceProcess, Any]:
+        """A CRS, a compute IRM and its agent, started and wired (heartbeats every 0.3 s); returned once the
+        compute IRM's hosts are in the CRS: the CRS process and a ResourceManager stub on it."""
+        import grpc
+
+        from harness.v1 import irm_pb2, irm_pb2_grpc
+        from services.suite import _free_port
+
+        agent_address = f"127.0.0.1:{_free_port()}"
+        crs = self.start("crs", heartbeat_interval_s=0.3)
+        compute = self.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3,
+                             agent_address=agent_address)
+        self.start("agent", address=agent_address, compute_address=compute.address, **agent_settings)
+        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        eventually(lambda: stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,
+                   what="the compute IRM's hosts in the CRS")
+        return crs, stub
+
     def stop_all(self) -> None:
         for p in reversed(self.procs):
             p.stop()

@@ -18,7 +18,6 @@ import pytest
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import irm_pb2, irm_pb2_grpc
-from services.suite import _free_port
 from tests.conftest import Suite, eventually
 
 RUN_S = 600            # how long the application would run if nobody stopped it
@@ -30,15 +29,8 @@ CANCELLED = "the client cancelled or its deadline passed"
 def cloud(tmp_path_factory):
     suite = Suite(str(tmp_path_factory.mktemp("am-cancel")))
     try:
-        agent_address = f"127.0.0.1:{_free_port()}"
-        crs = suite.start("crs", heartbeat_interval_s=0.3)
-        compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3,
-                              agent_address=agent_address)
-        suite.start("agent", address=agent_address, compute_address=compute.address)
+        crs, c = suite.compute_cloud()
         am = suite.start("am", crs_address=crs.address)
-        c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
-        eventually(lambda: c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,
-                   what="the compute IRM's hosts in the CRS")
         yield {"crs": c, "am": pb_grpc.ApplicationManagerStub(grpc.insecure_channel(am.address))}
     finally:
         suite.stop_all()

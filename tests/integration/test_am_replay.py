@@ -18,8 +18,7 @@ import pytest
 
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
-from harness.v1 import irm_pb2, irm_pb2_grpc
-from services.suite import _free_port
+from harness.v1 import irm_pb2
 from tests.conftest import eventually
 
 DATASET = """workload,runtime_s,cost,status,cloud,vcpus
@@ -46,13 +45,8 @@ def test_profiling_a_dataset_through_the_services_finds_its_frontier(suite, tmp_
                           "-o", str(manifest)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
-    agent_address = f"127.0.0.1:{_free_port()}"
-    crs = suite.start("crs", heartbeat_interval_s=0.3)
-    compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, agent_address=agent_address)
-    suite.start("agent", address=agent_address, compute_address=compute.address, backend="replay",
-                dataset=str(data))
+    crs, c = suite.compute_cloud(backend="replay", dataset=str(data))
     am_proc = suite.start("am", crs_address=crs.address)
-    c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
     eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
     am = pb_grpc.ApplicationManagerStub(grpc.insecure_channel(am_proc.address))
 

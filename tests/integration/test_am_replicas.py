@@ -16,8 +16,7 @@ import pytest
 
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
-from harness.v1 import irm_pb2, irm_pb2_grpc
-from services.suite import _free_port
+from harness.v1 import irm_pb2
 from tests.conftest import Suite, eventually
 from tests.integration.test_am_cancellation import ENDS_WITHIN_S, _no_reservation_left, _sleeper
 
@@ -28,14 +27,7 @@ HEARTBEAT_S = 0.3
 def cloud(tmp_path_factory):
     suite = Suite(str(tmp_path_factory.mktemp("am-replicas")))
     try:
-        agent_address = f"127.0.0.1:{_free_port()}"
-        crs = suite.start("crs", heartbeat_interval_s=0.3)
-        compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3,
-                              agent_address=agent_address)
-        suite.start("agent", address=agent_address, compute_address=compute.address)
-        c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
-        eventually(lambda: c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,
-                   what="the compute IRM's hosts in the CRS")
+        crs, c = suite.compute_cloud()
 
         def start_am(name: str):  # noqa: ANN202
             p = suite.start("am", name=name, crs_address=crs.address, heartbeat_s=HEARTBEAT_S)
