@@ -182,6 +182,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # Hydrogen (`Scheduler.wakes`): when the last decision held back a job it could have started, the clock
         # time to decide again, before that job's start limit (the simulator's wake, `hy.wake_time`).
         self._wake_at: float | None = None
+        self._timer = threading.Condition()    # the control thread sleeps on it: a new wake or a stop rings it
         if not 0 < self.config.control_period_s <= MAX_CONTROL_PERIOD_S:
             raise ValueError(f"job manager configuration: control_period_s must be > 0 and at most "
                              f"{MAX_CONTROL_PERIOD_S:g} seconds (got {self.config.control_period_s!r})")
@@ -213,8 +214,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             max_streams=MAX_WATCHES, full="WatchJobs streams are open on this FPGA IRM; close one, or poll GetJob")
 
     # -- lifecycle -------------------------------------------------------
-    def start(self) -> None:
-        """Load every active job's persisted controller state (jobs without one start afresh).
+    def start(self, loop: bool = True) -> None:
+        """Load every active job's persisted controller state (jobs without one start afresh), then run the
+        control loop (`loop=False`: none; a caller on a virtual clock steps `control_once`/`wake_once`).
 
         Refuses (ValueError) to run over jobs the policy cannot manage, registered under another
         one: throughput goals need "throughput", queued jobs a Hydrogen policy, and a Hydrogen
@@ -226,7 +228,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             # or from a process that stopped between an event and its resizes.
             self._unapplied = self.config.policy == "edf"
         self._ready.set()
-        self._thread.start()
+        if loop:
+            self._thread.start()
 
     def _wait_loaded(self) -> None:
         if not self._ready.wait(LOAD_WAIT_S):
@@ -291,6 +294,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def stop(self) -> None:
         self._stop.set()
+        with self._timer:
+            self._timer.notify_all()
         self.watchers.close()                  # WatchJobs streams end (clients reconnect elsewhere)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
@@ -299,11 +304,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         period = self.config.control_period_s
         next_round = time.monotonic() + period
         while True:
-            wait = next_round - time.monotonic()
-            wake = self._wake_at
-            if wake is not None:
-                wait = min(wait, wake - self.clock.now())
-            if self._stop.wait(max(0.0, wait)):
+            with self._timer:       # a wake set after this look rings the condition: the wait is cut short
+                wait = next_round - time.monotonic()
+                if self._wake_at is not None:
+                    wait = min(wait, self._wake_at - self.clock.now())
+                if wait > 0 and not self._stop.is_set():
+                    self._timer.wait(wait)
+            if self._stop.is_set():
                 return
             try:
                 if time.monotonic() >= next_round:
@@ -543,7 +550,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             picked = {job_id for job_id, _ in d.allocation}
             held = [self._hjob(r, hi) for r in queued if r.id not in picked]
             early = (self.scheduler.budget_s or 0.0) + WAKE_MARGIN_S
-            self._wake_at = hy.wake_time(held, now, self.config.late_after_s, early=early)
+            with self._timer:
+                self._wake_at = hy.wake_time(held, now, self.config.late_after_s, early=early)
+                self._timer.notify_all()
         # The next round decides again when a dispatch the Orchestrator refused left its job queued, or when the
         # pool grew while jobs still wait (the paper's Algorithm 3 grows one device a decision: a job wider than
         # the pool needs several in a row, with no event between them).

@@ -134,7 +134,7 @@ class Irm:
         self.manager = JobManager(
             self.orch, JobsConfig(policy=self.policy, control_period_s=3600.0, alpha=self.alpha, **self.config)
         )
-        self.manager.start()  # loads the persisted state; its loop waits an hour: we step by hand
+        self.manager.start(loop=False)  # loads the persisted state; no control thread: we step by hand
 
     def restart(self) -> None:
         self.close()

@@ -19,6 +19,7 @@ from irm_fpga.job_models import FpgaJob
 from irm_fpga.jobs import QUEUED, RETIRED, JobManager, JobsConfig
 from irm_fpga.models import Group
 from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from tests.conftest import eventually
 from tests.integration.fake_orchestrator import DEVICES, deadline
 
 ACTIVE = "active"
@@ -594,6 +595,42 @@ def test_a_lookahead_that_holds_a_job_decides_again_before_its_start_limit(irm_f
     got = irm.job(j.id)
     assert got.state == ACTIVE and got.allocations[0][0] - got.registered_at <= 1.0
     assert irm.manager._wake_at is None
+
+
+def test_the_control_thread_wakes_for_a_held_job_between_its_rounds(db_url, monkeypatch):
+    from harness.v1 import fpga_jobs_pb2 as jobs_pb
+    from irm_fpga.qos import hydrogen as hy
+    from irm_fpga.qos import lookahead as la
+    from services.clock import WallClock
+    from tests.integration.fake_orchestrator import FakeOrchestrator, FakeServer
+
+    real = la.lookahead_schedule
+    calls: list[float] = []
+
+    def holds_at_first(queue, available, window, cost=hy.linear_cost, *, now, **kw):  # noqa: ANN001, ANN202
+        calls.append(now)
+        if len(calls) == 1:
+            return hy.Projection("lookahead", [], {}, {}, 0.0)
+        return real(queue, available, window, cost, now=now, **kw)
+    monkeypatch.setattr(la, "lookahead_schedule", holds_at_first)
+    orch = FakeOrchestrator(db_url, WallClock(), {"s1": FakeServer()})
+    # Rounds an hour apart: only the wake can start the held job before it turns late.
+    manager = JobManager(orch, JobsConfig(policy="managed_lookahead", control_period_s=3600.0,
+                                          lookahead_budget_s=0.1))
+    manager.start()
+    try:
+        j = manager.register(jobs_pb.RegisterJobRequest(tenant="alice", request_id="j", design="sleep",
+                                                        action_seconds=1.0, **deadline(100.0, 40)))
+        assert manager._job("alice", j.id).state == QUEUED
+        got = eventually(lambda: (r := manager._job("alice", j.id)).state == ACTIVE and r, timeout=5,
+                         what="the held job to start")
+        # Decided at registration, then once more at the wake (the elasticity manager may search several
+        # pool sizes in one decision): 0.8 s after registering, before the job's 1 s limit.
+        assert len(set(calls)) == 2 and got.allocations[0][0] == max(calls)
+        assert 0.7 <= got.allocations[0][0] - got.registered_at <= 1.0
+    finally:
+        manager.stop()
+        orch.db.dispose()
 
 
 def test_a_queued_job_wider_than_the_pool_holds_back_no_one(irm_factory):
