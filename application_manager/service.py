@@ -151,7 +151,7 @@ def reservation_request_id(owner: str, run: int | None = None) -> str:
     return f"am-{owner}" if run is None else f"am-{owner}-{run}"
 
 
-def _config_pb(space: Space, config: dict[str, Any]) -> pb.Configuration:
+def _config_pb(config: dict[str, Any]) -> pb.Configuration:
     return pb.Configuration(
         implementation=str(config.get("implementation", "")),
         values={k: str(v) for k, v in config.items() if k != "implementation" and v is not None},
@@ -320,8 +320,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         if app is None:
             raise NotFound(f"no application {application_id}")
         owned(tenant, app.tenant, f"application {application_id}")
-        manifest = parse_manifest(app.manifest, "manifest_json")
-        slo = parse_slo(app.slo or "{}", manifest, "slo_json")
+        try:
+            manifest = parse_manifest(app.manifest, "manifest_json")
+            slo = parse_slo(app.slo or "{}", manifest, "slo_json")
+        except InvalidArgument as e:
+            # Accepted by an earlier version whose checks were looser: not the caller's request that is wrong.
+            raise FailedPrecondition(f"application {application_id} was accepted by an earlier version of the "
+                                     f"Application Manager, but its stored manifest or SLO is no longer valid "
+                                     f"({e.message}); submit it again") from None
         try:
             space = from_manifest(manifest, slo.parameters, self._offered_types())
         except (Unavailable, InvalidArgument) as e:
@@ -508,7 +514,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
     def _run_pb(self, loaded: Loaded, r: m.Run) -> pb.ProfileRun:
         return pb.ProfileRun(
-            ordinal=r.ordinal, configuration=_config_pb(loaded.space, r.config),
+            ordinal=r.ordinal, configuration=_config_pb(r.config),
             input=pb.ProfileRun.INPUT_BENCHMARK if r.input == BENCHMARK else pb.ProfileRun.INPUT_PRODUCTION,
             ok=r.ok, error=r.error, execution_time_s=r.time_s, cost=r.cost, cpu_percent=r.cpu_percent or 0.0,
             memory_percent=r.memory_percent or 0.0, session_id=r.session_id, reason=r.reason)
@@ -530,7 +536,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                   sessions=[self._session_pb(x) for x in sessions],
                                   updated_at=model.updated_at if model else 0.0)
         for p in (model.frontier if model else []):
-            out.frontier.append(pb.ProfileRun(configuration=_config_pb(loaded.space, p["config"]), ok=True,
+            out.frontier.append(pb.ProfileRun(configuration=_config_pb(p["config"]), ok=True,
                                               input=pb.ProfileRun.INPUT_PRODUCTION, execution_time_s=p["time_s"],
                                               cost=p["cost"], predicted=p["predicted"]))
         if model and model.extrapolation:
@@ -747,10 +753,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         return out
 
     # -- execution -------------------------------------------------------------------
-    def _execution_pb(self, loaded: Loaded, e: m.Execution) -> pb.ApplicationExecution:
+    @staticmethod
+    def _execution_pb(e: m.Execution) -> pb.ApplicationExecution:
         return pb.ApplicationExecution(
             id=e.id, application_id=e.application_id, tenant=e.tenant, state=_EXEC_STATE[e.state],
-            configuration=_config_pb(loaded.space, e.config), predicted_time_s=e.predicted_time_s,
+            configuration=_config_pb(e.config), predicted_time_s=e.predicted_time_s,
             predicted_cost=e.predicted_cost, measured_time_s=e.measured_time_s, measured_cost=e.measured_cost,
             slo_met=e.slo_met, error=e.error, output_tail=e.output_tail, reservation_id=e.reservation_id,
             started_at=e.started_at, ended_at=e.ended_at, slo=e.slo)
@@ -769,7 +776,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         slo = self._execution_slo(loaded, request.slo_json) if request.slo_json else loaded.slo
         if request.request_id and (prior := self._prior_execution(tenant, request.request_id)) is not None:
             self._same_request((prior.application_id, prior.slo) == (loaded.app.id, slo.describe()))
-            return self._execution_pb(self._load(tenant, prior.application_id), prior)
+            return self._execution_pb(prior)
         with self.db.read() as s:
             model = s.get(m.Model, loaded.app.id)
         front = [Point(p["config"], p["time_s"], p["cost"], True, p["predicted"]) for p in (model.frontier or [])]
@@ -793,7 +800,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         if earlier is not None:
             # A concurrent retry won: it runs the application; this one answers with what it has so far.
             self._same_request((earlier.application_id, earlier.slo) == (loaded.app.id, slo.describe()))
-            return self._execution_pb(self._load(tenant, earlier.application_id), earlier)
+            return self._execution_pb(earlier)
         # Once the RPC ends (the client cancelled, or its deadline passed) nobody waits for the result: the
         # run stops instead of holding its reservation and this worker thread to the end.
         cancelled = threading.Event()
@@ -846,7 +853,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         e = self.db.transact(finish)
         if not detail.cancelled and not o.transient:
             self._refresh_model(loaded)
-        return self._execution_pb(loaded, e)
+        return self._execution_pb(e)
 
     def _why_no_model(self, loaded: Loaded) -> None:
         """No frontier: say whether nothing ran, or everything that ran failed (and how, most often)."""
@@ -907,8 +914,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         with self.db.read() as s:
             rows, token = paging.page(s, q, [m.Execution.started_at, m.Execution.id], request.page_size,
                                       request.page_token)
-        return pb.ListExecutionsResponse(executions=[self._execution_pb(self._load(tenant, r.application_id), r)
-                                                     for r in rows], next_page_token=token)
+        # Rows are the tenant's by the query: no application is loaded (one a newer version no longer accepts
+        # would fail the whole listing).
+        return pb.ListExecutionsResponse(executions=[self._execution_pb(r) for r in rows], next_page_token=token)
 
 
 def component(config: AppManagerConfig, clock: Clock | None = None) -> Component:

@@ -1,4 +1,5 @@
-"""Run timeouts must be finite and bounded; ExecutionArgs is split into words before values are substituted."""
+"""Run timeouts must be finite and bounded; ExecutionArgs is split into words before values are substituted; an
+application stored under looser checks is named, not served or failing other listings."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import math
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 import examples
+from application_manager import models as m
 from application_manager import service as svc
 from application_manager.local import LocalBackend
 from application_manager.manifest import parse_manifest
 from application_manager.space import from_manifest
 from harness.v1 import application_manager_pb2 as pb
 from services.errors import InvalidArgument
+from tests.unit.test_am_stop import _submit
 
 
 class _Ctx:
@@ -81,5 +85,31 @@ def test_execution_args_that_cannot_be_split_are_refused_at_submit(tmp_path, mon
                                                              app_dir="/x"), _Ctx())
         (v,) = e.value.violations
         assert v.field == "manifest_json.Modules[0].Implementations[0].ExecutionArgs" and "quot" in v.description
+    finally:
+        am.stop()
+
+
+def test_an_application_a_newer_version_no_longer_accepts_is_named_and_leaves_other_listings_alone(tmp_path,
+                                                                                                    monkeypatch):
+    am = _am(tmp_path, monkeypatch)
+    try:
+        good, stale = _submit(am), _submit(am)
+        for app in (good, stale):
+            am.db.transact(lambda s, a=app: s.add(m.Execution(
+                id=f"exec-{a.id[-12:]}", application_id=a.id, tenant="t", request_id=None, state="succeeded",
+                config={"implementation": "cpu", "%cores": 2}, slo="", predicted_time_s=1.0, predicted_cost=1.0,
+                started_at=1.0)))
+        # As if stored before a check that now refuses it (an unclosed quote in ExecutionArgs).
+        am.db.transact(lambda s: s.execute(sa.update(m.Application).where(m.Application.id == stale.id)
+                                           .values(manifest='{"Name": "x", "Modules": "not a list"}')))
+        am._loaded.clear()
+        listed = am.ListExecutions(pb.ListExecutionsRequest(tenant="t"), _Ctx()).executions
+        assert sorted(e.application_id for e in listed) == sorted([good.id, stale.id])
+        assert {e.configuration.values["%cores"] for e in listed} == {"2"}
+        try:
+            am.GetModel(pb.GetModelRequest(tenant="t", application_id=stale.id), _Ctx())
+            raise AssertionError("a stored manifest that no longer parses was served")
+        except svc.FailedPrecondition as e:
+            assert stale.id in str(e) and "submit it again" in str(e)
     finally:
         am.stop()

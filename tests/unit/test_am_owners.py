@@ -119,3 +119,4 @@ def test_the_heartbeat_keeps_a_running_sessions_mark_fresh(tmp_path, monkeypatch
         eventually(later, what="the heartbeat to mark the session again")
     finally:
         am.stop()
+
