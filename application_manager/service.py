@@ -145,6 +145,15 @@ class SessionRunner:
                 q.put((event, final))
 
 
+class StaleApplication(FailedPrecondition):
+    """A stored application today's checks refuse (accepted by an earlier, looser version)."""
+
+    def __init__(self, application_id: str, why: str) -> None:
+        super().__init__(f"application {application_id} was accepted by an earlier version of the Application "
+                         f"Manager, but its stored manifest or SLO is no longer valid ({why}); submit it again")
+        self.why = why
+
+
 def reservation_request_id(owner: str, run: int | None = None) -> str:
     """The CRS request id of a run: derived from its session (and the run's number in it) or execution, so a
     reservation left by an AM that died mid-run is found again (`_release_left`)."""
@@ -325,9 +334,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             slo = parse_slo(app.slo or "{}", manifest, "slo_json")
         except InvalidArgument as e:
             # Accepted by an earlier version whose checks were looser: not the caller's request that is wrong.
-            raise FailedPrecondition(f"application {application_id} was accepted by an earlier version of the "
-                                     f"Application Manager, but its stored manifest or SLO is no longer valid "
-                                     f"({e.message}); submit it again") from None
+            raise StaleApplication(application_id, e.message) from None
         try:
             space = from_manifest(manifest, slo.parameters, self._offered_types())
         except (Unavailable, InvalidArgument) as e:
@@ -452,13 +459,13 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         for i in [r.id for r in rows]:
             try:
                 out.append(self._application_pb(self._load(tenant, i)))
-            except InvalidArgument as e:
+            except StaleApplication as e:
                 # Stored under older rules that now refuse it: listed as it is, saying why, never failing the list.
                 with self.db.read() as s:
                     a = s.get(m.Application, i)
                 out.append(pb.Application(id=a.id, tenant=a.tenant, name=a.name, manifest_json=a.manifest,
                                           slo_json=a.slo, app_dir=a.app_dir, created_at=a.created_at,
-                                          notes=[f"no longer valid: {e.message}; submit it again, fixed"]))
+                                          notes=[f"no longer valid: {e.why}; submit it again, fixed"]))
         return pb.ListApplicationsResponse(applications=out, next_page_token=token)
 
     # -- the model -------------------------------------------------------------------
