@@ -125,17 +125,18 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
     if s.algorithm == "managed_deadline":
         algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms
         schedule = None
+        # One deadline for the whole decision: the elasticity manager may search on several pool sizes.
+        stop_at = None if s.budget_s is None else time.monotonic() + s.budget_s
         if s.lookahead > 0:
             futures = la.futures_for(list(history), now, samples=s.lookahead, span=hy.FORECAST_SPAN_S, seed=s.seed)
-            # One deadline for the whole decision: the elasticity manager may search on several pool sizes.
-            stop_at = None if s.budget_s is None else time.monotonic() + s.budget_s
             schedule = functools.partial(la.lookahead_schedule, futures=futures, late_after=s.late_after,
                                          stop_at=stop_at)
         if s.elasticity:
             expected = hy.forecast_arrivals(list(history), now, s.forecast) if s.forecast else ()
             plan = hy.deadline_elasticity(queue, s.window, cost, now=now, pool=pool, lo=lo, hi=pool_max,
                                           beta=s.beta, algorithms=algs, late_after=s.late_after, running=running,
-                                          expected=expected, schedule=schedule)
+                                          expected=expected, schedule=schedule,
+                                          out_of_time=lambda: stop_at is not None and time.monotonic() >= stop_at)
             return Decision(plan.schedule.allocation, plan.schedule.algorithm, plan.pool, plan.decision)
         if schedule is not None:
             best = schedule(queue, free, s.window, cost, now=now, running_ends=ends, pool=pool)

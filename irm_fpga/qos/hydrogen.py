@@ -626,7 +626,8 @@ def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_
                         running: Sequence[RunningJob] = (), pool: int, lo: int, hi: int, beta: float,
                         algorithms: Mapping[str, Callable[..., Allocation]] | None = None,
                         late_after: float = LATE_AFTER_S, expected: Sequence[HJob] = (),
-                        schedule: Callable[..., Projection] | None = None) -> ElasticPlan:
+                        schedule: Callable[..., Projection] | None = None,
+                        out_of_time: Callable[[], bool] = lambda: False) -> ElasticPlan:
     """The deadline-aware managed mode with its elasticity manager (seed 001 Algorithm 1 line 9, Algorithm 3).
 
     * Grow: while the selected schedule predicts a window job missing its JLO (target - (finish -
@@ -645,6 +646,10 @@ def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_
 
     `pool` is the pool now; devices in use are those of `running`. Jobs need `target` (their JLO).
     Returns the pool to provision and the selected schedule on it (its `allocation` is the dispatch).
+
+    `out_of_time()` true (a live decision past its budget): the pool grows by doubling steps instead
+    of one device at a time (from 1 to 128 devices: 8 schedules, not 128; it may overshoot, and
+    later decisions shrink it), and it does not shrink in this decision.
     """
     if not lo <= hi:
         raise ValueError("need lo <= hi")
@@ -673,13 +678,14 @@ def deadline_elasticity(queue: Sequence[HJob], window: int, cost: Cost = linear_
     best, jlos = plan(start)
     p = start
     while _misses(jlos) and p < hi:
-        p += 1
+        p = min(hi, p + (max(1, p - start) if out_of_time() else 1))
         best, jlos = plan(p)
     if p > pool:
         return ElasticPlan(p, SCALE_UP, best, tuple(jlos))
     running_late = any(r.job.target is not None and r.end - r.job.arrival > r.job.target + DEADLINE_EPS
                        for r in running)
-    if p > lo and not running_late and not _misses(jlos) and sum(j for j in jlos if j >= 0) > beta:
+    if p > lo and not running_late and not _misses(jlos) and sum(j for j in jlos if j >= 0) > beta \
+            and not out_of_time():
         smaller, small_jlos = plan(p - 1)
         if not _misses(small_jlos) and holds_with_expected(p - 1):
             return ElasticPlan(p - 1, SCALE_DOWN, smaller, tuple(small_jlos))
