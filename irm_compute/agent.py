@@ -9,13 +9,20 @@ The back-end is `local` (irm_compute.sandbox): a VM is a confined local
 process tree. Executions live in memory: running ones until they end, finished
 ones (with their samples, for GetExecution and GetVmMetrics) up to
 `max_history`, after which the oldest go, scratch directory included.
+
+An agent that died without its shutdown (SIGKILL, the OOM killer, a crash)
+could not kill what it ran: its successor on the same `work_dir` does, at
+start-up, finding the processes by their execution mark (whose prefix names
+the work dir), and removes the scratch directories no execution owns any more.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
+import re
 import shutil
 import threading
 import time
@@ -25,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, compute_pb2, compute_pb2_grpc
 from irm_compute.replay import ReplayBackend
@@ -36,7 +44,9 @@ from irm_compute.sandbox import (
     Output,
     Sample,
     Started,
+    VmMemory,
     VmSlot,
+    find_marked,
     merge_utilisation,
 )
 from services import control
@@ -45,6 +55,7 @@ from services.errors import (
     HarnessError,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     Unavailable,
     Violations,
     owned,
@@ -62,6 +73,11 @@ AGENT_STOPPED = "agent stopped"
 _KILL_WAIT_S = 5.0
 # Released VM ids remembered so a late Execute cannot start on one (bounded: ids are never reused).
 _RELEASED_MEMORY = 10_000
+# An execution's scratch directory: its id (removed at start-up if no execution owns it).
+_SCRATCH_NAME = re.compile(r"ex-[0-9a-f]{32}")
+# gRPC worker threads beyond the Execute streams: unary calls (StopExecution, GetExecution, ReleaseVm,
+# GetVmMetrics, health) always find one free.
+_CONTROL_WORKERS = 16
 
 
 @dataclass
@@ -90,6 +106,9 @@ class AgentConfig:
     # Shared with the compute IRM (services.control): sent with GetVm, required on ReleaseVm and GetVmMetrics
     # (the compute IRM's calls). Empty: nothing sent or checked (development).
     control_token: str = ""
+    # Execute streams open at once; one more is RESOURCE_EXHAUSTED. Each holds a gRPC worker thread while it
+    # streams; the server gets this many plus a reserve for the other calls, which therefore never wait.
+    max_execute_streams: int = 64
 
 
 class ComputeClient:
@@ -144,6 +163,7 @@ class ComputeClient:
 class _Vm:
     tenant: str
     slot: VmSlot
+    memory: VmMemory            # shared by the VM's executions
     confirmed: float = 0.0      # monotonic time the compute IRM last said it is active (set under the lock)
 
 
@@ -176,6 +196,12 @@ class Agent:
             self.replay = ReplayBackend.load(config.dataset)
         elif config.backend != "local":
             raise ValueError(f"agent backend {config.backend!r}: use 'local' or 'replay'")
+        if config.max_execute_streams < 1:
+            raise ValueError(f"agent max_execute_streams {config.max_execute_streams}: at least 1")
+        # Its executions' marks start with this: a digest of the work dir, so a restarted agent (same dir)
+        # recognises what its predecessor left running, and agents on other dirs leave each other alone.
+        work = str(Path(config.work_dir).expanduser().resolve())
+        self.mark_prefix = f"agent-{hashlib.sha256(work.encode()).hexdigest()[:16]}-"
 
     # --- VMs ------------------------------------------------------------------
 
@@ -210,7 +236,7 @@ class Agent:
             cached = self._vms.get(vm_id)  # another request may have cached it meanwhile
             if cached is None:
                 slot = self.allocator.slot(vm_id, vm.cores, vm.memory_gb * 1024)
-                cached = self._vms[vm_id] = _Vm(vm.tenant, slot, time.monotonic())
+                cached = self._vms[vm_id] = _Vm(vm.tenant, slot, VmMemory(slot.memory_mb), time.monotonic())
         return cached
 
     def _released_at_compute(self, vm_id: str) -> bool:
@@ -320,14 +346,13 @@ class Agent:
         vm = self._vm(request.tenant, request.vm_id)
 
         execution_id = f"ex-{uuid.uuid4().hex}"
-        scratch = None
-        if not request.working_dir:
-            scratch = Path(self.config.work_dir).expanduser() / execution_id
-            scratch.mkdir(parents=True)
         if self.replay is not None:
+            # Nothing runs, so no scratch directory; a refused replay (no measured run) leaves nothing.
             execution = self.replay.execution(execution_id, list(request.argv), dict(request.env),
                                               on_exit=self._finished_one)
+            scratch = None
         else:
+            scratch = None if request.working_dir else Path(self.config.work_dir).expanduser() / execution_id
             execution = LocalExecution(
                 execution_id,
                 vm.slot,
@@ -338,7 +363,11 @@ class Agent:
                 sample_interval_s=self.config.sample_interval_s,
                 max_output_bytes=self.config.max_output_bytes,
                 on_exit=self._finished_one,
+                vm_memory=vm.memory,
+                mark_prefix=self.mark_prefix,
             )
+        if scratch is not None:
+            scratch.mkdir(parents=True)
         run = _Run(execution, request.tenant, request.vm_id, scratch)
         try:
             # Spawn under the lock: ReleaseVm then either sees this execution and kills it, or
@@ -355,7 +384,9 @@ class Agent:
             ) from None
         except PermissionError:
             self._remove_scratch(scratch)
-            raise InvalidArgument.of("argv", f"program {request.argv[0]!r} is not executable") from None
+            raise InvalidArgument.of(
+                "argv", f"program {request.argv[0]!r} is not an executable file (a directory, or no execute "
+                "permission)") from None
         except (OSError, ValueError) as e:  # ValueError: e.g. NUL in env
             self._remove_scratch(scratch)
             raise FailedPrecondition(f"could not start {request.argv[0]!r}: {e}") from None
@@ -430,11 +461,42 @@ class Agent:
         ]
 
     def open(self) -> None:
-        """Fail at start-up, not at the first Execute, if scratch space cannot be made."""
-        Path(self.config.work_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        """Fail at start-up, not at the first Execute, if scratch space cannot be made; clear what a
+        predecessor on this work dir left behind."""
+        work = Path(self.config.work_dir).expanduser()
+        work.mkdir(parents=True, exist_ok=True)
+        self._reap_leftovers(work)
         if self._checker is None:
             self._checker = threading.Thread(target=self._check_vms, name="vm-check", daemon=True)
             self._checker.start()
+
+    def _reap_leftovers(self, work: Path) -> None:
+        """Kill the processes of executions an earlier agent on `work` left running, and remove scratch
+        directories no execution owns: it died without its shutdown (SIGKILL, the OOM killer), so they ran
+        on unwatched, past their timeouts and their VMs' releases, and nobody else knows of them."""
+        killed = 0
+        for _ in range(3):  # a process may fork between the scan and the kill: its child is found next round
+            left = find_marked(self.mark_prefix)
+            if not left:
+                break
+            for p in left:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(left, timeout=_KILL_WAIT_S)
+            killed += len(left)
+        with self._lock:
+            owned_dirs = {r.scratch for r in self._runs.values()}
+        removed = 0
+        for entry in work.iterdir():
+            # Only names this agent gives: a work dir pointed at a shared directory loses nothing else.
+            if _SCRATCH_NAME.fullmatch(entry.name) and entry.is_dir() and entry not in owned_dirs:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed += 1
+        if killed or removed:
+            log.warning("cleared what an earlier agent left", extra={"work_dir": str(work), "killed": killed,
+                                                                     "scratch_removed": removed})
 
     def shutdown(self) -> None:
         """Kill every running execution (the agent's processes must not outlive it)."""
@@ -509,15 +571,28 @@ def _execution_pb(run: _Run) -> agent_pb2.Execution:
 class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self._lock = threading.Lock()
+        self._streams = 0  # Execute streams open, each holding a worker thread
 
     def Execute(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
-        run = self.agent.execute(request)
-        # A client that cancels leaves the command running (GetExecution / StopExecution reach it);
-        # detaching wakes this handler so the worker thread is not held until the command ends.
-        if not context.add_callback(run.execution.detach):
-            run.execution.detach()
-        for event in run.execution.events():
-            yield _event_pb(event)
+        limit = self.agent.config.max_execute_streams
+        with self._lock:
+            if self._streams >= limit:
+                raise ResourceExhausted(
+                    f"{self._streams} executions are streaming from this agent, its most (max_execute_streams="
+                    f"{limit}); retry when one ends (a client may cancel its stream and follow the run with GetExecution)")
+            self._streams += 1
+        try:
+            run = self.agent.execute(request)
+            # A client that cancels leaves the command running (GetExecution / StopExecution reach it);
+            # detaching wakes this handler so the worker thread is not held until the command ends.
+            if not context.add_callback(run.execution.detach):
+                run.execution.detach()
+            for event in run.execution.events():
+                yield _event_pb(event)
+        finally:
+            with self._lock:
+                self._streams -= 1
 
     def GetExecution(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
         return _execution_pb(self.agent.get(request.tenant, request.execution_id))
@@ -546,4 +621,5 @@ def component(config: AgentConfig) -> Component:
         start=agent.open,
         stop=agent.shutdown,
         extra={"agent": agent},
+        max_workers=config.max_execute_streams + _CONTROL_WORKERS,
     )

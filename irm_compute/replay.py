@@ -74,8 +74,13 @@ class ReplayExecution:
         self._started: Started | None = None
         self._exited: Exited | None = None
         self._done = threading.Event()
+        self.started_at = 0.0  # epoch seconds, as LocalExecution's
+        # Over as soon as it starts: nothing runs (the agent reads it to merge a VM's series, as it does
+        # LocalExecution's).
+        self.ended_at: float | None = None
 
     def start(self) -> Started:
+        self.started_at = self.ended_at = time.time()
         self._started = Started(self.execution_id, 0, (), 0.0,
                                 (f"replayed from {self._source}: nothing runs; measured time and cost",))
         self._exited = Exited(0 if self._run.ok else 1, self._run.time_s,
@@ -119,7 +124,3 @@ class ReplayExecution:
     @property
     def samples(self) -> list[Sample]:
         return []
-
-    @property
-    def started_at(self) -> float:
-        return time.time()

@@ -6,11 +6,14 @@ A VM of `cores` cores and `memory_mb` MB becomes, on this machine:
   that VMs spread over the machine (`CpuAllocator`), and thread-pool variables
   (OMP_NUM_THREADS, ...) telling numeric libraries how many CPUs they have;
 * a memory allowance, enforced twice: RLIMIT_DATA on the child, so a growing
-  allocation fails inside the program like it would in a full VM, and an RSS
+  allocation fails inside the program like it would in a full VM, and a
   watchdog over the whole process tree, which catches what a per-process,
   address-space limit cannot (several processes, small VMs; see
-  `data_rlimit_bytes`) and kills the tree;
-* utilisation samples (CPU as a percentage of the pinned CPUs, RSS as a
+  `data_rlimit_bytes`) and kills the tree. It counts proportional set size
+  (PSS): a page shared by several processes (copy-on-write after a fork, a
+  library) counts once in all, as in a real VM's memory. The allowance is the
+  VM's, shared by all the executions running in it (`VmMemory`);
+* utilisation samples (CPU as a percentage of the pinned CPUs, memory as a
   percentage of the allowance) every `sample_interval_s`;
 * every process of the execution carries a mark in its environment, so one
   that leaves the tree (a double fork into a new session) is still watched
@@ -80,7 +83,7 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUM
 # thread stack (8 MB) and OpenBLAS's per-thread buffer (~32 MB) count in full.
 # Measured on CPython 3.11 + numpy 2.4: `import numpy` needs about 10 + 40 MB per
 # OpenBLAS thread of it, and with too little OpenBLAS spins forever rather than
-# failing (128 MB, 2 threads). Below these sizes only the RSS watchdog enforces
+# failing (128 MB, 2 threads). Below these sizes only the memory watchdog enforces
 # the allowance, and `Started.notes` says so.
 RLIMIT_FLOOR_MB = 512.0
 RLIMIT_PER_CPU_MB = 64.0
@@ -145,7 +148,7 @@ class CpuAllocator:
             self._next = (self._cpus.index(chosen[-1]) + 1) % have
         if data_rlimit_bytes(memory_mb, n) is None:
             notes.append(
-                f"memory allowance of {memory_mb:g} MB enforced by the RSS watchdog only "
+                f"memory allowance of {memory_mb:g} MB enforced by the memory watchdog only "
                 f"(RLIMIT_DATA needs at least {max(RLIMIT_FLOOR_MB, RLIMIT_PER_CPU_MB * n):g} MB on {n} CPUs)"
             )
         return VmSlot(vm_id, cores, memory_mb, tuple(sorted(chosen)), tuple(notes))
@@ -180,7 +183,7 @@ class Sample:
     time: float  # seconds since the epoch
     cpu_percent: float  # of the pinned CPUs: 100 = all busy
     memory_percent: float  # of the memory allowance
-    memory_mb: float  # RSS summed over the process tree
+    memory_mb: float  # PSS summed over the process tree
 
 
 @dataclass(frozen=True)
@@ -203,10 +206,10 @@ def exit_reason(
 
     Under RLIMIT_DATA a program that outgrows its VM dies by itself (a Python
     MemoryError, a failed malloc), so a failure is put down to memory when the
-    program got near its allowance or said it ran out. A program whose true peak
-    (ru_maxrss) went over the allowance outgrew its VM even if it finished: a
-    real VM that small would have stopped it, and only the watchdog's sampling
-    (late on a loaded machine) let it through.
+    program got near its allowance or said it ran out. A program whose peak
+    went over the allowance outgrew its VM even if it finished: a real VM that
+    small would have stopped it, and only the watchdog's sampling (late on a
+    loaded machine) let it through.
     """
     if killed_for:
         return killed_for
@@ -258,14 +261,25 @@ def _spawning_thread_pinned(cpus: tuple[int, ...]) -> Iterator[None]:
 _PRLIMIT = shutil.which("prlimit")
 
 
-def _require_program(prog: str, cwd: str | None, path: str | None) -> None:
-    """Raise as Popen would for a missing program (prlimit would only exit non-zero later)."""
+def _require_program(prog: str, cwd: str | None, path: str | None) -> str:
+    """The program's path; FileNotFoundError if there is none, PermissionError if it is no executable file.
+
+    Checked before every spawn, not left to the exec: behind the prlimit wrapper a failed exec is only a
+    run exiting 126 or 127, while a direct spawn raises, so a VM's size would decide which answer the
+    caller gets.
+    """
     if os.sep in prog:
         found: str | None = prog if os.path.isabs(prog) else os.path.join(cwd or os.getcwd(), prog)
+        if not os.path.lexists(found):
+            found = None
     else:
-        found = shutil.which(prog, path=path)
-    if not found or not os.access(found, os.X_OK):
+        # As execvp: the first executable match on PATH; failing that, a mere file is EACCES, not ENOENT.
+        found = shutil.which(prog, path=path) or shutil.which(prog, mode=os.F_OK, path=path)
+    if not found:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), prog)
+    if not os.path.isfile(found) or not os.access(found, os.X_OK):  # a directory passes X_OK
+        raise PermissionError(errno.EACCES, "not an executable file", prog)
+    return found
 
 
 def _capped(limit: int) -> int:
@@ -282,6 +296,100 @@ def _limit_data(pid: int, limit: int) -> None:
         resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
     except ProcessLookupError:
         pass  # already gone; the reaper reports it
+
+
+def _vm_hwm_mb(pid: int | str) -> float:
+    """VmHWM of a process: the peak resident set of its current program (0 if unreadable, e.g. a zombie)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return 0.0
+
+
+def _reset_own_hwm() -> None:
+    """Lower this process's high-water mark to its current RSS ("5" to clear_refs, Linux >= 4.0).
+
+    A child inherits it as the floor of its ru_maxrss: reset, the floor is what the agent holds now, not
+    the most it ever held, so ru_maxrss tells the peak of any command bigger than the agent is.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # an older kernel: the floor stays higher, and the peak of fewer commands is known exactly
+
+
+# Held from the reset of the agent's high-water mark to reading it after the exec: another spawn's reset
+# in between would lower the reading below what the child inherited.
+_SPAWN_LOCK = threading.Lock()
+
+
+def _pss_bytes(p: psutil.Process) -> int:
+    """Proportional set size (from /proc/<pid>/smaps_rollup: one read, no per-mapping walk in Python).
+
+    RSS would count a page shared by n processes n times: a program that forks read-only workers would
+    look n times its size. RSS only where PSS cannot be read (another user's process that joined the tree).
+    """
+    try:
+        return p.memory_full_info().pss
+    except psutil.AccessDenied:
+        return p.memory_info().rss
+
+
+class VmMemory:
+    """The memory of one VM, shared by every execution running in it.
+
+    Each execution reports its tree's use at every sample; when the VM's total goes over its memory the
+    largest execution is killed ("memory limit exceeded"), the others run on. That is what a real VM
+    does when it runs out: its OOM killer picks the largest process and spares the rest; killing all
+    of the VM's runs would also end runs that fit and were not the cause.
+    """
+
+    def __init__(self, memory_mb: float) -> None:
+        self.memory_mb = memory_mb
+        self._lock = threading.Lock()
+        self._use: dict[LocalExecution, float] = {}
+        self._dying: set[LocalExecution] = set()
+
+    def report(self, execution: LocalExecution, mb: float) -> tuple[LocalExecution, float] | None:
+        """Record `execution`'s use; the execution to kill and the VM's total if the VM is over its memory."""
+        with self._lock:
+            if execution in self._dying:
+                return None
+            self._use[execution] = mb
+            total = sum(self._use.values())
+            if total <= self.memory_mb:
+                return None
+            victim = max(self._use, key=lambda e: self._use[e])
+            # Out of the sum at once: a dying tree's last report must not condemn the runs that remain.
+            del self._use[victim]
+            self._dying.add(victim)
+        return victim, total
+
+    def leave(self, execution: LocalExecution) -> None:
+        with self._lock:
+            self._use.pop(execution, None)
+            self._dying.discard(execution)
+
+    def total_mb(self) -> float:
+        with self._lock:
+            return sum(self._use.values())
+
+
+def find_marked(prefix: str) -> list[psutil.Process]:
+    """Every process whose execution mark starts with `prefix` (readable ones: this user's)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(EXECUTION_MARK, "").startswith(prefix):
+                out.append(p)
+        except psutil.Error:
+            continue  # gone, a zombie, or not ours to read
+    return out
 
 
 _DETACHED = object()
@@ -308,6 +416,8 @@ class LocalExecution:
         sample_interval_s: float = 0.5,
         max_output_bytes: int = 16 * 1024 * 1024,
         on_exit: Callable[[LocalExecution], None] | None = None,
+        vm_memory: VmMemory | None = None,
+        mark_prefix: str = "",
     ) -> None:
         if not argv:
             raise ValueError("argv is empty")
@@ -318,12 +428,15 @@ class LocalExecution:
         # A mark every descendant inherits: one that leaves the tree (a double fork into a new session) is
         # still found, watched and killed with the execution (unless it scrubs its environment: the sandbox
         # confines honest programs for measurement; it is not a security boundary).
-        self._mark = uuid.uuid4().hex
+        # The prefix names the owner (an agent), so a successor can find what a crashed one left running.
+        self._mark = f"{mark_prefix}{uuid.uuid4().hex}"
         self.env = {**child_env(slot, env or {}), EXECUTION_MARK: self._mark}
         self.timeout_s = timeout_s
         self.sample_interval_s = sample_interval_s
         self.max_output_bytes = max_output_bytes
         self._on_exit = on_exit
+        self._memory = vm_memory if vm_memory is not None else VmMemory(slot.memory_mb)
+        self._killed_for_vm = False  # killed because the VM's executions together outgrew it
 
         self._lock = threading.Lock()
         self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -340,6 +453,7 @@ class LocalExecution:
         self._stderr_tail = b""
         self._known: dict[int, psutil.Process] = {}  # every process of the tree seen, to kill escapees
         self._peak_mb = 0.0
+        self._spawner_hwm_mb = math.inf  # the agent's high-water mark just after the spawn (see _reap)
         self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
         self._sampled_at = 0.0  # monotonic time of the last sample
         self._popen: subprocess.Popen[bytes] | None = None
@@ -354,23 +468,22 @@ class LocalExecution:
         cpus = self.slot.cpus
         self._t0, self.started_at = time.monotonic(), time.time()
         limit = data_rlimit_bytes(self.slot.memory_mb, len(cpus))
-        argv = list(self.argv)
-        if limit is not None and _PRLIMIT:
-            _require_program(argv[0], self.working_dir, self.env.get("PATH"))
-            # util-linux's prlimit sets the limit on itself, then execs the program: the limit
-            # holds from the program's first instruction (no preexec_fn: unsafe beside gRPC threads).
-            argv = [_PRLIMIT, f"--data={_capped(limit)}", "--", *argv]
-        with _spawning_thread_pinned(cpus):
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=self.working_dir,
-                env=self.env,
-                start_new_session=True,  # its own process group: the whole tree can be killed at once
-                bufsize=0,
-            )
+        program = _require_program(self.argv[0], self.working_dir, self.env.get("PATH"))
+        # util-linux's prlimit sets the limit on itself, then execs the program: the limit
+        # holds from the program's first instruction (no preexec_fn: unsafe beside gRPC threads).
+        wrapper = [_PRLIMIT, f"--data={_capped(limit)}", "--"] if limit is not None and _PRLIMIT else []
+        with _SPAWN_LOCK:
+            _reset_own_hwm()
+            try:
+                popen = self._spawn([*wrapper, *self.argv])
+            except OSError as e:
+                if e.errno != errno.ENOEXEC:
+                    raise
+                # A file the kernel cannot execute (a script without "#!"): run it with /bin/sh, as execvp
+                # (so prlimit, in large VMs) and shells do; one answer whatever the VM's size.
+                popen = self._spawn([*wrapper, "/bin/sh", program, *self.argv[1:]])
+            # Read after the exec: the child's ru_maxrss starts from at most this (see _reap).
+            self._spawner_hwm_mb = _vm_hwm_mb("self")
         # Without prlimit: set it right after the exec, microseconds into the program's start-up;
         # whatever slips through before that, the watchdog sees.
         if limit is not None and not _PRLIMIT:
@@ -454,6 +567,26 @@ class LocalExecution:
         with self._lock:
             return list(self._samples)
 
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        with _spawning_thread_pinned(self.slot.cpus):
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.working_dir,
+                env=self.env,
+                start_new_session=True,  # its own process group: the whole tree can be killed at once
+                bufsize=0,
+            )
+
+    def _kill_for_vm(self) -> None:
+        """Killed because the VM's executions together outgrew it (VmMemory picked this one)."""
+        with self._lock:
+            if self._killed_for is None and not self._leader_exited:
+                self._killed_for_vm = True
+        self.kill(MEMORY_LIMIT_EXCEEDED)
+
     # --- threads ----------------------------------------------------------
 
     def _push(self, event: Event) -> None:
@@ -494,22 +627,32 @@ class LocalExecution:
             measured = self._measure()
             if measured is None:
                 continue
-            cpu_seconds, rss_mb = measured
+            cpu_seconds, mem_mb, root_hwm_mb = measured
             cpu_percent = _cpu_percent(cpu_seconds - last_cpu, now - last_t, len(self.slot.cpus))
             last_t, last_cpu = now, cpu_seconds
-            sample = Sample(time.time(), cpu_percent, rss_mb / self.slot.memory_mb * 100, rss_mb)
+            sample = Sample(time.time(), cpu_percent, mem_mb / self.slot.memory_mb * 100, mem_mb)
             with self._lock:
                 self._samples.append(sample)
-                self._peak_mb = max(self._peak_mb, rss_mb)
+                # The root's own high-water mark catches a spike of it between two samples.
+                self._peak_mb = max(self._peak_mb, mem_mb, root_hwm_mb)
                 self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
                 self._sampled_at = now
             self._push(sample)
-            if rss_mb > self.slot.memory_mb:
-                self.kill(MEMORY_LIMIT_EXCEEDED)
-                return  # a dying tree has nothing more to say; this sample shows why it dies
+            over = self._memory.report(self, mem_mb)
+            if over is not None:
+                victim, total = over
+                log.warning("VM over its memory: killing its largest execution",
+                            extra={"vm": self.slot.vm_id, "total_mb": round(total),
+                                   "limit_mb": self.slot.memory_mb, "execution_id": victim.execution_id})
+                if victim is self and mem_mb > self.slot.memory_mb:
+                    self.kill(MEMORY_LIMIT_EXCEEDED)  # over the VM's memory on its own
+                else:
+                    victim._kill_for_vm()
+                if victim is self:
+                    return  # a dying tree has nothing more to say; this sample shows why it dies
 
-    def _measure(self) -> tuple[float, float] | None:
-        """(cumulative CPU seconds, RSS MB) of the process tree, or None if it is gone."""
+    def _measure(self) -> tuple[float, float, float] | None:
+        """(cumulative CPU seconds, PSS MB, the root's VmHWM MB) of the process tree, or None if it is gone."""
         assert self._popen is not None
         root = self._known.get(self._popen.pid)
         if root is None:
@@ -523,12 +666,12 @@ class LocalExecution:
         seen = {p.pid for p in procs}
         procs += [p for p in self._marked() if p.pid not in seen]
         allowed = set(self.slot.cpus)
-        cpu = rss = 0.0
+        cpu = mem = 0.0
         for p in procs:
             try:
                 with p.oneshot():
                     t = p.cpu_times()
-                    rss += p.memory_info().rss
+                    mem += _pss_bytes(p)
                     # A process may widen its own affinity (sched_setaffinity): pinned back at every sample.
                     if allowed and not set(p.cpu_affinity()) <= allowed:
                         p.cpu_affinity(sorted(allowed))
@@ -537,7 +680,7 @@ class LocalExecution:
             # children_* hold descendants already reaped, so the total does not drop when one exits.
             cpu += t.user + t.system + t.children_user + t.children_system
             self._known.setdefault(p.pid, p)
-        return cpu, rss / (1024 * 1024)
+        return cpu, mem / (1024 * 1024), _vm_hwm_mb(root.pid)
 
     def _kill_known(self) -> None:
         """Kill descendants that left the process group (setsid); psutil refuses reused pids."""
@@ -568,9 +711,9 @@ class LocalExecution:
         caught it over the line), often between two samples: without this the
         series would miss the very bottleneck that ended the run. Under the
         rlimit the failing allocation is refused before it is resident, so the
-        measured RSS understates the demand; the demand did reach the
+        measured memory understates the demand; the demand did reach the
         allowance, and that is what this sample reports (the Exited record
-        keeps the measured RSS peak). Its CPU is measured over the last,
+        keeps the measured peak). Its CPU is measured over the last,
         partial interval.
         """
         since = self._sampled_at or self._t0
@@ -597,15 +740,19 @@ class LocalExecution:
         self._popen.returncode = exit_code  # keep the Popen object consistent; we reaped it ourselves
         self._stop_monitor.set()
         monitor.join()
+        self._memory.leave(self)  # at once: a dead tree's last use must not count against its VM's others
         for t in readers:
             t.join(_PIPE_DRAIN_S)
 
-        # Linux reports ru_maxrss in KiB: the true peak of the command (and descendants it waited for),
-        # which catches a spike between two samples.
-        peak = max(self._peak_mb, usage.ru_maxrss / 1024)
+        # ru_maxrss (KiB) is the peak RSS of the command and the descendants it waited for, and catches a
+        # spike between two samples; but Linux carries the spawning process's high-water mark across exec,
+        # so it is at least the agent's size at the spawn. Above that it can only be the command's own.
+        maxrss_mb = usage.ru_maxrss / 1024
+        peak = max(self._peak_mb, maxrss_mb) if maxrss_mb > self._spawner_hwm_mb else self._peak_mb
         cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
         reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail)
-        if reason == MEMORY_LIMIT_EXCEEDED:
+        # A run killed for the VM's total did not itself reach the allowance: its samples say what it used.
+        if reason == MEMORY_LIMIT_EXCEEDED and not self._killed_for_vm:
             self._record_death_at_peak(peak, cpu_seconds, self._t0 + wall)
         exited = Exited(
             exit_code=exit_code,

@@ -43,6 +43,9 @@ class Component:
     start: Callable[[], None] = _noop
     stop: Callable[[], None] = _noop
     extra: dict[str, Any] = field(default_factory=dict)
+    # gRPC worker threads it needs (e.g. one per long-lived stream, plus room for other calls); the server
+    # takes the largest wish of its components, at least the default.
+    max_workers: int | None = None
 
 
 def _abort(context: grpc.ServicerContext, error: HarnessError) -> None:
@@ -195,14 +198,19 @@ class Running:
         self.server.stop(grace).wait()
 
 
+DEFAULT_MAX_WORKERS = 32
+
+
 def create_server(
     address: str,
     components: Iterable[Component],
     *,
-    max_workers: int = 32,
+    max_workers: int | None = None,
     max_concurrent_rpcs: int | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     components = list(components)
+    if max_workers is None:
+        max_workers = max([DEFAULT_MAX_WORKERS, *(c.max_workers for c in components if c.max_workers)])
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=[ErrorInterceptor()],

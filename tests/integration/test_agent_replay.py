@@ -31,7 +31,9 @@ def test_replay_agent_answers_with_measured_runs(suite, tmp_path):
     data.write_text(DATASET)
     crs = suite.start("crs", heartbeat_interval_s=0.3)
     compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, backend="replay")
-    agent = suite.start("agent", compute_address=compute.address, backend="replay", dataset=str(data))
+    work = tmp_path / "agent-work"
+    agent = suite.start("agent", compute_address=compute.address, backend="replay", dataset=str(data),
+                        work_dir=str(work))
     # The compute IRM's hosts point at the default agent address; use this agent explicitly.
     c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
     eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 6)
@@ -46,9 +48,15 @@ def test_replay_agent_answers_with_measured_runs(suite, tmp_path):
     _, failed, events = execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "gcp", "vcpus": "2"})
     assert failed.exit_code == 1 and failed.reason == "out of memory" and failed.replayed_cost == pytest.approx(0.2)
 
-    with pytest.raises(grpc.RpcError) as e:
-        execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "azure", "vcpus": "8"})
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no measured run" in e.value.details()
+    for vcpus in range(3):
+        with pytest.raises(grpc.RpcError) as e:
+            execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "azure", "vcpus": str(vcpus)})
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no measured run" in e.value.details()
+    assert list(work.iterdir()) == []            # nothing runs, so no scratch directory, refused or not
+
+    # The VM's series: replayed runs have no samples (nothing ran), and reading them is no error.
+    metrics = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, tenant="t"), timeout=10)
+    assert {s.name: len(s.samples) for s in metrics.series} == {"cpu_percent": 0, "memory_percent": 0}
     with pytest.raises(grpc.RpcError) as e:
         execute(stub, vm, {"cloud": "aws"})
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -16,11 +16,13 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, compute_pb2, compute_pb2_grpc
 from irm_compute.agent import AgentConfig, component
 from services import server
 from services.errors import field_violations
+from tests.conftest import eventually
 
 PY = sys.executable
 ALICE, BOB = "alice", "bob"
@@ -78,13 +80,12 @@ class Cluster:
 def start_agent(
     compute_address: str, work_dir: Path, **overrides: object
 ) -> tuple[server.Running, grpc.Channel]:
+    settings: dict[str, object] = {"sample_interval_s": 0.1, "compute_timeout_s": 2.0, **overrides}
     cfg = AgentConfig(
         address="127.0.0.1:0",
         compute_address=compute_address,
-        sample_interval_s=0.1,
         work_dir=str(work_dir),
-        compute_timeout_s=2.0,
-        **overrides,  # type: ignore[arg-type]
+        **settings,  # type: ignore[arg-type]
     )
     running = server.start("127.0.0.1:0", [component(cfg)])
     return running, grpc.insecure_channel(f"127.0.0.1:{running.port}")
@@ -96,6 +97,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     fake.add("vm-a")
     fake.add("vm-b", tenant=BOB)
     fake.add("vm-gone", released=True)
+    fake.add("vm-small", memory_gb=0.25)         # below the RLIMIT floor: spawned directly, watchdog only
     compute = server.start("127.0.0.1:0", [fake_compute_component(fake)])
     agent, channel = start_agent(f"127.0.0.1:{compute.port}", tmp_path / "agent")
     try:
@@ -352,6 +354,93 @@ def test_missing_program_is_invalid_argv(cluster: Cluster) -> None:
     error = rpc_error(execute(cluster.agent, ["/no/such/program"]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field_violations(error)[0][0] == "argv"
+
+
+@pytest.mark.parametrize("vm", ["vm-small", "vm-a"])   # spawned directly / through the prlimit wrapper
+def test_what_can_start_does_not_depend_on_the_vms_size(cluster: Cluster, tmp_path: Path, vm: str) -> None:
+    script = tmp_path / "noshebang"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    events = list(execute(cluster.agent, [str(script)], vm_id=vm))       # run by /bin/sh, as execvp does
+    assert b"".join(e.stdout for e in events) == b"hi\n" and events[-1].exited.exit_code == 0
+    plain = tmp_path / "plain"
+    plain.write_text("echo hi\n")                                        # no execute permission
+    for not_a_program in (str(tmp_path), str(plain)):
+        error = rpc_error(execute(cluster.agent, [not_a_program], vm_id=vm))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert [f for f, _ in field_violations(error)] == ["argv"]
+        assert "not an executable file" in error.details()
+
+
+HOLD = """
+import os, time
+b = bytearray(b"\\x01") * ({mb} << 20)
+print("held", flush=True)
+deadline = time.monotonic() + 60
+while not os.path.exists("release") and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("done", flush=True)
+"""
+
+
+def test_executions_of_one_vm_share_its_memory(cluster: Cluster, tmp_path: Path) -> None:
+    # 400 + 700 MB on one 1 GB VM: the larger is killed, as a real VM's OOM killer would pick it.
+    small, large = (execute(cluster.agent, [PY, "-c", HOLD.format(mb=mb)], working_dir=str(tmp_path), timeout_s=60)
+                    for mb in (400, 700))
+    small_started = until_stdout(small)
+    x = list(large)[-1].exited
+    assert (x.exit_code, x.reason) == (-9, "memory limit exceeded")
+    get = agent_pb2.GetExecutionRequest(tenant=ALICE, execution_id=small_started.execution_id)
+    assert cluster.agent.GetExecution(get, timeout=10).state == agent_pb2.Execution.STATE_RUNNING
+    (tmp_path / "release").touch()
+    y = list(small)[-1].exited
+    assert (y.exit_code, y.reason) == (0, "")
+
+
+def test_the_execute_stream_cap_refuses_one_more_and_leaves_room_for_control_calls(
+        cluster: Cluster, tmp_path: Path) -> None:
+    running, channel = start_agent(f"127.0.0.1:{cluster.compute_port}", tmp_path / "capped", max_execute_streams=2)
+    try:
+        stub = agent_pb2_grpc.ExecutionAgentStub(channel)
+        calls = [execute(stub, SLEEP) for _ in range(2)]
+        ids = [until_stdout(c).execution_id for c in calls]
+        error = rpc_error(execute(stub, SLEEP))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "2 executions are streaming" in error.details() and "retry" in error.details()
+        stopped = stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=ALICE, execution_id=ids[0]), timeout=5)
+        assert stopped.exited.reason == "stopped"
+        assert list(calls[0])[-1].exited.reason == "stopped"          # its stream ended: a stream is free
+        assert list(execute(stub, [PY, "-c", "pass"]))[-1].exited.exit_code == 0
+        calls[1].cancel()                                            # a cancelled stream frees its slot too
+        eventually(lambda: list(execute(stub, [PY, "-c", "pass"]))[-1].exited.exit_code == 0,
+                   what="a stream freed by the cancel")
+    finally:
+        channel.close()
+        running.stop(0)
+
+
+def test_the_agents_worker_pool_outgrows_its_stream_cap(cluster: Cluster, tmp_path: Path) -> None:
+    # 33 streams: more than the 32 workers a server had; each holds one while its command runs.
+    n = 33
+    running, channel = start_agent(f"127.0.0.1:{cluster.compute_port}", tmp_path / "many",
+                                   max_execute_streams=n, sample_interval_s=2.0)
+    try:
+        stub = agent_pb2_grpc.ExecutionAgentStub(channel)
+        calls = [stub.Execute(agent_pb2.ExecuteRequest(tenant=ALICE, vm_id="vm-a", argv=["/bin/sleep", "60"]),
+                              timeout=120) for _ in range(n)]
+        ids = [next(c).started.execution_id for c in calls[:-1]]
+        # With every stream served and holding its worker, the control calls still find one at once ...
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        got = stub.GetExecution(agent_pb2.GetExecutionRequest(tenant=ALICE, execution_id=ids[0]), timeout=5)
+        assert got.state == agent_pb2.Execution.STATE_RUNNING
+        ids.append(next(calls[-1]).started.execution_id)                # ... and the last stream started too
+        for i in ids:
+            stopped = stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=ALICE, execution_id=i), timeout=5)
+            assert stopped.exited.reason == "stopped"
+    finally:
+        channel.close()
+        running.stop(0)
 
 
 def test_unreachable_compute_irm_is_unavailable(tmp_path: Path) -> None:

@@ -1,0 +1,82 @@
+"""An agent that dies without its shutdown (SIGKILL: a crash, the OOM killer) cannot kill what it ran; the agent
+restarted on its work dir does, at start-up, and removes the scratch directories nobody owns any more.
+
+Compute IRM and agent are separate processes; the execution is a real command, SIGKILL is real.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import grpc
+import psutil
+
+from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
+from services.suite import _free_port
+from tests.conftest import Suite, eventually
+
+PY = sys.executable
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_path):
+    suite = Suite(str(tmp_path))
+    work = tmp_path / "agent-work"
+    work.mkdir()
+    (work / "notes.txt").write_text("not the agent's")          # only scratch directories go
+    # Another agent's execution (another work dir, so another mark prefix): not this agent's to kill.
+    other = subprocess.Popen([PY, "-c", "import time; time.sleep(120)"],
+                             env={**os.environ, "HARNESS_EXECUTION_MARK": "agent-0123456789abcdef-" + "0" * 32})
+    tree: list[psutil.Process] = []
+    try:
+        agent_address = f"127.0.0.1:{_free_port()}"
+        compute = suite.start("compute", agent_address=agent_address)
+        agent = suite.start("agent", address=agent_address, compute_address=compute.address, work_dir=str(work))
+        irm = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(compute.address))
+        stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(agent_address))
+        res = irm.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[irm_pb2.ResourceGroup(
+            name="g", resource_type="vm", count=1, attributes={
+                "cores": common_pb2.AttributeRequest(number=1),
+                "memory_gb": common_pb2.AttributeRequest(number=1)})]), timeout=30)
+        vm = res.groups[0].resources[0].id
+        # A child of the command too: the whole tree must go, not just its leader.
+        code = (f"import subprocess, time; subprocess.Popen([{PY!r}, '-c', 'import time; time.sleep(120)']); "
+                "print('ready', flush=True); time.sleep(120)")
+        call = stub.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[PY, "-c", code], timeout_s=3),
+                            timeout=60)
+        started = next(call).started
+        assert next(e for e in call if e.WhichOneof("event") == "stdout").stdout == b"ready\n"
+        scratch = work / started.execution_id
+        assert scratch.is_dir()
+        leader = psutil.Process(started.pid)
+        tree += [leader, *leader.children(recursive=True)]
+        assert len(tree) == 2
+
+        agent.kill()                                             # a crash: no shutdown, nothing killed
+        call.cancel()
+        assert not any(_gone(p) for p in tree)                   # orphaned, no longer watched
+
+        suite.start("agent", name="agent2", address=agent_address, compute_address=compute.address,
+                    work_dir=str(work))
+        # Killed at start-up (before it serves), well before the orphans' own 120 s.
+        eventually(lambda: all(_gone(p) for p in tree), timeout=15, what="the orphaned tree gone")
+        assert not scratch.exists()
+        assert (work / "notes.txt").read_text() == "not the agent's"
+        assert other.poll() is None                              # another agent's run is left alone
+    finally:
+        other.kill()
+        other.wait()
+        for p in tree:                                           # whatever a failure left behind
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        suite.stop_all()
