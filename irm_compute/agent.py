@@ -18,6 +18,7 @@ the work dir), and removes the scratch directories no execution owns any more.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import math
@@ -192,6 +193,7 @@ class Agent:
         self.replay: ReplayBackend | None = None
         self._stop = threading.Event()
         self._checker: threading.Thread | None = None
+        self._work_lock: int | None = None     # see `_lock_work_dir`
         if config.backend == "replay":
             self.replay = ReplayBackend.load(config.dataset)
         elif config.backend != "local":
@@ -461,10 +463,11 @@ class Agent:
         ]
 
     def open(self) -> None:
-        """Fail at start-up, not at the first Execute, if scratch space cannot be made; clear what a
-        predecessor on this work dir left behind."""
+        """Fail at start-up, not at the first Execute, if scratch space cannot be made, or if another agent
+        runs on this work dir; clear what a predecessor on it left behind."""
         work = Path(self.config.work_dir).expanduser()
         work.mkdir(parents=True, exist_ok=True)
+        self._work_lock = _lock_work_dir(work)
         self._reap_leftovers(work)
         if self._checker is None:
             self._checker = threading.Thread(target=self._check_vms, name="vm-check", daemon=True)
@@ -508,6 +511,30 @@ class Agent:
         for e in running:
             e.wait(_KILL_WAIT_S)
         self.compute.close()
+        if self._work_lock is not None:
+            os.close(self._work_lock)
+            self._work_lock = None
+
+
+class WorkDirInUse(OSError):
+    """Another agent runs on the work dir."""
+
+
+def _lock_work_dir(work: Path) -> int:
+    """An exclusive lock on `work` (held while the agent lives), or WorkDirInUse. A second agent on one work
+    dir would take the first one's running executions for a crashed agent's leftovers and kill them. The
+    descriptor is not inherited (Python's default): a run left behind never holds it."""
+    fd = os.open(work / ".agent.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise WorkDirInUse(f"another agent (pid {owner}) runs on work_dir {work}; give this one a work_dir of "
+                           "its own") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 # --- messages -------------------------------------------------------------------

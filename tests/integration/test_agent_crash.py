@@ -1,5 +1,6 @@
 """An agent that dies without its shutdown (SIGKILL: a crash, the OOM killer) cannot kill what it ran; the agent
-restarted on its work dir does, at start-up, and removes the scratch directories nobody owns any more.
+restarted on its work dir does, at start-up, and removes the scratch directories nobody owns any more. A second
+agent on a work dir in use is refused.
 
 Compute IRM and agent are separate processes; the execution is a real command, SIGKILL is real.
 """
@@ -59,6 +60,13 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
         leader = psutil.Process(started.pid)
         tree += [leader, *leader.children(recursive=True)]
         assert len(tree) == 2
+
+        # A second agent on the same work dir is refused: it would take the run above for a crashed agent's.
+        dup = subprocess.run([PY, "-m", "services.cli", "serve", "agent", "--address", "127.0.0.1:0",
+                              "--set", f"compute_address={compute.address}", "--set", f"work_dir={work}"],
+                             capture_output=True, text=True, timeout=60)
+        assert dup.returncode == 2 and f"another agent (pid {agent.proc.pid}) runs on work_dir" in dup.stderr
+        assert not any(_gone(p) for p in tree)
 
         agent.kill()                                             # a crash: no shutdown, nothing killed
         call.cancel()
