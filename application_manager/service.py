@@ -197,10 +197,17 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         self._shutdown = threading.Event()
         # The cancellation event of every execution in progress (set on stop), and a condition to wait for them.
         self._executions: set[threading.Event] = set()
+        self._execution_ids: dict[str, threading.Event] = {}    # running execution -> its cancellation
         self._executions_done = threading.Condition(self._lock)
         self._sweep()
+        # Marking rows alive makes no remote call, so nothing slow (a CRS that answers late while a sweep
+        # releases what a dead process left) can hold it past `stale_after`; it stops last, once the runs
+        # have ended. The sweep runs on a thread of its own.
+        self._beating = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat_loop, name="am-heartbeat", daemon=True)
         self._heartbeat.start()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="am-sweeper", daemon=True)
+        self._sweeper.start()
 
     def _gone(self, owner: str | None, heartbeat_at: float | None) -> str | None:
         return owners.gone(owner, heartbeat_at, me=self.owner, now=time.time(), stale_after=self._stale_after)
@@ -240,29 +247,56 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             self._release_left(tenant, request_ids)
 
     def _beat(self) -> None:
-        """Mark this process's running rows alive; stop the sessions another process was asked to stop."""
+        """Mark this process's running rows alive; stop the sessions another process was asked to stop, and
+        cancel the runs whose rows another process took as interrupted (this one was silent too long): their
+        reservations were released, and the application may be profiled elsewhere now."""
         me, now = str(self.owner), time.time()
 
-        def go(s) -> list[str]:  # type: ignore[no-untyped-def]
+        def go(s) -> tuple[set[str], set[str], list[str]]:  # type: ignore[no-untyped-def]
             s.execute(sql_update(m.Session).where(m.Session.owner == me, m.Session.state == "running")
                       .values(heartbeat_at=now))
             s.execute(sql_update(m.Execution).where(m.Execution.owner == me, m.Execution.state == "running")
                       .values(heartbeat_at=now))
-            return list(s.scalars(sql_select(m.Session.id).where(
+            sessions = set(s.scalars(sql_select(m.Session.id).where(m.Session.owner == me,
+                                                                    m.Session.state == "running")))
+            executions = set(s.scalars(sql_select(m.Execution.id).where(m.Execution.owner == me,
+                                                                        m.Execution.state == "running")))
+            return sessions, executions, list(s.scalars(sql_select(m.Session.id).where(
                 m.Session.owner == me, m.Session.state == "running", m.Session.stop_requested.is_(True))))
-        for sid in self.db.transact(go):
+        with self._lock:        # before the look: a run registered after it is not taken for lost
+            sessions_before = {sid for sid, r in self._sessions.items() if not r.done.is_set()}
+            executions_before = dict(self._execution_ids)
+        sessions, executions, stops = self.db.transact(go)
+        for sid in stops:
             runner = self._sessions.get(sid)
             if runner is not None and not runner.stop.is_set():
                 log.info("stopping a session as asked through another AM process", extra={"session": sid})
                 runner.stop.set()
+        for sid in sessions_before - sessions:
+            runner = self._sessions.get(sid)
+            if runner is not None and not runner.done.is_set() and not runner.stop.is_set():
+                log.warning("another AM process took this session as interrupted: stopping its run",
+                            extra={"session": sid})
+                runner.stop.set()
+        for eid, cancel in executions_before.items():
+            if eid not in executions and not cancel.is_set():
+                log.warning("another AM process took this execution as interrupted: stopping its run",
+                            extra={"execution": eid})
+                cancel.set()
 
     def _beat_loop(self) -> None:
-        while not self._shutdown.wait(self.config.heartbeat_s):
+        while not self._beating.wait(self.config.heartbeat_s):
             try:
                 self._beat()
-                self._sweep()
             except Exception:  # noqa: BLE001 - a database hiccup: the next beat tries again
                 log.exception("heartbeat failed", extra={"owner": str(self.owner)})
+
+    def _sweep_loop(self) -> None:
+        while not self._shutdown.wait(self.config.heartbeat_s):
+            try:
+                self._sweep()
+            except Exception:  # noqa: BLE001 - a database or CRS hiccup: the next sweep tries again
+                log.exception("sweep failed", extra={"owner": str(self.owner)})
 
     def _release_left(self, tenant: str, request_ids: list[str]) -> None:
         """Release the tenant's active reservations whose request id is one of `request_ids` (an execution's) or
@@ -295,7 +329,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
     def stop(self) -> None:
         """Cancel what runs (each run stops its modules and releases its reservation), wait for it, close."""
         self._shutdown.set()
-        self._heartbeat.join(timeout=SHUTDOWN_WAIT_S)
+        self._sweeper.join(timeout=SHUTDOWN_WAIT_S)
         with self._lock:
             for ev in self._executions:
                 ev.set()
@@ -306,6 +340,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 r.thread.join(timeout=SHUTDOWN_WAIT_S)
         with self._executions_done:
             self._executions_done.wait_for(lambda: not self._executions, timeout=SHUTDOWN_WAIT_S)
+        # Marked alive until here: winding down may take a while, and another process must not take the rows.
+        self._beating.set()
+        self._heartbeat.join(timeout=SHUTDOWN_WAIT_S)
         self.db.dispose()
 
     # -- loading ---------------------------------------------------------------
@@ -716,6 +753,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         finally:
             def end(s) -> m.Session:  # type: ignore[no-untyped-def]
                 srow = s.get(m.Session, sid)
+                if srow.state != "running" or srow.owner != str(self.owner):
+                    # Taken as interrupted by another AM process meanwhile: that ending stands.
+                    log.warning("the session was ended by another AM process while it ran; its end here is not "
+                                "recorded", extra={"session": sid, "state": srow.state})
+                    return srow
                 srow.state, srow.message, srow.ended_at = state, message, self.clock.now()
                 return srow
             srow = self.db.transact(end)
@@ -816,6 +858,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         # The service stopping cancels it too (its reservation released, not left behind).
         with self._lock:
             self._executions.add(cancelled)
+            self._execution_ids[row.id] = cancelled
         if self._shutdown.is_set():
             cancelled.set()
         try:
@@ -828,12 +871,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
             def fail(s):  # type: ignore[no-untyped-def]
                 e = s.get(m.Execution, row.id)
-                e.state, e.error, e.ended_at = "failed", why, self.clock.now()
+                if e.state == "running" and e.owner == str(self.owner):    # else another process ended it
+                    e.state, e.error, e.ended_at = "failed", why, self.clock.now()
             self.db.transact(fail)
             raise
         finally:
             with self._executions_done:
                 self._executions.discard(cancelled)
+                self._execution_ids.pop(row.id, None)
                 self._executions_done.notify_all()
         o = detail.observation
         if not o.ok and not o.transient and (transient_error(o.error) or (
@@ -844,6 +889,12 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
         def finish(s) -> m.Execution:  # type: ignore[no-untyped-def]
             e = s.get(m.Execution, row.id)
+            if e.state != "running" or e.owner != str(self.owner):
+                # Taken as interrupted by another AM process while it ran (its reservation released there):
+                # that ending stands, and the run is no measurement.
+                log.warning("the execution was ended by another AM process while it ran; its end here is not "
+                            "recorded", extra={"execution": e.id, "state": e.state})
+                return e
             e.state = "succeeded" if o.ok else "failed"
             e.measured_time_s, e.measured_cost = o.time_s, o.cost
             e.slo_met = o.ok and slo.holds(o.time_s, o.cost)

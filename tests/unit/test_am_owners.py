@@ -120,3 +120,76 @@ def test_the_heartbeat_keeps_a_running_sessions_mark_fresh(tmp_path, monkeypatch
     finally:
         am.stop()
 
+
+
+def test_a_run_whose_rows_another_process_ended_is_cancelled_and_that_ending_stands(tmp_path, monkeypatch):
+    held = _Held()
+    _as(monkeypatch, Owner("node-a", 1, "a"))
+    first = _am(tmp_path, monkeypatch, held)
+    second = None
+    try:
+        app = _submit(first)
+        it = first.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                           max_runs=3), _Ctx())
+        sid = next(it).session.id
+        assert held.started.wait(5)
+        crs = _Crs([])
+        monkeypatch.setattr(svc.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
+        _as(monkeypatch, Owner("node-b", 2, "b"))
+        second = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+        # The first one was silent too long (a pause, a slow database): the second takes its session as gone.
+        first.db.transact(lambda s: s.execute(sa.update(m.Session).where(m.Session.id == sid)
+                                              .values(heartbeat_at=1.0)))
+        second._sweep()
+        first._beat()                  # the owner's next mark finds the row no longer its own: the run stops
+        list(it)
+        assert held.cancelled == [f"am-{sid}-1"]
+        s = next(x for x in second.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id),
+                                            _Ctx()).sessions if x.id == sid)
+        assert s.state == pb.ProfilingSession.STATE_FAILED and "has not marked it alive" in s.message
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_marking_alive_goes_on_while_a_sweep_waits_on_the_crs(tmp_path, monkeypatch):
+    import threading
+
+    class StuckCrs(_Crs):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.entered, self.go = threading.Event(), threading.Event()
+
+        def ListReservations(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+            self.entered.set()
+            self.go.wait(30)            # a CRS that answers late (the AM's own timeout is 10 s)
+            return super().ListReservations(req, timeout)
+
+    held = _Held()
+    _am(tmp_path, monkeypatch, held).stop()      # its stand-ins for the CRS and the back-end stay patched
+    crs = StuckCrs()
+    monkeypatch.setattr(svc.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1",
+                                                     heartbeat_s=0.05))
+    try:
+        app = _submit(am)
+        it = am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                        max_runs=3), _Ctx())
+        sid = next(it).session.id
+        # A dead process's execution: the sweep releases what it left, and waits on the CRS.
+        am.db.transact(lambda s: s.add(m.Execution(
+            id="exec-orphan00000", application_id=app.id, tenant="t", request_id=None, state="running",
+            config={}, slo="", predicted_time_s=0.0, predicted_cost=0.0, started_at=1.0,
+            owner="elsewhere:7:z", heartbeat_at=1.0)))
+        assert crs.entered.wait(10)
+        with am.db.read() as s:
+            mark = s.get(m.Session, sid).heartbeat_at
+
+        def marked_again() -> bool:
+            with am.db.read() as s:
+                return s.get(m.Session, sid).heartbeat_at > mark
+        eventually(marked_again, timeout=5, what="the session marked alive while the sweep waits")
+    finally:
+        crs.go.set()
+        am.stop()
