@@ -22,6 +22,7 @@ from services import client
 from services.clock import Clock
 
 log = logging.getLogger(__name__)
+DEFAULT_MAX_DELEGATIONS = 8
 
 
 @dataclass
@@ -39,9 +40,14 @@ class ManagerState:
     _stub: irm_pb2_grpc.ResourceManagerStub | None = field(default=None, repr=False)
     # Its Reserve calls, batched when they overlap (see delegation.py).
     delegator: Delegator = field(init=False, repr=False)
+    # Delegations that may wait on it at once (taken without blocking: a caller finding none is refused, not
+    # queued on a worker thread; see CrsConfig.max_delegations_per_manager).
+    max_delegations: int = DEFAULT_MAX_DELEGATIONS
+    slots: threading.BoundedSemaphore = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.delegator = Delegator(self.stub)
+        self.slots = threading.BoundedSemaphore(max(1, self.max_delegations))
 
     def stub(self) -> irm_pb2_grpc.ResourceManagerStub:
         # Built once: a stub makes a callable per method (~0.15 ms), on the shared channel.
@@ -53,12 +59,13 @@ class ManagerState:
 class Registry:
     def __init__(self, view: CapacityView, clock: Clock, heartbeat_timeout_s: float,
                  on_change: Callable[[str, irm_pb2.CapacityEvent], None],
-                 on_up: Callable[[str], None]) -> None:
+                 on_up: Callable[[str], None], max_delegations: int = DEFAULT_MAX_DELEGATIONS) -> None:
         self.view = view
         self.clock = clock
         self.timeout = heartbeat_timeout_s
         self.on_change = on_change
         self.on_up = on_up
+        self.max_delegations = max_delegations
         self.lock = threading.Lock()
         self.managers: dict[str, ManagerState] = {}
 
@@ -72,7 +79,8 @@ class Registry:
                 return old
             if old is not None:
                 old.stop.set()
-            state = ManagerState(name, address, list(resource_types), self.clock.now())
+            state = ManagerState(name, address, list(resource_types), self.clock.now(),
+                                 max_delegations=self.max_delegations)
             self.managers[name] = state
         self.view.set_down(name, False)
         state.thread = threading.Thread(target=self._follow, args=(state,), name=f"watch-{name}", daemon=True)

@@ -15,6 +15,7 @@ import os
 import random
 import re
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,6 +96,13 @@ _PARSE_CACHE = 1024
 MAX_WATCHES = 8
 # How long a registration waits for the manager already registered under its name to answer a health check.
 PROBE_TIMEOUT_S = 1.0
+# A failed liveness check or compensation pass is tried again after at most this long.
+STEP_RETRY_MAX_S = 5.0
+# A compensation row not done is tried again after 0.5 s x 2^attempts, at most this long after: a manager that
+# hangs is not asked for each of its rows every pass.
+COMPENSATION_BACKOFF_MAX_S = 60.0
+# Rows of one manager looked at per pass (rows not yet due are skipped).
+_ROWS_PER_MANAGER = 50
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
 
 
@@ -130,6 +138,13 @@ class CrsConfig:
     # Placements retried when an IRM refuses because the view was stale.
     place_attempts: int = 3
     irm_timeout_s: float = 10.0
+    # Reserve calls waiting at one manager at most; one more is UNAVAILABLE at once. A manager slower than its
+    # callers arrive would otherwise hold every one of the server's 32 worker threads (services.server), and
+    # reserves at other managers and every manager's heartbeats would queue behind it.
+    max_delegations_per_manager: int = 8
+    # How long the CRS keeps asking a manager whose Reserve it gave up on (timed out, unreachable) for the part
+    # it may still commit: a manager that commits that late still gets the part taken back.
+    in_doubt_horizon_s: float = 86400.0
     # Topology links (YAML list of {a, b, latency_ms, bandwidth_gbps} between racks or sites).
     topology_file: str = ""
     seed: int = 0
@@ -249,14 +264,27 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             max_streams=MAX_WATCHES,
             full="WatchCapacity streams are open on this CRS; close one, or poll DiscoverResources")
         self.registry = Registry(self.view, self.clock, config.heartbeat_timeout_s,
-                                 on_change=self._forward, on_up=lambda name: self._kick.set())
+                                 on_change=self._forward, on_up=lambda name: self._kick.set(),
+                                 max_delegations=config.max_delegations_per_manager)
         self.gate = PriorityGate()
         self._specs_cache: tuple[list, dict[str, dict[str, irm_pb2.AttributeSpec]]] | None = None
         self._parsed: tuple[object, dict[tuple[tuple[bytes, ...], tuple[bytes, ...]], PlacementRequest]] = (None, {})
         self.rng = random.Random(config.seed or None)
         self._stop = threading.Event()
         self._kick = threading.Event()
+        # Liveness and compensation on threads of their own: a compensation pass waits on managers (up to
+        # irm_timeout_s a call), and down-detection of every other manager must not wait with it.
         self._monitor = threading.Thread(target=self._run_monitor, name="crs-monitor", daemon=True)
+        self._compensator = threading.Thread(target=self._run_compensator, name="crs-compensator", daemon=True)
+        # Compensation row id -> when (clock time) to try it next; in memory: after a restart every row is
+        # tried once, then backs off again.
+        self._next_try: dict[int, float] = {}
+        # Rows remembered for a Reserve that got no definite answer (see _compensate_pending); in memory, so
+        # after a restart they are kept only as long as any row.
+        self._in_doubt_rows: set[int] = set()
+        # Manager -> (calls in a row it did not answer, when to ask it again): one that hangs is not waited on
+        # again each pass for its next row.
+        self._silent: dict[str, tuple[int, float]] = {}
 
     def _load_topology(self, path: str) -> None:
         import yaml
@@ -280,6 +308,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             state = self.registry.register(m.name, m.address, m.resource_types)
             state.last_heartbeat = -math.inf
         self._monitor.start()
+        self._compensator.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -287,15 +316,36 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.registry.stop()
         self.watchers.close()
         self._monitor.join(timeout=5)
+        self._compensator.join(timeout=5)
         self.db.dispose()
 
+    def _interval(self) -> float:
+        return max(0.05, min(self.config.heartbeat_interval_s, self.config.heartbeat_timeout_s) / 2)
+
     def _run_monitor(self) -> None:
-        interval = max(0.05, min(self.config.heartbeat_interval_s, self.config.heartbeat_timeout_s) / 2)
-        while not self._stop.is_set():
-            self.registry.check_liveness()
-            self._compensate_pending()
-            self._kick.wait(interval)
+        self._keep_running("liveness check", self.registry.check_liveness, lambda: self._stop.wait(self._interval()))
+
+    def _run_compensator(self) -> None:
+        def pause() -> None:
+            self._kick.wait(self._interval())
             self._kick.clear()
+        self._keep_running("compensation pass", self._compensate_pending, pause)
+
+    def _keep_running(self, what: str, step: Callable[[], None], pause: Callable[[], None]) -> None:
+        """`step` then `pause`, until stopped. A failing step (the database away for a moment, any error) is
+        logged and tried again after a growing pause: one exception must not end down-detection or
+        compensation for the life of the process."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                step()
+                failures = 0
+            except Exception:  # noqa: BLE001 - logged; the loop is what keeps the CRS whole
+                failures += 1
+                log.exception(f"{what} failed; retrying", extra={"failures": failures})
+                self._stop.wait(min(STEP_RETRY_MAX_S, 0.25 * 2 ** min(failures, 5)))
+                continue
+            pause()
 
     def _recover(self) -> None:
         """Reservations left pending by a crash: give back whatever any IRM holds for them."""
@@ -353,55 +403,118 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         except grpc.RpcError:
             return False
 
-    def _remember(self, manager: str, tenant: str, irm_request_id: str) -> None:
-        self.db.transact(lambda s: s.add(Compensation(manager=manager, tenant=tenant, irm_request_id=irm_request_id,
-                                                      created_at=self.clock.now())))
+    def _remember(self, manager: str, tenant: str, irm_request_id: str, in_doubt: bool = False) -> None:
+        def add(s):  # type: ignore[no-untyped-def]
+            row = Compensation(manager=manager, tenant=tenant, irm_request_id=irm_request_id,
+                               created_at=self.clock.now())
+            s.add(row)
+            s.flush()
+            return row.id
+        row_id = self.db.transact(add)
+        if in_doubt:
+            self._in_doubt_rows.add(row_id)
 
     def _undo_or_remember(self, manager: str, tenant: str, irm_request_id: str, in_doubt: bool = False) -> None:
         """Give back what `manager` holds for a request; remember to retry if that is not certain.
 
         `in_doubt`: the manager's Reserve failed without a definite answer (timed out,
-        unreachable), so it may still commit later; "absent" now proves nothing and the
-        compensation stays until the manager has had time to finish (see _compensate_pending).
+        unreachable), so it may still commit later: the request is only remembered, for the
+        compensator. Asking now could wait as long as the Reserve did, on the request's thread
+        (a slow manager's failed reserves then held the server's workers twice as long), and
+        "absent" now would prove nothing anyway (see _compensate_pending).
         """
-        outcome = self._undo(manager, tenant, irm_request_id)
-        if outcome == "unreachable" or (outcome == "absent" and in_doubt):
+        if in_doubt:
+            self._remember(manager, tenant, irm_request_id, in_doubt=True)
+            self._kick.set()
+            return
+        if self._undo(manager, tenant, irm_request_id) == "unreachable":
             self._remember(manager, tenant, irm_request_id)
 
     def _settled_after(self) -> float:
         """How long a manager may still be working on a request the CRS gave up on."""
         return 3 * self.config.irm_timeout_s
 
+    def _backoff(self, attempts: int) -> float:
+        return min(COMPENSATION_BACKOFF_MAX_S, 0.5 * 2 ** min(attempts, 20))
+
     def _compensate_pending(self) -> None:
+        """One pass over the compensation rows of the managers up.
+
+        A row not done waits 0.5 s x 2^attempts (at most COMPENSATION_BACKOFF_MAX_S) before its next try;
+        managers take turns, a manager that did not answer is left for the rest of the pass, and no new
+        try starts after irm_timeout_s: a manager that heartbeats but hangs costs a pass at most one
+        call's timeout, and the other managers' rows still get their turns.
+        """
         if not self.db.fetch(_ANY_COMPENSATION, {}):
             return
         up = [m.name for m in self.registry.up()]
         if not up:
             return
-        with self.db.read() as s:
-            # Only for managers that answer: the rows of one that is down must not crowd out the others'.
-            todo = list(s.scalars(select(Compensation).where(Compensation.manager.in_(up))
-                                  .order_by(Compensation.id).limit(200)))
         now = self.clock.now()
-        for c in todo:
-            state = self.registry.get(c.manager)
-            if state is None or not state.up:
-                continue
-            outcome = self._undo(c.manager, c.tenant, c.irm_request_id)
-            # "absent" is final only once the manager cannot still be committing the request.
-            done = outcome == "released" or (outcome == "absent" and now - c.created_at > self._settled_after())
-
-            def run(s, c=c, done=done):  # type: ignore[no-untyped-def]
-                if done:
-                    s.execute(delete(Compensation).where(Compensation.id == c.id))
+        queues: list[list[Compensation]] = []
+        with self.db.read() as s:
+            for name in up:
+                if self._silent.get(name, (0, 0.0))[1] > now:
+                    continue
+                # Fewest attempts first: they are the ones due soonest.
+                rows = [c for c in s.scalars(select(Compensation).where(Compensation.manager == name)
+                                             .order_by(Compensation.attempts, Compensation.id)
+                                             .limit(_ROWS_PER_MANAGER))
+                        if self._next_try.get(c.id, 0.0) <= now]
+                if rows:
+                    queues.append(rows)
+        deadline = time.monotonic() + max(1.0, self.config.irm_timeout_s)
+        while queues and not self._stop.is_set() and time.monotonic() < deadline:
+            for rows in list(queues):
+                c = rows.pop(0)
+                if not rows:
+                    queues.remove(rows)
+                state = self.registry.get(c.manager)
+                if state is None or not state.up:
+                    continue
+                outcome = self._try_compensation(c)
+                if outcome == "unreachable":
+                    misses = self._silent.get(c.manager, (0, 0.0))[0] + 1
+                    self._silent[c.manager] = (misses, self.clock.now() + self._backoff(misses))
+                    if rows:
+                        queues.remove(rows)  # its other rows wait for a later pass
                 else:
-                    row = s.get(Compensation, c.id)
-                    if row is not None:
-                        row.attempts += 1
-            self.db.transact(run)
-            if outcome == "released":
-                log.info("released a leftover at manager", extra={"manager": c.manager,
-                                                                  "irm_request_id": c.irm_request_id})
+                    self._silent.pop(c.manager, None)
+                if time.monotonic() >= deadline:
+                    break
+
+    def _try_compensation(self, c: Compensation) -> str:
+        outcome = self._undo(c.manager, c.tenant, c.irm_request_id)
+        now = self.clock.now()
+        age = now - c.created_at
+        if outcome == "released":
+            done = True
+        elif outcome == "absent":
+            # "absent" is final only once the manager cannot still be committing the request. A Reserve that
+            # got no definite answer may yet commit (a manager stuck that long still finishes): its row is
+            # asked about, ever more rarely, for in_doubt_horizon_s.
+            horizon = self.config.in_doubt_horizon_s if c.id in self._in_doubt_rows else self._settled_after()
+            done = age > max(horizon, self._settled_after())
+        else:
+            done = False
+
+        def run(s):  # type: ignore[no-untyped-def]
+            if done:
+                s.execute(delete(Compensation).where(Compensation.id == c.id))
+            else:
+                row = s.get(Compensation, c.id)
+                if row is not None:
+                    row.attempts += 1
+        self.db.transact(run)
+        if done:
+            self._next_try.pop(c.id, None)
+            self._in_doubt_rows.discard(c.id)
+        else:
+            self._next_try[c.id] = now + self._backoff(c.attempts + 1)
+        if outcome == "released":
+            log.info("released a leftover at manager", extra={"manager": c.manager,
+                                                              "irm_request_id": c.irm_request_id})
+        return outcome
 
     def pending_compensations(self) -> int:
         with self.db.read() as s:
@@ -774,6 +887,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 state = self.registry.get(manager)
                 if state is None or not state.up:
                     raise Unavailable(f"manager {manager!r} went down during placement; nothing was reserved")
+                if not state.slots.acquire(blocking=False):
+                    raise Unavailable(
+                        f"manager {manager!r} is slow: {self.config.max_delegations_per_manager} reservations are "
+                        "already waiting on it; nothing was reserved, retry later")
                 touched.append(manager)
                 try:
                     # Overlapping delegations to one manager share a call (delegation.py).
@@ -785,6 +902,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     if e.code() not in DEFINITE_REFUSALS:
                         in_doubt.add(manager)
                     raise _err_from_rpc(manager, e, tenant_paths(parts, index)) from None
+                finally:
+                    state.slots.release()
                 if reply.state != irm_pb2.Reservation.STATE_ACTIVE:
                     # Never activate on a part that holds nothing (it cannot happen with fresh ids; if it does,
                     # say so rather than double-book).

@@ -67,12 +67,26 @@ def _memory_mb(g: irm_pb2.ResourceGroup, p: str, v: Violations) -> int | None:
         v.add(path, f"must be > 0 and at most {MAX_MEMORY_GB:g}, got {memory_gb:g}")
         return None
     # Checked after rounding: a positive size below half a MiB rounds to a VM of no memory at all.
-    memory_mb = round(memory_gb * 1024)
+    memory_mb = whole_mib(memory_gb)
     if memory_mb < MIN_MEMORY_MB:
         v.add(path, f"must be at least {MIN_MEMORY_MB} MiB ({MIN_MEMORY_MB / 1024:g} GB) after rounding to whole MiB, "
                     f"got {memory_gb:g} GB")
         return None
     return memory_mb
+
+
+def whole_mib(memory_gb: float) -> int:
+    """A VM's memory in the whole MiB the store counts: rounded down from 1 MiB up.
+
+    Down, not to the nearest: a scheduler in front (the CRS) sums what tenants ask for in GB, as floats, against
+    the hosts' capacity; each VM rounded up could add up to more than it counted (6 VMs of 1/6 GB: 6 x 171 MiB
+    = 1026 > a 1 GB host's 1024) and the scheduler, placing them the same way again, would be refused forever
+    although the cloud had room. Rounded down, whatever fits its sum fits here. The tolerance keeps a size that
+    is a whole MiB in decimal (0.3 GB x 1024 = 307.2, 1.5 GB = 1536) from losing one to binary rounding. Below
+    1 MiB (refused by the CRS: the domain's minimum) the nearest whole MiB, as before: at least one MiB from half.
+    """
+    mib = memory_gb * 1024
+    return round(mib) if mib < 1 else math.floor(mib + 1e-6)
 
 
 def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefix: str = "groups") -> list[VmGroup]:

@@ -56,3 +56,27 @@ def test_irm_killed_mid_request_leaks_nothing(suite, tmp_path):
     res = stub.Reserve(request, timeout=30)
     assert res.state == irm_pb2.Reservation.STATE_ACTIVE
     assert len(active(a, "t")) == 1 and len(active(b2, "t")) == 1
+
+
+def test_vms_whose_memory_the_crs_sums_to_a_host_fit_that_host(suite, tmp_path):
+    # The CRS sums memory_gb as asked (floats); the compute IRM keeps whole MiB per VM. 6 VMs of 1/6 GB are
+    # 1.0 GB to the CRS: had the IRM rounded each up (171 MiB, 1026 > 1024), it would refuse the host the CRS
+    # chose, every time it chose it, and the tenant get RESOURCE_EXHAUSTED on a cloud with room.
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n"
+                   "  - {id: h1, site: s, rack: r1, cores: 8, memory_gb: 1, frequency_ghz: 2.0}\n"
+                   "  - {id: h2, site: s, rack: r1, cores: 8, memory_gb: 1, frequency_ghz: 2.0}\n")
+    crs = suite.start("crs", heartbeat_interval_s=0.3)
+    compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, inventory=str(inv))
+    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 2)
+    res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="six", groups=[vm_group("w", 6, 1, 1 / 6)]),
+                       timeout=60)
+    assert res.state == irm_pb2.Reservation.STATE_ACTIVE
+    vms = [r for g in res.groups for r in g.resources]
+    assert len(vms) == 6 and all(r.attributes["memory_gb"] == 170 / 1024 for r in vms)
+    # What the compute IRM accounts is what the CRS's view shows: no host over its capacity.
+    direct = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(compute.address))
+    hosts = direct.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources
+    assert sum(h.used["memory_gb"] for h in hosts) == 6 * 170 / 1024
+    assert all(h.used["memory_gb"] <= h.capacity["memory_gb"] for h in hosts)
