@@ -283,8 +283,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except grpc.RpcError as e:
         return _fail(e)
     except (KeyboardInterrupt, _Stopped, BrokenPipeError) as e:
+        # Stopping is not interrupted by a second Ctrl-C or signal (it would leave the command running).
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         if isinstance(e, BrokenPipeError):
-            # Nobody reads our output any more (`| head`): stop writing to it, also at interpreter exit.
+            # Nobody reads our output any more (`| head`): stop writing to it, also at interpreter exit (stderr
+            # too, if it went to the same pipe: `_say`).
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = {KeyboardInterrupt: 128 + signal.SIGINT, BrokenPipeError: 128 + signal.SIGPIPE}.get(
             type(e), 128 + getattr(e, "signum", 0))
@@ -292,11 +296,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             try:
                 stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=args.tenant, execution_id=execution),
                                    timeout=10)
-                print(f"[stopped execution {execution}]", file=sys.stderr)
+                _say(f"[stopped execution {execution}]")
             except grpc.RpcError as err:
-                print(f"harness run: could not stop execution {execution} ({err.code().name}): it may still "
-                      "run; releasing the reservation stops it", file=sys.stderr)
+                _say(f"harness run: could not stop execution {execution} ({err.code().name}): it may still run; "
+                     "releasing the reservation stops it")
         return status
+
+
+def _say(text: str) -> None:
+    """A line on stderr, unless nobody reads it any more."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 # -- jobs: the FPGA IRM's QoS job API (harness.v1.FpgaJobs) ------------------------------------

@@ -282,6 +282,19 @@ def test_harness_run_passes_the_exit_status_on_and_stops_the_command_when_it_is_
         assert p.wait(30) == 128 + signal.SIGPIPE
         err = p.stderr.read()
         assert "stopped execution" in err and "Traceback" not in err, err
+
+        # The same with stderr into that pipe too (`2>&1 | head -1`): nothing left to report to, the same status.
+        pid_file = tmp_path / "pid2"
+        p = subprocess.Popen([sys.executable, "-m", "services.cli", "run", res.id, "--crs", running["addrs"]["crs"],
+                              "--tenant", TENANT, "--", "/bin/sh", "-c",
+                              f"echo $$ > {pid_file}; exec yes {'y' * 100}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert p.stdout.readline().startswith("y")
+        pid = int(eventually(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30,
+                             what="the command to run"))
+        p.stdout.close()
+        assert p.wait(30) == 128 + signal.SIGPIPE
+        eventually(lambda: not psutil.pid_exists(pid), what=f"the remote command {pid} to be gone")
     finally:
         crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=TENANT, reservation_id=res.id))
 
