@@ -328,16 +328,24 @@ def _reset_own_hwm() -> None:
 _SPAWN_LOCK = threading.Lock()
 
 
-def _pss_bytes(p: psutil.Process) -> int:
-    """Proportional set size (from /proc/<pid>/smaps_rollup: one read, no per-mapping walk in Python).
+# The share of one sampling interval the agent may spend reading PSS for one execution: the kernel walks
+# every page (~12 ms per resident GB), so a large program's PSS is read every few samples, its RSS (cheap)
+# scaled by the last PSS/RSS ratio in between.
+PSS_BUDGET = 0.1
+
+
+def _rss_pss_bytes(p: psutil.Process) -> tuple[int, int]:
+    """(RSS, proportional set size): PSS from /proc/<pid>/smaps_rollup, one read, no per-mapping walk.
 
     RSS would count a page shared by n processes n times: a program that forks read-only workers would
-    look n times its size. RSS only where PSS cannot be read (another user's process that joined the tree).
+    look n times its size. RSS for both where PSS cannot be read (another user's process that joined the tree).
     """
     try:
-        return p.memory_full_info().pss
+        full = p.memory_full_info()
+        return full.rss, full.pss
     except psutil.AccessDenied:
-        return p.memory_info().rss
+        rss = p.memory_info().rss
+        return rss, rss
 
 
 class VmMemory:
@@ -453,6 +461,12 @@ class LocalExecution:
         self._stderr_tail = b""
         self._known: dict[int, psutil.Process] = {}  # every process of the tree seen, to kill escapees
         self._peak_mb = 0.0
+        # PSS/RSS of the tree at the last PSS read: scales what RSS-only readings (the root's VmHWM, ru_maxrss,
+        # samples between PSS reads) say to what PSS would, so the verdict judges by the measure the limit
+        # uses (a program mapping a file others map too is not "over" by pages it shares). 1 until read.
+        self._share = 1.0
+        self._pss_every = 1      # PSS read every this many samples (see PSS_BUDGET)
+        self._since_pss = 0
         self._spawner_hwm_mb = math.inf  # the agent's high-water mark just after the spawn (see _reap)
         self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
         self._sampled_at = 0.0  # monotonic time of the last sample
@@ -634,7 +648,7 @@ class LocalExecution:
             with self._lock:
                 self._samples.append(sample)
                 # The root's own high-water mark catches a spike of it between two samples.
-                self._peak_mb = max(self._peak_mb, mem_mb, root_hwm_mb)
+                self._peak_mb = max(self._peak_mb, mem_mb, root_hwm_mb * self._share)
                 self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
                 self._sampled_at = now
             self._push(sample)
@@ -652,7 +666,9 @@ class LocalExecution:
                     return  # a dying tree has nothing more to say; this sample shows why it dies
 
     def _measure(self) -> tuple[float, float, float] | None:
-        """(cumulative CPU seconds, PSS MB, the root's VmHWM MB) of the process tree, or None if it is gone."""
+        """(cumulative CPU seconds, PSS MB, the root's VmHWM MB) of the process tree, or None if it is gone.
+
+        PSS is read every `_pss_every` samples (RSS scaled by the last PSS/RSS ratio in between)."""
         assert self._popen is not None
         root = self._known.get(self._popen.pid)
         if root is None:
@@ -666,12 +682,19 @@ class LocalExecution:
         seen = {p.pid for p in procs}
         procs += [p for p in self._marked() if p.pid not in seen]
         allowed = set(self.slot.cpus)
-        cpu = mem = 0.0
+        cpu = rss = pss = 0.0
+        self._since_pss += 1
+        read_pss = self._since_pss >= self._pss_every
+        began = time.perf_counter()
         for p in procs:
             try:
                 with p.oneshot():
                     t = p.cpu_times()
-                    mem += _pss_bytes(p)
+                    if read_pss:
+                        r, q = _rss_pss_bytes(p)
+                        rss, pss = rss + r, pss + q
+                    else:
+                        rss += p.memory_info().rss
                     # A process may widen its own affinity (sched_setaffinity): pinned back at every sample.
                     if allowed and not set(p.cpu_affinity()) <= allowed:
                         p.cpu_affinity(sorted(allowed))
@@ -680,6 +703,14 @@ class LocalExecution:
             # children_* hold descendants already reaped, so the total does not drop when one exits.
             cpu += t.user + t.system + t.children_user + t.children_system
             self._known.setdefault(p.pid, p)
+        if read_pss:
+            self._since_pss = 0
+            self._share = min(1.0, pss / rss) if rss > 0 else 1.0
+            spent = time.perf_counter() - began
+            self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
+            mem = pss
+        else:
+            mem = rss * self._share
         return cpu, mem / (1024 * 1024), _vm_hwm_mb(root.pid)
 
     def _kill_known(self) -> None:
@@ -748,7 +779,7 @@ class LocalExecution:
         # spike between two samples; but Linux carries the spawning process's high-water mark across exec,
         # so it is at least the agent's size at the spawn. Above that it can only be the command's own.
         maxrss_mb = usage.ru_maxrss / 1024
-        peak = max(self._peak_mb, maxrss_mb) if maxrss_mb > self._spawner_hwm_mb else self._peak_mb
+        peak = max(self._peak_mb, maxrss_mb * self._share) if maxrss_mb > self._spawner_hwm_mb else self._peak_mb
         cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
         reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail)
         # A run killed for the VM's total did not itself reach the allowance: its samples say what it used.
