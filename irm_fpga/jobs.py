@@ -550,8 +550,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             picked = {job_id for job_id, _ in d.allocation}
             held = [self._hjob(r, hi) for r in queued if r.id not in picked]
             early = (self.scheduler.budget_s or 0.0) + WAKE_MARGIN_S
+            # A job whose limit is nearer than `early` is woken for at the limit itself (the decision's time
+            # is its start, so it is still on time, if only just).
+            wakes = [w for w in (hy.wake_time(held, now, self.config.late_after_s, early=early),
+                                 hy.wake_time(held, now, self.config.late_after_s)) if w is not None]
             with self._timer:
-                self._wake_at = hy.wake_time(held, now, self.config.late_after_s, early=early)
+                self._wake_at = min(wakes, default=None)
                 self._timer.notify_all()
         # The next round decides again when a dispatch the Orchestrator refused left its job queued, or when the
         # pool grew while jobs still wait (the paper's Algorithm 3 grows one device a decision: a job wider than

@@ -597,6 +597,31 @@ def test_a_lookahead_that_holds_a_job_decides_again_before_its_start_limit(irm_f
     assert irm.manager._wake_at is None
 
 
+def test_a_job_held_nearer_its_limit_than_the_wake_margin_is_woken_for_at_the_limit(irm_factory, monkeypatch):
+    from irm_fpga.qos import hydrogen as hy
+    from irm_fpga.qos import lookahead as la
+
+    real = la.lookahead_schedule
+    calls: list[float] = []
+
+    def holds_twice(queue, available, window, cost=hy.linear_cost, *, now, **kw):  # noqa: ANN001, ANN202
+        calls.append(now)
+        if len(set(calls)) <= 2:
+            return hy.Projection("lookahead", [], {}, {}, 0.0)
+        return real(queue, available, window, cost, now=now, **kw)
+    monkeypatch.setattr(la, "lookahead_schedule", holds_twice)
+    irm = irm_factory("managed_lookahead", lookahead_budget_s=0.1)
+    j = irm.register("j", action_seconds=1.0, **deadline(100.0, 40))
+    irm.clock.advance(0.85)                # past j's wake (0.8 s), before its limit (1 s)
+    irm.register("k", action_seconds=1.0, **deadline(100.0, 40))     # held too: a decision without a wake
+    limit = irm.job(j.id).registered_at + 1.0
+    assert irm.manager._wake_at == pytest.approx(limit - hy.WAKE_EARLY_S)
+    irm.clock.advance(limit - hy.WAKE_EARLY_S - irm.clock.now())
+    irm.manager.wake_once()
+    got = irm.job(j.id)
+    assert got.state == ACTIVE and got.allocations[0][0] - got.registered_at <= 1.0
+
+
 def test_the_control_thread_wakes_for_a_held_job_between_its_rounds(db_url, monkeypatch):
     from harness.v1 import fpga_jobs_pb2 as jobs_pb
     from irm_fpga.qos import hydrogen as hy
