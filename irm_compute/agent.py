@@ -18,7 +18,6 @@ the work dir), and removes the scratch directories no execution owns any more.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import math
@@ -50,7 +49,7 @@ from irm_compute.sandbox import (
     find_marked,
     merge_utilisation,
 )
-from services import control
+from services import control, pidlock
 from services.errors import (
     FailedPrecondition,
     HarnessError,
@@ -523,18 +522,12 @@ class WorkDirInUse(OSError):
 def _lock_work_dir(work: Path) -> int:
     """An exclusive lock on `work` (held while the agent lives), or WorkDirInUse. A second agent on one work
     dir would take the first one's running executions for a crashed agent's leftovers and kill them. The
-    descriptor is not inherited (Python's default): a run left behind never holds it."""
-    fd = os.open(work / ".agent.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor is not inherited: a run left behind never holds it."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise WorkDirInUse(f"another agent (pid {owner}) runs on work_dir {work}; give this one a work_dir of "
+        return pidlock.take(work / ".agent.lock")
+    except pidlock.Held as e:
+        raise WorkDirInUse(f"another agent (pid {e.owner}) runs on work_dir {work}; give this one a work_dir of "
                            "its own") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 # --- messages -------------------------------------------------------------------

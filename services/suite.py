@@ -7,7 +7,6 @@ service adds itself to `plan()`.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from services import pidlock
 from services.catalog import SERVICES, config_sections
 from services.launcher import ServiceProcess, spawn
 
@@ -118,18 +118,11 @@ def _lock(state_dir: str) -> int:
     """An exclusive lock on `state_dir`, or SuiteRunning. Two suites on one state directory would share its
     databases and logs, and the second, on other free ports (`--auto-ports`), would take over `suite.json`.
     The services inherit the lock, so it holds while any of them lives, even if `harness up` was killed."""
-    path = Path(state_dir) / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise SuiteRunning(f"a suite is already running from {state_dir} (started by pid {owner}); stop it "
+        return pidlock.take(Path(state_dir) / ".lock")
+    except pidlock.Held as e:
+        raise SuiteRunning(f"a suite is already running from {state_dir} (started by pid {e.owner}); stop it "
                            f"first (Ctrl-C where it runs), or give another --state-dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def start(state_dir: str, auto_ports: bool = False, config_file: str | None = None,

@@ -23,6 +23,7 @@ from irm_compute.agent import AgentConfig, component
 from services import server
 from services.errors import field_violations
 from tests.conftest import eventually
+from tests.unit.test_agent_memory import HOLD
 
 PY = sys.executable
 ALICE, BOB = "alice", "bob"
@@ -372,15 +373,6 @@ def test_what_can_start_does_not_depend_on_the_vms_size(cluster: Cluster, tmp_pa
         assert "not an executable file" in error.details()
 
 
-HOLD = """
-import os, time
-b = bytearray(b"\\x01") * ({mb} << 20)
-print("held", flush=True)
-deadline = time.monotonic() + 60
-while not os.path.exists("release") and time.monotonic() < deadline:
-    time.sleep(0.02)
-print("done", flush=True)
-"""
 
 
 def test_executions_of_one_vm_share_its_memory(cluster: Cluster, tmp_path: Path) -> None:

@@ -41,17 +41,23 @@ def _as(monkeypatch, owner: Owner) -> None:  # noqa: ANN001
     monkeypatch.setattr(owners, "new_owner", lambda: owner)
 
 
-def test_a_live_owners_session_is_left_running_a_stop_reaches_it_and_a_dead_ones_is_ended(tmp_path, monkeypatch):
+def _profiling_on_node_a(tmp_path, monkeypatch):  # noqa: ANN001, ANN202
+    """An AM process owned by node-a:1:a, profiling an application: its first run under way (held)."""
     held = _Held()
     _as(monkeypatch, Owner("node-a", 1, "a"))
     first = _am(tmp_path, monkeypatch, held)
+    app = _submit(first)
+    it = first.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                       max_runs=3), _Ctx())
+    sid = next(it).session.id
+    assert held.started.wait(5)
+    return first, held, app, it, sid
+
+
+def test_a_live_owners_session_is_left_running_a_stop_reaches_it_and_a_dead_ones_is_ended(tmp_path, monkeypatch):
+    first, held, app, it, sid = _profiling_on_node_a(tmp_path, monkeypatch)
     second = None
     try:
-        app = _submit(first)
-        it = first.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
-                                                           max_runs=3), _Ctx())
-        sid = next(it).session.id
-        assert held.started.wait(5)
         crs = _Crs([irm_pb2.Reservation(id="r-run1", tenant="t", request_id=f"am-{sid}-1",
                                         state=irm_pb2.Reservation.STATE_ACTIVE)])
         monkeypatch.setattr(svc.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
@@ -123,16 +129,9 @@ def test_the_heartbeat_keeps_a_running_sessions_mark_fresh(tmp_path, monkeypatch
 
 
 def test_a_run_whose_rows_another_process_ended_is_cancelled_and_that_ending_stands(tmp_path, monkeypatch):
-    held = _Held()
-    _as(monkeypatch, Owner("node-a", 1, "a"))
-    first = _am(tmp_path, monkeypatch, held)
+    first, held, app, it, sid = _profiling_on_node_a(tmp_path, monkeypatch)
     second = None
     try:
-        app = _submit(first)
-        it = first.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
-                                                           max_runs=3), _Ctx())
-        sid = next(it).session.id
-        assert held.started.wait(5)
         crs = _Crs([])
         monkeypatch.setattr(svc.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
         _as(monkeypatch, Owner("node-b", 2, "b"))
