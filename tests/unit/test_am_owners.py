@@ -41,6 +41,16 @@ def _as(monkeypatch, owner: Owner) -> None:  # noqa: ANN001
     monkeypatch.setattr(owners, "new_owner", lambda: owner)
 
 
+def _silence(am: svc.ApplicationManager, sid: str) -> None:
+    """As if the session's owner had not marked it alive for a long while."""
+    am.db.transact(lambda s: s.execute(sa.update(m.Session).where(m.Session.id == sid).values(heartbeat_at=1.0)))
+
+
+def _session(am: svc.ApplicationManager, app: pb.Application, sid: str) -> pb.ProfilingSession:
+    return next(x for x in am.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx()).sessions
+                if x.id == sid)
+
+
 def _profiling_on_node_a(tmp_path, monkeypatch):  # noqa: ANN001, ANN202
     """An AM process owned by node-a:1:a, profiling an application: its first run under way (held)."""
     held = _Held()
@@ -93,12 +103,10 @@ def test_a_live_owners_session_is_left_running_a_stop_reaches_it_and_a_dead_ones
                                                     state=irm_pb2.Reservation.STATE_ACTIVE))
         second._sweep()
         assert not crs.released                                   # its mark is fresh: left alone
-        first.db.transact(lambda s: s.execute(sa.update(m.Session).where(m.Session.id == sid2)
-                                              .values(heartbeat_at=1.0)))
+        _silence(first, sid2)
         second._sweep()
         assert crs.released == ["r-run2"]
-        s2 = next(s for s in second.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id),
-                                             _Ctx()).sessions if s.id == sid2)
+        s2 = _session(second, app, sid2)
         assert s2.state == pb.ProfilingSession.STATE_FAILED and "has not marked it alive" in s2.message
     finally:
         first.stop()
@@ -137,14 +145,12 @@ def test_a_run_whose_rows_another_process_ended_is_cancelled_and_that_ending_sta
         _as(monkeypatch, Owner("node-b", 2, "b"))
         second = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
         # The first one was silent too long (a pause, a slow database): the second takes its session as gone.
-        first.db.transact(lambda s: s.execute(sa.update(m.Session).where(m.Session.id == sid)
-                                              .values(heartbeat_at=1.0)))
+        _silence(first, sid)
         second._sweep()
         first._beat()                  # the owner's next mark finds the row no longer its own: the run stops
         list(it)
         assert held.cancelled == [f"am-{sid}-1"]
-        s = next(x for x in second.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id),
-                                            _Ctx()).sessions if x.id == sid)
+        s = _session(second, app, sid)
         assert s.state == pb.ProfilingSession.STATE_FAILED and "has not marked it alive" in s.message
     finally:
         first.stop()
