@@ -52,7 +52,8 @@ def test_replay_agent_answers_with_measured_runs(suite, tmp_path):
         with pytest.raises(grpc.RpcError) as e:
             execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "azure", "vcpus": str(vcpus)})
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no measured run" in e.value.details()
-    assert list(work.iterdir()) == []            # nothing runs, so no scratch directory, refused or not
+    # Nothing runs, so no scratch directory, refused or not (only the agent's own lock on its work dir).
+    assert [p.name for p in work.iterdir()] == [".agent.lock"]
 
     # The VM's series: replayed runs have no samples (nothing ran), and reading them is no error.
     metrics = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, tenant="t"), timeout=10)
