@@ -270,10 +270,11 @@ def test_rlimit_makes_an_oversized_application_fail(tmp_path: Path, allocator: C
     # It got to its allowance and no further: the RLIMIT stops it at 512 MB of data, or the
     # watchdog sees the RSS (data plus shared libraries) cross 512 MB first.
     assert 0.9 * 512 <= x.peak_memory_mb <= 512 + 64
-    # It died at its peak, likely between two samples: the series still ends there, so whoever
+    # It died at its peak, likely between two samples: the series still ends there -- at the allowance
+    # if the measured peak (PSS: its share of the shared libraries) stayed just under it -- so whoever
     # reads utilisation sees the memory bottleneck that ended the run.
     last = samples(events)[-1]
-    assert last.memory_mb == x.peak_memory_mb and last.memory_percent >= 90
+    assert last.memory_mb == max(x.peak_memory_mb, 512) and last.memory_percent >= 100
 
 
 def test_one_huge_allocation_fails_at_once_under_the_rlimit(tmp_path: Path, allocator: CpuAllocator) -> None:
