@@ -200,6 +200,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # the group was made, already in observed_actions).
         self._unseen: dict[str, set[str]] = {}
         self._silent_since: dict[str, float] = {}            # server holding job groups -> first unanswered round
+        self._gone_logged: set[str] = set()                  # servers taken as gone, already logged
         self._last: dict[str, tuple[float, int]] = {}        # job -> (time, actions) at the last sample
         self._stop = threading.Event()
         # Set once `start` has loaded the persisted state: the server may take requests before (the
@@ -428,9 +429,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         now = self.clock.now()
         self._silent_since = {n: self._silent_since.get(n, now) for n in missing}
         waiting = [n for n in missing if now - self._silent_since[n] < self.config.silent_server_s]
-        if missing and not waiting:
+        gone = set(missing) - set(waiting)
+        if gone - self._gone_logged:        # once per server going, not every round it stays gone
             log.warning("servers holding job groups silent for longer than silent_server_s: deciding without "
-                        "their devices", extra={"servers": missing, "silent_server_s": self.config.silent_server_s})
+                        "their devices", extra={"servers": sorted(gone), "silent_server_s": self.config.silent_server_s})
+        self._gone_logged = gone
         return caps, waiting
 
     def _pool_if_known(self, active: list[FpgaJob]) -> int | None:
