@@ -703,12 +703,15 @@ class LocalExecution:
             # children_* hold descendants already reaped, so the total does not drop when one exits.
             cpu += t.user + t.system + t.children_user + t.children_system
             self._known.setdefault(p.pid, p)
+        if rss <= 0:
+            return None  # the tree is exiting (its memory already torn down): no sample, not "0 MB"
         if read_pss:
             self._since_pss = 0
-            self._share = min(1.0, pss / rss) if rss > 0 else 1.0
+            if pss > 0:
+                self._share = min(1.0, pss / rss)
             spent = time.perf_counter() - began
             self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
-            mem = pss
+            mem = pss if pss > 0 else rss * self._share
         else:
             mem = rss * self._share
         return cpu, mem / (1024 * 1024), _vm_hwm_mb(root.pid)
