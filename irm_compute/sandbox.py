@@ -467,6 +467,7 @@ class LocalExecution:
         self._share = 1.0
         self._pss_every = 1      # PSS read every this many samples (see PSS_BUDGET)
         self._since_pss = 0
+        self._pss_pids: frozenset[int] = frozenset()    # the tree when PSS was last read
         self._spawner_hwm_mb = math.inf  # the agent's high-water mark just after the spawn (see _reap)
         self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
         self._sampled_at = 0.0  # monotonic time of the last sample
@@ -682,19 +683,13 @@ class LocalExecution:
         seen = {p.pid for p in procs}
         procs += [p for p in self._marked() if p.pid not in seen]
         allowed = set(self.slot.cpus)
-        cpu = rss = pss = 0.0
-        self._since_pss += 1
-        read_pss = self._since_pss >= self._pss_every
-        began = time.perf_counter()
+        cpu = rss = 0.0
+        alive: list[psutil.Process] = []
         for p in procs:
             try:
                 with p.oneshot():
                     t = p.cpu_times()
-                    if read_pss:
-                        r, q = _rss_pss_bytes(p)
-                        rss, pss = rss + r, pss + q
-                    else:
-                        rss += p.memory_info().rss
+                    rss += p.memory_info().rss
                     # A process may widen its own affinity (sched_setaffinity): pinned back at every sample.
                     if allowed and not set(p.cpu_affinity()) <= allowed:
                         p.cpu_affinity(sorted(allowed))
@@ -703,17 +698,28 @@ class LocalExecution:
             # children_* hold descendants already reaped, so the total does not drop when one exits.
             cpu += t.user + t.system + t.children_user + t.children_system
             self._known.setdefault(p.pid, p)
+            alive.append(p)
         if rss <= 0:
             return None  # the tree is exiting (its memory already torn down): no sample, not "0 MB"
-        if read_pss:
-            self._since_pss = 0
+        # PSS when due, when the tree changed (a new process: the last ratio says nothing of its pages), and
+        # whenever the RSS estimate nears the allowance: no run is ever judged over it on an estimate.
+        self._since_pss += 1
+        pids = frozenset(p.pid for p in alive)
+        if (self._since_pss >= self._pss_every or pids != self._pss_pids
+                or rss * self._share >= 0.8 * self.slot.memory_mb * 1024 * 1024):
+            began = time.perf_counter()
+            pss = 0.0
+            for p in alive:
+                try:
+                    pss += _rss_pss_bytes(p)[1]
+                except psutil.Error:
+                    continue
+            spent = time.perf_counter() - began
+            self._since_pss, self._pss_pids = 0, pids
+            self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
             if pss > 0:
                 self._share = min(1.0, pss / rss)
-            spent = time.perf_counter() - began
-            self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
-            mem = pss if pss > 0 else rss * self._share
-        else:
-            mem = rss * self._share
+        mem = rss * self._share
         return cpu, mem / (1024 * 1024), _vm_hwm_mb(root.pid)
 
     def _kill_known(self) -> None:

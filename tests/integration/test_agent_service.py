@@ -144,18 +144,21 @@ def test_execute_streams_started_output_samples_and_exited(cluster: Cluster) -> 
     code = (
         "import sys, time\n"
         "print('hello', flush=True); print('warn', file=sys.stderr, flush=True)\n"
-        "end = time.monotonic() + 0.6\n"
+        "t0 = time.monotonic(); end = t0 + 0.6\n"
         "while time.monotonic() < end: pass\n"
+        "print(time.process_time() / (time.monotonic() - t0) * 100, flush=True)\n"
     )
     events = list(execute(cluster.agent, [PY, "-c", code], env={"X": "1"}))
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds[0] == "started" and kinds[-1] == "exited"
     started, exited = events[0].started, events[-1].exited
     assert started.pid > 0 and len(started.cpus) == 1 and started.memory_limit_mb == 1024
-    assert b"".join(e.stdout for e in events) == b"hello\n"
+    hello, share = b"".join(e.stdout for e in events).decode().splitlines()
+    assert hello == "hello"
     assert b"".join(e.stderr for e in events) == b"warn\n"
     samples = [e.sample for e in events if e.HasField("sample")]
-    assert len(samples) >= 3 and max(s.cpu_percent for s in samples) > 50
+    # Busy, as far as a loaded machine let it be: the samples see at least half the CPU it says it got.
+    assert len(samples) >= 3 and max(s.cpu_percent for s in samples) > 0.5 * float(share) > 0
     assert (exited.exit_code, exited.reason) == (0, "")
     assert exited.wall_time_s >= 0.6 and exited.peak_memory_mb > 1
 
