@@ -4,6 +4,7 @@ owner is gone. In-process on SQLite; the processes are told apart by their owner
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from application_manager import models as m
@@ -51,6 +52,26 @@ def _session(am: svc.ApplicationManager, app: pb.Application, sid: str) -> pb.Pr
                 if x.id == sid)
 
 
+@pytest.fixture
+def stop_later():  # noqa: ANN201
+    """Stops the AMs given to it (in that order) when the test ends, whatever it ends with."""
+    made: list[svc.ApplicationManager] = []
+
+    def keep(am: svc.ApplicationManager) -> svc.ApplicationManager:
+        made.append(am)
+        return am
+    yield keep
+    for am in made:
+        am.stop()
+
+
+def _on_node_b(tmp_path, monkeypatch, crs: _Crs) -> svc.ApplicationManager:  # noqa: ANN001
+    """A second AM process on the same database, owned by node-b:2:b, its CRS stood in for by `crs`."""
+    monkeypatch.setattr(svc.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
+    _as(monkeypatch, Owner("node-b", 2, "b"))
+    return svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+
+
 def _profiling_on_node_a(tmp_path, monkeypatch):  # noqa: ANN001, ANN202
     """An AM process owned by node-a:1:a, profiling an application: its first run under way (held)."""
     held = _Held()
@@ -64,54 +85,47 @@ def _profiling_on_node_a(tmp_path, monkeypatch):  # noqa: ANN001, ANN202
     return first, held, app, it, sid
 
 
-def test_a_live_owners_session_is_left_running_a_stop_reaches_it_and_a_dead_ones_is_ended(tmp_path, monkeypatch):
+def test_a_live_owners_session_is_left_running_a_stop_reaches_it_and_a_dead_ones_is_ended(tmp_path, monkeypatch, stop_later):
     first, held, app, it, sid = _profiling_on_node_a(tmp_path, monkeypatch)
-    second = None
+    stop_later(first)
+    crs = _Crs([irm_pb2.Reservation(id="r-run1", tenant="t", request_id=f"am-{sid}-1",
+                                    state=irm_pb2.Reservation.STATE_ACTIVE)])
+    second = stop_later(_on_node_b(tmp_path, monkeypatch, crs))
+
+    # The second one's start-up left the first one's session running, and it cannot start another.
+    model = second.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx())
+    assert [s.state for s in model.sessions] == [pb.ProfilingSession.STATE_RUNNING] and not crs.released
     try:
-        crs = _Crs([irm_pb2.Reservation(id="r-run1", tenant="t", request_id=f"am-{sid}-1",
-                                        state=irm_pb2.Reservation.STATE_ACTIVE)])
-        monkeypatch.setattr(svc.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
-        _as(monkeypatch, Owner("node-b", 2, "b"))
-        second = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+        next(second.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id), _Ctx()))
+        raise AssertionError("a second session of the application started")
+    except svc.FailedPrecondition as e:
+        assert sid in str(e) and "node-a:1:a" in str(e)
 
-        # The second one's start-up left the first one's session running, and it cannot start another.
-        model = second.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx())
-        assert [s.state for s in model.sessions] == [pb.ProfilingSession.STATE_RUNNING] and not crs.released
-        try:
-            next(second.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id), _Ctx()))
-            raise AssertionError("a second session of the application started")
-        except svc.FailedPrecondition as e:
-            assert sid in str(e) and "node-a:1:a" in str(e)
+    # A stop asked through the second one is seen by the first one's heartbeat.
+    answer = second.StopProfiling(pb.StopProfilingRequest(tenant="t", session_id=sid), _Ctx())
+    assert answer.state == pb.ProfilingSession.STATE_RUNNING and "node-a:1:a" in answer.message
+    first._beat()
+    list(it)
+    assert held.cancelled == [f"am-{sid}-1"]
+    assert second.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx()).sessions[0].state \
+        == pb.ProfilingSession.STATE_STOPPED
 
-        # A stop asked through the second one is seen by the first one's heartbeat.
-        answer = second.StopProfiling(pb.StopProfilingRequest(tenant="t", session_id=sid), _Ctx())
-        assert answer.state == pb.ProfilingSession.STATE_RUNNING and "node-a:1:a" in answer.message
-        first._beat()
-        list(it)
-        assert held.cancelled == [f"am-{sid}-1"]
-        assert second.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx()).sessions[0].state \
-            == pb.ProfilingSession.STATE_STOPPED
-
-        # A session whose owner (elsewhere) stopped marking it alive is ended by the other one's sweep.
-        held2 = _Held()
-        monkeypatch.setattr(svc.LocalBackend, "run", lambda self, p, **kw: held2(self, p, **kw))
-        it2 = first.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
-                                                            max_runs=3), _Ctx())
-        sid2 = next(it2).session.id
-        assert held2.started.wait(5)
-        crs.reservations.append(irm_pb2.Reservation(id="r-run2", tenant="t", request_id=f"am-{sid2}-1",
-                                                    state=irm_pb2.Reservation.STATE_ACTIVE))
-        second._sweep()
-        assert not crs.released                                   # its mark is fresh: left alone
-        _silence(first, sid2)
-        second._sweep()
-        assert crs.released == ["r-run2"]
-        s2 = _session(second, app, sid2)
-        assert s2.state == pb.ProfilingSession.STATE_FAILED and "has not marked it alive" in s2.message
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
+    # A session whose owner (elsewhere) stopped marking it alive is ended by the other one's sweep.
+    held2 = _Held()
+    monkeypatch.setattr(svc.LocalBackend, "run", lambda self, p, **kw: held2(self, p, **kw))
+    it2 = first.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                        max_runs=3), _Ctx())
+    sid2 = next(it2).session.id
+    assert held2.started.wait(5)
+    crs.reservations.append(irm_pb2.Reservation(id="r-run2", tenant="t", request_id=f"am-{sid2}-1",
+                                                state=irm_pb2.Reservation.STATE_ACTIVE))
+    second._sweep()
+    assert not crs.released                                   # its mark is fresh: left alone
+    _silence(first, sid2)
+    second._sweep()
+    assert crs.released == ["r-run2"]
+    s2 = _session(second, app, sid2)
+    assert s2.state == pb.ProfilingSession.STATE_FAILED and "has not marked it alive" in s2.message
 
 
 def test_the_heartbeat_keeps_a_running_sessions_mark_fresh(tmp_path, monkeypatch):
@@ -135,27 +149,19 @@ def test_the_heartbeat_keeps_a_running_sessions_mark_fresh(tmp_path, monkeypatch
         am.stop()
 
 
-
-def test_a_run_whose_rows_another_process_ended_is_cancelled_and_that_ending_stands(tmp_path, monkeypatch):
+def test_a_run_whose_rows_another_process_ended_is_cancelled_and_that_ending_stands(tmp_path, monkeypatch, stop_later):
     first, held, app, it, sid = _profiling_on_node_a(tmp_path, monkeypatch)
-    second = None
-    try:
-        crs = _Crs([])
-        monkeypatch.setattr(svc.irm_pb2_grpc, "ResourceManagerStub", lambda ch: crs)
-        _as(monkeypatch, Owner("node-b", 2, "b"))
-        second = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
-        # The first one was silent too long (a pause, a slow database): the second takes its session as gone.
-        _silence(first, sid)
-        second._sweep()
-        first._beat()                  # the owner's next mark finds the row no longer its own: the run stops
-        list(it)
-        assert held.cancelled == [f"am-{sid}-1"]
-        s = _session(second, app, sid)
-        assert s.state == pb.ProfilingSession.STATE_FAILED and "has not marked it alive" in s.message
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
+    stop_later(first)
+    crs = _Crs([])
+    second = stop_later(_on_node_b(tmp_path, monkeypatch, crs))
+    # The first one was silent too long (a pause, a slow database): the second takes its session as gone.
+    _silence(first, sid)
+    second._sweep()
+    first._beat()                  # the owner's next mark finds the row no longer its own: the run stops
+    list(it)
+    assert held.cancelled == [f"am-{sid}-1"]
+    s = _session(second, app, sid)
+    assert s.state == pb.ProfilingSession.STATE_FAILED and "has not marked it alive" in s.message
 
 
 def test_marking_alive_goes_on_while_a_sweep_waits_on_the_crs(tmp_path, monkeypatch):
