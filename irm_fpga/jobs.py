@@ -279,10 +279,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """Hydrogen: the cost model learns from every job that ran to its size (dispatch to retirement)."""
         if self.scheduler is None:
             return
-        with self.db.read() as s:
-            rows = list(s.scalars(select(FpgaJob).where(FpgaJob.state == RETIRED, FpgaJob.goal == DEADLINE)))
-        for r in rows:
-            self._observe_run(r, r.retired_at)
+        with self.db.read() as s:       # in batches: years of retired jobs need not all be in memory at once
+            query = select(FpgaJob).where(FpgaJob.state == RETIRED, FpgaJob.goal == DEADLINE)
+            for r in s.scalars(query.execution_options(yield_per=500)):
+                self._observe_run(r, r.retired_at)
 
     def _observe_run(self, row: FpgaJob, end: float) -> None:
         """One run the cost model can learn from: dispatched once on n devices, kept to its size."""

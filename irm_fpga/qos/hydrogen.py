@@ -132,7 +132,9 @@ class LearnedCostModel:
     """
 
     def __init__(self) -> None:
-        self._obs: dict[str, list[tuple[int, float]]] = {}
+        # design -> devices -> [runs, sum of seconds per unit of size]: what the fit needs, and no more (the
+        # runs themselves grew without bound on a long-lived manager, and each refit went over all of them).
+        self._sums: dict[str, dict[int, list[float]]] = {}
         self._fit: dict[str, tuple[float, float]] = {}
 
     @staticmethod
@@ -143,17 +145,26 @@ class LearnedCostModel:
         share = seconds / self._size(job)
         if devices < 1 or not math.isfinite(share) or share <= 0:
             return                      # nothing to learn from a run that took no (or no finite) time
-        self._obs.setdefault(job.design, []).append((devices, share))
+        acc = self._sums.setdefault(job.design, {}).setdefault(devices, [0.0, 0.0])
+        acc[0] += 1.0
+        acc[1] += share
         self._fit.pop(job.design, None)
+
+    def observed(self, design: str) -> dict[int, tuple[int, float]]:
+        """What was learned of `design`: devices -> (runs on that many, mean seconds per unit of size)."""
+        return {r: (int(n), total / n) for r, (n, total) in self._sums.get(design, {}).items()}
 
     def coefficients(self, design: str) -> tuple[float, float] | None:
         if design in self._fit:
             return self._fit[design]
-        obs = self._obs.get(design, [])
-        if len({r for r, _ in obs}) < 2:
+        sums = self._sums.get(design, {})
+        if len(sums) < 2:
             return None
-        x = np.array([[1.0, 1.0 / r] for r, _ in obs])
-        y = np.array([v for _, v in obs])
+        # Least squares over every run equals least squares over each size's mean weighted by its runs (the
+        # spread within a size adds a constant): row sqrt(n_r) [1, 1/r], target sqrt(n_r) mean_r.
+        w = np.sqrt([n for n, _ in sums.values()])
+        x = np.array([[1.0, 1.0 / r] for r in sums]) * w[:, None]
+        y = np.array([total / n for n, total in sums.values()]) * w
         # Non-negative: live times carry up to a control period of noise, and two noisy points fitted freely
         # can give b < 0 (more devices predicted slower) or a < 0 (a cost below zero on many devices).
         (a, b), _ = nnls(x, y)

@@ -99,6 +99,30 @@ def test_linear_and_learned_cost():
     assert a >= 0 and b >= 0 and m3(j, 2) <= m3(j, 1)
 
 
+
+def test_learned_cost_fit_is_the_fit_over_every_run_and_keeps_no_runs():
+    """The model keeps per-size sums, not the runs (a long-lived manager's list grew without bound): its fit
+    must still be the non-negative least-squares fit over every run, here checked against scipy on all rows."""
+    import random
+
+    import numpy as np
+    from scipy.optimize import nnls
+
+    rng = random.Random(7)
+    j = HJob("a", 0.0, 2.0, 1, 8)
+    m = LearnedCostModel()
+    runs = []
+    for _ in range(5000):
+        r = rng.choice((1, 2, 3, 5, 8))
+        seconds = 2.0 * (0.3 + 0.7 / r) * rng.uniform(0.7, 1.4)
+        m.observe(j, r, seconds)
+        runs.append((r, seconds / 2.0))
+    want, _ = nnls(np.array([[1.0, 1.0 / r] for r, _ in runs]), np.array([v for _, v in runs]))
+    assert m.coefficients(j.design) == pytest.approx(tuple(want), rel=1e-9)
+    assert sum(len(by_size) for by_size in vars(m)["_sums"].values()) == 5      # one entry per size seen
+    learned = m.observed(j.design)
+    assert sorted(learned) == [1, 2, 3, 5, 8] and sum(n for n, _ in learned.values()) == 5000
+
 def test_managed_mode_picks_by_strategy():
     # Idle pool of 4, one job: spreading it (AMAP/Max) minimises the makespan.
     one = [HJob("a", 0.0, 8.0, 1, 4)]
