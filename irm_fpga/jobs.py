@@ -79,6 +79,8 @@ from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, THROUGHPUT, JobProgress, QosJob
+from irm_fpga.qos.plugin_worker import PluginRunner
+from irm_fpga.qos.plugins import is_external
 from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS, canonical, is_scheduling
 from irm_fpga.qos.throughput import (
     DEFAULT_ALPHA,
@@ -134,6 +136,7 @@ class JobsConfig:
     pool_max: int = 0                  # 0: every usable device not held by other groups
     beta: float = 2.5                  # Hydrogen managed modes: Algorithm 3's shrink threshold
     lookahead_budget_s: float = 0.25   # managed_lookahead: search time per decision (it holds the manager's lock)
+    plugin_timeout_s: float = 1.0      # a plug-in algorithm (module:function) answers each decision within this
     # A server holding job groups that does not answer holds decisions back (its devices would count as gone and
     # jobs shrink for a timeout); silent longer than this, it is taken as gone and decisions go on without it.
     silent_server_s: float = 60.0
@@ -160,6 +163,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             raise ValueError("job manager configuration: silent_server_s must be >= 0 seconds")
         if not self.config.lookahead_budget_s >= 0:
             raise ValueError("job manager configuration: lookahead_budget_s must be >= 0 seconds")
+        if not 0 < self.config.plugin_timeout_s <= MAX_CONTROL_PERIOD_S:
+            raise ValueError(f"job manager configuration: plugin_timeout_s must be > 0 and at most "
+                             f"{MAX_CONTROL_PERIOD_S:g} seconds (got {self.config.plugin_timeout_s!r})")
         # A Hydrogen policy dispatches from a ready queue; None: "edf" or "throughput" resize groups.
         self.scheduler: dispatch.Scheduler | None = None
         if is_scheduling(self.config.policy):
@@ -173,6 +179,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                          budget_s=self.config.lookahead_budget_s)
             except ValueError as e:
                 raise ValueError(f"job manager configuration: {e}") from None
+        # A plug-in decides in a worker process of its own, each call within plugin_timeout_s: one that loops
+        # forever in this process would hold the manager's lock (and every request waiting on it) for good.
+        self._plugin: PluginRunner | None = None
+        if self.scheduler is not None and is_external(self.config.policy):
+            self._plugin = PluginRunner(self.config.policy, timeout_s=self.config.plugin_timeout_s,
+                                        late_after=self.config.late_after_s)
         self.cost = hy.LearnedCostModel()      # Hydrogen: fed with every job run to its size
         self._pool_size: int | None = None     # Hydrogen: the pool provisioned for jobs (None: the most)
         # Hydrogen: the inputs of the last decision (queue, running jobs, devices); a round that finds them
@@ -223,6 +235,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         one: throughput goals need "throughput", queued jobs a Hydrogen policy, and a Hydrogen
         policy takes deadline goals only. Retire them under the old policy first.
         """
+        if self._plugin is not None:
+            self._plugin.start()     # loaded before the first decision, whose time limit is not for importing it
         with self.lock:     # the server may already take RegisterJob: none may be half-made while this looks
             self._load()
             # EDF reconciles at its first round: the jobs may come from another policy (the broker's split),
@@ -300,6 +314,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self.watchers.close()                  # WatchJobs streams end (clients reconnect elsewhere)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        if self._plugin is not None:
+            self._plugin.close()
 
     def _loop(self) -> None:
         period = self.config.control_period_s
@@ -539,7 +555,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                                           FpgaJob.registered_at >= now - hy.FORECAST_SPAN_S)))
         try:
             d = dispatch.decide(self.scheduler, [self._hjob(r, hi) for r in queued], now=now, pool=pool,
-                                pool_max=hi, running=run, cost=self.cost, history=[self._hjob(r, hi) for r in recent])
+                                pool_max=hi, running=run, cost=self.cost, history=[self._hjob(r, hi) for r in recent],
+                                plugin=self._plugin)
         except Exception:   # noqa: BLE001 - e.g. a plug-in's bug: the jobs stay queued, the next event retries
             log.exception("scheduling decision failed; the queue waits", extra={"policy": self.config.policy})
             return

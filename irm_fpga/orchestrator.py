@@ -100,6 +100,9 @@ class OrchestratorConfig:
     jobs_beta: float = 2.5
     # managed_lookahead: seconds one dispatching decision may search (registrations wait for it).
     jobs_lookahead_budget_s: float = 0.25
+    # A plug-in scheduling algorithm (module:function) runs in a process of its own and answers each decision
+    # within this (else its process is killed and the queue waits for the next decision).
+    jobs_plugin_timeout_s: float = 1.0
     # A server holding job groups silent longer than this is taken as gone by the job manager (irm_fpga.jobs).
     jobs_silent_server_s: float = 60.0
 

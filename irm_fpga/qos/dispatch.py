@@ -93,7 +93,7 @@ def scheduler_for(name: str, *, seed: int = 0, window: int = 30, late_after: flo
 
 def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, pool_max: int,
            running: Sequence[hy.RunningJob] = (), cost: hy.Cost = hy.linear_cost,
-           history: Sequence[hy.HJob] = ()) -> Decision:
+           history: Sequence[hy.HJob] = (), plugin: Callable[..., object] | None = None) -> Decision:
     """Which queued jobs start now, on how many devices, and the pool from now on.
 
     `queue`: the ready queue in arrival order; `pool`: the devices provisioned
@@ -101,7 +101,10 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
     model's prediction); `pool_max`: the most the elasticity manager may
     provision; `history`: the recent arrivals (the deadline-aware mode's
     forecast and the lookahead's futures are drawn from them). Jobs whose
-    min exceeds `pool_max` wait, left out of the decision.
+    min exceeds `pool_max` wait, left out of the decision. `plugin`: what
+    to call in place of a plug-in algorithm (the live manager's
+    `plugin_worker.PluginRunner`, which runs it in a process of its own
+    under a time limit); None: call it here.
     """
     # A job wider than any pool the manager may provision now cannot start: it stays queued, out of this
     # decision (FCFS and SJTF stopped at it, holding back every job behind it) and out of the futures drawn.
@@ -118,7 +121,7 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
         # A plug-in's answer is checked before anyone acts on it, against the queue as it was before the call:
         # it gets a copy, so one that sorts or pops the list it is given cannot move the window it is checked by.
         try:
-            picked = alg(list(queue), free, s.window, cost, now=now)
+            picked = (plugin or alg)(list(queue), free, s.window, cost, now=now)
         except SystemExit as e:         # a plug-in's exit() must not end the caller's thread
             raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} called exit({e.code!r})") from None
         return Decision(plugins.check_allocation(s.algorithm, picked, queue, s.window, free), "", pool)

@@ -10,6 +10,7 @@ unreachable servers, refused registrations that must not disturb others).
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from sqlalchemy import select
@@ -446,6 +447,26 @@ def test_a_plug_in_that_over_allocates_leaves_the_queue_waiting_and_the_service_
     assert f"started jobs on {DEVICES} devices; 0 are free" in caplog.text
     irm.manager.retire("alice", a.id)                   # the retirement's decision: b fits now
     assert (irm.job(b.id).state, irm.job(b.id).devices) == (ACTIVE, DEVICES)
+
+
+def test_a_plug_in_that_loops_holds_no_request_up_and_the_queue_moves_once_it_answers(irm_factory, caplog):
+    # The plug-in loops whenever two jobs are queued. In the manager's process that held its lock (and every
+    # registration, retirement and dispatch) for good; in its worker it is stopped after plugin_timeout_s.
+    irm = irm_factory("tests.unit.test_qos_plugin_worker:loops_with_two_queued", plugin_timeout_s=0.5)
+    a = irm.register("a", min_devices=DEVICES, **deadline(60.0, 30))      # alone: started on every device
+    assert irm.job(a.id).state == ACTIVE
+    b = irm.register("b", min_devices=DEVICES, **deadline(60.0, 30))      # queued: no device is free
+    t0 = time.monotonic()
+    c = irm.register("c", **deadline(60.0, 30))                           # two queued: the plug-in loops
+    assert time.monotonic() - t0 < 10.0
+    assert irm.job(b.id).state == irm.job(c.id).state == QUEUED
+    assert "did not answer within 0.5 s" in caplog.text
+    irm.manager.retire("alice", b.id)             # one queued: the plug-in's fresh process answers
+    assert irm.job(c.id).state == QUEUED         # ... that no device is free (a holds them all)
+    irm.clock.advance(3.0)
+    irm.complete(irm.job(a.id), 30)
+    irm.manager.control_once()
+    assert (irm.job(c.id).state, irm.job(c.id).devices) == (ACTIVE, 1)
 
 
 def test_a_plug_in_that_cannot_be_loaded_stops_the_start_up(irm_factory):
