@@ -323,16 +323,25 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                                                     resource=self._physical(i)) for i in infos.values())
 
     # -- groups ----------------------------------------------------------
-    def _to_proto(self, g: Group) -> fpga_pb2.FpgaGroup:
-        with self.db.read() as s:
-            clients = [c.id for c in s.scalars(select(Client).where(Client.group_id == g.id,
-                                                                    Client.state == "attached"))]
+    def _to_proto(self, g: Group, clients: list[str] | None = None) -> fpga_pb2.FpgaGroup:
+        """`g` as the API shows it; `clients`: its attached clients when already read (else read here)."""
+        if clients is None:
+            clients = self._attached([g.id]).get(g.id, [])
         return fpga_pb2.FpgaGroup(
             id=g.id, tenant=g.tenant, design=g.design, size=g.size, min_size=g.min_size, max_size=g.max_size,
             sharing=fpga_pb2.FpgaGroup.SHARING_SHARED if g.shared else fpga_pb2.FpgaGroup.SHARING_PRIVATE,
             scaling=fpga_pb2.FpgaGroup.SCALING_ELASTIC if g.elastic else fpga_pb2.FpgaGroup.SCALING_STATIC,
             parts={k: v for k, v in g.parts.items() if v}, active=sum(g.parts.values()), clients=clients,
             created_at=g.created_at, deleted=g.deleted)
+
+    def _attached(self, group_ids: list[str]) -> dict[str, list[str]]:
+        """group -> its attached clients, for all of `group_ids` in one query."""
+        out: dict[str, list[str]] = {}
+        with self.db.read() as s:
+            for c in s.scalars(select(Client).where(Client.group_id.in_(group_ids), Client.state == "attached")
+                               .order_by(Client.id)):
+                out.setdefault(c.group_id, []).append(c.id)
+        return out
 
     def _group(self, group_id: str) -> Group:
         with self.db.read() as s:
@@ -464,9 +473,11 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def ListGroups(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         with self.db.read() as s:
-            rows = list(s.scalars(select(Group).where(Group.tenant == tenant, Group.deleted.is_(False))
-                                  .order_by(Group.created_at)))
-        return fpga_pb2.ListGroupsResponse(groups=[self._to_proto(g) for g in rows])
+            rows, token = paging.page(s, select(Group).where(Group.tenant == tenant, Group.deleted.is_(False)),
+                                      [Group.created_at, Group.id], request.page_size, request.page_token)
+        clients = self._attached([g.id for g in rows])      # one query for the page, not one per group
+        return fpga_pb2.ListGroupsResponse(groups=[self._to_proto(g, clients.get(g.id, [])) for g in rows],
+                                           next_page_token=token)
 
     def ResizeGroup(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

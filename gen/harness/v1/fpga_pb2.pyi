@@ -414,16 +414,22 @@ class GetGroupRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., group_id: _Optional[str] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
-    __slots__ = ("tenant",)
+    __slots__ = ("tenant", "page_size", "page_token")
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
-    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
-    __slots__ = ("groups",)
+    __slots__ = ("groups", "next_page_token")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[FpgaGroup]
-    def __init__(self, groups: _Optional[_Iterable[_Union[FpgaGroup, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, groups: _Optional[_Iterable[_Union[FpgaGroup, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ResizeGroupRequest(_message.Message):
     __slots__ = ("tenant", "group_id", "size")
