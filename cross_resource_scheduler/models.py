@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Float, Integer, LargeBinary, String, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, Integer, LargeBinary, String, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.db import metadata as db_metadata
@@ -55,3 +55,7 @@ class Compensation(Base):
     irm_request_id: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[float] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # The Reserve got no definite answer: the manager may still commit it, so "absent" is not final until
+    # in_doubt_horizon_s (else 3 x irm_timeout_s). Stored, as is the next try, so a restarted CRS keeps both.
+    in_doubt: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    next_try_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

@@ -276,12 +276,6 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # irm_timeout_s a call), and down-detection of every other manager must not wait with it.
         self._monitor = threading.Thread(target=self._run_monitor, name="crs-monitor", daemon=True)
         self._compensator = threading.Thread(target=self._run_compensator, name="crs-compensator", daemon=True)
-        # Compensation row id -> when (clock time) to try it next; in memory: after a restart every row is
-        # tried once, then backs off again.
-        self._next_try: dict[int, float] = {}
-        # Rows remembered for a Reserve that got no definite answer (see _compensate_pending); in memory, so
-        # after a restart they are kept only as long as any row.
-        self._in_doubt_rows: set[int] = set()
         # Manager -> (calls in a row it did not answer, when to ask it again): one that hangs is not waited on
         # again each pass for its next row.
         self._silent: dict[str, tuple[int, float]] = {}
@@ -357,10 +351,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
             def run(s, r=r, everyone=everyone):  # type: ignore[no-untyped-def]
                 # Which managers (and attempts) it reached is unknown: ask each for every derived request id.
+                # In doubt: a Reserve in flight when the CRS stopped may still commit at its manager.
                 for m in everyone:
                     for rid in part_request_ids(r.id, m, self._attempts()):
                         s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=rid,
-                                           created_at=self.clock.now()))
+                                           created_at=self.clock.now(), in_doubt=True))
                 s.execute(delete(Reservation).where(Reservation.id == r.id))
             self.db.transact(run)
             log.warning("recovered a reservation left pending", extra={"reservation": r.id})
@@ -404,15 +399,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return False
 
     def _remember(self, manager: str, tenant: str, irm_request_id: str, in_doubt: bool = False) -> None:
+        now = self.clock.now()
+
         def add(s):  # type: ignore[no-untyped-def]
-            row = Compensation(manager=manager, tenant=tenant, irm_request_id=irm_request_id,
-                               created_at=self.clock.now())
-            s.add(row)
-            s.flush()
-            return row.id
-        row_id = self.db.transact(add)
-        if in_doubt:
-            self._in_doubt_rows.add(row_id)
+            s.add(Compensation(manager=manager, tenant=tenant, irm_request_id=irm_request_id, created_at=now,
+                               in_doubt=in_doubt, next_try_at=now))
+        self.db.transact(add)
 
     def _undo_or_remember(self, manager: str, tenant: str, irm_request_id: str, in_doubt: bool = False) -> None:
         """Give back what `manager` holds for a request; remember to retry if that is not certain.
@@ -456,11 +448,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             for name in up:
                 if self._silent.get(name, (0, 0.0))[1] > now:
                     continue
-                # Fewest attempts first: they are the ones due soonest.
-                rows = [c for c in s.scalars(select(Compensation).where(Compensation.manager == name)
-                                             .order_by(Compensation.attempts, Compensation.id)
-                                             .limit(_ROWS_PER_MANAGER))
-                        if self._next_try.get(c.id, 0.0) <= now]
+                rows = list(s.scalars(select(Compensation).where(Compensation.manager == name,
+                                                                 Compensation.next_try_at <= now)
+                                      .order_by(Compensation.next_try_at, Compensation.id)
+                                      .limit(_ROWS_PER_MANAGER)))
                 if rows:
                     queues.append(rows)
         deadline = time.monotonic() + max(1.0, self.config.irm_timeout_s)
@@ -493,7 +484,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             # "absent" is final only once the manager cannot still be committing the request. A Reserve that
             # got no definite answer may yet commit (a manager stuck that long still finishes): its row is
             # asked about, ever more rarely, for in_doubt_horizon_s.
-            horizon = self.config.in_doubt_horizon_s if c.id in self._in_doubt_rows else self._settled_after()
+            horizon = self.config.in_doubt_horizon_s if c.in_doubt else self._settled_after()
             done = age > max(horizon, self._settled_after())
         else:
             done = False
@@ -505,12 +496,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 row = s.get(Compensation, c.id)
                 if row is not None:
                     row.attempts += 1
+                    row.next_try_at = now + self._backoff(row.attempts)
         self.db.transact(run)
-        if done:
-            self._next_try.pop(c.id, None)
-            self._in_doubt_rows.discard(c.id)
-        else:
-            self._next_try[c.id] = now + self._backoff(c.attempts + 1)
         if outcome == "released":
             log.info("released a leftover at manager", extra={"manager": c.manager,
                                                               "irm_request_id": c.irm_request_id})

@@ -110,3 +110,28 @@ def test_an_in_doubt_part_committed_long_after_the_deadline_is_given_back(suite,
                                      ).reservations == []
     finally:
         slow.kill()
+
+
+def test_an_in_doubt_part_is_still_given_back_when_the_crs_restarts_before_the_late_commit(suite, tmp_path) -> None:
+    # Which parts are in doubt was known only in memory: a CRS restarted between the failed Reserve and the
+    # manager's late commit took the part as settled after 3 x irm_timeout_s (3 s) and left it held for good.
+    from services.suite import _free_port
+
+    address = f"127.0.0.1:{_free_port()}"
+    settings = {"address": address, "database": f"sqlite:///{tmp_path / 'crs.db'}", "heartbeat_interval_s": 0.3,
+                "heartbeat_timeout_s": 1.5, "irm_timeout_s": 1.0}
+    crs = suite.start("crs", **settings)
+    slow = Standin(tmp_path, crs.address, "slow", type="gadget", reserve_delay=8)     # commits 8 s after
+    try:
+        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(address))
+        eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget(units=40)]), timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        crs.kill()                                    # a crash: nothing of its memory survives
+        suite.start("crs", name="crs-again", **settings)
+        eventually(lambda: "COMMITTED" in (tmp_path / "slow.standin.log").read_text(), timeout=20,
+                   what="the manager committing late")
+        eventually(lambda: slow.held("t") == [], timeout=40, what="the late part given back by the new CRS")
+    finally:
+        slow.kill()
