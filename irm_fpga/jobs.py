@@ -368,7 +368,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         owned(tenant, row.tenant, f"job {job_id!r}")
         return row
 
-    def _update(self, job_id: str, **fields: Any) -> FpgaJob:
+    def _update(self, job_id: str, controller_at: float | None = None, **fields: Any) -> FpgaJob:
+        """Write `fields` of a job; `controller_at`: its controller state too, in the same transaction."""
         changed = [False]
 
         def save(s):  # type: ignore[no-untyped-def]
@@ -376,6 +377,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             for k, v in fields.items():
                 changed[0] = changed[0] or getattr(row, k) != v
                 setattr(row, k, v)
+            if controller_at is not None:
+                self._write_controllers(s, [job_id], controller_at)
             return row
         row = self.db.transact(save)
         if changed[0]:                  # a periodic write of the same values is no change to stream
@@ -392,24 +395,26 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def _save_controllers(self, job_ids: list[str], now: float) -> None:
         """Persist the in-memory controller state of `job_ids` (one transaction)."""
-        def save(s):  # type: ignore[no-untyped-def]
-            for jid in job_ids:
-                st = self._states.get(jid)
-                if st is None:
-                    continue
-                t, a = self._last.get(jid, (st.last_time, st.last_actions))
-                c = s.get(FpgaJobController, jid)
-                if c is None:
-                    c = FpgaJobController(job_id=jid)
-                    s.add(c)
-                c.last_time, c.last_actions, c.a_hat, c.throughput = st.last_time, st.last_actions, st.a_hat, \
-                    st.throughput
-                c.goal, c.request, c.performance = st.goal, st.request, st.performance
-                c.sample_time, c.sample_actions = t, a
-                c.seen = {k: list(v) for k, v in self._seen.get(jid, {}).items()}
-                c.updated_at = now
         if job_ids:
-            self.db.transact(save)
+            self.db.transact(lambda s: self._write_controllers(s, job_ids, now))
+
+    def _write_controllers(self, s: Any, job_ids: list[str], now: float) -> None:
+        """`_save_controllers` in the session `s` (so a job's dispatch and its controller commit together)."""
+        for jid in job_ids:
+            st = self._states.get(jid)
+            if st is None:
+                continue
+            t, a = self._last.get(jid, (st.last_time, st.last_actions))
+            c = s.get(FpgaJobController, jid)
+            if c is None:
+                c = FpgaJobController(job_id=jid)
+                s.add(c)
+            c.last_time, c.last_actions, c.a_hat, c.throughput = st.last_time, st.last_actions, st.a_hat, \
+                st.throughput
+            c.goal, c.request, c.performance = st.goal, st.request, st.performance
+            c.sample_time, c.sample_actions = t, a
+            c.seen = {k: list(v) for k, v in self._seen.get(jid, {}).items()}
+            c.updated_at = now
 
     @staticmethod
     def _qos(row: FpgaJob) -> QosJob:
@@ -606,17 +611,22 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         except HarnessError as e:       # e.g. another group took the devices meanwhile: it stays queued
             log.warning("job dispatch refused", extra={"job": row.id, "devices": n, "reason": str(e)})
             return False
+        # The job turns active with its controller (the counters seen from now on) in one transaction: an
+        # active job without one is taken after a restart as never read, its first reading a baseline, and
+        # the actions done before that restart are lost.
+        self._states[row.id] = initial_state(self._qos(row), now, 0, n)
+        self._last[row.id] = (now, 0)
         try:
-            row = self._update(row.id, state=ACTIVE, group_id=g.id, devices=n, allocations=[[now, n]])
+            row = self._update(row.id, controller_at=now, state=ACTIVE, group_id=g.id, devices=n,
+                               allocations=[[now, n]])
         except Exception:
+            self._states.pop(row.id, None)
+            self._last.pop(row.id, None)
             try:                        # never a group without its job: the job stays queued for the next decision
                 self._drop_group(g.id)
             except Exception:           # the next attempt, or the job's retirement, drops it
                 log.exception("could not drop the group of a job whose dispatch failed", extra={"job": row.id})
             raise
-        self._states[row.id] = initial_state(self._qos(row), now, 0, n)
-        self._last[row.id] = (now, 0)
-        self._save_controllers([row.id], now)      # the counters seen from now on survive a restart
         return True
 
     # -- decisions -----------------------------------------------------------
@@ -833,20 +843,27 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._rebalance(now)     # give the shrunk jobs their devices back
                 raise
             row.group_id, row.devices, row.allocations = g.id, n, [[now, n]]
+            self._states[row.id] = initial_state(job, now, 0, n)
+            self._last[row.id] = (now, 0)
             try:
-                self._insert(row)
+                self._insert(row, controller_at=now)     # with its controller (see `_start`)
             except Exception:
+                self._states.pop(row.id, None)
+                self._last.pop(row.id, None)
                 self._drop_group(row.group_id)     # never a group without its job
                 self._rebalance(now)
                 raise
             self._apply(alloc, [r for r in self._active() if r.id != row.id], now)
-            self._states[row.id] = initial_state(job, now, 0, n)
-            self._last[row.id] = (now, 0)
-            self._save_controllers([row.id], now)
             return self._job(tenant, row.id)
 
-    def _insert(self, row: FpgaJob) -> None:
-        self.db.transact(lambda s: s.add(FpgaJob(**{c.name: getattr(row, c.name) for c in FpgaJob.__table__.c})))
+    def _insert(self, row: FpgaJob, controller_at: float | None = None) -> None:
+        """Add a job's row; `controller_at`: its controller state too, in the same transaction."""
+        def add(s):  # type: ignore[no-untyped-def]
+            s.add(FpgaJob(**{c.name: getattr(row, c.name) for c in FpgaJob.__table__.c}))
+            if controller_at is not None:
+                s.flush()                   # the job first: its controller refers to it
+                self._write_controllers(s, [row.id], controller_at)
+        self.db.transact(add)
         self._publish([row])
 
     def _drop_orphans(self) -> None:

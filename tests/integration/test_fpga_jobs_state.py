@@ -138,6 +138,39 @@ def test_throughput_controller_state_survives_a_restart(irm_factory):
     assert irm.job(job.id).achieved_throughput == pytest.approx(10.0)
 
 
+
+@pytest.mark.parametrize("policy", ["edf", "throughput", "fcfs_min"])
+def test_a_job_never_turns_active_without_its_controller_and_keeps_its_progress_over_a_restart(irm_factory, policy):
+    # An active job without a controller row is taken after a restart as never read: its first counter reading
+    # is a baseline and the actions done before are lost. Dispatch (and registration, under EDF and throughput)
+    # wrote the job and its controller in two transactions; a crash between them lost that progress.
+    irm = irm_factory(policy)
+    db, real = irm.manager.db, irm.manager.db.transact
+    bare: list[set[str]] = []
+
+    def checked(fn):  # type: ignore[no-untyped-def]
+        out = real(fn)
+        with db.read() as s:     # what a crash right after this commit would leave
+            active = set(s.scalars(select(FpgaJob.id).where(FpgaJob.state == "active")))
+            bare.append(active - set(s.scalars(select(FpgaJobController.job_id))))
+        return out
+
+    irm.manager.db.transact = checked
+    first = irm.register("first", min_devices=DEVICES, max_devices=DEVICES, **deadline(60.0, 100))
+    if policy == "fcfs_min":
+        queued = irm.register("queued", **deadline(60.0, 100))      # dispatched when first retires
+        irm.clock.advance(1.0)
+        irm.complete(irm.job(first.id), 100)
+        irm.manager.control_once()
+        assert irm.job(first.id).state == RETIRED
+        first = irm.job(queued.id)
+    assert irm.job(first.id).state == "active" and bare and not any(bare), bare
+    irm.manager.db.transact = real
+    irm.complete(irm.job(first.id), 40)          # progress, then a restart before any period read it
+    irm.restart()
+    irm.manager.control_once()
+    assert irm.job(first.id).observed_actions == 40
+
 def test_infinite_goal_and_performance_round_trip(irm_factory):
     # A deadline job past its deadline has an infinite goal (it wants its max); a done one an infinite p.
     irm = irm_factory("throughput")
@@ -201,7 +234,7 @@ def test_a_group_left_by_a_crash_before_its_job_was_recorded_is_dropped_on_resta
     irm = irm_factory("edf")
     kept = irm.register("kept", **deadline(100.0, 10))
 
-    def die(self, row):
+    def die(self, row, controller_at=None):
         raise _Crash()
 
     monkeypatch.setattr(JobManager, "_insert", die)
@@ -322,7 +355,7 @@ def test_dropping_orphans_waits_for_a_registration_in_flight(irm_factory, monkey
     lock = irm.manager.lock = WatchedLock(irm.manager.lock)
     real_insert, sweeps = JobManager._insert, []
 
-    def insert(self, row):  # noqa: ANN001, ANN202
+    def insert(self, row, controller_at=None):  # noqa: ANN001, ANN202
         sweep = threading.Thread(target=self._drop_orphans)
         sweep.start()
         sweeps.append(sweep)
@@ -331,7 +364,7 @@ def test_dropping_orphans_waits_for_a_registration_in_flight(irm_factory, monkey
         # which fails here at once.
         eventually(lambda: sweep.ident in lock.blocked or not sweep.is_alive(), timeout=10, interval=0.005)
         assert sweep.ident in lock.blocked and sweep.is_alive()
-        return real_insert(self, row)
+        return real_insert(self, row, controller_at)
 
     monkeypatch.setattr(JobManager, "_insert", insert)
     job = irm.register("d", **deadline(100.0, 10))
