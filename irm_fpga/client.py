@@ -137,6 +137,7 @@ class VirtualFpga:
         self._use(attachment)
         self._locked: _Part | None = None
         self._held: _Part | None = None      # where the device of a granted lock is, until its UNLOCK is answered
+        self._lock_lost: str | None = None   # why the lock died with its part's stream, until unlock() or lock()
         self._closing = threading.Event()
         if refresh_s > 0 and orchestrator is not None:
             threading.Thread(target=self._refresh_loop, args=(refresh_s,), name="fpga-refresh", daemon=True).start()
@@ -233,14 +234,22 @@ class VirtualFpga:
         return [f.result() for f in futures]
 
     def lock(self) -> TaskOutcome:
-        """Exclusive use of one device until unlock(); later tasks run on it."""
+        """Exclusive use of one device until unlock(); later tasks run on it.
+
+        If the stream to the lock's FPGA-server ends (the server restarts, the network fails), the
+        lock is gone with it: the tasks pinned to it fail, later ones go to the live parts, and
+        unlock() raises TaskFailed saying so."""
         if self._locked is not None:
             raise RuntimeError("already locked")
+        self._lock_lost = None
         self._locked = self._parts[0]
         return self.submit(None, fpga_pb2.Task.KIND_LOCK).result()
 
     def unlock(self) -> TaskOutcome:
         if self._locked is None:
+            lost, self._lock_lost = self._lock_lost, None
+            if lost is not None:
+                raise TaskFailed(lost)
             raise RuntimeError("not locked")
         out = self.submit(None, fpga_pb2.Task.KIND_UNLOCK).result()
         self._locked = None
@@ -270,8 +279,8 @@ class VirtualFpga:
                 self._tasks.pop(r.id, None)
                 if r.kind == fpga_pb2.Task.KIND_LOCK and not r.error:
                     self._held = part
-                elif r.kind == fpga_pb2.Task.KIND_UNLOCK:
-                    self._held = None
+                elif r.kind == fpga_pb2.Task.KIND_UNLOCK and not r.error:
+                    self._held = None  # a refused UNLOCK (in a batch with a bad task) leaves the lock held
                 if fut is not None:
                     self._in_flight -= 1
                     done.append((fut, r))
@@ -303,16 +312,32 @@ class VirtualFpga:
                 self._where.pop(task_id, None)
                 if fut is not None:
                     self._in_flight -= 1
-                    failed.append(fut)
+                    failed.append((fut, why))
             part.sent.clear()
+            if self._held is part or self._locked is part:
+                # The server forgets a client's lock with its stream (a restarted one never had it): what
+                # was pinned to the lock cannot run as the caller meant, so it fails rather than waiting
+                # for a part that is gone, and the lock is off (later tasks go to the live parts).
+                lost = f"the lock on {part.part.server} was lost with its stream ({why})"
+                self._held = self._locked = None
+                self._lock_lost = lost
+                keep: deque[tuple[fpga_pb2.Task, Future, _Part | None]] = deque()
+                for task, fut, pinned in self._waiting:
+                    if pinned is part:
+                        self._futures.pop(task.id, None)
+                        self._tasks.pop(task.id, None)
+                        failed.append((fut, lost))
+                    else:
+                        keep.append((task, fut, pinned))
+                self._waiting = keep
             if self._all.get(part.part.server) is part:
                 del self._all[part.part.server]
             if part in self._parts:
                 self._parts = [p for p in self._parts if p is not part]
                 self._cycle = itertools.cycle([p for p in self._parts for _ in range(p.part.devices)])
-        for fut in failed:
+        for fut, reason in failed:
             try:
-                fut.set_exception(TaskFailed(why))
+                fut.set_exception(TaskFailed(reason))
             except InvalidStateError:
                 pass  # cancelled by the caller
         self._pump()

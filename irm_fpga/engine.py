@@ -65,6 +65,7 @@ API (all methods thread-safe; times in seconds on the engine's clock)
     measurements() -> ServerMeasurements                        # cumulative counters
     drain_events() -> list[DeviceEvent]
     inject_reconfiguration_failures(device, count) -> None;  reinstate_device(device) -> None
+    take_device(device, design) -> bool (reconfigured);  return_device(device) -> bool (a group took it)
 
 Every mutator first processes the events due up to `clock.now()`, so nothing
 starts before it was submitted. Errors: `ValueError` (bad argument; an
@@ -1151,6 +1152,35 @@ class Engine:
             self._pool.append(dev)
             self._events.append(DeviceEvent(t, device, "reinstated", None, ""))
             self._allocate()
+
+    def take_device(self, device: int, design: str) -> bool:
+        """Take an unassigned device out of the pool for work outside every group (the server's
+        RunDirect), configured with `design`; returns whether it had to be reconfigured for it.
+        No group gets it until `return_device`; meanwhile it is busy, in no group."""
+        with self._lock:
+            self._sync()
+            dev = self._device(device)
+            if dev.state != UNASSIGNED or dev not in self._pool:
+                raise PreconditionError(f"device {device} belongs to a group or is unusable")
+            self._pool.remove(dev)
+            dev.state = BUSY
+            # The device really is configured with it afterwards: a group of this design may take it
+            # as it is, one of another design reconfigures it.
+            reconfigure = dev.design != design
+            dev.design = design
+            return reconfigure
+
+    def return_device(self, device: int) -> bool:
+        """Give back a device `take_device` took; returns whether a group waiting for one took it."""
+        with self._lock:
+            self._sync()
+            dev = self._device(device)
+            if dev.state != BUSY or dev.group is not None or dev in self._pool:
+                raise PreconditionError(f"device {device} was not taken")
+            dev.state = UNASSIGNED
+            self._pool.append(dev)
+            self._allocate()
+            return dev not in self._pool
 
     def device_states(self) -> list[DeviceState]:
         with self._lock:

@@ -90,6 +90,9 @@ DISPATCH_GRACE_S = 0.02
 # dispatcher (`_kick`, a handler leaving work behind), and the first handler to drive wakes it
 # (`_one_more_driver`). So an idle server wakes twice a second, not fifty times.
 IDLE_LOOK_S = 0.5
+# GetServer reports the latest device events (failed reconfigurations, blacklistings), not a server's whole
+# life: kept unbounded, a flaky device would grow every GetServer answer (and this process) without end.
+EVENTS_KEPT = 200
 
 
 def domain_error(e: Exception, batch: fpga_pb2.TaskBatch | None = None) -> HarnessError:
@@ -181,9 +184,15 @@ class _Stream(_Bell):
     The handler sleeps on `bell` (`_Bell`); results routed here, the stream's reader (new tasks, the end of the requests) and `_kick`
     ring it. `submitted` is written by the reader only (before it submits), `answered` by the
     handler only: their difference is what the stream still owes, without a lock.
+
+    Results are routed by client, and a client may have other sinks (a RunBatch, an earlier
+    stream whose tasks still run): the stream takes only the ids it submitted, `mine` (id -> how
+    many are owed, a client may reuse an id once answered), or it would count others' results as
+    its own and end before its own are answered. The reader adds to `mine` and routing threads
+    take from it, so it has a lock (once per batch and per delivery, not per task).
     """
 
-    __slots__ = ("out", "submitted", "answered", "closed", "failure")
+    __slots__ = ("out", "submitted", "answered", "closed", "failure", "mine", "mine_lock")
 
     def __init__(self) -> None:
         super().__init__()
@@ -192,10 +201,40 @@ class _Stream(_Bell):
         self.answered = 0
         self.closed = False
         self.failure: list[HarnessError] = []
+        self.mine: dict[Any, int] = {}
+        self.mine_lock = threading.Lock()
+
+    def expect(self, ids: Sequence[Any]) -> None:
+        with self.mine_lock:
+            mine = self.mine
+            for i in ids:
+                mine[i] = mine.get(i, 0) + 1
+
+    def forget(self, ids: Sequence[Any]) -> None:
+        """Ids `expect`ed that will not be answered after all (their batch ended the stream)."""
+        with self.mine_lock:
+            for i in ids:
+                self._untick(i)
+
+    def _untick(self, task_id: Any) -> bool:
+        """One answer of `task_id` fewer owed, if it is owed here (hold `mine_lock`)."""
+        mine = self.mine
+        n = mine.get(task_id)
+        if n is None:
+            return False
+        if n == 1:
+            del mine[task_id]
+        else:
+            mine[task_id] = n - 1
+        return True
 
     def deliver(self, results: Sequence[eng.Result]) -> None:
-        self.out.extend(results)
-        self.wake()
+        untick = self._untick
+        with self.mine_lock:
+            got = [r for r in results if untick(r.task_id)]
+        if got:
+            self.out.extend(got)
+            self.wake()
 
 
 _Sink = _Waiter | _Stream
@@ -223,12 +262,12 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         # handlers waking at every event.
         self.stream_driver: _Stream | None = None
         self.streams_waiting: set[_Stream] = set()
-        self.events: list[str] = []
+        self.events: deque[str] = deque(maxlen=EVENTS_KEPT)
         self._events_lock = threading.Lock()
         self._stop = threading.Event()
         self._dispatcher = threading.Thread(target=self._dispatch, name="fpga-dispatch", daemon=True)
-        self.direct_designs: dict[int, str] = {}
-        self.direct_lock = threading.Lock()
+        # One RunDirect at a time per device (a second waits for the first); different devices run at once.
+        self.direct_locks = [threading.Lock() for _ in range(config.devices)]
 
     # -- driving the engine ---------------------------------------------
     def _advance(self) -> float | None:
@@ -404,13 +443,14 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         if not request.token:
             raise InvalidArgument.of("token", "required")
+        # Read, attach and record under one hold: two attachments of one client (the Orchestrator's retries)
+        # or a DeleteGroupPart in between would otherwise act on a stale read.
         with self.lock:
             known = self.tokens.get(request.client_id)
-        if known is None:
-            self._engine_call(self.engine.attach_client, request.group_id, request.client_id)
-        elif known[0] != request.group_id:
-            raise FailedPrecondition(f"client {request.client_id!r} is attached to another group")
-        with self.lock:
+            if known is None:
+                self._engine_call(self.engine.attach_client, request.group_id, request.client_id)
+            elif known[0] != request.group_id:
+                raise FailedPrecondition(f"client {request.client_id!r} is attached to another group")
             self.tokens[request.client_id] = (request.group_id, request.token)
         return fpga_pb2.ServerAttachResponse()
 
@@ -614,21 +654,29 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
 
     def _stream_submit(self, client: str, st: _Stream, batch: fpga_pb2.TaskBatch) -> None:
         """One batch from an Execute stream into the engine; the stream's handler is rung to drive it."""
-        n = len(batch.tasks)
-        st.submitted += n  # before the engine has them: the handler never sees more answered than asked
+        pb = batch.tasks
+        n = len(pb)
+        ids = [t.id for t in pb]
+        # Both before the engine has them: the handler never sees more answered than asked, and
+        # no result of them comes before the stream knows them as its own.
+        st.expect(ids)
+        st.submitted += n
         try:
             tasks = self._tasks(batch)
             try:
                 self.engine.submit(client, tasks)
             except (eng.EngineError, ValueError) as e:
                 raise domain_error(e, batch) from None
-        except InvalidArgument as e:
-            # A bad task fails its batch's tasks, not the stream: answer them with the reason.
+        except (InvalidArgument, FailedPrecondition) as e:
+            # A bad task (or a stray UNLOCK, a second LOCK) fails its batch's tasks, not the stream
+            # and the client's other tasks on it: answer them with the reason.
             now = self.clock.now()
             st.deliver([eng.Result(t.id, client, "", KIND_TO_ENGINE.get(t.kind, eng.RUN), None, str(e),
-                                   now, now, now, 0.0, -1) for t in batch.tasks])
+                                   now, now, now, 0.0, -1) for t in pb])
             return
         except HarnessError:
+            # NotFound (the client was revoked), ...: the stream ends with it.
+            st.forget(ids)
             st.submitted -= n
             raise
         if any(t[2] is not eng.RUN for t in tasks):
@@ -722,12 +770,10 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
 
     def RunDirect(self, request, context):  # noqa: N802
         """One task on one free device, no group, no queues: the baseline of thesis Fig. 3.4."""
-        try:
-            dev = self.engine.device_state(request.device)
-        except eng.NotFoundError:
-            raise NotFound(f"device {request.device} does not exist") from None
-        if dev.state != eng.UNASSIGNED or dev.blacklisted:
-            raise FailedPrecondition(f"device {request.device} belongs to a group or is unusable")
+        locks = self.direct_locks
+        device = request.device
+        if not 0 <= device < len(locks):
+            raise NotFound(f"device {device} does not exist (0..{len(locks) - 1})")
         design = design_lib.DESIGNS.get(request.design)
         if design is None:
             raise InvalidArgument.of("design", f"unknown design {request.design!r}")
@@ -742,19 +788,28 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         except ValueError as e:
             fields = [f"task.params.{p}" for p in getattr(e, "params", ())] or ["task.params"]
             raise InvalidArgument(str(e), [FieldViolation(f, str(e)) for f in fields]) from None
-        with self.direct_lock:
-            start = self.clock.now()
-            if self.direct_designs.get(request.device) != request.design:
-                seconds += self.config.reconfig_mean_s
-                self.direct_designs[request.device] = request.design
-            end = start + seconds
-            bell = threading.Lock()
-            bell.acquire()
-            now = start
-            while now < end:  # the device is busy until then (slept on as a RunBatch handler sleeps)
-                _doze(bell, end - now)
-                now = self.clock.now()
-        r = eng.Result(request.task.id, "", "", eng.RUN, value, None, start, start, end, seconds, request.device)
+        with locks[device]:
+            # Taken out of the engine's pool for the call: no group's task runs on it meanwhile (a group
+            # short of devices gets it when it is given back).
+            try:
+                reconfigure = self.engine.take_device(device, request.design)
+            except eng.PreconditionError:
+                raise FailedPrecondition(f"device {device} belongs to a group or is unusable") from None
+            try:
+                start = self.clock.now()
+                if reconfigure:
+                    seconds += self.config.reconfig_mean_s
+                end = start + seconds
+                bell = threading.Lock()
+                bell.acquire()
+                now = start
+                while now < end:  # the device is busy until then (slept on as a RunBatch handler sleeps)
+                    _doze(bell, end - now)
+                    now = self.clock.now()
+            finally:
+                if self.engine.return_device(device):
+                    self._kick()  # a group took it: its reconfiguration is an event nobody planned for
+        r = eng.Result(request.task.id, "", "", eng.RUN, value, None, start, start, end, seconds, device)
         return self._result(r)
 
 
