@@ -44,6 +44,7 @@ from services.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    Unavailable,
     Violations,
     from_rpc_error,
     owned,
@@ -147,7 +148,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     # -- lifecycle -------------------------------------------------------
     def start(self, port: int) -> None:
-        self._discover_servers()
+        self._discover_servers(strict=True)
         self._reassert()
         host = self.config.address.rsplit(":", 1)[0]
         advertise = self.config.advertise_address or f"{host}:{port}"
@@ -167,17 +168,40 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.watchers.close()
         self.db.dispose()
 
-    def _discover_servers(self) -> None:
+    def _discover_servers(self, strict: bool = False) -> None:
+        """Map the configured addresses not yet mapped to the names their FPGA-servers report.
+
+        One server down (maintenance, a restart) must not keep the Orchestrator, and so every group on the
+        others, from being managed: an address that does not answer is tried again every reconcile round.
+        A token the server rejects is a configuration error: at start (`strict`) it stops the Orchestrator.
+        """
+        known = {h.address for h in self.servers.values()}
         for address in self.config.servers:
+            if address in known:
+                continue
             try:
-                info = ServerHandle("?", address, self.config.control_token).stub().GetServer(fpga_pb2.GetServerRequest(),
-                                                                   timeout=self.config.server_timeout_s)
+                info = ServerHandle("?", address, self.config.control_token).stub().GetServer(
+                    fpga_pb2.GetServerRequest(), timeout=self.config.server_timeout_s)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:   # it answered: the tokens disagree
-                    raise OSError(f"control token rejected by FPGA-server at {address}: set control_token to "
-                                  "the FPGA-server's") from None
-                raise OSError(f"FPGA-server at {address} is unreachable ({e.code().name})") from None
-            self.servers[info.name] = ServerHandle(info.name, address, self.config.control_token)
+                    message = (f"control token rejected by FPGA-server at {address}: set control_token to the "
+                               "FPGA-server's")
+                    if strict:
+                        raise OSError(message) from None
+                    log.error(message)
+                else:
+                    log.warning("FPGA-server unreachable; its groups are managed once it answers",
+                                extra={"address": address, "code": e.code().name})
+                continue
+            # A new dict, not an update: other threads iterate `self.servers` without the lock.
+            self.servers = {**self.servers, info.name: ServerHandle(info.name, address, self.config.control_token)}
+
+    def _handle(self, name: str) -> ServerHandle:
+        h = self.servers.get(name)
+        if h is None:
+            raise Unavailable(f"FPGA-server {name!r} has not answered since the Orchestrator started; retry once "
+                              "it is back")
+        return h
 
     def _reassert(self) -> None:
         """After a restart: make every server hold what the database says (all calls idempotent)."""
@@ -194,17 +218,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if unfinished:
             self.db.transact(lambda s: s.execute(delete(Reservation).where(Reservation.id.in_(unfinished))))
         groups = [g for g in groups if g not in orphans]
-        for g in groups:
-            for server, n in g.parts.items():
-                h = self.servers.get(server)
-                if h is None:
-                    continue
-                try:
-                    h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design=g.design, size=n),
-                                             timeout=self.config.server_timeout_s)
-                except grpc.RpcError as e:
-                    log.warning("could not re-assert a group part", extra={"group": g.id, "server": server,
-                                                                          "code": e.code().name})
+        # Parts made, set to their recorded size (a resize cut short), dropped (a delete that could not reach a
+        # server); then every client re-attached, also where its part survived.
+        self._reconcile(self._server_infos())
         by_group = {g.id: g for g in groups}
         for c in clients:
             g = by_group.get(c.group_id)
@@ -293,29 +309,61 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return parts
 
     def _apply(self, g: Group, parts: dict[str, int]) -> None:
-        for name, n in parts.items():
-            h = self.servers[name]
-            try:
-                if name in g.parts:
-                    if n != g.parts[name]:
+        """Make the servers hold `parts` of `g` (whose `parts` are what they hold now, by the database).
+
+        All or nothing, as far as the servers answer: a failure puts back the parts already changed, so the
+        database (which the caller leaves as it was) stays true; what cannot be put back now, the reconcile
+        rounds do.
+        """
+        touched: list[str] = []
+        try:
+            for name, n in parts.items():
+                if name in g.parts and n == g.parts[name]:
+                    continue
+                h = self._handle(name)
+                touched.append(name)
+                try:
+                    if name in g.parts:
                         # Cut to nothing while other parts keep devices: what waits here goes to them.
                         hand_back = n == 0 and any(m > 0 for k, m in parts.items() if k != name)
                         h.stub().ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id=g.id, size=n,
                                                                                  hand_back=hand_back),
                                                  timeout=self.config.server_timeout_s)
-                else:
-                    h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design=g.design, size=n),
-                                             timeout=self.config.server_timeout_s)
-                    with self.db.read() as s:
-                        clients = list(s.scalars(select(Client).where(Client.group_id == g.id,
-                                                                      Client.state == "attached")))
-                    for c in clients:
-                        h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=c.id,
-                                                                           token=c.token),
-                                              timeout=self.config.server_timeout_s)
-            except grpc.RpcError as e:
-                raise _rpc_error(name, e) from None
+                    else:
+                        h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design=g.design,
+                                                                                 size=n),
+                                                 timeout=self.config.server_timeout_s)
+                        with self.db.read() as s:
+                            clients = list(s.scalars(select(Client).where(Client.group_id == g.id,
+                                                                          Client.state == "attached")))
+                        for c in clients:
+                            h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=c.id,
+                                                                               token=c.token),
+                                                  timeout=self.config.server_timeout_s)
+                except grpc.RpcError as e:
+                    raise _rpc_error(name, e) from None
+        except BaseException:
+            # The failing server is put back too: its call may have been done even though no answer came.
+            self._put_back(g, touched)
+            raise
         self._publish()
+
+    def _put_back(self, g: Group, names: list[str]) -> None:
+        """Best effort: the parts of `g` on `names` as the database has them (gone where it has none)."""
+        for name in reversed(names):
+            h = self.servers.get(name)
+            if h is None:
+                continue
+            try:
+                if name in g.parts:
+                    h.stub().ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id=g.id, size=g.parts[name]),
+                                             timeout=self.config.server_timeout_s)
+                else:
+                    h.stub().DeleteGroupPart(fpga_pb2.DeleteGroupPartRequest(group_id=g.id),
+                                             timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                log.warning("could not put a group part back; the reconcile rounds will",
+                            extra={"group": g.id, "server": name, "code": e.code().name})
 
     def _publish(self) -> None:
         infos = self._server_infos()
@@ -383,19 +431,20 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 return existing
             parts = self._spread(size, {}, pinned)
             g = Group(id=f"fg-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request_id, design=design,
-                      size=size, min_size=mn, max_size=mx, shared=shared, elastic=elastic, parts={},
+                      size=size, min_size=mn, max_size=mx, shared=shared, elastic=elastic, parts=dict(parts),
                       created_at=self.clock.now(), deleted=False, reservation_id=reservation_id)
+            # The parts are recorded before any server makes them: an Orchestrator that dies in between leaves a
+            # group whose parts the database knows (a restart makes or finds them, a retry gets the whole group),
+            # never devices held on a server for a group that has none.
             self.db.transact(lambda s: s.add(Group(**{c.name: getattr(g, c.name) for c in Group.__table__.c})))
             try:
-                self._apply(g, parts)
+                self._apply(Group(id=g.id, design=design, parts={}), parts)
             except BaseException:
                 self._delete_parts(g, parts)
                 # A creation that failed leaves no group, so a retry of the same request tries again (a row kept
                 # as deleted would answer every retry with a dead group).
                 self.db.transact(lambda s: s.delete(s.get(Group, g.id)))
                 raise
-            g.parts = parts
-            self.db.transact(lambda s: setattr(s.get(Group, g.id), "parts", dict(parts)))
         return g
 
     def resize(self, g: Group, size: int, *, max_size: int | None = None, pinned: list[str] | None = None) -> Group:
@@ -514,32 +563,65 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         g = self._group(request.group_id)
         if not g.shared:
             owned(tenant, g.tenant, f"FPGA group {g.id!r} (private)")
+        # What the FPGA-servers refuse (a NUL: their gRPC layer; empty is ours to fill) must be refused before
+        # the row is written: a row no server takes would break every later part of the group (and PostgreSQL
+        # cannot store a NUL at all).
         if len(request.client_id) > 64:
             raise InvalidArgument.of("client_id", "at most 64 characters (or leave it empty for one to be made)")
+        if "\x00" in request.client_id:
+            raise InvalidArgument.of("client_id", "must not contain a NUL character (\\x00)")
         client_id = request.client_id or f"fc-{uuid.uuid4().hex[:16]}"
         with self.db.read() as s:
             existing = s.get(Client, client_id)
+        new = existing is None
+        if new:
+            token = secrets.token_hex(16)
+            try:
+                self.db.transact(lambda s: s.add(Client(id=client_id, group_id=g.id, tenant=tenant, token=token,
+                                                        state="attached")))
+            except IntegrityError:
+                # A concurrent attach under this id (a retry after a timeout) wrote it first: it is theirs to
+                # undo if the servers refuse; this call is its retry.
+                with self.db.read() as s:
+                    existing = s.get(Client, client_id)
+                if existing is None:
+                    raise Aborted(f"client {client_id!r} is being attached by another call; retry") from None
+                new = False
         if existing is not None:
             owned(tenant, existing.tenant, f"client {client_id!r}")
             if existing.state != "attached" or existing.group_id != g.id:
                 raise FailedPrecondition(f"client {client_id!r} was {existing.state} or belongs to another group; "
                                          "attach under a new client id")
             token = existing.token
-        else:
-            token = secrets.token_hex(16)
-            self.db.transact(lambda s: s.add(Client(id=client_id, group_id=g.id, tenant=tenant, token=token,
-                                                    state="attached")))
         parts = []
-        for name, n in g.parts.items():
-            if n <= 0:
-                continue
-            h = self.servers[name]
-            try:
-                h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=client_id, token=token),
-                                      timeout=self.config.server_timeout_s)
-            except grpc.RpcError as e:
-                raise _rpc_error(name, e) from None
-            parts.append(fpga_pb2.AttachedPart(server=name, address=h.address, devices=n))
+        accepted: list[ServerHandle] = []
+        try:
+            for name, n in g.parts.items():
+                if n <= 0:
+                    continue
+                h = self._handle(name)
+                try:
+                    h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=client_id,
+                                                                       token=token),
+                                          timeout=self.config.server_timeout_s)
+                except grpc.RpcError as e:
+                    raise _rpc_error(name, e) from None
+                accepted.append(h)
+                parts.append(fpga_pb2.AttachedPart(server=name, address=h.address, devices=n))
+        except BaseException:
+            if new:
+                # Not attached anywhere, then: a retry under the same id starts afresh, and no row is left that
+                # the reconcile rounds (and every later part of the group) would try to attach again.
+                for h in accepted:
+                    try:
+                        h.stub().RevokeClient(fpga_pb2.ServerClientRequest(client_id=client_id),
+                                              timeout=self.config.server_timeout_s)
+                    except grpc.RpcError as e:
+                        log.warning("could not take back a refused attach", extra={"client": client_id,
+                                                                                   "server": h.name,
+                                                                                   "code": e.code().name})
+                self.db.transact(lambda s: s.execute(delete(Client).where(Client.id == client_id)))
+            raise
         return fpga_pb2.Attachment(client_id=client_id, group_id=g.id, token=token, parts=parts, design=g.design)
 
     def _client(self, tenant: str, request: fpga_pb2.ClientRequest) -> tuple[Group, Client]:
@@ -716,6 +798,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
         parsed = self._parse(list(request.groups))
+        # Checked here, in this request's terms: create_group would name its own fields (max_size).
+        capacity = self._free_total_capacity()
+        if not capacity:
+            raise Unavailable("no FPGA-server answers; nothing was reserved, retry")
+        total, v = sum(capacity.values()), Violations()
+        for i, (g, _, devices) in enumerate(parsed):
+            v.check(devices <= total, f"groups[{i}].attributes[devices]",
+                    f"group {g.name!r} asks for {devices} devices per virtual FPGA; the FPGA-servers have {total} "
+                    "usable devices in all")
+        v.raise_if_any()
         rid = f"fres-{uuid.uuid4().hex[:16]}"
         claim = dict(id=rid, tenant=tenant, request_id=request.request_id, state="pending", price_per_minute=0.0,
                      created_at=self.clock.now(), released_at=0.0, groups=[])
@@ -847,9 +939,13 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         """Make every reachable FPGA-server hold what the database says; returns the parts (re)made and dropped.
 
         A server that restarted comes back empty: the live groups' parts there are made again and their clients
-        attached again. A delete that could not reach a server left its part running (its clients served, its
-        devices held): it is dropped now. Under the lock: no group is being made, resized or deleted meanwhile.
+        attached again. A resize or creation cut short (a server that failed mid-way, an Orchestrator that died)
+        left parts of other sizes than recorded, or parts the group's row does not have: they are set to the
+        recorded size ("made" counts them) or dropped. A delete that could not reach a server left its part
+        running (its clients served, its devices held): it is dropped now. Servers that did not answer at start
+        are mapped once they do. Under the lock: no group is being made, resized or deleted meanwhile.
         """
+        self._discover_servers()
         infos = self._server_infos()      # asked before the lock: a silent server must not stall placements
         with self.lock:
             out = self._reconcile(infos)
@@ -866,16 +962,25 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 clients = list(s.scalars(select(Client).where(Client.state == "attached")))
             for name, info in infos.items():
                 h = self.servers[name]
-                held = {p.group_id for p in info.groups}
+                held = {p.group_id: p.target for p in info.groups}
                 try:
-                    for gid in sorted(held - set(live)):
+                    # Gone from the database, or never recorded on this server (every part is recorded before
+                    # a server makes it, and under this lock: nothing here is on its way to being recorded).
+                    for gid in sorted(gid for gid in held if gid not in live or name not in (live[gid].parts or {})):
                         h.stub().DeleteGroupPart(fpga_pb2.DeleteGroupPartRequest(group_id=gid),
                                                  timeout=self.config.server_timeout_s)
                         dropped += 1
                     for gid, g in live.items():
-                        if name not in (g.parts or {}) or gid in held:
+                        if name not in (g.parts or {}):
                             continue
                         n = g.parts[name]        # 0 too: the part must exist for the group to grow there again
+                        if gid in held:
+                            if held[gid] != n:
+                                hand_back = n == 0 and any(m > 0 for k, m in g.parts.items() if k != name)
+                                h.stub().ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(
+                                    group_id=gid, size=n, hand_back=hand_back), timeout=self.config.server_timeout_s)
+                                made += 1
+                            continue
                         h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=gid, design=g.design,
                                                                                  size=n),
                                                  timeout=self.config.server_timeout_s)

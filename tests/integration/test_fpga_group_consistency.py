@@ -1,0 +1,212 @@
+"""The Orchestrator's database stays the truth about FPGA groups when calls to the FPGA-servers fail half-way.
+
+A resize that one server fails puts the others back; the reconcile rounds set every part to its recorded size and
+drop parts a group's row does not have; an Orchestrator that dies while making a group leaves a group whose parts
+the database knows; an attach no server takes leaves no client row; and an Orchestrator starts while one of its
+servers is down. FPGA-servers are real processes; the Orchestrator is one too where its start-up is the subject,
+else it is driven in this process so a failure can be placed between two of its calls.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from sqlalchemy import select
+
+from harness.v1 import fpga_pb2, fpga_pb2_grpc, irm_pb2
+from irm_fpga.models import Client
+from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
+from services.errors import InvalidArgument, PermissionDenied, Unavailable
+from tests.conftest import eventually
+
+FAST = {"devices": 4, "reconfig_mean_s": 0.01, "reconfig_std_s": 0.0}
+NOWHERE = "127.0.0.1:9"        # nothing answers there: a partition
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def held(address: str) -> dict[str, int]:
+    """The parts an FPGA-server holds, asked of it directly: group -> devices."""
+    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(address))
+    return {p.group_id: p.target for p in stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups}
+
+
+@pytest.fixture
+def servers(suite):
+    return {name: suite.start("fpga-server", name=name, **FAST) for name in ("A", "B")}
+
+
+@pytest.fixture
+def orch(servers, db_url):
+    o = Orchestrator(OrchestratorConfig(servers=[p.address for p in servers.values()], database=db_url,
+                                        autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
+    o._discover_servers(strict=True)
+    yield o
+    o.stop()
+
+
+def test_a_resize_one_server_fails_puts_the_other_servers_back(orch, servers, monkeypatch):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    real_spread = orch._spread
+
+    def placed_then_partitioned(*args, **kwargs):  # noqa: ANN202 - B stops answering once the plan is made
+        plan = real_spread(*args, **kwargs)
+        orch.servers["B"].address = NOWHERE
+        return plan
+
+    monkeypatch.setattr(orch, "_spread", placed_then_partitioned)
+    with pytest.raises(Unavailable, match="'B'"):
+        orch.resize(g, 7)                      # A: 2 -> 4 done, then B: 0 -> 3 fails
+    assert orch._group(g.id).parts == {"A": 2}
+    assert held(servers["A"].address) == {g.id: 2}      # not 4: A was put back
+    assert held(servers["B"].address) == {}
+
+
+def test_reconcile_sets_parts_to_their_recorded_size_and_drops_parts_the_row_lacks(orch, servers):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    # Drift of any origin (a put-back that could not reach its server, a resize cut short by a crash).
+    a = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address))
+    a.ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id=g.id, size=4), timeout=10)
+    b = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["B"].address))
+    b.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design="sleep", size=3), timeout=10)
+    assert orch.reconcile_once() == {"made": 1, "dropped": 1}
+    assert held(servers["A"].address) == {g.id: 2}
+    assert held(servers["B"].address) == {}
+    assert orch.reconcile_once() == {"made": 0, "dropped": 0}
+    # The devices the drift held are for sale again: 2 + 6 of the 8.
+    assert sum(orch.create_group("bob", "h", "sleep", 6).parts.values()) == 6
+
+
+CRASHING_CHILD = """
+import os, sys
+from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
+o = Orchestrator(OrchestratorConfig(servers=[sys.argv[1]], database=sys.argv[2], autoscaler="none",
+                                    reconcile_interval_s=0))
+o._discover_servers(strict=True)
+setattr(o, sys.argv[3], lambda *a, **k: os._exit(9))   # the process dies there (SIGKILL, OOM)
+o.create_group("alice", "req-1", "sleep", 3)
+"""
+
+
+@pytest.mark.parametrize("dies_in", ["_publish", "_apply"])   # after the servers made the parts / before
+def test_an_orchestrator_that_dies_while_making_a_group_leaves_a_whole_group(suite, db_url, dies_in):
+    a = suite.start("fpga-server", name="A", **FAST)
+    child = subprocess.run([sys.executable, "-c", CRASHING_CHILD, a.address, db_url, dies_in], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 9, child.stderr
+    o = suite.start("fpga", servers=a.address, database=db_url, autoscaler="none", reconcile_interval_s=0,
+                    server_timeout_s=2.0)
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(o.address))
+    (g,) = stub.ListGroups(fpga_pb2.ListGroupsRequest(tenant="alice"), timeout=10).groups
+    assert dict(g.parts) == {"A": 3} and g.active == 3
+    assert held(a.address) == {g.id: 3}         # made by the restarted Orchestrator, or found there
+    retry = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="alice", request_id="req-1", design="sleep",
+                                                         size=3), timeout=20)
+    assert retry.id == g.id and dict(retry.parts) == {"A": 3}
+    assert stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="bob", request_id="r", design="sleep", size=1),
+                            timeout=20).size == 1                       # the fourth device, and no more
+    with pytest.raises(grpc.RpcError) as e:
+        stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="bob", request_id="r2", design="sleep", size=1),
+                         timeout=20)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_client_id_with_a_nul_is_refused_before_anything_is_stored(orch):
+    g = orch.create_group("owner", "g", "sleep", 2, shared=True, pinned=["A"])
+    with pytest.raises(InvalidArgument) as e:
+        orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="guest", group_id=g.id, client_id="evil\x00id"), None)
+    assert [v.field for v in e.value.violations] == ["client_id"]
+    assert orch._attached([g.id]) == {}
+    # The owner's group still grows onto another server.
+    assert orch.resize(orch._group(g.id), 6).parts == {"A": 4, "B": 2}
+
+
+def test_an_attach_no_server_takes_leaves_no_client(orch, servers):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    h = orch.servers["A"]
+    real, h.address = h.address, NOWHERE
+    with pytest.raises(Unavailable):
+        orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    assert orch._attached([g.id]) == {}         # nothing for the reconcile rounds to attach again
+    h.address = real
+    att = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    assert att.client_id == "c1" and [p.server for p in att.parts] == ["A"]
+
+
+def _race(orch, monkeypatch, first: fpga_pb2.AttachClientRequest, second: fpga_pb2.AttachClientRequest):  # noqa: ANN001, ANN202
+    """`second` is attached, and `first` whose insert the other call's lands just before (both found no client):
+    (what `first` returned or raised, what `second` returned)."""
+    real_transact = orch.db.transact
+    theirs: list[object] = []
+
+    def the_other_call_writes_first(fn):  # noqa: ANN001, ANN202
+        if not theirs:
+            theirs.append(None)
+            t = threading.Thread(target=lambda: theirs.append(orch.AttachClient(second, None)))
+            t.start()
+            t.join()
+        return real_transact(fn)
+
+    monkeypatch.setattr(orch.db, "transact", the_other_call_writes_first)
+    try:
+        mine: object = orch.AttachClient(first, None)
+    except Exception as e:  # noqa: BLE001 - the outcome is what is checked
+        mine = e
+    monkeypatch.undo()
+    return mine, theirs[1]
+
+
+def test_concurrent_attaches_under_one_client_id_get_one_client(orch, monkeypatch):
+    g = orch.create_group("alice", "g", "sleep", 1, shared=True)
+    request = fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1")
+    mine, theirs = _race(orch, monkeypatch, request, request)
+    assert isinstance(mine, fpga_pb2.Attachment), mine
+    assert mine.token == theirs.token and mine.client_id == "c1" and len(mine.parts) == 1
+    with orch.db.read() as s:
+        assert [c.id for c in s.scalars(select(Client))] == ["c1"]
+    # Another tenant racing for an id is refused as if it had come second.
+    mallory = fpga_pb2.AttachClientRequest(tenant="mallory", group_id=g.id, client_id="c2")
+    mine, theirs = _race(orch, monkeypatch, mallory, fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id,
+                                                                                   client_id="c2"))
+    assert isinstance(mine, PermissionDenied), mine
+    assert orch._attached([g.id]) == {g.id: ["c1", "c2"]}
+
+
+def test_a_reservation_larger_than_the_cluster_names_the_group_and_its_devices(orch):
+    def group(name: str, devices: int) -> irm_pb2.ResourceGroup:
+        g = irm_pb2.ResourceGroup(name=name, resource_type="vfpga", count=1)
+        g.attributes["design"].text = "sleep"
+        g.attributes["devices"].number = devices
+        return g
+
+    with pytest.raises(InvalidArgument) as e:
+        orch.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[group("small", 1),
+                                                                                 group("big", 9)]), None)
+    assert [v.field for v in e.value.violations] == ["groups[1].attributes[devices]"]
+    assert "'big'" in e.value.violations[0].description and "8" in e.value.violations[0].description
+    assert orch._find_reservation("t", "r") is None     # nothing claimed: a corrected retry may use the id
+
+
+def test_an_orchestrator_starts_with_a_server_down_and_uses_it_once_it_answers(suite):
+    a = suite.start("fpga-server", name="A", **FAST)
+    b = suite.start("fpga-server", name="B", **FAST)
+    b_address = b.address
+    b.stop()
+    o = suite.start("fpga", servers=f"{a.address},{b_address}", autoscaler="none", reconcile_interval_s=0.2,
+                    server_timeout_s=1.0)
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(o.address))
+    g = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g1", design="sleep", size=2),
+                         timeout=20)
+    assert dict(g.parts) == {"A": 2}
+    suite.start("fpga-server", name="B", address=b_address, **FAST)
+
+    eventually(lambda: "B" in {s.name for s in stub.ListDevices(fpga_pb2.ListDevicesRequest(tenant="t"),
+                                                                 timeout=10).servers},
+               what="the Orchestrator to map FPGA-server B")
+    grown = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g2", design="sleep", size=6),
+                             timeout=20)
+    assert dict(grown.parts) == {"A": 2, "B": 4}
