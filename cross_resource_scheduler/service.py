@@ -250,6 +250,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def __init__(self, config: CrsConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s"):
+            value = getattr(config, name)
+            if not (math.isfinite(value) and value > 0):
+                # Zero or less: the monitor and every IRM's heartbeats would spin.
+                raise ValueError(f"crs configuration: {name} {value!r}: seconds, more than 0")
         try:
             self.pipeline = Pipeline.from_names(config.filters, config.weighers, config.sample_size)
         except PipelineError as e:
@@ -280,17 +285,42 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # again each pass for its next row.
         self._silent: dict[str, tuple[int, float]] = {}
 
-    def _load_topology(self, path: str) -> None:
-        import yaml
+    _TOPOLOGY_KEYS = ("links",)
+    _LINK_KEYS = ("a", "b", "latency_ms", "bandwidth_gbps")
 
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        for i, link in enumerate(data.get("links") or []):
+    def _load_topology(self, path: str) -> None:
+        """The links of the YAML file `path` ({links: [{a, b, latency_ms, bandwidth_gbps}, ...]}); ValueError,
+        one line naming the file and what to fix, for anything else (a typo'd key would be a link lost)."""
+        from services.config import read_yaml
+
+        data = read_yaml(path, "topology_file", ValueError)
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ValueError(f"topology_file {path}: expected a mapping with 'links' (a list of "
+                             f"{{a, b, latency_ms, bandwidth_gbps}}), got a {type(data).__name__}")
+        unknown = sorted(str(k) for k in data if k not in self._TOPOLOGY_KEYS)
+        if unknown:
+            raise ValueError(f"topology_file {path}: unknown key(s) {unknown}; known: {list(self._TOPOLOGY_KEYS)}")
+        links = data.get("links") or []
+        if not isinstance(links, list):
+            raise ValueError(f"topology_file {path}: links must be a list of {{a, b, latency_ms, bandwidth_gbps}}")
+        for i, link in enumerate(links):
+            if not isinstance(link, dict):
+                raise ValueError(f"topology_file {path}: links[{i}] must be a mapping "
+                                 f"{{a, b, latency_ms, bandwidth_gbps}}, got {link!r}")
+            unknown = sorted(str(k) for k in link if k not in self._LINK_KEYS)
+            if unknown:
+                raise ValueError(f"topology_file {path}: links[{i}]: unknown key(s) {unknown}; "
+                                 f"known: {list(self._LINK_KEYS)}")
             try:
                 self.topology.add_link(common_pb2.Link(a=str(link["a"]), b=str(link["b"]),
                                                        latency_ms=float(link.get("latency_ms", 0)),
                                                        bandwidth_gbps=float(link.get("bandwidth_gbps", 0))))
-            except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{path}: links[{i}]: {e}") from None
+            except KeyError as e:
+                raise ValueError(f"topology_file {path}: links[{i}]: missing {e.args[0]}") from None
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"topology_file {path}: links[{i}]: {e}") from None
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:

@@ -52,7 +52,23 @@ class InventoryError(ValueError):
     pass
 
 
+HOST_KEYS = ("id", "site", "rack", "cores", "memory_gb", "frequency_ghz", "traits", "agent")
+GENERATE_KEYS = ("count", "sites", "racks_per_site", "prefix", "site_prefix", "cores", "memory_gb", "frequency_ghz",
+                 "traits", "agent")
+TOP_KEYS = ("hosts", "generate")
+
+
+def _known(entry: dict, keys: tuple[str, ...], where: str) -> None:
+    """InventoryError for a key not in `keys`: a typo would be a setting silently lost."""
+    unknown = sorted(str(k) for k in entry if k not in keys)
+    if unknown:
+        raise InventoryError(f"{where}: unknown key(s) {unknown}; known: {list(keys)}")
+
+
 def _host(entry: dict, where: str, default_agent: str) -> HostSpec:
+    traits = entry.get("traits") or []
+    if not isinstance(traits, list | tuple):
+        raise InventoryError(f"{where}: traits must be a list (e.g. traits: [ssd, avx512]), got {traits!r}")
     try:
         cores = int(entry["cores"])
         memory_mb = int(round(float(entry["memory_gb"]) * 1024))
@@ -70,7 +86,7 @@ def _host(entry: dict, where: str, default_agent: str) -> HostSpec:
         cores=cores,
         memory_mb=memory_mb,
         frequency_ghz=freq,
-        traits=tuple(sorted(str(t) for t in entry.get("traits", []))),
+        traits=tuple(sorted(str(t) for t in traits)),
         agent=str(entry.get("agent", default_agent)),
     )
 
@@ -97,6 +113,7 @@ def _generated(gen: dict, i: int, where: str, default_agent: str) -> list[HostSp
             from None
     prefix = str(gen.get("prefix", f"g{i}-h"))
     site_prefix = str(gen.get("site_prefix", "site-"))
+    _known(gen, GENERATE_KEYS, f"{where}: generate[{i}]")
     hosts = []
     for n in range(count):
         site = n % sites
@@ -107,8 +124,10 @@ def _generated(gen: dict, i: int, where: str, default_agent: str) -> list[HostSp
 
 
 def from_dict(data: dict, default_agent: str = "", where: str = "inventory") -> Inventory:
+    _known(data, TOP_KEYS, where)
     hosts: list[HostSpec] = []
     for i, entry in enumerate(_entries(data, "hosts", where)):
+        _known(entry, HOST_KEYS, f"{where}: hosts[{i}]")
         h = _host(entry, f"{where}: hosts[{i}]", default_agent)
         if not h.id:
             raise InventoryError(f"{where}: hosts[{i}]: missing id")

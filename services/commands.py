@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -53,16 +54,17 @@ def _env_pair(text: str) -> tuple[str, str]:
 # -- up / status ------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from services import suite
+    from services.config import ConfigError
 
     console = Console(stderr=True)
     stop = threading.Event()
-    starting = [True]
 
     def on_signal(signum, _frame):  # type: ignore[no-untyped-def]
-        if starting[0]:               # the services come up one by one (up to a minute each): stop now
-            raise KeyboardInterrupt
+        # A flag, never an exception: one raised mid-start or mid-stop would abandon services half started or
+        # half stopped. Start-up (up to a minute a service) watches it too; stopping ignores signals.
         stop.set()
 
     # A closed terminal (SIGHUP) stops the suite too: its services run in sessions of their own, so no
@@ -70,28 +72,44 @@ def cmd_up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
-        procs = suite.start(args.state_dir, auto_ports=args.auto_ports, config_file=args.config,
-                            on_started=lambda p: console.print(f"[green]started[/] {p.name:10} {p.address}"))
-    except KeyboardInterrupt:         # `suite.start` stopped what it had started
+        procs = suite.start(args.state_dir, auto_ports=args.auto_ports, config_file=args.config, cancel=stop,
+                            on_started=lambda p: console.print(f"[green]started[/] {p.name:10} {escape(p.address)}"))
+    except suite.Cancelled:           # `suite.start` stopped what it had started
         console.print("interrupted while starting; stopped")
         return 130
-    except Exception as e:  # noqa: BLE001
-        console.print(f"[red]harness up failed:[/] {e}")
+    except ConfigError as e:
+        print(f"harness up: {e}", file=sys.stderr)
+        return 2
+    except suite.SuiteRunning as e:
+        print(f"harness up: {e}", file=sys.stderr)
         return 1
-    starting[0] = False
-    console.print(f"Harness is up ({len(procs)} services; logs in {args.state_dir}/logs). Ctrl-C stops it.")
+    except Exception as e:  # noqa: BLE001
+        print(f"harness up failed: {e}", file=sys.stderr)
+        return 1
+    console.print(f"Harness is up ({len(procs)} services; logs in {escape(args.state_dir)}/logs). Ctrl-C stops it.")
     try:
         while not stop.is_set():
             dead = [p for p in procs if not p.alive()]
             if dead:
                 console.print(f"[red]{dead[0].name} exited ({dead[0].proc.returncode}); stopping the suite[/]")
-                console.print(dead[0].logs()[-2000:])
+                print(dead[0].logs()[-2000:], file=sys.stderr)
                 return 1
             stop.wait(1.0)
     finally:
         console.print("stopping ...")
         suite.stop(procs)
         suite.state_file(args.state_dir).unlink(missing_ok=True)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from services import suite
+
+    try:
+        print(suite.down(args.state_dir), file=sys.stderr)
+    except suite.SuiteRunning as e:
+        print(f"harness down: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -401,7 +419,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(mod.main(args.rest) or 0)
 
 
+def _quiet_pipe(func):  # type: ignore[no-untyped-def]
+    """`func` (a command), ending quietly with status 141 (128 + SIGPIPE, as a shell reports a program killed
+    by it) when whoever reads its output stops reading (`| head -1`), instead of a BrokenPipeError traceback."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            status = func(args)
+            sys.stdout.flush()        # what is still buffered meets the closed pipe here, not at exit
+            return status
+        except BrokenPipeError:
+            # Nobody reads any more: the rest of the output, also what Python flushes at exit, goes nowhere.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
+    return run
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    before = set(sub.choices)
+    _add_commands(sub)
+    for name, parser in sub.choices.items():
+        if name not in before and parser.get_default("func") is not None:
+            parser.set_defaults(func=_quiet_pipe(parser.get_default("func")))
+
+
+def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     def common(p: argparse.ArgumentParser, tenant: bool = True) -> None:
         p.add_argument("--state-dir", default=DEFAULT_STATE, help="where `harness up` keeps state (default ~/.harness)")
         p.add_argument("--crs", help="CRS address (default: from the running suite)")
@@ -413,6 +456,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--config", help="YAML file with one section per service")
     p.add_argument("--auto-ports", action="store_true", help="pick free ports instead of 50051/50061/50071")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="stop the suite running from a state directory (also when `harness up` is "
+                                    "gone and its services still run)")
+    p.add_argument("--state-dir", default=DEFAULT_STATE)
+    p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("status", help="health of every service of the running suite")
     p.add_argument("--state-dir", default=DEFAULT_STATE)

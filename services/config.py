@@ -10,6 +10,7 @@ start-up, not a silently ignored typo.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -167,7 +168,31 @@ def load(
             raise ConfigError(f"--set {key}: unknown setting of {section}; known: {sorted(names)}")
         values[key] = _coerce(value, hints[key], f"--set {key}")
 
-    return cls(**values)
+    conf = cls(**values)
+    check_settings(conf, section)
+    return conf
+
+
+# Settings that are seconds between two rounds of a loop, or how long a silence may last: zero or less would
+# spin that loop (a core burnt, the CRS flooded) or take every peer for down at once.
+POSITIVE_SECONDS = ("heartbeat_interval_s", "heartbeat_timeout_s", "heartbeat_s", "sample_interval_s")
+
+
+def check_settings(conf: Any, section: str) -> None:
+    """ConfigError naming the setting if an interval of POSITIVE_SECONDS is not more than 0 seconds, or a peer's
+    address (`*_address`; several comma-separated) is not HOST:PORT."""
+    for name in POSITIVE_SECONDS:
+        value = getattr(conf, name, None)
+        if isinstance(value, int | float) and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{section}.{name} = {value!r}: expected seconds, more than 0")
+    for f in dataclasses.fields(conf):
+        value = getattr(conf, f.name)
+        if f.name.endswith("_address") and f.name != "address" and isinstance(value, str):
+            for part in (p.strip() for p in value.split(",") if p.strip()):
+                try:
+                    check_address(part)
+                except ConfigError as e:
+                    raise ConfigError(f"{section}.{f.name}: {e}") from None
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:

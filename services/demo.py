@@ -129,18 +129,48 @@ def _interrupt(signum, _frame):  # type: ignore[no-untyped-def]
     raise KeyboardInterrupt
 
 
+def private_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """`environ` (default: this process's) without what would point the demo's services at the operator's
+    own configuration -- HARNESS_CONFIG and every HARNESS_<SECTION>_* setting (a production database, a
+    remote CRS): the demo runs on embedded defaults, in its own state directory."""
+    import os
+
+    from services.catalog import config_sections
+
+    environ = dict(os.environ if environ is None else environ)
+    prefixes = tuple(f"HARNESS_{section.upper()}_" for section in set(config_sections().values()))
+    return {k: v for k, v in environ.items() if k != "HARNESS_CONFIG" and not k.startswith(prefixes)}
+
+
 def main(args: argparse.Namespace) -> int:
+    import threading
+
     console = Console()
-    # SIGTERM or a closed terminal ends the demo as Ctrl-C does, through the `finally` below: the services run
-    # in sessions of their own, so nothing else would stop them.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+    starting = threading.Event()
+
+    # Ctrl-C, SIGTERM or a closed terminal end the demo through the `finally` below (the services run in
+    # sessions of their own, so nothing else would stop them): while the suite starts, by a flag it watches (an
+    # exception there could land between starting a service and recording it); later as KeyboardInterrupt.
+    # `suite.stop` ignores them while it stops.
+    cancel = threading.Event()
+
+    def on_signal(signum, frame):  # type: ignore[no-untyped-def]
+        cancel.set()
+        if not starting.is_set():
+            _interrupt(signum, frame)
+
     state_dir = tempfile.mkdtemp(prefix="harness-demo-")
-    console.print(f"[bold]Harness demo[/]: starting the suite (state in {state_dir})")
     procs = []
+    starting.set()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
-        procs = suite.start(state_dir, auto_ports=True,
+        console.print(f"[bold]Harness demo[/]: starting the suite (state in {state_dir})")
+        procs = suite.start(state_dir, auto_ports=True, cancel=cancel, environ=private_environ(),
                             on_started=lambda p: console.print(f"  [green]started[/] {p.name:8} {p.address}"))
+        starting.clear()
+        if cancel.is_set():
+            raise KeyboardInterrupt
         addrs = {p.name: p.address for p in procs}
         run(console, addrs["crs"])
         from application_manager import demo as am_demo
@@ -153,10 +183,12 @@ def main(args: argparse.Namespace) -> int:
     except grpc.RpcError as e:
         console.print(f"[red]demo failed: {e.code().name}: {e.details()}[/]")
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, suite.Cancelled):
+        starting.set()                        # no more exceptions from signals: clean up
         console.print("demo interrupted; stopping the suite")
         return 130
     finally:
+        starting.set()
         suite.stop(procs)
         if not args.keep:
             shutil.rmtree(state_dir, ignore_errors=True)

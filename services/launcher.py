@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,10 @@ from pathlib import Path
 
 class LaunchError(RuntimeError):
     pass
+
+
+class Cancelled(Exception):
+    """A start-up was told to stop (`wait_ready`'s `cancel` set): a flag, not a signal's exception."""
 
 
 @dataclass
@@ -52,8 +57,17 @@ class ServiceProcess:
                 self._ready.set()
         self._ready.set()  # exited: wake the waiter, who sees no address
 
-    def wait_ready(self, timeout: float = 60.0) -> str:
-        if not self._ready.wait(timeout) or not self.address:
+    def wait_ready(self, timeout: float = 60.0, cancel: threading.Event | None = None) -> str:
+        """The bound address once serving, LaunchError if it exits or `timeout` passes first, Cancelled as soon
+        as `cancel` (if given) is set -- the process is left running: the caller stops what it started."""
+        deadline = time.monotonic() + timeout
+        while cancel is not None and not self._ready.is_set():
+            if cancel.is_set():
+                raise Cancelled(self.name)
+            if time.monotonic() >= deadline:
+                break
+            self._ready.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+        if not self._ready.wait(max(0.0, deadline - time.monotonic())) or not self.address:
             self.stop()
             tail = "\n".join(list(self.log_tail)[-30:])
             raise LaunchError(f"{self.name} did not start (exit code {self.proc.poll()}):\n{tail}")
@@ -85,8 +99,9 @@ class ServiceProcess:
 def spawn(service: str, *, name: str | None = None, address: str = "127.0.0.1:0",
           settings: dict[str, object] | None = None, config_file: str | None = None,
           env: dict[str, str] | None = None, log_path: str | None = None,
-          pass_fds: tuple[int, ...] = ()) -> ServiceProcess:
-    """Start `harness serve SERVICE` as a child process (not yet waited for)."""
+          pass_fds: tuple[int, ...] = (), environ: dict[str, str] | None = None) -> ServiceProcess:
+    """Start `harness serve SERVICE` as a child process (not yet waited for), in `environ` (default: this
+    process's environment) with `env` added."""
     argv = [sys.executable, "-m", "services.cli", "serve", service, "--address", address]
     if config_file:
         argv += ["--config", config_file]
@@ -96,7 +111,7 @@ def spawn(service: str, *, name: str | None = None, address: str = "127.0.0.1:0"
         elif isinstance(value, dict):
             value = ",".join(f"{k}={v}" for k, v in value.items())
         argv += ["--set", f"{key}={value}"]
-    child_env = dict(os.environ)
+    child_env = dict(os.environ if environ is None else environ)
     child_env.update(env or {})
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 
 import grpc
 
@@ -12,6 +14,20 @@ from services import client
 
 log = logging.getLogger(__name__)
 
+# Heartbeats at most this often, whatever interval the CRS asks for (a zero or negative one would spin), and at
+# least this rarely (a huge one would have the CRS take us for down).
+MIN_INTERVAL_S = 0.05
+MAX_INTERVAL_S = 60.0
+# A registration that keeps failing is logged once, then at most this often.
+WARN_EVERY_S = 30.0
+
+
+def sane_interval(value: float, fallback: float = 2.0) -> float:
+    """`value` within MIN_INTERVAL_S..MAX_INTERVAL_S (`fallback` if it is not a number)."""
+    if not math.isfinite(value):
+        value = fallback
+    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, value))
+
 
 class Membership:
     def __init__(self, crs_address: str, name: str, address: str, resource_types: list[str],
@@ -19,7 +35,7 @@ class Membership:
         self.crs_address = crs_address
         self.request = registry_pb2.RegisterManagerRequest(name=name, address=address,
                                                            resource_types=resource_types)
-        self.interval = heartbeat_interval_s
+        self.interval = sane_interval(heartbeat_interval_s)
         self._stop = threading.Event()
         self.registered = threading.Event()
         self._thread = threading.Thread(target=self._run, name="membership", daemon=True)
@@ -34,12 +50,16 @@ class Membership:
     def _run(self) -> None:
         stub = registry_pb2_grpc.ManagerRegistryStub(client.channel(self.crs_address))
         known = False
+        failing_since: float | None = None     # first registration failing since then
+        warned = -math.inf
         while not self._stop.is_set():
             try:
                 if not known:
                     reply = stub.RegisterManager(self.request, timeout=5)
-                    self.interval = min(self.interval, reply.heartbeat_interval_s or self.interval)
+                    asked = reply.heartbeat_interval_s or self.interval
+                    self.interval = sane_interval(min(self.interval, asked), self.interval)
                     known = True
+                    failing_since, warned = None, -math.inf
                     self.registered.set()
                     log.info("registered with the CRS", extra={"crs": self.crs_address})
                 else:
@@ -48,8 +68,16 @@ class Membership:
                         log.warning("the CRS forgot us; registering again")
                         continue
             except grpc.RpcError as e:
+                now = time.monotonic()
                 if known:
                     log.warning("heartbeat failed", extra={"code": str(e.code())})
+                elif failing_since is None:
+                    failing_since = now
+                if not known and now - warned >= WARN_EVERY_S:
+                    warned = now
+                    log.warning("cannot register with the CRS; retrying", extra={
+                        "crs": self.crs_address, "code": str(e.code()), "details": e.details() or "",
+                        "failing_for_s": round(now - failing_since, 1)})
                 known = False
                 self._stop.wait(min(1.0, self.interval))
                 continue

@@ -10,15 +10,20 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
+import threading
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from services import config as cfg
 from services import pidlock
 from services.catalog import SERVICES, config_sections
-from services.launcher import ServiceProcess, spawn
+from services.launcher import Cancelled, ServiceProcess, spawn
+
+__all__ = ["Cancelled"]
 
 DEFAULT_PORTS = {"crs": 50051, "compute": 50061, "agent": 50071, "fpga-server": 50081, "fpga": 50091, "am": 50101}
 
@@ -63,9 +68,13 @@ def _auto_ports(state_dir: str) -> dict[str, int]:
     return ports
 
 
-def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1") -> list[Planned]:
+def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1",
+         fixed: Mapping[str, str] | None = None) -> list[Planned]:
+    """The suite's services and their wiring; `fixed`: addresses the operator set (service -> HOST:PORT), which
+    those services bind and their peers are wired to."""
     ports = _auto_ports(state_dir) if auto_ports else dict(DEFAULT_PORTS)
     addr = {k: f"{host}:{p}" for k, p in ports.items()}
+    addr.update(fixed or {})
     return [
         Planned("crs", "crs", addr["crs"], {"state_dir": state_dir}),
         Planned("compute", "compute", addr["compute"], {
@@ -79,17 +88,22 @@ def plan(state_dir: str, auto_ports: bool = False, host: str = "127.0.0.1") -> l
     ]
 
 
-def _file_settings(config_file: str | None, environ: dict[str, str] | None = None) -> dict[str, set[str]]:
+def _file_settings(config_file: str | None, environ: Mapping[str, str] | None = None) -> dict[str, set[str]]:
     """The settings the operator chose, per section: those a config file sets (its sections named by
     service or by section; `$HARNESS_CONFIG` when no file is given, as each service reads it) and
-    those `HARNESS_<SECTION>_<FIELD>` variables set."""
+    those `HARNESS_<SECTION>_<FIELD>` variables set. ConfigError if the file cannot be read, as
+    `harness serve --config` says it."""
     environ = dict(os.environ) if environ is None else environ
-    config_file = config_file or environ.get("HARNESS_CONFIG")
+    what = "config file"
+    if not config_file and environ.get("HARNESS_CONFIG"):
+        config_file, what = environ["HARNESS_CONFIG"], "HARNESS_CONFIG file"
     sections = config_sections()
     out: dict[str, set[str]] = {}
     if config_file:
-        data = yaml.safe_load(Path(config_file).read_text()) or {}
-        for name, part in (data.items() if isinstance(data, dict) else []):
+        data = cfg.read_yaml(config_file, what) or {}
+        if not isinstance(data, dict):
+            raise cfg.ConfigError(f"{config_file}: expected a mapping of sections")
+        for name, part in data.items():
             if name in sections and isinstance(part, dict):
                 out.setdefault(sections[name], set()).update(part)
     for section in set(sections.values()):
@@ -100,8 +114,73 @@ def _file_settings(config_file: str | None, environ: dict[str, str] | None = Non
     return out
 
 
+def _chosen_addresses(config_file: str | None, environ: Mapping[str, str],
+                      chosen: dict[str, set[str]]) -> dict[str, str]:
+    """Service -> the address the operator set for it (config file or environment), checked: the suite binds
+    it and wires the service's peers to it, instead of its own port."""
+    out = {}
+    for name, entry in SERVICES.items():
+        if "address" not in chosen.get(entry.section, set()):
+            continue
+        conf = cfg.load(entry.load()[0], entry.section, config_file=config_file, environ=environ,
+                        sections=config_sections())
+        address = cfg.check_address(conf.address)
+        if address.rpartition(":")[2].lstrip("0") == "":
+            raise cfg.ConfigError(f"{entry.section}.address {address!r}: under `harness up` give a fixed port "
+                                  "(the suite wires the other services to it), or leave the address out")
+        out[name] = address
+    return out
+
+
 def state_file(state_dir: str) -> Path:
     return Path(state_dir).expanduser() / "suite.json"
+
+
+def processes_file(state_dir: str) -> Path:
+    """The suite's service processes (name -> pid and command line), written as each one starts: what
+    `harness down` stops when `harness up` is gone."""
+    return Path(state_dir).expanduser() / "processes.json"
+
+
+def _recorded(state_dir: str) -> dict[str, dict]:
+    try:
+        data = json.loads(processes_file(state_dir).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    """The command line of process `pid`, None if there is none (gone, or not ours to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").split("\0")[:-1] or None
+
+
+def _live_services(state_dir: str) -> dict[str, int]:
+    """Recorded services still running, by name: their pid still runs the command line it was started with."""
+    out = {}
+    for name, rec in _recorded(state_dir).items():
+        pid, argv = rec.get("pid"), rec.get("argv")
+        if isinstance(pid, int) and argv and _cmdline(pid) == argv:
+            out[name] = pid
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class SuiteRunning(RuntimeError):
@@ -112,6 +191,7 @@ class Suite(list):
     """The started services, in start order, holding the state directory's lock (see `_lock`)."""
 
     lock_fd: int | None = None
+    state_dir: str | None = None
 
 
 def _lock(state_dir: str) -> int:
@@ -121,22 +201,46 @@ def _lock(state_dir: str) -> int:
     try:
         return pidlock.take(Path(state_dir) / ".lock")
     except pidlock.Held as e:
-        raise SuiteRunning(f"a suite is already running from {state_dir} (started by pid {e.owner}); stop it "
-                           f"first (Ctrl-C where it runs), or give another --state-dir") from None
+        raise SuiteRunning(_held_message(state_dir, e.owner)) from None
+
+
+def _held_message(state_dir: str, owner: str) -> str:
+    down = f"`harness down --state-dir {state_dir}`"
+    if owner.isdigit() and not _pid_alive(int(owner)):
+        live = _live_services(state_dir)
+        services = ", ".join(f"{name} pid {pid}" for name, pid in live.items()) or "none recorded"
+        return (f"a suite's services still run from {state_dir} (started by pid {owner}, which has exited; "
+                f"services: {services}); stop them with {down}, or give another --state-dir")
+    return (f"a suite is already running from {state_dir} (started by pid {owner}); stop it first (Ctrl-C where "
+            f"it runs, or {down}), or give another --state-dir")
 
 
 def start(state_dir: str, auto_ports: bool = False, config_file: str | None = None,
-          on_started=None) -> Suite:  # type: ignore[no-untyped-def]
+          on_started=None, cancel: threading.Event | None = None,  # type: ignore[no-untyped-def]
+          environ: Mapping[str, str] | None = None) -> Suite:
+    """Start the suite from `state_dir`, in order, each service once the one before it serves.
+
+    `cancel`: set (e.g. from a signal handler) to stop the start-up: what was started is stopped and
+    Cancelled raised. `environ`: the environment the services get and whose HARNESS_CONFIG and
+    HARNESS_<SECTION>_* the suite honours (default: this process's). ConfigError for a bad config, before
+    anything starts; SuiteRunning if a suite runs from `state_dir`.
+    """
     state_dir = str(Path(state_dir).expanduser())
+    environ = dict(os.environ if environ is None else environ)
+    chosen = _file_settings(config_file, environ)
+    fixed = _chosen_addresses(config_file, environ, chosen)
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     procs = Suite()
     procs.lock_fd = _lock(state_dir)
-    chosen = _file_settings(config_file)
+    procs.state_dir = state_dir
     # The FPGA-server takes control calls from this suite's Orchestrator only, the agent and the compute IRM
     # from each other only (services.control); in the environment, not on a command line others can read.
     token = secrets.token_hex(16)
+    recorded: dict[str, dict] = {}
     try:
-        for p in plan(state_dir, auto_ports):
+        for p in plan(state_dir, auto_ports, fixed=fixed):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(p.name)
             # The suite's wiring is a default: what the config file sets (e.g. remote CRSes) stands.
             section = SERVICES[p.service].section
             settings = {k: v for k, v in p.settings.items() if k not in chosen.get(section, set())}
@@ -146,9 +250,11 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
                 env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
             proc = spawn(p.service, name=p.name, address=p.address, settings=settings, config_file=config_file,
                          env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"),
-                         pass_fds=(procs.lock_fd,))
+                         pass_fds=(procs.lock_fd,), environ=environ)
             procs.append(proc)
-            proc.wait_ready()
+            recorded[proc.name] = {"pid": proc.proc.pid, "argv": list(proc.proc.args)}
+            processes_file(state_dir).write_text(json.dumps(recorded, indent=2))
+            proc.wait_ready(cancel=cancel)
             if on_started:
                 on_started(proc)
     except BaseException:
@@ -158,13 +264,83 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     return procs
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def stop(procs: list[ServiceProcess]) -> None:
-    for p in reversed(procs):
-        p.stop()
-    fd = getattr(procs, "lock_fd", None)
-    if fd is not None:
-        procs.lock_fd = None      # type: ignore[attr-defined]
-        os.close(fd)              # the services are gone: the state directory is free again
+    """Stop the services, last started first, and free the state directory. Not interrupted by a signal
+    (a second Ctrl-C, a supervisor's SIGTERM): they are ignored meanwhile, as abandoning the stop would
+    leave services running, the state directory locked."""
+    before = {}
+    if threading.current_thread() is threading.main_thread():
+        before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        for p in reversed(procs):
+            p.stop()
+        state_dir = getattr(procs, "state_dir", None)
+        if state_dir and all(not p.alive() for p in procs):
+            processes_file(state_dir).unlink(missing_ok=True)
+        fd = getattr(procs, "lock_fd", None)
+        if fd is not None:
+            procs.lock_fd = None      # type: ignore[attr-defined]
+            os.close(fd)              # the services are gone: the state directory is free again
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def down(state_dir: str, timeout: float = 20.0) -> str:
+    """Stop the suite running from `state_dir`: its `harness up` if that still runs (SIGTERM: it stops its
+    services), else the services recorded in processes.json that still run their recorded command line;
+    then the state directory is free. What was done, or SuiteRunning if the lock stays held."""
+    state_dir = str(Path(state_dir).expanduser())
+    lock = Path(state_dir) / ".lock"
+    if not lock.exists():
+        return f"no suite runs from {state_dir}"
+
+    def free() -> bool:
+        try:
+            fd = pidlock.take(lock)
+        except pidlock.Held:
+            return False
+        os.close(fd)
+        return True
+
+    def wait(check, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + seconds
+        while not check():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def tidy(done: str) -> str:
+        state_file(state_dir).unlink(missing_ok=True)
+        processes_file(state_dir).unlink(missing_ok=True)
+        return done
+
+    if free():
+        return tidy(f"no suite runs from {state_dir}")
+    owner = lock.read_text().strip()
+    argv = _cmdline(int(owner)) if owner.isdigit() else None
+    if argv and any(a in ("up", "demo") for a in argv[1:]) and \
+            any(a.endswith(("harness", "services.cli")) for a in argv):
+        os.kill(int(owner), signal.SIGTERM)           # `harness up` stops its services itself
+        if wait(free, timeout + 15):
+            return tidy(f"stopped the suite of pid {owner} ({state_dir})")
+    live = _live_services(state_dir)
+    for pid in live.values():
+        os.kill(pid, signal.SIGTERM)
+    if not wait(lambda: not _live_services(state_dir), timeout):
+        for pid in _live_services(state_dir).values():
+            os.kill(pid, signal.SIGKILL)
+        wait(lambda: not _live_services(state_dir), 5)
+    if not wait(free, 5):
+        raise SuiteRunning(f"{lock} is still held (pid {owner} started the suite), by no service recorded in "
+                           f"{processes_file(state_dir)}: stop that process yourself")
+    names = ", ".join(f"{n} (pid {pid})" for n, pid in live.items()) or "none running"
+    return tidy(f"stopped the services of {state_dir}: {names}")
 
 
 def addresses(state_dir: str) -> dict[str, str]:
