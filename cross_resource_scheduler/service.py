@@ -291,7 +291,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def _load_topology(self, path: str) -> None:
         """The links of the YAML file `path` ({links: [{a, b, latency_ms, bandwidth_gbps}, ...]}); ValueError,
         one line naming the file and what to fix, for anything else (a typo'd key would be a link lost)."""
-        from services.config import read_yaml
+        from services.config import known_keys, mapping_list, read_yaml
 
         data = read_yaml(path, "topology_file", ValueError)
         if data is None:
@@ -299,20 +299,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         if not isinstance(data, dict):
             raise ValueError(f"topology_file {path}: expected a mapping with 'links' (a list of "
                              f"{{a, b, latency_ms, bandwidth_gbps}}), got a {type(data).__name__}")
-        unknown = sorted(str(k) for k in data if k not in self._TOPOLOGY_KEYS)
-        if unknown:
-            raise ValueError(f"topology_file {path}: unknown key(s) {unknown}; known: {list(self._TOPOLOGY_KEYS)}")
-        links = data.get("links") or []
-        if not isinstance(links, list):
-            raise ValueError(f"topology_file {path}: links must be a list of {{a, b, latency_ms, bandwidth_gbps}}")
+        where = f"topology_file {path}"
+        known_keys(data, self._TOPOLOGY_KEYS, where, ValueError)
+        links = mapping_list(data, "links", where, "{a, b, latency_ms, bandwidth_gbps}", ValueError)
         for i, link in enumerate(links):
-            if not isinstance(link, dict):
-                raise ValueError(f"topology_file {path}: links[{i}] must be a mapping "
-                                 f"{{a, b, latency_ms, bandwidth_gbps}}, got {link!r}")
-            unknown = sorted(str(k) for k in link if k not in self._LINK_KEYS)
-            if unknown:
-                raise ValueError(f"topology_file {path}: links[{i}]: unknown key(s) {unknown}; "
-                                 f"known: {list(self._LINK_KEYS)}")
+            known_keys(link, self._LINK_KEYS, f"{where}: links[{i}]", ValueError)
             try:
                 self.topology.add_link(common_pb2.Link(a=str(link["a"]), b=str(link["b"]),
                                                        latency_ms=float(link.get("latency_ms", 0)),

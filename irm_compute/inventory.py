@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.config import read_yaml
+from services.config import known_keys, mapping_list, read_yaml
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,7 @@ TOP_KEYS = ("hosts", "generate")
 
 
 def _known(entry: dict, keys: tuple[str, ...], where: str) -> None:
-    """InventoryError for a key not in `keys`: a typo would be a setting silently lost."""
-    unknown = sorted(str(k) for k in entry if k not in keys)
-    if unknown:
-        raise InventoryError(f"{where}: unknown key(s) {unknown}; known: {list(keys)}")
+    known_keys(entry, keys, where, InventoryError)
 
 
 def _host(entry: dict, where: str, default_agent: str) -> HostSpec:
@@ -93,14 +90,7 @@ def _host(entry: dict, where: str, default_agent: str) -> HostSpec:
 
 def _entries(data: dict, key: str, where: str) -> list[dict]:
     """`data[key]`, a list of mappings: anything else would fail later with no word of where."""
-    entries = data.get(key) or []
-    if not isinstance(entries, list):
-        raise InventoryError(f"{where}: {key} must be a list, got {entries!r}")
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise InventoryError(f"{where}: {key}[{i}] must be a mapping (e.g. {{cores: 16, memory_gb: 64}}), "
-                                 f"got {entry!r}")
-    return entries
+    return mapping_list(data, key, where, "{cores: 16, memory_gb: 64}", InventoryError)
 
 
 def _generated(gen: dict, i: int, where: str, default_agent: str) -> list[HostSpec]:

@@ -15,6 +15,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +41,25 @@ def read_yaml(path: str | os.PathLike[str], what: str, error: type[ValueError] =
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise error(f"{what} {path} is not valid YAML: {_yaml_problem(e)}") from None
+
+
+def known_keys(entry: dict, keys: Sequence[str], where: str, error: type[ValueError] = ConfigError) -> None:
+    """`error` for a key of `entry` not in `keys`: a typo in a file would be a setting silently lost."""
+    unknown = sorted(str(k) for k in entry if k not in keys)
+    if unknown:
+        raise error(f"{where}: unknown key(s) {unknown}; known: {list(keys)}")
+
+
+def mapping_list(data: dict, key: str, where: str, example: str,
+                 error: type[ValueError] = ConfigError) -> list[dict]:
+    """`data[key]` as a list of mappings (absent: empty); `error` naming the entry otherwise, with `example`."""
+    entries = data.get(key) or []
+    if not isinstance(entries, list):
+        raise error(f"{where}: {key} must be a list of {example}, got {entries!r}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise error(f"{where}: {key}[{i}] must be a mapping (e.g. {example}), got {entry!r}")
+    return entries
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
