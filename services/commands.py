@@ -263,7 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # alone leaves it running (the agent keeps it for GetExecution), with no limit unless --timeout was given.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_stopped)
-    stub = None
+    stub = call = None
     execution = ""
     try:
         res = _irm(args).GetReservation(irm_pb2.GetReservationRequest(tenant=args.tenant,
@@ -276,8 +276,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         env = dict(args.env or [])
         stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
         exited = None
-        for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv, env=env,
-                                                        timeout_s=args.timeout)):
+        call = stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv, env=env,
+                                                     timeout_s=args.timeout))
+        for ev in call:
             kind = ev.WhichOneof("event")
             if kind == "stdout":
                 sys.stdout.buffer.write(ev.stdout)
@@ -310,6 +311,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = {KeyboardInterrupt: 128 + signal.SIGINT, BrokenPipeError: 128 + signal.SIGPIPE}.get(
             type(e), 128 + getattr(e, "signum", 0))
+        if call is not None and not execution:
+            # Stopped before the agent's "started" came: the command may be running already (its first output
+            # can come before that event reaches us), so wait a little for its id rather than leave it running.
+            execution = _started_id(call, STARTED_WAIT_S)
         if stub is not None and execution:
             try:
                 stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=args.tenant, execution_id=execution),
@@ -319,6 +324,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                 _say(f"harness run: could not stop execution {execution} ({err.code().name}): it may still run; "
                      "releasing the reservation stops it")
         return status
+
+
+STARTED_WAIT_S = 10.0     # `harness run` stopped early: how long it waits for the execution's id to stop it
+
+
+def _started_id(call, wait_s: float) -> str:  # type: ignore[no-untyped-def]
+    """The execution id of the Execute stream `call` from its next "started" event ("" if none within `wait_s`:
+    the stream is cancelled, which ends the wait)."""
+    timer = threading.Timer(wait_s, call.cancel)
+    timer.start()
+    try:
+        for ev in call:
+            if ev.WhichOneof("event") == "started":
+                return ev.started.execution_id
+    except grpc.RpcError:
+        pass
+    finally:
+        timer.cancel()
+    return ""
 
 
 def _say(text: str) -> None:
