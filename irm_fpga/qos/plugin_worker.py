@@ -14,8 +14,10 @@ over a pipe costs about a millisecond; a 300 s run of seed 001 §VI makes thousa
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 import traceback
@@ -25,6 +27,8 @@ from typing import Any
 
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos import plugins
+
+log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0      # a fresh process imports the plug-in (and numpy/scipy through the project's modules)
 ORPHAN_CHECK_S = 1.0        # how often the worker checks that the process that started it is still there
@@ -39,6 +43,8 @@ def _watch_parent(parent: int) -> None:
 
 def _serve(conn: Connection, name: str, late_after: float, parent: int) -> None:
     """The worker process: load the algorithm, then answer (queue, available, window, cost, now) requests."""
+    # Its manager stops it (the pipe, a kill, or the watchdog); a Ctrl-C in the manager's terminal is not for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
         alg = hy.with_late_after(plugins.single_algorithm(name), late_after)
@@ -82,6 +88,9 @@ class PluginRunner:
         self._proc: Any = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()
+        self._started = False       # a first worker was started (later ones start in the background)
+        self._replacing = False     # a background start is under way
+        self._closed = False
 
     @property
     def pid(self) -> int | None:
@@ -93,22 +102,68 @@ class PluginRunner:
         with self._lock:
             self._ensure()
 
-    def _ensure(self) -> Connection:
-        if self._conn is not None and self._proc is not None and self._proc.is_alive():
-            return self._conn
-        self._stop()
+    def _spawn(self) -> tuple[Any, Connection]:
+        """A new worker process, once it has loaded the plug-in (PolicyError if it cannot); holds no lock."""
         ours, theirs = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(theirs, self.name, self.late_after, os.getpid()),
                                  name=f"plugin:{self.name}", daemon=True)
-        proc.start()
+        try:
+            proc.start()
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
         theirs.close()
-        self._proc, self._conn = proc, ours
-        kind, detail = self._receive(self.start_timeout_s, "to start")
+        try:
+            ready = ours.poll(self.start_timeout_s)
+            kind, detail = ours.recv() if ready else ("timeout", f"no answer within {self.start_timeout_s:g} s")
+        except (EOFError, OSError):
+            kind, detail = "error", f"it ended with exit code {proc.exitcode}"
         if kind != "ready":
-            self._stop(kill=True)
+            ours.close()
+            proc.kill()
+            proc.join(5.0)
             raise plugins.PolicyError(f"scheduling algorithm {self.name!r} cannot be loaded in its worker process: "
                                       f"{detail}")
-        return ours
+        return proc, ours
+
+    def _ensure(self) -> Connection:
+        """The live worker's pipe (under `_lock`). The first worker is started here and waited for; a worker
+        that failed is replaced in the background (`_replace`): a decision meanwhile is refused at once, not
+        kept waiting a start-up's second or more under the job manager's lock."""
+        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            return self._conn
+        self._stop(kill=True)
+        if self._started:
+            self._replace_soon()
+            raise plugins.PolicyError(f"scheduling algorithm {self.name!r}: its worker process is starting again "
+                                      f"after a failure; the queue waits for a later decision")
+        self._started = True
+        self._proc, self._conn = self._spawn()
+        return self._conn
+
+    def _replace_soon(self) -> None:
+        """Start a replacement worker in the background, unless one is already starting (under `_lock`)."""
+        if not self._replacing and not self._closed:
+            self._replacing = True
+            threading.Thread(target=self._replace, name=f"plugin-start:{self.name}", daemon=True).start()
+
+    def _replace(self) -> None:
+        try:
+            proc, conn = self._spawn()
+        except Exception:   # noqa: BLE001 - logged; the next decision tries again
+            log.exception("could not start a plug-in's worker process", extra={"plugin": self.name})
+            with self._lock:
+                self._replacing = False
+            return
+        with self._lock:
+            self._replacing = False
+            if self._closed or (self._proc is not None and self._proc.is_alive()):
+                conn.close()
+                proc.kill()
+                proc.join(5.0)
+                return
+            self._proc, self._conn = proc, conn
 
     def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
         assert self._conn is not None and self._proc is not None
@@ -119,13 +174,15 @@ class PluginRunner:
             self._proc.join(5.0)
             code = self._proc.exitcode
             self._stop(kill=True)
+            self._replace_soon()
             raise plugins.PolicyError(f"scheduling algorithm {self.name!r}: its worker process ended "
-                                      f"(exit code {code}) while it was asked {doing}; a new one starts at the "
-                                      f"next decision") from None
+                                      f"(exit code {code}) while it was asked {doing}; a new one is started for a "
+                                      f"later decision") from None
         self._stop(kill=True)
+        self._replace_soon()
         raise plugins.PolicyError(f"scheduling algorithm {self.name!r} did not answer within {timeout:g} s when asked "
                                   f"{doing} (jobs_plugin_timeout_s); its worker process was stopped, and a new one "
-                                  f"starts at the next decision")
+                                  f"is started for a later decision")
 
     def __call__(self, queue: Sequence[hy.HJob], available: int, window: int, cost: hy.Cost = hy.linear_cost, *,
                  now: float) -> object:
@@ -135,8 +192,9 @@ class PluginRunner:
                 conn.send((list(queue), available, window, cost, now))
             except (OSError, EOFError):
                 self._stop(kill=True)
+                self._replace_soon()
                 raise plugins.PolicyError(f"scheduling algorithm {self.name!r}: its worker process is gone; a new "
-                                          f"one starts at the next decision") from None
+                                          f"one is started for a later decision") from None
             kind, detail = self._receive(self.timeout_s, "for a decision")
         if kind == "ok":
             return detail
@@ -164,4 +222,5 @@ class PluginRunner:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._stop()
