@@ -798,11 +798,22 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
         parsed = self._parse(list(request.groups))
+        # A retry of a request already made is answered first, whatever the servers' state now.
+        existing = self._find_reservation(tenant, request.request_id)
+        if existing is not None:
+            if existing.state == "pending":
+                raise Aborted("a reservation with this request_id is being made; retry shortly")
+            return self._reservation(existing)
         # Checked here, in this request's terms: create_group would name its own fields (max_size).
         capacity = self._free_total_capacity()
         if not capacity:
             raise Unavailable("no FPGA-server answers; nothing was reserved, retry")
-        total, v = sum(capacity.values()), Violations()
+        total = sum(capacity.values())
+        if len(capacity) < len(self.config.servers) and any(devices > total for _, _, devices in parsed):
+            # Short only of servers that do not answer now: not the request's fault.
+            raise Unavailable(f"{len(capacity)} of the {len(self.config.servers)} FPGA-servers answer, with {total} "
+                              "usable devices; nothing was reserved, retry once the others are back")
+        v = Violations()
         for i, (g, _, devices) in enumerate(parsed):
             v.check(devices <= total, f"groups[{i}].attributes[devices]",
                     f"group {g.name!r} asks for {devices} devices per virtual FPGA; the FPGA-servers have {total} "

@@ -191,6 +191,21 @@ def test_a_reservation_larger_than_the_cluster_names_the_group_and_its_devices(o
     assert orch._find_reservation("t", "r") is None     # nothing claimed: a corrected retry may use the id
 
 
+def test_a_retried_reservation_is_answered_whatever_the_servers_state_and_a_down_server_is_no_bad_request(
+        orch, servers):
+    g = irm_pb2.ResourceGroup(name="v", resource_type="vfpga", count=1)
+    g.attributes["design"].text = "sleep"
+    g.attributes["devices"].number = 6              # more than one server's 4: needs both
+    made = orch.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[g]), None)
+    servers["B"].stop()
+    # The retry of a request already made gets it back (the capacity check came first: INVALID_ARGUMENT).
+    again = orch.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[g]), None)
+    assert again.id == made.id and again.state == made.state
+    # A new request short only of the server that is down now: retry later, not "your request is wrong".
+    with pytest.raises(Unavailable, match="1 of the 2 FPGA-servers answer"):
+        orch.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r2", groups=[g]), None)
+
+
 def test_an_orchestrator_starts_with_a_server_down_and_uses_it_once_it_answers(suite):
     a = suite.start("fpga-server", name="A", **FAST)
     b = suite.start("fpga-server", name="B", **FAST)
