@@ -290,6 +290,24 @@ def stop(procs: list[ServiceProcess]) -> None:
                 signal.signal(sig, handler)
 
 
+def _lock_holding_services(lock: Path) -> dict[str, int]:
+    """`harness serve` processes that hold `lock` open (they inherit it from `harness up`): "serve:<pid>" -> pid."""
+    out: dict[str, int] = {}
+    target = str(lock.resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not any(os.readlink(fd) == target for fd in (entry / "fd").iterdir()):
+                continue
+        except OSError:               # gone, or not ours to look at
+            continue
+        argv = _cmdline(int(entry.name)) or []
+        if "serve" in argv and any(a.endswith(("harness", "services.cli")) for a in argv):
+            out[f"serve:{entry.name}"] = int(entry.name)
+    return out
+
+
 def down(state_dir: str, timeout: float = 20.0) -> str:
     """Stop the suite running from `state_dir`: its `harness up` if that still runs (SIGTERM: it stops its
     services), else the services recorded in processes.json that still run their recorded command line;
@@ -329,13 +347,17 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
         os.kill(int(owner), signal.SIGTERM)           # `harness up` stops its services itself
         if wait(free, timeout + 15):
             return tidy(f"stopped the suite of pid {owner} ({state_dir})")
-    live = _live_services(state_dir)
+    def services() -> dict[str, int]:
+        # Recorded ones, and services holding the lock that a killed `harness up` spawned but did not record yet.
+        return {**_live_services(state_dir), **_lock_holding_services(lock)}
+
+    live = services()
     for pid in live.values():
         os.kill(pid, signal.SIGTERM)
-    if not wait(lambda: not _live_services(state_dir), timeout):
-        for pid in _live_services(state_dir).values():
+    if not wait(lambda: not services(), timeout):
+        for pid in services().values():
             os.kill(pid, signal.SIGKILL)
-        wait(lambda: not _live_services(state_dir), 5)
+        wait(lambda: not services(), 5)
     if not wait(free, 5):
         raise SuiteRunning(f"{lock} is still held (pid {owner} started the suite), by no service recorded in "
                            f"{processes_file(state_dir)}: stop that process yourself")
