@@ -123,11 +123,39 @@ def test_serve_refuses_non_positive_intervals(service: str, setting: str, value:
 
 
 def test_membership_clamps_a_bad_interval() -> None:
+    from concurrent import futures
+
+    import grpc
+
+    from harness.v1 import registry_pb2, registry_pb2_grpc
     from services.registration import MIN_INTERVAL_S, Membership, sane_interval
 
     assert Membership("127.0.0.1:1", "m", "127.0.0.1:2", ["vm"], -1).interval >= MIN_INTERVAL_S
-    assert sane_interval(min(2.0, -1.0)) == MIN_INTERVAL_S       # what a CRS asking for -1 s becomes
     assert sane_interval(float("nan")) == 2.0
+
+    class Crs(registry_pb2_grpc.ManagerRegistryServicer):     # a CRS that asks for heartbeats every -1 s
+        beats = threading.Semaphore(0)
+
+        def RegisterManager(self, request, context):  # noqa: N802, ANN001, ANN201
+            return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=-1.0)
+
+        def Heartbeat(self, request, context):  # noqa: N802, ANN001, ANN201
+            self.beats.release()
+            return registry_pb2.HeartbeatResponse(known=True)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    registry_pb2_grpc.add_ManagerRegistryServicer_to_server(Crs(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    m = Membership(f"127.0.0.1:{port}", "m", "127.0.0.1:2", ["vm"], 2.0)
+    try:
+        m.start()
+        assert m.registered.wait(10)
+        assert m.interval == MIN_INTERVAL_S         # the CRS's -1 s, clamped: no busy loop of heartbeats
+        assert Crs.beats.acquire(timeout=10)         # and it goes on beating at that pace
+    finally:
+        m.stop()
+        server.stop(0)
 
 
 @pytest.mark.parametrize("value", ["localhost", "127.0.0.1:99999", "127.0.0.1:50051,nohost"])
