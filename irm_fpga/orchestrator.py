@@ -18,6 +18,7 @@ import math
 import secrets
 import threading
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any c
 # Each WatchCapacity stream holds one of the server's 32 worker threads for as long as it is open; this component
 # shares them with FpgaJobs (whose WatchJobs takes up to jobs.MAX_WATCHES = 16) and every unary call.
 MAX_WATCHES = 8
+ATTACH_LOCK_STRIPES = 64
 
 
 @dataclass
@@ -130,6 +132,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.db.migrate(MIGRATIONS, "alembic_version_fpga")
         self.servers: dict[str, ServerHandle] = {}
         self.lock = threading.RLock()  # placement decisions over servers are serialised
+        # Attaches under one client id take turns (a client's retry after a timeout waits for its first call):
+        # a first call that failed would otherwise delete the row a concurrent retry had just attached under.
+        # Striped, so memory stays bounded whatever ids clients send.
+        self._attach_locks = tuple(threading.Lock() for _ in range(ATTACH_LOCK_STRIPES))
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(   # WatchCapacity streams
             max_streams=MAX_WATCHES, full="WatchCapacity streams are open on this FPGA IRM; close one, or poll "
                                           "DiscoverResources")
@@ -571,6 +577,13 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if "\x00" in request.client_id:
             raise InvalidArgument.of("client_id", "must not contain a NUL character (\\x00)")
         client_id = request.client_id or f"fc-{uuid.uuid4().hex[:16]}"
+        with self._attach_lock(client_id):
+            return self._attach(tenant, g, client_id)
+
+    def _attach_lock(self, client_id: str) -> threading.Lock:
+        return self._attach_locks[zlib.crc32(client_id.encode()) % len(self._attach_locks)]
+
+    def _attach(self, tenant: str, g: Group, client_id: str) -> fpga_pb2.Attachment:
         with self.db.read() as s:
             existing = s.get(Client, client_id)
         new = existing is None

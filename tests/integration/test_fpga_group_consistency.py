@@ -40,11 +40,25 @@ def servers(suite):
     return {name: suite.start("fpga-server", name=name, **FAST) for name in ("A", "B")}
 
 
-@pytest.fixture
-def orch(servers, db_url):
+def _orchestrator(servers, db_url: str) -> Orchestrator:  # noqa: ANN001
     o = Orchestrator(OrchestratorConfig(servers=[p.address for p in servers.values()], database=db_url,
                                         autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
     o._discover_servers(strict=True)
+    return o
+
+
+@pytest.fixture
+def orch(servers, db_url):
+    o = _orchestrator(servers, db_url)
+    yield o
+    o.stop()
+
+
+@pytest.fixture
+def other_orch(servers, db_url):
+    """A second Orchestrator on the same database: what the database's own guards are for (calls within one
+    Orchestrator under one client id take turns before they reach it)."""
+    o = _orchestrator(servers, db_url)
     yield o
     o.stop()
 
@@ -137,16 +151,17 @@ def test_an_attach_no_server_takes_leaves_no_client(orch, servers):
     assert att.client_id == "c1" and [p.server for p in att.parts] == ["A"]
 
 
-def _race(orch, monkeypatch, first: fpga_pb2.AttachClientRequest, second: fpga_pb2.AttachClientRequest):  # noqa: ANN001, ANN202
-    """`second` is attached, and `first` whose insert the other call's lands just before (both found no client):
-    (what `first` returned or raised, what `second` returned)."""
+def _race(orch, other, monkeypatch, first: fpga_pb2.AttachClientRequest,  # noqa: ANN001, ANN202
+          second: fpga_pb2.AttachClientRequest):
+    """`second` is attached by `other`, and `first` by `orch`, whose insert the other call's lands just before
+    (both found no client): (what `first` returned or raised, what `second` returned)."""
     real_transact = orch.db.transact
     theirs: list[object] = []
 
     def the_other_call_writes_first(fn):  # noqa: ANN001, ANN202
         if not theirs:
             theirs.append(None)
-            t = threading.Thread(target=lambda: theirs.append(orch.AttachClient(second, None)))
+            t = threading.Thread(target=lambda: theirs.append(other.AttachClient(second, None)))
             t.start()
             t.join()
         return real_transact(fn)
@@ -160,20 +175,55 @@ def _race(orch, monkeypatch, first: fpga_pb2.AttachClientRequest, second: fpga_p
     return mine, theirs[1]
 
 
-def test_concurrent_attaches_under_one_client_id_get_one_client(orch, monkeypatch):
+def test_concurrent_attaches_under_one_client_id_get_one_client(orch, other_orch, monkeypatch):
     g = orch.create_group("alice", "g", "sleep", 1, shared=True)
     request = fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1")
-    mine, theirs = _race(orch, monkeypatch, request, request)
+    mine, theirs = _race(orch, other_orch, monkeypatch, request, request)
     assert isinstance(mine, fpga_pb2.Attachment), mine
     assert mine.token == theirs.token and mine.client_id == "c1" and len(mine.parts) == 1
     with orch.db.read() as s:
         assert [c.id for c in s.scalars(select(Client))] == ["c1"]
     # Another tenant racing for an id is refused as if it had come second.
     mallory = fpga_pb2.AttachClientRequest(tenant="mallory", group_id=g.id, client_id="c2")
-    mine, theirs = _race(orch, monkeypatch, mallory, fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id,
+    mine, theirs = _race(orch, other_orch, monkeypatch, mallory, fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id,
                                                                                    client_id="c2"))
     assert isinstance(mine, PermissionDenied), mine
     assert orch._attached([g.id]) == {g.id: ["c1", "c2"]}
+
+
+def test_a_retry_that_comes_while_the_first_attach_fails_is_attached(orch, servers, monkeypatch):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    request = fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1")
+    real_handle, real_hold = orch._handle, getattr(orch, "_attach_lock", None)
+    retry: list[object] = []
+    waiting = threading.Event()       # the retry is waiting for its turn, or (without turns) has finished
+
+    def retry_arrives_then_this_server_fails(name: str):  # noqa: ANN202
+        if retry:
+            return real_handle(name)
+        t = threading.Thread(target=lambda: (retry.append(orch.AttachClient(request, None)), waiting.set()))
+        retry.append(t)
+        t.start()
+        assert waiting.wait(10)
+        return type(real_handle(name))(name=name, address=NOWHERE)   # the first call's server does not answer
+
+    def turn(client_id: str):  # noqa: ANN202
+        if threading.current_thread() is not threading.main_thread():
+            waiting.set()
+        return real_hold(client_id)
+
+    monkeypatch.setattr(orch, "_handle", retry_arrives_then_this_server_fails)
+    monkeypatch.setattr(orch, "_attach_lock", turn, raising=False)   # (absent: calls do not take turns)
+    with pytest.raises(Unavailable):
+        orch.AttachClient(request, None)
+    retry[0].join(10)
+    att = retry[1]
+    assert isinstance(att, fpga_pb2.Attachment) and [p.server for p in att.parts] == ["A"]
+    # The retry's client is the one the database and the server hold: the failing first call did not take it back.
+    assert orch._attached([g.id]) == {g.id: ["c1"]}
+    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address))
+    parts = stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups
+    assert [list(p.clients) for p in parts if p.group_id == g.id] == [["c1"]]
 
 
 def test_a_reservation_larger_than_the_cluster_names_the_group_and_its_devices(orch):
