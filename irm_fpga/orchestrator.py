@@ -198,6 +198,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 else:
                     log.warning("FPGA-server unreachable; its groups are managed once it answers",
                                 extra={"address": address, "code": e.code().name})
+                    # The next try connects afresh: a cached channel would still be backing off (up to 1 s) from
+                    # this failure when the server is back, and fail that try too.
+                    rpc.drop(address)
                 continue
             # A new dict, not an update: other threads iterate `self.servers` without the lock.
             self.servers = {**self.servers, info.name: ServerHandle(info.name, address, self.config.control_token)}
@@ -244,6 +247,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     # -- servers ---------------------------------------------------------
     def _server_infos(self) -> dict[str, fpga_pb2.ServerInfo]:
+        if self.config.reconcile_interval_s <= 0 and len(self.servers) < len(self.config.servers):
+            # No reconcile rounds to map a server that was down at start: each placement (and listing) tries.
+            self._discover_servers()
         out = {}
         for name, h in self.servers.items():
             try:
