@@ -19,7 +19,8 @@ exit status are the run's. The other modules are services, started before it in 
 order; each says it is ready by printing a line `HARNESS_READY [endpoint]` on stdout, and
 later modules find it in `HARNESS_MODULE_<NAME>_ENDPOINT`. Group ids and parameter
 variables are unique across modules (one reservation holds every group); a variable
-chosen in two modules is one choice and must have the same domain in both.
+chosen in two groups or two modules is one choice and must have the same domain in both,
+and a group's variable is never also an input parameter.
 
 Every problem is reported at once, each naming its field (e.g.
 `manifest.Modules[0].Implementations[1].Resources.Groups[0].Attributes.Memory.Values`) and
@@ -393,7 +394,8 @@ def _command(spec: Any, path: str, v: Violations) -> tuple[str, ...]:
 
 def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], module: str = "Main",
                     other_groups: frozenset[str] = frozenset(),
-                    textual_vars: frozenset[str] = frozenset()) -> Implementation | None:
+                    textual_vars: frozenset[str] = frozenset(),
+                    parameter_vars: frozenset[str] = frozenset()) -> Implementation | None:
     if not isinstance(spec, dict):
         v.add(path, "expected an object")
         return None
@@ -411,6 +413,10 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
         return None
     groups: list[Group] = []
     ids: set[str] = set()
+    # Each variable the groups choose, with where it is first chosen and from what: one variable is one choice
+    # of the configuration, so a second domain (Cores [1, 2, 4] here, Memory [1024, 2048] there) would never be
+    # enumerated, and the group would be reserved with values of the first one.
+    domains: dict[str, tuple[str, tuple[Any, ...]]] = {}
     for i, g in enumerate(raw_groups):
         gp = f"{path}.Resources.Groups[{i}]"
         if not isinstance(g, dict):
@@ -458,6 +464,19 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
                         k.lower() == need.lower() for k in raw_attrs):
                     v.add(f"{gp}.Attributes.{need}", f"required for a Machine: {need} "
                                                      f"({'whole cores' if need == 'Cores' else 'MB'})")
+        for cp, c in [(f"{gp}.NumInstances", inst), *((f"{gp}.Attributes.{a}", c) for a, c in attrs.items())]:
+            if c is None or not c.var:
+                continue
+            if c.var in parameter_vars:
+                v.add(f"{cp}.Var", f"{c.var} is also an input parameter of the manifest (Parameters): the value "
+                                   "the manager chooses for the group would replace the input in the command line; "
+                                   "give the resource variable a name of its own")
+                continue
+            first = domains.setdefault(c.var, (cp, c.values))
+            if first[1] != c.values:
+                v.add(f"{cp}.Var", f"{c.var} is already chosen at {first[0]} from {_show(list(first[1]))}, but here "
+                                   f"from {_show(list(c.values))}; a variable is one choice of the configuration: "
+                                   "give both the same values, or give this one a name of its own")
         if inst is not None:
             groups.append(Group(gid, role, rtype, inst, attrs))
     distances: list[Distance] = []
@@ -634,7 +653,8 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
             params_raw = []
         params = [p for i, ps in enumerate(params_raw)
                   if (p := _parameter(ps, f"{mp}.Parameters[{i}]", v)) is not None]
-        known = {p.var for d in declared for p in d[0]} | {x for d in declared for x in d[1]}
+        parameter_vars = frozenset(p.var for d in declared for p in d[0])
+        known = set(parameter_vars) | {x for d in declared for x in d[1]}
         others = frozenset(g for j, d in enumerate(declared) if j != mi for g in d[2])
         mname = _get(m, "ModuleName") or ("Main" if len(modules_raw) == 1 else f"Module{mi}")
         if not (isinstance(mname, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,62}", mname)):
@@ -645,7 +665,8 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
             v.add(f"{mp}.Implementations", "required: a non-empty list of implementations")
             impls_raw = []
         impls = [im for i, s in enumerate(impls_raw)
-                 if (im := _implementation(s, f"{mp}.Implementations[{i}]", v, known, mname, others, textual))
+                 if (im := _implementation(s, f"{mp}.Implementations[{i}]", v, known, mname, others, textual,
+                                           parameter_vars))
                  is not None]
         names = [im.name for im in impls]
         if len(set(names)) != len(names):

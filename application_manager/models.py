@@ -66,6 +66,9 @@ class Session(Base):
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # StopProfiling through another AM process: the owner's heartbeat sees it and stops the session.
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Ended as interrupted, the reservations its runs left not yet confirmed released at the CRS: every sweep
+    # tries again until it is (a CRS out of reach when the row ended would leave them reserved for good).
+    release_pending: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Run(Base):
@@ -125,3 +128,5 @@ class Execution(Base):
     ended_at: Mapped[float] = mapped_column(Float, default=0.0)
     owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # As Session.release_pending.
+    release_pending: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

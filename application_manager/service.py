@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from sqlalchemy import func
 from sqlalchemy import select as sql_select
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
@@ -63,10 +64,27 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_RUNS = 200
+# A run's or execution's error as stored: "exit code N: <the program's last output line>", "could not reserve:
+# CODE: ...", a cancellation's reason... The head says what kind of failure it is (transient_error, bottleneck
+# detection and timeouts read it); the tail holds the end of the last output line. Unbounded, one program
+# printing a long last line grows every GetModel (which returns every run) towards the 4 MiB a client receives.
+MAX_ERROR_CHARS = 2000
+_ERROR_HEAD = 400
+# The runs GetModel returns: the most recent ones (PerformanceModel.runs_left_out counts the rest).
+MAX_MODEL_RUNS = 1000
+# Applications kept parsed (manifest, SLO, search space, prices), most recently used first out of the way: a
+# space may hold up to space.MAX_CONFIGURATIONS configurations, so keeping every one ever loaded grows for good.
+# One evicted is parsed again from the database when next asked for. Bounded by count and by configurations
+# (the largest space costs ~75 MB in memory): the one just loaded always stays.
+MAX_LOADED = 32
+MAX_LOADED_CONFIGURATIONS = 1_000_000
 # Every Application message carries its manifest and SLO, and ListApplications returns them all in one
 # message: unbounded, a few large ones would exceed a client's receive limit (4 MiB by default) for good.
 MAX_MANIFEST_BYTES = 256 * 1024
 MAX_SLO_BYTES = 64 * 1024
+# ListApplications stops filling a page at this many bytes of applications (and returns next_page_token): 100
+# (the default page) of the largest would be ~32 MiB, where a client receives 4 MiB by default.
+MAX_LIST_BYTES = 3 * 1024 * 1024
 # The longest a run may be given: the agent's stream deadline is the limit plus a margin, and gRPC turns an
 # unbounded one (1e300, inf) into an immediate DEADLINE_EXCEEDED -- every run would fail at once.
 MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
@@ -75,6 +93,8 @@ MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
 STOP_ANSWER_S = 1.5
 # How long stopping the service waits for cancelled sessions and executions to release their reservations.
 SHUTDOWN_WAIT_S = 30.0
+STOPPING = ("the Application Manager is stopping: start profiling again once it is back (or through another AM "
+            "process on the same database)")
 STOPPED_RUN = "stopped: profiling was stopped (StopProfiling, or the service stopping) while it ran"
 _SESSION_STATE = {"running": pb.ProfilingSession.STATE_RUNNING, "done": pb.ProfilingSession.STATE_DONE,
                   "stopped": pb.ProfilingSession.STATE_STOPPED, "failed": pb.ProfilingSession.STATE_FAILED}
@@ -160,6 +180,16 @@ def reservation_request_id(owner: str, run: int | None = None) -> str:
     return f"am-{owner}" if run is None else f"am-{owner}-{run}"
 
 
+def bounded_error(error: str) -> str:
+    """`error` within MAX_ERROR_CHARS: its head (the kind of failure) and its tail (the end of the last output
+    line), the middle elided."""
+    if len(error) <= MAX_ERROR_CHARS:
+        return error
+    # The count left out has at most as many digits as the whole length: the marker is never longer than this.
+    tail = MAX_ERROR_CHARS - _ERROR_HEAD - len(f" [... {len(error)} characters left out ...] ")
+    return f"{error[:_ERROR_HEAD]} [... {len(error) - _ERROR_HEAD - tail} characters left out ...] {error[-tail:]}"
+
+
 def _config_pb(config: dict[str, Any]) -> pb.Configuration:
     return pb.Configuration(
         implementation=str(config.get("implementation", "")),
@@ -186,7 +216,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         self.db.migrate(MIGRATIONS, "alembic_version_am")
         self.crs = irm_pb2_grpc.ResourceManagerStub(client.channel(config.crs_address))
         self.python = config.python or sys.executable
-        self._loaded: dict[str, Loaded] = {}
+        self._loaded: OrderedDict[str, Loaded] = OrderedDict()     # LRU of at most MAX_LOADED (`_remember`)
         self._lock = threading.Lock()
         self._sessions: dict[str, SessionRunner] = {}
         self._busy: dict[str, str] = {}  # application id -> running session id
@@ -212,39 +242,62 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
     def _gone(self, owner: str | None, heartbeat_at: float | None) -> str | None:
         return owners.gone(owner, heartbeat_at, me=self.owner, now=time.time(), stale_after=self._stale_after)
 
-    def _end_gone_session(self, s: DbSession, row: m.Session, why: str, left: dict[str, list[str]]) -> None:
-        """Fail `row` (running, its owner gone) unless another process did first; note its runs' request ids."""
-        done = s.execute(sql_update(m.Session).where(
+    def _end_gone_session(self, s: DbSession, row: m.Session, why: str) -> bool:
+        """Fail `row` (running, its owner gone) unless another process did first, marked for its runs'
+        reservations to be released (`_release_pending`); whether this call ended it."""
+        return bool(s.execute(sql_update(m.Session).where(
             m.Session.id == row.id, m.Session.state == "running",
             m.Session.owner.is_not_distinct_from(row.owner)).values(
-            state="failed", message=why, ended_at=self.clock.now())).rowcount
-        app = s.get(m.Application, row.application_id) if done else None
-        if app is not None:
-            # Every run of the session: am-<session>-<n>.
-            left.setdefault(app.tenant, []).append(reservation_request_id(row.id, 0).removesuffix("0"))
+            state="failed", message=why, ended_at=self.clock.now(), release_pending=True)).rowcount)
 
     def _sweep(self) -> None:
         """Sessions and executions whose AM process is gone (`owners.gone`) end as interrupted, and the
-        reservations their runs left are released."""
-        left: dict[str, list[str]] = {}     # tenant -> request ids (a session's: a prefix) its runs reserved under
-
+        reservations their runs left are released -- those of earlier sweeps too, until the CRS confirms."""
         def fix(s) -> None:  # type: ignore[no-untyped-def]
-            left.clear()
             for row in s.scalars(sql_select(m.Session).where(m.Session.state == "running")).all():
                 if (why := self._gone(row.owner, row.heartbeat_at)) is not None:
-                    self._end_gone_session(s, row, why, left)
+                    self._end_gone_session(s, row, why)
             for row in s.scalars(sql_select(m.Execution).where(m.Execution.state == "running")).all():
                 if (why := self._gone(row.owner, row.heartbeat_at)) is None:
                     continue
-                done = s.execute(sql_update(m.Execution).where(
+                s.execute(sql_update(m.Execution).where(
                     m.Execution.id == row.id, m.Execution.state == "running",
                     m.Execution.owner.is_not_distinct_from(row.owner)).values(
-                    state="failed", error=why, ended_at=self.clock.now())).rowcount
-                if done:
-                    left.setdefault(row.tenant, []).append(reservation_request_id(row.id))
+                    state="failed", error=why, ended_at=self.clock.now(), release_pending=True))
         self.db.transact(fix)
-        for tenant, request_ids in left.items():
-            self._release_left(tenant, request_ids)
+        self._release_pending()
+
+    def _release_pending(self, session_ids: set[str] | None = None) -> None:
+        """Release at the CRS what the runs of rows marked `release_pending` (ended as interrupted) left reserved,
+        and clear the mark once it confirms; a CRS out of reach leaves it for the next sweep (every heartbeat_s).
+        `session_ids`: only those sessions'."""
+        with self.db.read() as s:
+            q = (sql_select(m.Session.id, m.Application.tenant).join(m.Application,
+                                                                     m.Application.id == m.Session.application_id)
+                 .where(m.Session.release_pending.is_(True)))
+            if session_ids is not None:
+                q = q.where(m.Session.id.in_(session_ids))
+            sessions = list(s.execute(q))
+            executions = [] if session_ids is not None else list(s.execute(
+                sql_select(m.Execution.id, m.Execution.tenant).where(m.Execution.release_pending.is_(True))))
+        by_tenant: dict[str, tuple[list[str], list[str]]] = {}
+        for sid, tenant in sessions:
+            by_tenant.setdefault(tenant, ([], []))[0].append(sid)
+        for eid, tenant in executions:
+            by_tenant.setdefault(tenant, ([], []))[1].append(eid)
+        for tenant, (sids, eids) in by_tenant.items():
+            # Every run of a session reserved under am-<session>-<n> (a prefix here); an execution under am-<id>.
+            request_ids = ([reservation_request_id(x, 0).removesuffix("0") for x in sids]
+                           + [reservation_request_id(x) for x in eids])
+            if not self._release_left(tenant, request_ids):
+                return      # the CRS is out of reach: for every tenant; the next sweep tries them all again
+
+            def released(s, sids=sids, eids=eids) -> None:  # type: ignore[no-untyped-def]
+                if sids:
+                    s.execute(sql_update(m.Session).where(m.Session.id.in_(sids)).values(release_pending=False))
+                if eids:
+                    s.execute(sql_update(m.Execution).where(m.Execution.id.in_(eids)).values(release_pending=False))
+            self.db.transact(released)
 
     def _beat(self) -> None:
         """Mark this process's running rows alive; stop the sessions another process was asked to stop, and
@@ -298,10 +351,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             except Exception:  # noqa: BLE001 - a database or CRS hiccup: the next sweep tries again
                 log.exception("sweep failed", extra={"owner": str(self.owner)})
 
-    def _release_left(self, tenant: str, request_ids: list[str]) -> None:
+    def _release_left(self, tenant: str, request_ids: list[str]) -> bool:
         """Release the tenant's active reservations whose request id is one of `request_ids` (an execution's) or
         starts with one ending in "-" (a session's runs): what a run in progress held when the AM died.
-        Best-effort: a CRS out of reach is logged, and those reservations stay until released at the CRS."""
+        Whether the CRS confirmed (none of them is active now); a CRS out of reach is logged, and False."""
         exact = {p for p in request_ids if not p.endswith("-")}
         starts = tuple(p for p in request_ids if p.endswith("-"))
         token = ""
@@ -319,23 +372,27 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                  extra={"reservation": r.id, "request_id": r.request_id})
                 token = page.next_page_token
                 if not token:
-                    return
+                    return True
         except grpc.RpcError as e:
-            log.warning("could not release the reservations interrupted runs left: release them at the CRS "
-                        "(ReleaseReservation; their request ids start with the ones logged here)",
+            log.warning("could not release the reservations interrupted runs left: the next sweep tries again "
+                        "(or release them at the CRS: ReleaseReservation; their request ids start with the ones "
+                        "logged here)",
                         extra={"tenant": tenant, "request_ids": request_ids, "code": str(e.code()),
                                "crs": self.config.crs_address})
+            return False
 
     def stop(self) -> None:
         """Cancel what runs (each run stops its modules and releases its reservation), wait for it, close."""
-        self._shutdown.set()
-        self._sweeper.join(timeout=SHUTDOWN_WAIT_S)
         with self._lock:
+            # Under the lock StartProfiling registers a session under: it is one of `runners`, or it is refused.
+            self._shutdown.set()
+            runners = list(self._sessions.values())
             for ev in self._executions:
                 ev.set()
-        for r in list(self._sessions.values()):
+        for r in runners:
             r.stop.set()
-        for r in list(self._sessions.values()):
+        self._sweeper.join(timeout=SHUTDOWN_WAIT_S)
+        for r in runners:
             if r.thread:
                 r.thread.join(timeout=SHUTDOWN_WAIT_S)
         with self._executions_done:
@@ -358,6 +415,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             raise InvalidArgument.of("application_id", "required")
         with self._lock:
             hit = self._loaded.get(application_id)
+            if hit is not None:
+                self._loaded.move_to_end(application_id)
         if hit is not None:
             owned(tenant, hit.app.tenant, f"application {application_id}")
             return hit
@@ -383,9 +442,16 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                "its configurations cannot all run until they are")
             return Loaded(app, manifest, slo, space)
         loaded = Loaded(app, manifest, slo, space)
-        with self._lock:
-            self._loaded[application_id] = loaded
+        self._remember(loaded)
         return loaded
+
+    def _remember(self, loaded: Loaded) -> None:
+        with self._lock:
+            self._loaded[loaded.app.id] = loaded
+            self._loaded.move_to_end(loaded.app.id)
+            while len(self._loaded) > 1 and (len(self._loaded) > MAX_LOADED or sum(
+                    len(x.space) for x in self._loaded.values()) > MAX_LOADED_CONFIGURATIONS):
+                self._loaded.popitem(last=False)
 
     def _backend(self, loaded: Loaded, slo: Slo | None = None, cancelled: threading.Event | None = None,
                  cancel_reason: str = "") -> LocalBackend:
@@ -477,8 +543,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         if earlier is not None:
             return self._replayed_application(tenant, earlier, request)
         loaded = Loaded(app, manifest, slo, space)
-        with self._lock:
-            self._loaded[app.id] = loaded
+        self._remember(loaded)
         log.info("application submitted", extra={"application": app.id, "configurations": len(space)})
         return self._application_pb(loaded)
 
@@ -492,17 +557,23 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             rows, token = paging.page(s, sql_select(m.Application).where(m.Application.tenant == tenant),
                                       [m.Application.created_at, m.Application.id], request.page_size,
                                       request.page_token)
-        out = []
-        for i in [r.id for r in rows]:
+        out: list[pb.Application] = []
+        size = 0
+        for n, row in enumerate(rows):
             try:
-                out.append(self._application_pb(self._load(tenant, i)))
+                a = self._application_pb(self._load(tenant, row.id))
             except StaleApplication as e:
                 # Stored under older rules that now refuse it: listed as it is, saying why, never failing the list.
-                with self.db.read() as s:
-                    a = s.get(m.Application, i)
-                out.append(pb.Application(id=a.id, tenant=a.tenant, name=a.name, manifest_json=a.manifest,
-                                          slo_json=a.slo, app_dir=a.app_dir, created_at=a.created_at,
-                                          notes=[f"no longer valid: {e.why}; submit it again, fixed"]))
+                a = pb.Application(id=row.id, tenant=row.tenant, name=row.name, manifest_json=row.manifest,
+                                   slo_json=row.slo, app_dir=row.app_dir, created_at=row.created_at,
+                                   notes=[f"no longer valid: {e.why}; submit it again, fixed"])
+            size += a.ByteSize() + 8        # each one's field tag and length too
+            if out and size > MAX_LIST_BYTES:
+                # The page ends here (at least one per page: one application is far below the budget); the next
+                # one starts after the last listed, as a page of `n` would.
+                token = paging.token_after(rows[n - 1], [m.Application.created_at, m.Application.id])
+                break
+            out.append(a)
         return pb.ListApplicationsResponse(applications=out, next_page_token=token)
 
     # -- the model -------------------------------------------------------------------
@@ -519,11 +590,12 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 out.append(Observation(i, r.ok, r.time_s, r.cost, r.input, r.cpu_percent, r.memory_percent, r.error))
         return out
 
-    def _points(self, loaded: Loaded, predictions: list[dict]) -> list[Point]:
-        """Measured production points (repeated configurations averaged) plus predictions of the rest."""
-        with self.db.read() as s:
-            rows = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id,
-                                                          m.Run.input == PRODUCTION, m.Run.transient.is_(False))))
+    @staticmethod
+    def _points(s: DbSession, loaded: Loaded, predictions: list[dict]) -> list[Point]:
+        """Measured production points (repeated configurations averaged) plus predictions of the rest, as `s`
+        sees them (runs it added included)."""
+        rows = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id,
+                                                      m.Run.input == PRODUCTION, m.Run.transient.is_(False))))
         by_key: dict[str, list[m.Run]] = {}
         for r in rows:
             by_key.setdefault(json.dumps(r.config, sort_keys=True), []).append(r)
@@ -542,19 +614,23 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
     def _refresh_model(self, loaded: Loaded, predictions: list[dict] | None = None,
                        extrapolation: dict | None = None) -> list[Point]:
-        def go(s) -> list[Point]:  # type: ignore[no-untyped-def]
-            row = s.get(m.Model, loaded.app.id)
-            preds = predictions if predictions is not None else list(row.predictions or [])
-            front = pareto(self._points(loaded, preds))
-            row.frontier = [{"config": p.config, "time_s": p.time_s, "cost": p.cost, "predicted": p.predicted}
-                            for p in front]
-            if predictions is not None:
-                row.predictions = predictions
-            if extrapolation is not None:
-                row.extrapolation = extrapolation
-            row.updated_at = self.clock.now()
-            return front
-        return self.db.transact(go)
+        return self.db.transact(lambda s: self._refresh_in(s, loaded, predictions, extrapolation))
+
+    def _refresh_in(self, s: DbSession, loaded: Loaded, predictions: list[dict] | None = None,
+                    extrapolation: dict | None = None) -> list[Point]:
+        """The model rebuilt within `s`: in the transaction that records a run, so no crash between the two can
+        leave a measured run out of the frontier for good."""
+        row = s.get(m.Model, loaded.app.id)
+        preds = predictions if predictions is not None else list(row.predictions or [])
+        front = pareto(self._points(s, loaded, preds))
+        row.frontier = [{"config": p.config, "time_s": p.time_s, "cost": p.cost, "predicted": p.predicted}
+                        for p in front]
+        if predictions is not None:
+            row.predictions = predictions
+        if extrapolation is not None:
+            row.extrapolation = extrapolation
+        row.updated_at = self.clock.now()
+        return front
 
     def _run_pb(self, loaded: Loaded, r: m.Run) -> pb.ProfileRun:
         return pb.ProfileRun(
@@ -572,13 +648,18 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         tenant = require_tenant(request.tenant)
         loaded = self._load(tenant, request.application_id)
         with self.db.read() as s:
-            runs = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id).order_by(m.Run.id)))
+            # The most recent MAX_MODEL_RUNS (executions add one each, for good): every run in one message would
+            # outgrow what a client receives.
+            total = s.scalar(sql_select(func.count()).select_from(m.Run).where(m.Run.application_id == loaded.app.id))
+            runs = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id)
+                                  .order_by(m.Run.id.desc()).limit(MAX_MODEL_RUNS)))[::-1]
             model = s.get(m.Model, loaded.app.id)
             sessions = list(s.scalars(sql_select(m.Session).where(m.Session.application_id == loaded.app.id)
                                       .order_by(m.Session.started_at)))
         out = pb.PerformanceModel(application_id=loaded.app.id, runs=[self._run_pb(loaded, r) for r in runs],
                                   sessions=[self._session_pb(x) for x in sessions],
-                                  updated_at=model.updated_at if model else 0.0)
+                                  updated_at=model.updated_at if model else 0.0,
+                                  runs_left_out=max(0, (total or 0) - len(runs)))
         for p in (model.frontier if model else []):
             out.frontier.append(pb.ProfileRun(configuration=_config_pb(p["config"]), ok=True,
                                               input=pb.ProfileRun.INPUT_PRODUCTION, execution_time_s=p["time_s"],
@@ -598,7 +679,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 m.Application.tenant == loaded.app.tenant, m.Application.id != loaded.app.id))]
         rows_lt, rows_f = [], []
         for oid in others:
-            other = self._load(loaded.app.tenant, oid)
+            try:
+                other = self._load(loaded.app.tenant, oid)
+            except StaleApplication as e:
+                # Stored under older rules that now refuse it: no history to learn from, and no reason to fail
+                # this application's session (ListApplications lists it, saying why).
+                log.warning("warm start: left out an application today's checks refuse",
+                            extra={"application": oid, "why": e.why})
+                continue
             if [d.name for d in other.space.dims] != dims:
                 continue
             lt = np.full(len(loaded.space), np.nan)
@@ -629,10 +717,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         v.check(math.isfinite(request.run_timeout_s) and 0 <= request.run_timeout_s <= MAX_RUN_TIMEOUT_S,
                 "run_timeout_s", f"seconds, 0 (the service's default) to {MAX_RUN_TIMEOUT_S:g} "
                 f"({MAX_RUN_TIMEOUT_S / 86400:g} days)")
+        # numpy seeds its generator with non-negative integers only: a negative one would fail the session.
+        v.check(request.seed >= 0, "seed", f"a whole number >= 0 (the same seed, the same choices), got {request.seed}")
         v.raise_if_any()
         loaded = self._load(tenant, request.application_id)
         sid = f"prof-{uuid.uuid4().hex[:12]}"
         with self._lock:
+            if self._shutdown.is_set():
+                raise Unavailable(STOPPING)
             if loaded.app.id in self._busy:
                 raise FailedPrecondition(f"application {loaded.app.id} is being profiled by session "
                                          f"{self._busy[loaded.app.id]}; stop it first")
@@ -647,10 +739,18 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                             started_at=self.clock.now(), ended_at=0.0, owner=str(self.owner),
                             heartbeat_at=time.time())
             self._add_session(row)
-            self._sessions[sid] = runner
-            runner.thread = threading.Thread(target=self._profile, name=f"profile-{sid}", daemon=True,
-                                             args=(loaded, row, request, runner))
-            runner.thread.start()
+            with self._lock:
+                # stop() sets the flag and takes the sessions to stop under this lock: a session registered
+                # here is one it stops and waits for; after it, the session never starts.
+                stopping = self._shutdown.is_set()
+                if not stopping:
+                    self._sessions[sid] = runner
+                    runner.thread = threading.Thread(target=self._profile, name=f"profile-{sid}", daemon=True,
+                                                     args=(loaded, row, request, runner))
+                    runner.thread.start()
+            if stopping:
+                self._end_unstarted(sid)
+                raise Unavailable(STOPPING)
         except BaseException:
             with self._lock:
                 self._busy.pop(loaded.app.id, None)
@@ -667,13 +767,22 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             if final:
                 return
 
+    def _end_unstarted(self, sid: str) -> None:
+        """A session inserted while the service began to stop: it ends STOPPED without a run."""
+        def end(s) -> None:  # type: ignore[no-untyped-def]
+            s.execute(sql_update(m.Session).where(m.Session.id == sid, m.Session.state == "running",
+                                                  m.Session.owner == str(self.owner)).values(
+                state="stopped", message="stopped: the service stopped before the session's first run",
+                ended_at=self.clock.now()))
+        self.db.transact(end)
+
     def _add_session(self, row: m.Session) -> None:
         """Insert `row` unless a session runs on its application in any AM process (one whose owner is gone
         ends as interrupted first)."""
-        left: dict[str, list[str]] = {}
+        ended: set[str] = set()
 
         def add(s) -> None:  # type: ignore[no-untyped-def]
-            left.clear()
+            ended.clear()
             other = s.scalars(sql_select(m.Session).where(m.Session.application_id == row.application_id,
                                                           m.Session.state == "running")).first()
             if other is not None:
@@ -681,7 +790,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 if why is None:
                     raise FailedPrecondition(f"application {row.application_id} is being profiled by session "
                                              f"{other.id} (in AM process {other.owner}); stop it first")
-                self._end_gone_session(s, other, why, left)
+                if self._end_gone_session(s, other, why):
+                    ended.add(other.id)
             s.add(row)
         try:
             self.db.transact(add)
@@ -689,8 +799,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             # Another AM process started one between our look and our insert (the index allows one running).
             raise FailedPrecondition(f"application {row.application_id} is being profiled by a session of "
                                      "another AM process; stop it first") from None
-        for tenant, request_ids in left.items():
-            self._release_left(tenant, request_ids)
+        if ended:
+            self._release_pending(ended)
 
     def _profile(self, loaded: Loaded, row: m.Session, request, runner: SessionRunner) -> None:  # type: ignore[no-untyped-def]
         sid = row.id
@@ -721,18 +831,17 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 nonlocal frontier_size
                 cfg = loaded.space.configs[o.config]
                 run = m.Run(application_id=loaded.app.id, session_id=sid, ordinal=len(obs), config=cfg, input=o.input,
-                            ok=o.ok, error=o.error, time_s=o.time_s, cost=o.cost, cpu_percent=o.cpu_percent,
+                            ok=o.ok, error=bounded_error(o.error), time_s=o.time_s, cost=o.cost, cpu_percent=o.cpu_percent,
                             memory_percent=o.memory_percent, reason=p.why, created_at=self.clock.now(),
                             transient=o.transient)
 
-                def save(s) -> m.Session:  # type: ignore[no-untyped-def]
+                def save(s) -> tuple[m.Session, list[Point]]:  # type: ignore[no-untyped-def]
                     s.add(run)
                     srow = s.get(m.Session, sid)
                     srow.runs += 1
                     srow.spent += o.cost
-                    return srow
-                srow = self.db.transact(save)
-                front = self._refresh_model(loaded)
+                    return srow, self._refresh_in(s, loaded)
+                srow, front = self.db.transact(save)
                 frontier_size = len(front)
                 runner.publish(pb.ProfilingEvent(session=self._session_pb(srow), run=self._run_pb(loaded, run),
                                                  frontier_size=frontier_size))
@@ -745,7 +854,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             if preds or fit:
                 frontier_size = len(self._refresh_model(loaded, preds, fit))
             state = "stopped" if why == "stopped" else "done"
-            message = why
+            # A profiler that ended short of its runs says why (e.g. no benchmark run to extrapolate from).
+            message = prof.ended if why == "exhausted" and prof.ended else why
             log.info("profiling ended", extra={"session": sid, "why": why, "runs": len(obs) - offset})
         except Exception as e:  # noqa: BLE001 - the session records the failure; the service goes on
             log.exception("profiling failed", extra={"session": sid})
@@ -763,6 +873,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             srow = self.db.transact(end)
             with self._lock:
                 self._busy.pop(loaded.app.id, None)
+                # Nothing reads the runner once its last event is out: the streams following it hold their
+                # own queues, and GetModel and StopProfiling read the session's row.
+                self._sessions.pop(sid, None)
             runner.done.set()
             runner.publish(pb.ProfilingEvent(session=self._session_pb(srow), frontier_size=frontier_size), final=True)
 
@@ -898,19 +1011,20 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             e.state = "succeeded" if o.ok else "failed"
             e.measured_time_s, e.measured_cost = o.time_s, o.cost
             e.slo_met = o.ok and slo.holds(o.time_s, o.cost)
-            e.error, e.output_tail, e.reservation_id = o.error, detail.output_tail, detail.reservation_id
+            e.error, e.output_tail, e.reservation_id = bounded_error(o.error), detail.output_tail, detail.reservation_id
             e.ended_at = self.clock.now()
             if detail.cancelled:
                 return e    # cut short by the client: no measurement of the configuration
             # Online profiling (§4.3.5): the real execution is one more measurement of the model.
             s.add(m.Run(application_id=loaded.app.id, session_id=f"execution:{row.id}", ordinal=0,
-                        config=chosen.config, input=PRODUCTION, ok=o.ok, error=o.error, time_s=o.time_s, cost=o.cost,
+                        config=chosen.config, input=PRODUCTION, ok=o.ok, error=bounded_error(o.error), time_s=o.time_s,
+                        cost=o.cost,
                         cpu_percent=o.cpu_percent, memory_percent=o.memory_percent, reason="execution under the SLO",
                         created_at=self.clock.now(), transient=o.transient))
+            if not o.transient:
+                self._refresh_in(s, loaded)     # in this transaction: a crash cannot part the run from the model
             return e
         e = self.db.transact(finish)
-        if not detail.cancelled and not o.transient:
-            self._refresh_model(loaded)
         return self._execution_pb(e)
 
     def _why_no_model(self, loaded: Loaded) -> None:

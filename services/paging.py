@@ -65,5 +65,10 @@ def page(session: Session, query: Select, order: Sequence[InstrumentedAttribute]
     if len(rows) <= size:
         return rows, ""
     rows = rows[:size]
-    last = [getattr(rows[-1], c.key) for c in order]
-    return rows, base64.urlsafe_b64encode(json.dumps(last).encode()).decode()
+    return rows, token_after(rows[-1], order)
+
+
+def token_after(row: Any, order: Sequence[InstrumentedAttribute]) -> str:
+    """The token of the page that starts after `row` (for a caller that ends a page early, e.g. at a byte
+    budget)."""
+    return base64.urlsafe_b64encode(json.dumps([getattr(row, c.key) for c in order]).encode()).decode()

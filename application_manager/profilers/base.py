@@ -114,6 +114,9 @@ class Profiler:
         self.history = history if (history is not None and not history.empty and self.uses_history) else None
         self.max_runs = max(1, max_runs)
         self.has_benchmark = has_benchmark
+        # Why `propose` returned None when it is not that every configuration was tried (e.g. extrapolated
+        # profiling with no benchmark run to extrapolate from): the session's message says it. Empty otherwise.
+        self.ended = ""
 
     def propose(self, observed: list[Observation]) -> Proposal | None:
         raise NotImplementedError

@@ -173,6 +173,9 @@ class Extrapolated(Profiler):
         if not self.has_benchmark:
             return
         bench = {c: o for c, o in self._measured(BENCHMARK).items() if o.ok}
+        if not bench:
+            self.ended = self._no_benchmark()
+            return
         for c in self._select(bench):
             if c in self._measured(PRODUCTION) or not self.allowed(c):
                 continue
@@ -219,6 +222,20 @@ class Extrapolated(Profiler):
             if o.ok and c not in bench_now:
                 yield Proposal(c, BENCHMARK, "benchmark a production-run configuration for the fit")
 
+    def _no_benchmark(self) -> str:
+        runs = [o for o in self.observed if o.input == BENCHMARK]
+        if not runs:
+            return "no benchmark run succeeded: none was made, so there is nothing to extrapolate from"
+        errors: dict[str, int] = {}
+        for o in runs:
+            errors[o.error or "no error recorded"] = errors.get(o.error or "no error recorded", 0) + 1
+        top, n = max(errors.items(), key=lambda kv: kv[1])
+        refused = all(o.transient for o in runs)
+        return (f"no benchmark run succeeded: {len(runs)} run(s) on the benchmark input, none ok ({n} of them: "
+                f"{top[:300]}); nothing to extrapolate from: " + (
+                    "profile again when the cloud has room" if refused else
+                    "make the application run on its Benchmark input, or profile with another profiler"))
+
     def _select(self, bench: dict[int, Observation]) -> list[int]:
         """Pareto-optimal benchmark configurations first, then spread over the runtimes."""
         pts = sorted(bench.values(), key=lambda o: (o.time_s, o.cost))
@@ -228,6 +245,8 @@ class Extrapolated(Profiler):
                 front.append(o.config)
                 best_cost = o.cost
         rest = [o.config for o in pts if o.config not in front]
+        if not front:
+            return []
         # The two ends of the frontier first (the cheapest and the fastest: what budget-bound and
         # time-bound SLOs pick), then its middle; timing noise then cannot push the cheapest out.
         ends = list(dict.fromkeys([front[-1], front[0]]))
