@@ -106,6 +106,11 @@ class AgentConfig:
     # Shared with the compute IRM (services.control): sent with GetVm, required on ReleaseVm and GetVmMetrics
     # (the compute IRM's calls). Empty: nothing sent or checked (development).
     control_token: str = ""
+    # The hosts (inventory ids, comma-separated) whose VMs this agent runs: one per agent on a real host
+    # ("r1-h1"); an Execute on a VM reserved on any other host is refused, since it would run outside the
+    # capacity reserved for it. Empty: every host, one agent standing in for the whole inventory (the
+    # single-machine suite `harness up` and compose start, whose compute IRM names this agent for all hosts).
+    hosts: str = ""
     # Execute streams open at once; one more is RESOURCE_EXHAUSTED. Each holds a gRPC worker thread while it
     # streams; the server gets this many plus a reserve for the other calls, which therefore never wait.
     max_execute_streams: int = 64
@@ -201,6 +206,7 @@ class Agent:
             raise ValueError(f"agent max_execute_streams {config.max_execute_streams}: at least 1")
         # Its executions' marks start with this: a digest of the work dir, so a restarted agent (same dir)
         # recognises what its predecessor left running, and agents on other dirs leave each other alone.
+        self.hosts = frozenset(h.strip() for h in config.hosts.split(",") if h.strip())
         work = str(Path(config.work_dir).expanduser().resolve())
         self.mark_prefix = f"agent-{hashlib.sha256(work.encode()).hexdigest()[:16]}-"
 
@@ -227,6 +233,11 @@ class Agent:
         owned(tenant, vm.tenant, f"VM {vm_id}")
         if vm.state == compute_pb2.Vm.STATE_RELEASED or released_owner is not None:
             raise FailedPrecondition(f"VM {vm_id} was released")
+        if self.hosts and vm.host not in self.hosts:
+            raise FailedPrecondition(
+                f"VM {vm_id} is reserved on host {vm.host!r}; this agent serves host(s) "
+                f"{', '.join(sorted(self.hosts))}: run it through the agent at the VM's address (its reservation "
+                "gives it)")
         if not (vm.cores > 0 and vm.memory_gb > 0):
             raise FailedPrecondition(
                 f"VM {vm_id} has no usable shape ({vm.cores:g} cores, {vm.memory_gb:g} GB)"

@@ -8,6 +8,8 @@ import os
 import queue
 import threading
 from collections.abc import Iterator
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +75,16 @@ class ComputeConfig:
 
 
 MAX_PER_MESSAGE = 256
+# GetMetrics: at most this long per agent call (less when the caller's deadline is nearer), and this many
+# agents asked at once.
+METRICS_TIMEOUT_S = 5.0
+METRICS_PARALLEL = 8
+
+
+def _remaining(context) -> float:  # noqa: ANN001
+    """Seconds left before the caller's deadline (inf without one)."""
+    left = context.time_remaining() if context is not None else None
+    return math.inf if left is None else left
 
 
 def coalesce(events: list[irm_pb2.CapacityEvent]) -> Iterator[irm_pb2.CapacityEvent]:
@@ -130,14 +142,15 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         self.cost = CostModel(config.per_core, config.per_gb, config.base, config.reference_frequency_ghz)
         self.store = ComputeStore(self.db, self.cost, self.clock)
         self.store.sync_inventory(inv.load(config.inventory or None, config.agent_address))
-        self._hosts: dict[str, Host] = {h.id: h for h in self.store.hosts()}
-        # Per host, an UPDATED event with its static facts, serialised once: a change
+        # Every host, those that left the inventory too: their VMs still need their agent and location.
+        self._hosts: dict[str, Host] = {h.id: h for h in self.store.all_hosts()}
+        # Per host in the inventory, an UPDATED event with its static facts, serialised once: a change
         # event is this plus the new usage (building the message field by field costs
         # ~0.1 ms, on every reserve and release).
         self._event_bytes: dict[str, bytes] = {
             h.id: irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
                                         resource=self._physical(h)).SerializeToString()
-            for h in self._hosts.values()}
+            for h in self._hosts.values() if h.enabled}
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(
             full="WatchCapacity streams are open on this compute IRM; close one, or poll DiscoverResources")
         self._release_queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
@@ -227,7 +240,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     # -- IRM API ---------------------------------------------------------
     def DescribeAllocationSpec(self, request, context):  # noqa: N802
-        hosts = list(self._hosts.values())
+        hosts = [h for h in self._hosts.values() if h.enabled]
         max_cores = max(h.cores for h in hosts)
         max_gb = max(h.memory_mb for h in hosts) / 1024
         freqs = sorted({h.frequency_ghz for h in hosts})
@@ -260,8 +273,11 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
     def QuotePrice(self, request, context):  # noqa: N802
         require_tenant(request.tenant)
         v = Violations()
-        groups = parse_groups(list(request.groups), v)
+        groups = self._parse_groups(request, v)
         v.raise_if_any()
+        for g in groups:                # what Reserve refuses about pinned hosts, refused here the same way
+            for host_id in dict.fromkeys(g.placement):
+                self.store.pinned_host(g, host_id)
         quotes = []
         # Unpinned instances are priced where Reserve would put them now (the store's order: fullest host with
         # room first, then by id), not on the cheapest matching host: a Reserve capped at the quote must pass.
@@ -281,27 +297,39 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 fallback = worst if worst is not None else (
                     g.freq_min if math.isfinite(g.freq_min) and g.freq_min else None)
                 freqs = []
-                for _ in range(g.count):
+                left = g.count
+                while left:
                     room = [h for h in matching if h.cores - used[h.id][0] >= g.cores
                             and h.memory_mb - used[h.id][1] >= g.memory_mb]
-                    if not room:                # it would not fit now: the dearest it could cost
-                        freqs.append(fallback)
-                        continue
+                    if not room:                # the rest would not fit now: the dearest they could cost
+                        freqs += [fallback] * left
+                        break
                     host = min(room, key=lambda h: (-used[h.id][0], h.id))     # the store's packing order
-                    used[host.id][0] += g.cores
-                    used[host.id][1] += g.memory_mb
-                    freqs.append(host.frequency_ghz)
+                    # It stays the fullest host with room as it fills: the next instances go there too, as
+                    # many as fit (one pass per host, not per instance).
+                    n = min(left, (host.cores - used[host.id][0]) // g.cores,
+                            (host.memory_mb - used[host.id][1]) // g.memory_mb)
+                    used[host.id][0] += n * g.cores
+                    used[host.id][1] += n * g.memory_mb
+                    freqs += [host.frequency_ghz] * n
+                    left -= n
             price = sum(self.cost.price_per_minute(g.cores, g.memory_mb / 1024, f) for f in freqs)
             quotes.append(irm_pb2.GroupQuote(name=g.name, price_per_minute=price, manager=self.config.name))
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
+
+    @staticmethod
+    def _parse_groups(request: irm_pb2.ReserveRequest | irm_pb2.QuotePriceRequest, v: Violations) -> list[VmGroup]:
+        """The groups of a Reserve or a QuotePrice, checked alike: a quote of what Reserve refuses is no quote."""
+        groups = parse_groups(list(request.groups), v)
+        v.check(len(request.constraints) == 0, "constraints",
+                "the compute IRM places groups one by one; send constraints between groups to the CRS")
+        return groups
 
     def _parse_reserve(self, request: irm_pb2.ReserveRequest) -> ReserveCall:
         tenant = require_tenant(request.tenant)
         _validate_request_id(request.request_id)
         v = Violations()
-        groups = parse_groups(list(request.groups), v)
-        v.check(len(request.constraints) == 0, "constraints",
-                "the compute IRM places groups one by one; send constraints between groups to the CRS")
+        groups = self._parse_groups(request, v)
         v.check(not request.HasField("max_price_per_minute") or math.isfinite(request.max_price_per_minute),
                 "max_price_per_minute", f"a finite price per minute, got {request.max_price_per_minute}")
         v.raise_if_any()
@@ -363,6 +391,9 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         key = request.WhichOneof("key")
         if key is None:
             raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
+        if not getattr(request, key):
+            raise InvalidArgument.of(key, "required: not empty (the id Reserve answered)" if key == "reservation_id"
+                                     else "required: not empty (the request_id the reservation was made with)")
         return self._reservation(self.store.get(tenant, request.reservation_id, request.request_id))
 
     def ListReservations(self, request, context):  # noqa: N802
@@ -379,30 +410,72 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        res = self.store.get(tenant, request.reservation_id or "-", "")
-        series: list[common_pb2.Series] = []
+        if not request.reservation_id:
+            raise InvalidArgument.of("reservation_id", "required: the id Reserve answered")
+        res = self.store.get(tenant, request.reservation_id, "")
+        by_agent: dict[str, list[str]] = {}
         for vm in res.vms:
             agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
-            if not agent:
-                continue
-            stub = self._agent(agent)
+            if agent:
+                by_agent.setdefault(agent, []).append(vm.id)
+        if not by_agent:
+            return irm_pb2.GetMetricsResponse()
+        # The agents in parallel (a bounded few at a time), each within the caller's deadline: a hung agent
+        # must neither hold this worker thread past it nor delay what the others answer.
+        answers: dict[str, list[common_pb2.Series]] = {}
+        if len(by_agent) == 1:          # one agent (the usual case): asked from this thread
+            [(agent, vm_ids)] = by_agent.items()
+            self._agent_metrics(agent, vm_ids, res.tenant, request.since, context, answers)
+        else:
+            pool = ThreadPoolExecutor(max_workers=min(len(by_agent), METRICS_PARALLEL),
+                                      thread_name_prefix="metrics")
             try:
-                reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm.id, tenant=res.tenant,
-                                                                        since=request.since), timeout=5)
+                jobs = [pool.submit(self._agent_metrics, agent, vm_ids, res.tenant, request.since, context,
+                                    answers) for agent, vm_ids in by_agent.items()]
+                left = _remaining(context)
+                futures.wait(jobs, timeout=left if math.isfinite(left) else None)
+            finally:
+                # Calls still out end by their own deadline (the caller's); those not started never will.
+                pool.shutdown(wait=False, cancel_futures=True)
+        # VMs whose agent did not answer (in time) have no series: their metrics are unavailable.
+        return irm_pb2.GetMetricsResponse(series=[x for vm in res.vms for x in answers.get(vm.id, [])])
+
+    def _agent_metrics(self, agent: str, vm_ids: list[str], tenant: str, since: float, context,  # noqa: ANN001
+                       answers: dict[str, list[common_pb2.Series]]) -> None:
+        """One agent's VMs' series into `answers`, one call at a time; an agent that does not answer one
+        is not asked about the others."""
+        stub = self._agent(agent)
+        for vm_id in vm_ids:
+            timeout = min(METRICS_TIMEOUT_S, _remaining(context))
+            if timeout <= 0 or (context is not None and not context.is_active()):
+                return
+            try:
+                reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm_id, tenant=tenant, since=since),
+                                          timeout=timeout)
             except grpc.RpcError as e:
-                log.warning("agent metrics unavailable", extra={"agent": agent, "code": str(e.code())})
+                code = e.code()  # type: ignore[attr-defined]
+                log.warning("agent metrics unavailable", extra={"agent": agent, "vm": vm_id, "code": str(code)})
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.CANCELLED):
+                    return
                 continue
-            series.extend(reply.series)
-        return irm_pb2.GetMetricsResponse(series=series)
+            answers[vm_id] = list(reply.series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
+        wanted = request.resource_type in ("", VM_TYPE)
+
         def snapshot():
-            if request.resource_type in ("", VM_TYPE):
+            if wanted:
                 for h in self.store.hosts():
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(h))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
         for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=request.tenant):
+            if not wanted:
+                # Another type's watch: the snapshot's end, then nothing (every event here is a vm host's).
+                batch = [ev for ev in batch if not ev.HasField("resource")]
+                if not batch:
+                    continue
             yield from coalesce(batch)
 
     # -- ComputeControl --------------------------------------------------

@@ -10,6 +10,8 @@ from services.errors import Violations
 
 VM_TYPE = "vm"
 MAX_COUNT = 1000
+# VMs in one request, all groups together (Reserve and QuotePrice alike): the work a request may cost.
+MAX_INSTANCES = 10_000
 # Beyond any host this manager could hold, and within what the store's columns take.
 MAX_CORES = 4096
 MAX_MEMORY_GB = 65536.0
@@ -48,6 +50,11 @@ def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations) -> floa
     if which == "range":
         if not attr.range.HasField("min"):
             v.add(f"{path}.range.min", "a range for a consumable attribute needs a lower bound")
+            return None
+        # The lower bound is what a VM gets; a range whose upper bound is below it asks for nothing at all.
+        if attr.range.HasField("max") and not attr.range.min <= attr.range.max:
+            v.add(f"{path}.range", f"min must not exceed max (nor NaN), got min {attr.range.min:g} "
+                                   f"and max {attr.range.max:g}")
             return None
         return attr.range.min
     v.add(path, "expected a number or a range")
@@ -133,6 +140,8 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
         if g.placement:
             v.check(len(g.placement) == g.count, f"{p}.placement",
                     f"give one host per instance ({g.count}), or none to let the manager place them")
+            for j, host in enumerate(g.placement):
+                v.check(bool(host), f"{p}.placement[{j}]", "required: a host id (DiscoverResources lists them)")
         clash = set(g.required_traits) & set(g.forbidden_traits)
         v.check(not clash, f"{p}.forbidden_traits", f"traits both required and forbidden: {sorted(clash)}")
         if cores is None or memory_mb is None:
@@ -148,4 +157,7 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
             forbidden_traits=frozenset(g.forbidden_traits),
             placement=tuple(g.placement),
         ))
+    total = sum(g.count for g in groups)
+    v.check(total <= MAX_INSTANCES, field_prefix,
+            f"{total} VMs in one request; at most {MAX_INSTANCES} (all groups together): split the request")
     return out

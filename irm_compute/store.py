@@ -9,7 +9,9 @@ step rolls back the whole reservation: it is all-or-nothing.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
@@ -32,6 +34,7 @@ from services.errors import (
 )
 from services.idempotency import reused_request_id
 
+log = logging.getLogger(__name__)
 _H, _R, _V = Host.__table__, Reservation.__table__, Vm.__table__
 # Built once: constructing a statement costs more than running it on SQLite.
 _TAKE = (
@@ -178,11 +181,21 @@ class ComputeStore:
                                traits=list(spec.traits), agent=spec.agent, used_cores=0,
                                used_memory_mb=0, generation=0, enabled=True))
                     continue
+                # Never a capacity below what the host's active VMs hold (that would publish overbooking and
+                # break the store's invariant): a host that shrank keeps what they use until they are released;
+                # the inventory's size applies at the first start after that.
+                cores, memory_mb = max(spec.cores, row.used_cores), max(spec.memory_mb, row.used_memory_mb)
+                if (cores, memory_mb) != (spec.cores, spec.memory_mb):
+                    log.warning(
+                        "host %s: the inventory gives it %d cores / %d MB, but its active VMs hold %d cores / %d MB;"
+                        " keeping %d cores / %d MB until they are released (restart the compute IRM after that to"
+                        " apply the inventory's size)", spec.id, spec.cores, spec.memory_mb, row.used_cores,
+                        row.used_memory_mb, cores, memory_mb)
                 changed = (row.site, row.rack, row.cores, row.memory_mb, row.frequency_ghz, list(row.traits),
-                           row.agent, row.enabled) != (spec.site, spec.rack, spec.cores, spec.memory_mb,
+                           row.agent, row.enabled) != (spec.site, spec.rack, cores, memory_mb,
                                                        spec.frequency_ghz, list(spec.traits), spec.agent, True)
                 if changed:
-                    row.site, row.rack, row.cores, row.memory_mb = spec.site, spec.rack, spec.cores, spec.memory_mb
+                    row.site, row.rack, row.cores, row.memory_mb = spec.site, spec.rack, cores, memory_mb
                     row.frequency_ghz, row.traits, row.agent, row.enabled = (
                         spec.frequency_ghz, list(spec.traits), spec.agent, True)
                     row.generation += 1
@@ -196,8 +209,15 @@ class ComputeStore:
             self._static = {h.id: h for h in s.scalars(select(Host))}
 
     def hosts(self) -> list[Host]:
+        """The hosts in the inventory (enabled), by id."""
         with self.db.read() as s:
             return list(s.scalars(select(Host).where(Host.enabled).order_by(Host.id)))
+
+    def all_hosts(self) -> list[Host]:
+        """Every host row, those that left the inventory too: VMs may still run there (their agent and
+        location are still needed, to reach and to describe them)."""
+        with self.db.read() as s:
+            return list(s.scalars(select(Host).order_by(Host.id)))
 
     def hosts_by_id(self, ids: list[str]) -> list[Host]:
         with self.db.read() as s:
@@ -265,7 +285,13 @@ class ComputeStore:
         vms = res.vms
         for g in call.groups:
             for i in range(g.count):
-                host, usage = self._take(conn, g, g.placement[i] if g.placement else None)
+                try:
+                    host, usage = self._take(conn, g, g.placement[i] if g.placement else None)
+                except ResourceExhausted:
+                    # Full now, or never? Only worked out on a refusal: the hot path pays nothing.
+                    if (why := self.never_fits(call.groups)) is not None:
+                        raise FailedPrecondition(f"this request can never fit, even on empty hosts: {why}") from None
+                    raise
                 price = self.cost.price_per_minute(g.cores, g.memory_mb / 1024, host.frequency_ghz)
                 vms.append(VmRecord(id=new_id("vm"), reservation_id=res.id, ordinal=len(vms), group=g.name,
                                     host_id=host.id, cores=g.cores, memory_mb=g.memory_mb,
@@ -293,13 +319,7 @@ class ComputeStore:
     def _take(self, conn: Connection, g: VmGroup, pinned: str | None) -> tuple[Host, HostUsage]:
         """Take one VM's share of a host, atomically; the host is pinned or chosen here."""
         if pinned is not None:
-            host = self._static.get(pinned)  # static facts only; usage is checked by the UPDATE
-            if host is None or not host.enabled:
-                raise NotFound(f"group {g.name!r}: host {pinned!r} is not managed here")
-            if not g.host_matches(host.frequency_ghz, set(host.traits)):
-                raise FailedPrecondition(
-                    f"group {g.name!r}: host {pinned!r} ({host.frequency_ghz} GHz, traits {sorted(host.traits)}) "
-                    "does not match the group's frequency or traits")
+            host = self.pinned_host(g, pinned)
             usage = self._cas_take(conn, host, g)
             if usage is None:
                 raise ResourceExhausted(
@@ -328,6 +348,56 @@ class ComputeStore:
             offset += page
         self._explain_no_room(conn, g)
         raise AssertionError("unreachable")
+
+    def pinned_host(self, g: VmGroup, pinned: str) -> Host:
+        """The host a group pins an instance to (its static facts; usage is checked by the take), or why
+        it cannot be used."""
+        host = self._static.get(pinned)
+        if host is None or not host.enabled:
+            raise NotFound(f"group {g.name!r}: host {pinned!r} is not managed here (DiscoverResources lists "
+                           "the hosts)")
+        if not g.host_matches(host.frequency_ghz, set(host.traits)):
+            raise FailedPrecondition(
+                f"group {g.name!r}: host {pinned!r} ({host.frequency_ghz} GHz, traits {sorted(host.traits)}) "
+                "does not match the group's frequency or traits")
+        return host
+
+    def never_fits(self, groups: list[VmGroup]) -> str | None:
+        """Why a request could not be placed even on empty hosts (as of the inventory), or None when it
+        might fit once others release. Sound, not complete: it names only certain impossibilities."""
+        enabled = [h for h in self._static.values() if h.enabled]
+        pinned: dict[str, list[int]] = {}
+        for g in groups:
+            for host_id, n in Counter(g.placement).items():
+                need = pinned.setdefault(host_id, [0, 0])
+                need[0] += n * g.cores
+                need[1] += n * g.memory_mb
+        for host_id, (cores, memory_mb) in sorted(pinned.items()):
+            h = self._static.get(host_id)
+            if h is not None and (cores > h.cores or memory_mb > h.memory_mb):
+                return (f"the VMs pinned to host {host_id!r} need {cores} cores / {memory_mb / 1024:g} GB together; "
+                        f"it has {h.cores} cores / {h.memory_mb / 1024:g} GB in all: pin fewer of them there")
+        union: dict[str, Host] = {}
+        cores_needed = memory_needed = 0
+        for g in groups:
+            if g.placement:
+                continue
+            matching = [h for h in enabled if g.host_matches(h.frequency_ghz, set(h.traits))]
+            union.update((h.id, h) for h in matching)
+            cores_needed += g.count * g.cores
+            memory_needed += g.count * g.memory_mb
+            slots = sum(min(h.cores // g.cores, h.memory_mb // g.memory_mb) for h in matching)
+            if g.count > slots:
+                return (f"group {g.name!r} asks for {g.count} VMs of {g.cores} cores / {g.memory_mb / 1024:g} GB; "
+                        f"the hosts matching its frequency and traits could hold at most {slots} of them even "
+                        "empty: ask for fewer or smaller VMs")
+        cores_total = sum(h.cores for h in union.values())
+        memory_total = sum(h.memory_mb for h in union.values())
+        if cores_needed > cores_total or memory_needed > memory_total:
+            return (f"the unpinned groups need {cores_needed} cores / {memory_needed / 1024:g} GB together; the hosts "
+                    f"matching them have {cores_total} cores / {memory_total / 1024:g} GB in all: ask for fewer or "
+                    "smaller VMs")
+        return None
 
     @staticmethod
     def _cas_take(conn: Connection, host: Host, g: VmGroup) -> HostUsage | None:

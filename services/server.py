@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc
+from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2
 from services.errors import HarnessError, InvalidArgument, to_status
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,37 @@ def nul_field(message: Any, prefix: str = "") -> str | None:
     return None
 
 
+_NUL = "must not contain a NUL character (\\x00)"
+
+
 def _refuse_nul(request: Any) -> None:
     if hasattr(request, "ListFields") and (path := nul_field(request)):
-        raise InvalidArgument.of(path, "must not contain a NUL character (\\x00)")
+        raise InvalidArgument.of(path, _NUL)
+
+
+def _reserve_batch(behaviour: Callable[[Any, Any], Any], request: irm_pb2.ReserveBatchRequest,
+                   context: grpc.ServicerContext) -> irm_pb2.ReserveBatchResponse:
+    """ReserveBatch answers each request as Reserve would: a request holding a NUL gets its own
+    INVALID_ARGUMENT outcome (the field named as in that request, as Reserve's BadRequest names it); the
+    handler sees, and answers, only the others."""
+    refused: dict[int, irm_pb2.ReserveOutcome] = {}
+    for i, one in enumerate(request.requests):
+        if path := nul_field(one):
+            refused[i] = irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(
+                code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=f"{path}: {_NUL}",
+                field_violations=[irm_pb2.ReserveFieldViolation(field=path, description=_NUL)]))
+    if not refused:
+        return behaviour(request, context)
+    rest = [one for i, one in enumerate(request.requests) if i not in refused]
+    if rest:
+        reply = behaviour(irm_pb2.ReserveBatchRequest(requests=rest), context)
+        if len(reply.outcomes) != len(rest):
+            raise RuntimeError(f"ReserveBatch answered {len(reply.outcomes)} outcomes for {len(rest)} requests")
+        answered = iter(reply.outcomes)
+    else:
+        answered = iter(())
+    return irm_pb2.ReserveBatchResponse(
+        outcomes=[refused[i] if i in refused else next(answered) for i in range(len(request.requests))])
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
@@ -116,6 +144,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guard_unary(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context):  # type: ignore[no-untyped-def]
                 try:
+                    if isinstance(request, irm_pb2.ReserveBatchRequest):
+                        return _reserve_batch(behaviour, request, context)
                     _refuse_nul(request)
                     return behaviour(request, context)
                 except HarnessError as e:

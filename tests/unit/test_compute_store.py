@@ -262,9 +262,10 @@ def test_shape_that_never_fits_is_a_failed_precondition(db: Database, clock: Vir
 
 def test_multi_group_reserve_is_all_or_nothing_when_capacity_runs_out(db: Database, clock: VirtualClock) -> None:
     store = make_store(db, clock, [host("a", cores=4), host("b", cores=4)])
-    # the first group fits (and takes 6 of 8 cores); the second then has no room
+    # the first group fits (3 cores on each host); the second then has no room, although on empty hosts it
+    # would (full now, not never: RESOURCE_EXHAUSTED)
     with pytest.raises(ResourceExhausted):
-        store.reserve("t", "r", [g("first", 3, cores=2), g("second", 2, cores=2)])
+        store.reserve("t", "r", [g("first", 2, cores=3), g("second", 1, cores=2)])
     assert counts(store) == (0, 0)
     assert used(store) == {"a": (0, 0), "b": (0, 0)}
     assert store.overbooking() == []
