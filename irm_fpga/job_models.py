@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from irm_fpga.models import Base
@@ -14,13 +14,16 @@ JOB_GROUP_PREFIX = "job:"
 
 class FpgaJob(Base):
     __tablename__ = "fpga_jobs"
-    __table_args__ = (UniqueConstraint("tenant", "request_id"),)
+    # Every control round reads the active (and queued) jobs in arrival order, a Hydrogen decision the recent
+    # ones, and the Orchestrator a group's job: indexed, so years of retired jobs do not slow them down.
+    __table_args__ = (UniqueConstraint("tenant", "request_id"),
+                      Index("ix_fpga_jobs_state_registered_at", "state", "registered_at"))
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128), index=True)
     request_id: Mapped[str] = mapped_column(String(256))
     design: Mapped[str] = mapped_column(String(64))
-    group_id: Mapped[str] = mapped_column(String(64), default="")
+    group_id: Mapped[str] = mapped_column(String(64), default="", index=True)
     policy: Mapped[str] = mapped_column(String(255))     # a plug-in is named package.module:function
     # "deadline" | "throughput" (irm_fpga.qos.jobs)
     goal: Mapped[str] = mapped_column(String(16))
@@ -41,7 +44,7 @@ class FpgaJob(Base):
     achieved_throughput: Mapped[float] = mapped_column(Float, default=0.0)
     # [[time, devices], ...]
     allocations: Mapped[list] = mapped_column(JSON, default=list)
-    registered_at: Mapped[float] = mapped_column(Float)
+    registered_at: Mapped[float] = mapped_column(Float, index=True)
     retired_at: Mapped[float] = mapped_column(Float, default=0.0)
 
 

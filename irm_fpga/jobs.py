@@ -97,6 +97,7 @@ from services.errors import (
     Aborted,
     FailedPrecondition,
     HarnessError,
+    InvalidArgument,
     NotFound,
     ResourceExhausted,
     Unavailable,
@@ -120,8 +121,11 @@ MIN_ACTION_S, MAX_ACTION_S = 1e-6, 1e6   # a job's own estimate of that: a micro
 # Open WatchJobs streams at most: each holds one of the server's 32 worker threads, which the Orchestrator,
 # the CRS's calls and health checks share.
 MAX_WATCHES = 16
+MAX_WATCHES_PER_TENANT = 4      # of those, one tenant's: the others can still watch (one stream follows all of its jobs)
 LOAD_WAIT_S = 10.0              # a request that comes while the manager loads waits this long, then UNAVAILABLE
 MAX_CONTROL_PERIOD_S = 86400.0  # a longer period is a typo (and overflows the thread's wait)
+MAX_ALLOCATIONS = 1000          # a job's allocation history keeps its first change and its most recent (`capped_history`)
+MAX_ID_CHARS = 64               # job ids and design names are stored in 64 characters
 WAKE_MARGIN_S = 0.1             # a wake for a held job comes this much (plus the decision's budget) before its limit
 
 
@@ -224,7 +228,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._unapplied = False
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
         self.watchers: Broadcaster[fpga_jobs_pb2.Job] = Broadcaster(      # WatchJobs streams
-            max_streams=MAX_WATCHES, full="WatchJobs streams are open on this FPGA IRM; close one, or poll GetJob")
+            max_streams=MAX_WATCHES, full="WatchJobs streams are open on this FPGA IRM; close one, or poll GetJob",
+            per_tenant=MAX_WATCHES_PER_TENANT,
+            tenant_full="close one of your WatchJobs streams (one without job_id follows all of your jobs), or "
+                        "poll GetJob")
 
     # -- lifecycle -------------------------------------------------------
     def start(self, loop: bool = True) -> None:
@@ -299,10 +306,14 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._observe_run(r, r.retired_at)
 
     def _observe_run(self, row: FpgaJob, end: float) -> None:
-        """One run the cost model can learn from: dispatched once on n devices, kept to its size."""
+        """One run the cost model can learn from: dispatched once on n devices, kept to its size.
+
+        Its size must have been done by the servers' counters: the model is shared by every tenant of the design,
+        and a tenant's own ReportProgress (a job "done" a millisecond after dispatch) must not make everyone's
+        jobs look instant to the scheduler."""
         runs = [a for a in row.allocations if a[1] > 0]
-        if len(runs) != 1 or max(row.observed_actions, row.reported_actions) < row.size_actions:
-            return                       # never dispatched, resized (EDF, throughput), or retired early
+        if len(runs) != 1 or row.observed_actions < row.size_actions:
+            return                       # never dispatched, resized (EDF, throughput), retired early, or reported
         start, n = runs[0]
         if end > start and n >= 1:
             self.cost.observe(self._hjob(row, n), int(n), end - start)
@@ -361,6 +372,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                   .order_by(FpgaJob.registered_at, FpgaJob.id)))
 
     def _job(self, tenant: str, job_id: str) -> FpgaJob:
+        if len(job_id) > MAX_ID_CHARS:        # not echoed: its message would not fit in gRPC's metadata
+            raise InvalidArgument.of("job_id", f"at most {MAX_ID_CHARS} characters (got {len(job_id)}): a job's id as "
+                                               f"RegisterJob returned it")
         with self.db.read() as s:
             row = s.get(FpgaJob, job_id)
         if row is None:
@@ -457,15 +471,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._gone_logged = gone
         return caps, waiting
 
-    def _pool_if_known(self, active: list[FpgaJob]) -> int | None:
-        """`_pool`, or None while a server holding part of an active job's group does not answer: its devices
-        would count as gone and every job shrink (the next round, once it answers, decides again)."""
+    def _caps_if_known(self, active: list[FpgaJob]) -> dict[str, int] | None:
+        """Usable devices per server that answers (`_answering`), or None while one holding part of an active
+        job's group has not answered for less than `silent_server_s`: its devices would count as gone and every
+        job shrink (the next round, once it answers, decides again)."""
         caps, waiting = self._answering(active)
         if waiting:
             log.warning("job allocation skipped: servers holding job groups did not answer",
                         extra={"servers": waiting})
             return None
-        return self._pool(active, caps)
+        return caps
 
     def _live_devices(self, active: list[FpgaJob], caps: dict[str, int]) -> dict[str, int]:
         """Each active job's devices on the servers in `caps` (those that answer): a server taken as gone took
@@ -476,24 +491,46 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 else sum(n for server, n in g.parts.items() if server in caps) for r in active}
 
     # -- applying decisions ------------------------------------------------
-    def _resize(self, row: FpgaJob, n: int, now: float) -> FpgaJob:
+    def _resize(self, row: FpgaJob, n: int, now: float, live: int | None = None) -> FpgaJob:
+        """Resize the job's group to `n` devices. `live`: its devices on servers that answer, when some of its
+        parts are on servers taken as gone: the Orchestrator cuts those first (recorded, no call to them), and
+        a job kept at (or grown past) its recorded size is first cut to its live devices, then grown on servers
+        that answer (a resize to the recorded size would keep the gone parts)."""
         n = max(1, n)
-        if n == row.devices:
+        gone = 0 if live is None else max(0, row.devices - live)
+        if n == row.devices and not gone:
             return row
-        try:
-            # No max of its own: the group's (the devices usable when it was made) must not hold the job back.
-            self.orch.resize(self.orch._group(row.group_id), n, max_size=None if row.max_devices else n)
-        except HarnessError as e:
-            log.warning("job resize refused", extra={"job": row.id, "devices": n, "reason": str(e)})
-            self._unapplied = True
+        sizes = [n]
+        if gone and n > row.devices - gone:
+            sizes = [max(1, row.min_devices, row.devices - gone), n]
+        done = row.devices
+        for size in sizes:
+            if size == done:
+                continue
+            try:
+                # No max of its own: the group's (the devices usable when it was made) must not hold the job back.
+                self.orch.resize(self.orch._group(row.group_id), size,
+                                 max_size=None if row.max_devices else max(sizes))
+            except HarnessError as e:
+                log.warning("job resize refused", extra={"job": row.id, "devices": size, "reason": str(e)})
+                self._unapplied = True
+                break
+            done = size
+        if done == row.devices:
             return row
-        return self._update(row.id, devices=n, allocations=[*row.allocations, [now, n]])
+        # The throughput controller's next step reads the history from the start of its period (`mean_devices`).
+        st = self._states.get(row.id) if self.config.policy == THROUGHPUT else None
+        history = capped_history([*row.allocations, [now, done]], keep_since=st.last_time if st else None)
+        return self._update(row.id, devices=done, allocations=history)
 
-    def _apply(self, alloc: dict[str, int], rows: list[FpgaJob], now: float) -> None:
-        """Shrinks first, so the devices they free are there for the grows."""
-        ordered = sorted((r for r in rows if r.id in alloc), key=lambda r: alloc[r.id] - r.devices)
+    def _apply(self, alloc: dict[str, int], rows: list[FpgaJob], now: float,
+               live: dict[str, int] | None = None) -> None:
+        """Shrinks first, so the devices they free are there for the grows. `live`: each job's devices on the
+        servers that answer (`_live_devices`), what it really holds."""
+        have = {r.id: r.devices if live is None else live.get(r.id, r.devices) for r in rows}
+        ordered = sorted((r for r in rows if r.id in alloc), key=lambda r: alloc[r.id] - have[r.id])
         for row in ordered:
-            self._resize(row, alloc[row.id], now)
+            self._resize(row, alloc[row.id], now, None if live is None else live.get(row.id))
 
     # -- Hydrogen: the ready queue ---------------------------------------------
     def _hjob(self, row: FpgaJob, hi: int) -> hy.HJob:
@@ -703,27 +740,37 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 if self.scheduler is not None:
                     self._dispatch(now)
                 return {r.id: r.devices for r in self._active()}
-            jobs, obs = [], {}
+            stepping = []
             for r in rows:
                 st = self._states.get(r.id)
                 if st is None:
                     st = self._states[r.id] = initial_state(self._qos(r), r.registered_at, 0, r.devices)
                 if now > st.last_time:
-                    jobs.append(self._qos(r))
-                    obs[r.id] = JobProgress(now, actions[r.id], r.devices,
-                                            held=mean_devices(r.allocations, st.last_time, now, r.devices))
-            pool = self._pool_if_known(rows) if jobs else None
-            if pool is None:
+                    stepping.append(r)
+            caps = self._caps_if_known(rows) if stepping else None
+            if caps is None:
                 self._save_controllers([r.id for r in rows], now)
                 return {}
+            pool = self._pool(rows, caps)
+            # The devices each job has on servers that answer: a server taken as gone took its parts with it
+            # (their devices are out of the pool; the resize below records them cut).
+            live = self._live_devices(rows, caps)
+            jobs, obs = [], {}
+            for r in stepping:
+                st = self._states[r.id]
+                held = mean_devices(capped_history(r.allocations, st.last_time), st.last_time, now, r.devices)
+                if r.devices > live[r.id]:
+                    held *= live[r.id] / r.devices
+                jobs.append(self._qos(r))
+                obs[r.id] = JobProgress(now, actions[r.id], live[r.id], held=held)
             # A job with no step to take (registered this very instant) keeps its devices: the broker shares
             # what the others hold, or it would hand that job's devices out again.
-            pool -= sum(r.devices for r in rows if r.id not in obs)
+            pool -= sum(live[r.id] for r in rows if r.id not in obs)
             alloc, states, _ = throughput_decide(jobs, {j.job_id: self._states[j.job_id] for j in jobs}, obs,
                                                  pool, alpha=self.config.alpha)
             self._states.update(states)
             self._save_controllers([r.id for r in rows], now)
-            self._apply(alloc, [r for r in rows if r.id in alloc], now)
+            self._apply(alloc, [r for r in rows if r.id in alloc], now, live)
             return alloc
 
     # -- API ---------------------------------------------------------------
@@ -731,8 +778,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         v = Violations()
         v.check(bool(request.request_id) and len(request.request_id) <= 200, "request_id",
                 "required: an idempotency key of at most 200 characters")
-        v.check(request.design in design_lib.DESIGNS, "design",
-                f"unknown design {request.design!r}; available: {sorted(design_lib.DESIGNS)}")
+        if len(request.design) > MAX_ID_CHARS:     # not echoed: its message would not fit in gRPC's metadata
+            v.add("design", f"at most {MAX_ID_CHARS} characters; available: {sorted(design_lib.DESIGNS)}")
+        else:
+            v.check(request.design in design_lib.DESIGNS, "design",
+                    f"unknown design {request.design!r}; available: {sorted(design_lib.DESIGNS)}")
         goal = request.WhichOneof("goal")
         if goal is None:
             v.add("goal", "required: a deadline (deadline_s and size_actions) or a throughput (actions_per_s)")
@@ -813,14 +863,15 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 return self._job(tenant, row.id)
             job = self._qos(row)
             rows = self._active()
-            pool = self._pool_if_known(rows)
-            if pool is None:                    # the others' devices cannot be counted: shrinking them would
+            caps = self._caps_if_known(rows)
+            if caps is None:                    # the others' devices cannot be counted: shrinking them would
                 raise Unavailable("an FPGA-server holding job groups did not answer: the job manager cannot "
                                   "count its devices now; retry later")
+            pool = self._pool(rows, caps)
+            live = self._live_devices(rows, caps)       # parts on servers taken as gone hold nothing
             if self.config.policy == THROUGHPUT:
-                reqs = {r.id: admission_request(self._qos(r), self._states.get(r.id), r.devices) for r in rows}
-                alloc = admit(job, {r.id: r.devices for r in rows}, reqs, pool,
-                              priorities={r.id: r.priority for r in rows})
+                reqs = {r.id: admission_request(self._qos(r), self._states.get(r.id), live[r.id]) for r in rows}
+                alloc = admit(job, live, reqs, pool, priorities={r.id: r.priority for r in rows})
             else:
                 alloc = edf_allocate([*(self._qos(r) for r in rows), job], pool)
             n = (alloc or {}).get(row.id, 0)
@@ -835,7 +886,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     f"{len(rows)} active job(s) ({pool} device(s) in the pool): {self.config.policy!r} would leave "
                     f"{', '.join(starved[:5])} without one; ask for fewer devices or wait for a job to retire")
             self._apply({k: v for k, v in alloc.items() if k != row.id}, [r for r in rows if alloc[r.id] < r.devices],
-                        now)
+                        now, live)
             try:
                 g = self.orch.create_group(tenant, f"job:{row.id}", row.design, n, min_size=row.min_devices,
                                            max_size=row.max_devices or usable)
@@ -853,7 +904,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._drop_group(row.group_id)     # never a group without its job
                 self._rebalance(now)
                 raise
-            self._apply(alloc, [r for r in self._active() if r.id != row.id], now)
+            self._apply(alloc, [r for r in self._active() if r.id != row.id], now, live)
             return self._job(tenant, row.id)
 
     def _insert(self, row: FpgaJob, controller_at: float | None = None) -> None:
@@ -908,10 +959,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if self.config.policy != "edf":
             return
         rows = self._active()
-        pool = self._pool_if_known(rows) if rows else None
-        self._unapplied = bool(rows) and pool is None      # a silent server: decided again next round
-        if pool is not None:
-            self._apply(edf_allocate([self._qos(r) for r in rows], pool), rows, now)    # a refusal sets it
+        caps = self._caps_if_known(rows) if rows else None
+        self._unapplied = bool(rows) and caps is None      # a silent server: decided again next round
+        if caps is not None:                                # a refusal sets it
+            self._apply(edf_allocate([self._qos(r) for r in rows], self._pool(rows, caps)), rows, now,
+                        self._live_devices(rows, caps))
 
     def retire(self, tenant: str, job_id: str) -> FpgaJob:
         tenant = require_tenant(tenant)
@@ -940,7 +992,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         end = max(row.observed_actions, row.reported_actions)
         t0, a0 = self._last.get(row.id, (row.registered_at, 0))
         fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
-                                  "allocations": [*row.allocations, [now, 0]] if row.allocations else []}
+                                  "allocations": capped_history([*row.allocations, [now, 0]])
+                                  if row.allocations else []}
         # The rate over the time since the last sample, unless that is a sliver of a period and a period's
         # rate is already known (a few actions over milliseconds are no rate).
         if now > t0 and (now - t0 >= self.config.control_period_s or not row.achieved_throughput):
@@ -987,7 +1040,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             min_devices=row.min_devices, max_devices=row.max_devices, priority=row.priority, policy=row.policy,
             devices=row.devices, completed_actions=actions, achieved_throughput=row.achieved_throughput,
             mean_throughput=actions / (end - row.registered_at) if end > row.registered_at else 0.0,
-            allocations=[fpga_jobs_pb2.AllocationChange(time=t, devices=n) for t, n in row.allocations],
+            allocations=[fpga_jobs_pb2.AllocationChange(time=t, devices=n)
+                         for t, n in capped_history(row.allocations)],
             registered_at=row.registered_at, deadline_at=row.deadline_at, retired_at=row.retired_at)
         if row.goal == DEADLINE:
             job.deadline.CopyFrom(fpga_jobs_pb2.DeadlineGoal(deadline_s=row.deadline_s,
@@ -1100,6 +1154,20 @@ def _progress(last: tuple[str, int] | None, incarnation: str, count: int) -> int
     if was != incarnation:
         return 0 if was == "" else count
     return count - before if count >= before else count
+
+
+def capped_history(allocations: list, keep_since: float | None = None) -> list:
+    """A job's history of [time, devices] changes as stored: the first (its registration or dispatch) and the most
+    recent, at most MAX_ALLOCATIONS in all (a throughput job resized every control period for days would otherwise
+    make every read, write and message of the job grow without end). `keep_since`: the change in effect then and
+    every later one stay whatever their number (`mean_devices` reads the current control period from them)."""
+    if len(allocations) <= MAX_ALLOCATIONS:
+        return allocations
+    start = len(allocations) - (MAX_ALLOCATIONS - 1)
+    if keep_since is not None:
+        while start > 1 and allocations[start][0] > keep_since:
+            start -= 1
+    return [allocations[0], *allocations[start:]]
 
 
 def mean_devices(allocations: list, start: float, end: float, current: int) -> float:

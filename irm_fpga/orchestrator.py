@@ -63,6 +63,7 @@ MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any c
 # shares them with FpgaJobs (whose WatchJobs takes up to jobs.MAX_WATCHES = 16) and every unary call.
 MAX_WATCHES = 8
 ATTACH_LOCK_STRIPES = 64
+MAX_ID_CHARS = 64      # group, client and design names are stored in 64 characters: a longer one is refused unechoed
 
 
 @dataclass
@@ -118,6 +119,13 @@ class ServerHandle:
 
     def stub(self) -> fpga_pb2_grpc.FpgaServerStub:
         return fpga_pb2_grpc.FpgaServerStub(control.channel(rpc.channel(self.address), self.token))
+
+
+def _check_id(field_path: str, value: str) -> None:
+    """INVALID_ARGUMENT for an id longer than any this service makes (it is not echoed back)."""
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidArgument.of(field_path, f"at most {MAX_ID_CHARS} characters (got {len(value)}): an id as this "
+                                             f"service returned it")
 
 
 def _rpc_error(server: str, e: grpc.RpcError) -> HarnessError:
@@ -274,13 +282,20 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     out[name] = out.get(name, 0) + n
         return out
 
-    def _spread(self, size: int, current: dict[str, int], pinned: list[str] | None = None) -> dict[str, int]:
-        """Devices per server for a group of `size`: keep what it has, grow where room is, shrink the largest."""
+    def _spread(self, size: int, current: dict[str, int], pinned: list[str] | None = None,
+                silent: set[str] | None = None) -> dict[str, int]:
+        """Devices per server for a group of `size`: keep what it has, grow where room is, shrink the largest.
+
+        A shrink cuts the parts on servers that do not answer first (nothing is served there; the caller records
+        them cut without a call, and the reconcile rounds set those servers' parts once they answer). `silent`, if
+        given, gets the servers of `current` that did not answer."""
         infos = self._server_infos()
         # First make them hold what the database says: a restarted server's parts back, stale ones gone.
         changed = self._reconcile(infos)
         if changed["made"] or changed["dropped"]:
             infos = self._server_infos()
+        if silent is not None:
+            silent.update(n for n in current if n not in infos)
         recorded = self._recorded()
         free_of = {n: self._free(i, recorded.get(n, 0)) for n, i in infos.items()}
         parts = dict(current)
@@ -311,6 +326,12 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             # strand the tasks clients already queued there. Below one device per
             # part, the smallest parts go first.
             cut = total - size
+            for name in sorted((n for n in parts if n not in infos), key=lambda n: (-parts[n], n)):
+                take = min(cut, parts[name])
+                parts[name] -= take
+                cut -= take
+                if cut == 0:
+                    return parts
             for floor in (1, 0):
                 for name in sorted(parts, key=lambda n: (-parts[n], n) if floor else (parts[n], n)):
                     take = min(cut, max(0, parts[name] - floor))
@@ -320,17 +341,22 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                         return parts
         return parts
 
-    def _apply(self, g: Group, parts: dict[str, int]) -> None:
+    def _apply(self, g: Group, parts: dict[str, int], silent: set[str] | frozenset[str] = frozenset()) -> None:
         """Make the servers hold `parts` of `g` (whose `parts` are what they hold now, by the database).
 
         All or nothing, as far as the servers answer: a failure puts back the parts already changed, so the
         database (which the caller leaves as it was) stays true; what cannot be put back now, the reconcile
-        rounds do.
+        rounds do. A part shrinking on a server in `silent` (one that did not answer) is not called for: the
+        caller records its size, and the reconcile rounds set it there once the server answers.
         """
         touched: list[str] = []
         try:
             for name, n in parts.items():
                 if name in g.parts and n == g.parts[name]:
+                    continue
+                if name in silent and name in g.parts and n < g.parts[name]:
+                    log.warning("group part cut on an FPGA-server that does not answer; the reconcile rounds set "
+                                "it there once it does", extra={"group": g.id, "server": name, "devices": n})
                     continue
                 h = self._handle(name)
                 touched.append(name)
@@ -404,6 +430,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return out
 
     def _group(self, group_id: str) -> Group:
+        _check_id("group_id", group_id)
         with self.db.read() as s:
             g = s.get(Group, group_id)
         if g is None or g.deleted:
@@ -413,8 +440,11 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _validate_group(self, design: str, size: int, min_size: int, max_size: int, v: Violations,
                         prefix: str = "") -> tuple[int, int]:
         total = sum(self._free_total_capacity().values()) or 0
-        v.check(design in design_lib.DESIGNS, f"{prefix}design",
-                f"unknown design {design!r}; available: {sorted(design_lib.DESIGNS)}")
+        if len(design) > MAX_ID_CHARS:        # not echoed: a name that long is no design's
+            v.add(f"{prefix}design", f"at most {MAX_ID_CHARS} characters; available: {sorted(design_lib.DESIGNS)}")
+        else:
+            v.check(design in design_lib.DESIGNS, f"{prefix}design",
+                    f"unknown design {design!r}; available: {sorted(design_lib.DESIGNS)}")
         mx = max_size or total
         mn = min_size if min_size else min(1, size)
         v.check(size >= 1, f"{prefix}size", "at least 1 device")
@@ -467,8 +497,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             raise FailedPrecondition(f"size {size} is outside the group's [{g.min_size}, {mx}]")
         with self.lock:
             g = self._group(g.id)
-            parts = self._spread(size, g.parts, pinned)
-            self._apply(g, parts)
+            silent: set[str] = set()
+            parts = self._spread(size, g.parts, pinned, silent=silent)
+            self._apply(g, parts, silent)
 
             def save(s):  # type: ignore[no-untyped-def]
                 row = s.get(Group, g.id)
@@ -551,6 +582,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def DeleteGroup(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
+        _check_id("group_id", request.group_id)
         with self.db.read() as s:
             g = s.get(Group, request.group_id)
         if g is None:
@@ -645,6 +677,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def _client(self, tenant: str, request: fpga_pb2.ClientRequest) -> tuple[Group, Client]:
         g = self._group(request.group_id)
+        _check_id("client_id", request.client_id)
         with self.db.read() as s:
             c = s.get(Client, request.client_id)
         if c is None or c.group_id != g.id:

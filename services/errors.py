@@ -116,11 +116,56 @@ class Unauthenticated(HarnessError):
     code: grpc.StatusCode = field(default=grpc.StatusCode.UNAUTHENTICATED, init=False)
 
 
+# A gRPC client refuses trailers (grpc-message, percent-encoded, plus grpc-status-details-bin, which holds the
+# message again and the details) over 16 KiB, and those over 8 KiB at random (its soft limit): the caller then sees
+# RESOURCE_EXHAUSTED "Stream removed" instead of the error. A message that echoes a caller's huge input is cut to
+# this many UTF-8 bytes, and the details (field violations) to the next: at most about 1 KiB x 3 (percent-encoding)
+# + 1 KiB + 2 KiB on the wire, well within the soft limit.
+MAX_MESSAGE_BYTES = 1024
+MAX_DETAILS_BYTES = 2048
+_FIELD_BYTES, _DESCRIPTION_BYTES = 128, 512
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """`text`, or its first bytes (at most `limit` with the marker) and a marker saying how much was cut."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return text
+    marker = f"... [{len(raw)} bytes in all: cut to fit a gRPC status]"
+    kept = raw[:max(0, limit - len(marker.encode()))].decode("utf-8", "ignore")
+    return kept + marker
+
+
+def _bounded_details(details: list[any_pb2.Any]) -> list[any_pb2.Any]:
+    """The details within MAX_DETAILS_BYTES: each field violation's text bounded, and as many as fit."""
+    out: list[any_pb2.Any] = []
+    size = 0
+    for detail in details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            kept = error_details_pb2.BadRequest()
+            for v in bad.field_violations:
+                kept.field_violations.add(field=bounded(v.field, _FIELD_BYTES),
+                                          description=bounded(v.description, _DESCRIPTION_BYTES))
+                if kept.ByteSize() > MAX_DETAILS_BYTES - size - 64:
+                    del kept.field_violations[-1]          # the rest are left out (the message still names them)
+                    break
+            detail = any_pb2.Any()
+            detail.Pack(kept)
+        if size + detail.ByteSize() > MAX_DETAILS_BYTES:
+            break
+        out.append(detail)
+        size += detail.ByteSize()
+    return out
+
+
 def to_status(error: HarnessError) -> status_pb2.Status:
+    """`error` as a google.rpc status, bounded so that gRPC can always send it (see MAX_MESSAGE_BYTES)."""
     return status_pb2.Status(
         code=getattr(code_pb2, error.code.name),
-        message=error.message,
-        details=error.details(),
+        message=bounded(error.message),
+        details=_bounded_details(error.details()),
     )
 
 

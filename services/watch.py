@@ -27,13 +27,20 @@ class Broadcaster(Generic[E]):
 
     def __init__(self, max_backlog: int = 100_000, *, max_streams: int | None = MAX_STREAMS,
                  full: str = "watch streams are open on this server; close one, or poll instead",
-                 control_streams: int = CONTROL_STREAMS) -> None:
+                 control_streams: int = CONTROL_STREAMS, per_tenant: int | None = None,
+                 tenant_full: str = "close one of yours") -> None:
         """`max_streams` (None: no cap): tenants' streams at once; one beyond ends at once with
         RESOURCE_EXHAUSTED, its message `max_streams` + " " + `full`. Streams of no tenant (the control
-        plane's) have `control_streams` of their own."""
+        plane's) have `control_streams` of their own. `per_tenant` (None: no cap of its own): streams one
+        tenant may hold within `max_streams`, so that one tenant cannot take every slot; one beyond ends the
+        same way, its message naming the tenant's cap and then `tenant_full` (what to do)."""
+        if per_tenant is not None and per_tenant < 1:
+            raise ValueError("per_tenant must be >= 1 (or None: no cap per tenant)")
         self._lock = threading.Lock()
         self._open: Counter[str] = Counter()     # open streams per tenant ("": the control plane)
         self._max_streams = max_streams
+        self._per_tenant = per_tenant
+        self._tenant_full = tenant_full
         self._control_streams = control_streams
         self._full = full
         self._subs: set[queue.Queue] = set()
@@ -87,6 +94,10 @@ class Broadcaster(Generic[E]):
         if self._max_streams is not None:
             if not tenant and self._open[""] >= self._control_streams:
                 raise ResourceExhausted(f"{self._control_streams} control-plane {self._full}")
+            if tenant and self._per_tenant is not None and self._open[tenant] >= self._per_tenant:
+                raise ResourceExhausted(f"tenant {tenant!r} already holds {self._open[tenant]} of the watch "
+                                        f"streams here, the most one tenant may ({self._per_tenant}); "
+                                        f"{self._tenant_full}")
             if tenant and sum(n for t, n in self._open.items() if t) >= self._max_streams:
                 raise ResourceExhausted(f"{self._max_streams} {self._full}")
         self._open[tenant] += 1

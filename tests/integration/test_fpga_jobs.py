@@ -435,12 +435,17 @@ def test_watch_jobs_streams_a_queued_job_until_it_is_dispatched_and_retires(suit
 def test_watch_jobs_is_capped_and_ends_unavailable_when_the_manager_stops(suite):
     running, address, jobs, orch, register = start_irm(suite, "edf", period=0.2)
     try:
-        job = jobs.RegisterJob(deadline_job("w", 120.0, size=10))
-        watch = lambda: jobs.WatchJobs(jp.WatchJobsRequest(tenant="alice", job_id=job.id), timeout=30)  # noqa: E731
-        streams = [watch() for _ in range(16)]
-        assert all(next(s).id == job.id for s in streams)
+        # Four tenants, four streams each (the most one tenant may hold): the manager's 16.
+        tenants = ["alice", "bob", "carol", "dave", "erin"]
+        mine = {t: jobs.RegisterJob(deadline_job("w", 120.0, size=10, tenant=t)) for t in tenants}
+        job = mine["alice"]
+
+        def watch(tenant: str = "alice"):  # noqa: ANN202
+            return jobs.WatchJobs(jp.WatchJobsRequest(tenant=tenant, job_id=mine[tenant].id), timeout=30)
+        streams = [watch(t) for t in tenants[:4] for _ in range(4)]
+        assert [next(s).id for s in streams] == [mine[t].id for t in tenants[:4] for _ in range(4)]
         with pytest.raises(grpc.RpcError) as e:                    # one too many: refused, not a stuck server
-            next(watch())
+            next(watch("erin"))
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "16 WatchJobs" in e.value.details()
         assert jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id), timeout=5).id == job.id
         for s in streams[1:]:
