@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from cross_resource_scheduler.constraints import Constraint
-from cross_resource_scheduler.plugins import Context, GroupDemand, Pipeline
+from cross_resource_scheduler.plugins import Context, GroupDemand, Pipeline, location_of
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView, Node
 
@@ -146,10 +146,12 @@ def _attempt(req: PlacementRequest, order: list[GroupDemand], view: CapacityView
              ) -> tuple[Placement | None, str, Counter, int]:
     placed: dict[str, list[Node]] = {}
     tentative: dict[str, dict[str, float]] = {}
+    located: dict[str, Counter] = {}
     for g in order:
         ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], placed, tentative, topology,
-                      ignore_usage)
+                      ignore_usage, located)
         placed.setdefault(g.name, [])
+        here = located.setdefault(g.name, Counter())
         for i in range(g.count):
             removed: Counter = Counter()
             node = _place_instance(view, ctx, pipeline, rng, removed)
@@ -157,6 +159,7 @@ def _attempt(req: PlacementRequest, order: list[GroupDemand], view: CapacityView
                 where = f"group {g.name!r}" + (f" instance {i + 1} of {g.count}" if g.count > 1 else "")
                 return None, where, removed, len(_pool(view, ctx))
             placed[g.name].append(node)
+            here[location_of(node)] += 1
             slot = tentative.setdefault(node.key, {})
             for k, v in g.demand.items():
                 slot[k] = slot.get(k, 0.0) + v
@@ -262,8 +265,9 @@ def _candidates(ctx: Context, classes: _Classes, on: dict[str, tuple[Node, int]]
     if scorers and len(feasible) > 1:
         # Best first, as greedy would pick: the first complete placement found is a good one.
         feasible.sort(key=lambda n: -sum(m * s(n) for s, m in scorers))
-        # A weigher may compare a candidate with every instance placed so far (topology does).
-        work += len(feasible) * (1 + sum(len(v) for v in ctx.placed.values()))
+        # A weigher may compare a candidate with every location placed on so far (topology does).
+        peers = ctx.where.values() if ctx.where is not None else ctx.placed.values()
+        work += len(feasible) * (1 + sum(len(v) for v in peers))
     return feasible, work
 
 
@@ -280,8 +284,9 @@ def _search(req: PlacementRequest, order: list[GroupDemand], classes: _Classes, 
     placed: dict[str, list[Node]] = {g.name: [] for g in order}
     tentative: dict[str, dict[str, float]] = {}
     on: dict[str, tuple[Node, int]] = {}  # node key -> (node, instances of this request on it)
+    located: dict[str, Counter] = {g.name: Counter() for g in order}
     ctxs = {g.name: Context(g, [c for c in req.constraints if c.involves(g.name)], placed, tentative, topology,
-                            ignore_usage) for g in order}
+                            ignore_usage, located) for g in order}
     levels: list[Iterator[Node]] = []
     depth = 0
     while depth < len(steps):
@@ -293,7 +298,7 @@ def _search(req: PlacementRequest, order: list[GroupDemand], classes: _Classes, 
                 return None, False
             levels.append(iter(feasible))
         else:
-            _take_back(g, placed, tentative, on)  # this level's previous choice led nowhere
+            _take_back(g, placed, tentative, on, located)  # this level's previous choice led nowhere
         node = next(levels[depth], None)
         if node is None:
             levels.pop()
@@ -301,7 +306,7 @@ def _search(req: PlacementRequest, order: list[GroupDemand], classes: _Classes, 
                 return None, True
             depth -= 1
             continue
-        _put(g, node, placed, tentative, on)
+        _put(g, node, placed, tentative, on, located)
         depth += 1
     demand: dict[str, dict[str, float]] = {}
     for g in order:  # summed afresh: no rounding left over from the choices taken back
@@ -313,8 +318,9 @@ def _search(req: PlacementRequest, order: list[GroupDemand], classes: _Classes, 
 
 
 def _put(g: GroupDemand, node: Node, placed: dict[str, list[Node]], tentative: dict[str, dict[str, float]],
-         on: dict[str, tuple[Node, int]]) -> None:
+         on: dict[str, tuple[Node, int]], located: dict[str, Counter]) -> None:
     placed[g.name].append(node)
+    located[g.name][location_of(node)] += 1
     slot = tentative.setdefault(node.key, {})
     for k, v in g.demand.items():
         slot[k] = slot.get(k, 0.0) + v
@@ -322,8 +328,12 @@ def _put(g: GroupDemand, node: Node, placed: dict[str, list[Node]], tentative: d
 
 
 def _take_back(g: GroupDemand, placed: dict[str, list[Node]], tentative: dict[str, dict[str, float]],
-               on: dict[str, tuple[Node, int]]) -> None:
+               on: dict[str, tuple[Node, int]], located: dict[str, Counter]) -> None:
     node = placed[g.name].pop()
+    here, at = located[g.name], location_of(node)
+    here[at] -= 1
+    if not here[at]:
+        del here[at]  # the count is of distinct locations: none left here
     count = on[node.key][1] - 1
     if count == 0:
         # Untouched again: the node is its class's equal once more (its key leaves `tentative`).

@@ -8,6 +8,7 @@ come from configuration and an unknown name fails at start-up.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +41,28 @@ class Context:
     topology: TopologyModel
     # Judge against total capacity: "could this ever fit?" (unresolvable check).
     ignore_usage: bool = False
+    # group -> how many of its placed instances are at each location (site, rack, host), kept by placement in
+    # step with `placed` (None: counted from `placed` when asked). Distances depend on the location alone, so
+    # scoring against it costs the distinct locations, not the instances.
+    where: dict[str, Counter[tuple[str, str, str]]] | None = None
+
+    def located(self, group: str) -> Counter[tuple[str, str, str]]:
+        """How many of `group`'s placed instances are at each location."""
+        if self.where is not None:
+            return self.where.get(group) or Counter()
+        return Counter(location_of(n) for n in self.placed.get(group, []))
+
+    def peer_locations(self, c: Constraint) -> Counter[tuple[str, str, str]]:
+        """`peers(c)`, counted by location."""
+        me = self.group.name
+        if c.a == c.b:
+            return self.located(me)
+        other = c.other(me)
+        if self.placed.get(other):
+            return self.located(other)
+        if c.kind == "different_host":
+            return Counter()
+        return self.located(me)
 
     def peers(self, c: Constraint) -> list[Node]:
         """The placed instances `c` must be checked against for this group's next instance."""
@@ -66,6 +89,12 @@ class Context:
 
 
 DISTANCE_KINDS = ("max_hops", "max_latency_ms", "min_bandwidth_gbps")
+
+
+def location_of(node: Node) -> tuple[str, str, str]:
+    """What a node's distances depend on: its (site, rack, host)."""
+    loc = node.location
+    return (loc.site, loc.rack, loc.host)
 
 
 class Filter:
@@ -171,17 +200,30 @@ class DistanceFilter(Filter):
         return any(c.kind in DISTANCE_KINDS for c in ctx.constraints)
 
     def host_passes(self, node: Node, ctx: Context) -> bool:
-        for c in ctx.constraints:
-            if c.kind not in DISTANCE_KINDS:
-                continue
-            for p in ctx.peers(c):
-                d = ctx.topology.distance(node.location, p.location)
-                if c.kind == "max_hops" and d.hops > c.value:
-                    return False
-                if c.kind == "max_latency_ms" and d.latency_ms > c.value + 1e-12:
-                    return False
-                if c.kind == "min_bandwidth_gbps" and d.bandwidth_gbps < c.value - 1e-12:
-                    return False
+        return self.checker(ctx)(node)
+
+    def checker(self, ctx: Context) -> Callable[[Node], bool]:
+        # Each bound against the distinct locations of the peers (not every instance): the per-instance work.
+        bounds = [(c, list(ctx.peer_locations(c))) for c in ctx.constraints if c.kind in DISTANCE_KINDS]
+        distance = ctx.topology.distance_between
+
+        def passes(node: Node) -> bool:
+            here = location_of(node)
+            for c, places in bounds:
+                for there in places:
+                    if not self._within(c, distance(here, there)):
+                        return False
+            return True
+        return passes
+
+    @staticmethod
+    def _within(c: Constraint, d: Distance) -> bool:
+        if c.kind == "max_hops" and d.hops > c.value:
+            return False
+        if c.kind == "max_latency_ms" and d.latency_ms > c.value + 1e-12:
+            return False
+        if c.kind == "min_bandwidth_gbps" and d.bandwidth_gbps < c.value - 1e-12:
+            return False
         return True
 
 
@@ -274,32 +316,84 @@ class TopologyWeigher(Weigher):
     def scorer(self, ctx: Context) -> Callable[[Node], float] | float:
         me = ctx.group.name
         related = {c.other(me) for c in ctx.constraints if c.kind != "different_host"}
-        peers = [p for g in related for p in ctx.placed.get(g, [])]
+        # Peers counted by location: the score is the mean over the peers, and a peer's term depends on its
+        # location alone, so each distinct location is scored once, weighed by its count.
+        peers: Counter[tuple[str, str, str]] = Counter()
+        for g in related:
+            peers.update(ctx.located(g))
         if not peers:
             # Nothing related is placed yet: stay close to what is (own group
             # included), so the related groups still find room nearby.
-            peers = [p for nodes in ctx.placed.values() for p in nodes]
+            for g in ctx.placed:
+                peers.update(ctx.located(g))
         if not peers:
             return 0.5
+        n_peers = sum(peers.values())
         topo = ctx.topology
         top_bw = math.log1p(max(topo.same_host.bandwidth_gbps, 1e-9))
         max_hops = max(1, topo.max_hops)
+        distance = topo.distance_between
+        # A peer's term depends on how it relates to the candidate: on its host, in its rack, in another rack
+        # of its site (that rack pair's link), in another site (that site pair's link). Peers are counted per
+        # site, per rack of a site and per host of a site, so a candidate costs the racks of its site and the
+        # sites with peers, however many instances or hosts they hold.
+        per_site: dict[str, int] = {}
+        per_rack: dict[str, dict[str, int]] = {}
+        per_host: dict[tuple[str, str], int] = {}
+        for (site, rack, host), count in peers.items():
+            per_site[site] = per_site.get(site, 0) + count
+            racks = per_rack.get(site)
+            if racks is None:
+                racks = per_rack[site] = {}
+            racks[rack] = racks.get(rack, 0) + count
+            if host:
+                per_host[(site, host)] = per_host.get((site, host), 0) + count
+        sites = list(per_site.items())
 
         # The few distinct distances (a level, or a level with a link) each score alike.
         per_distance: dict[Distance, float] = {}
 
+        def term(d: Distance) -> float:
+            s = per_distance.get(d)
+            if s is None:
+                hop_score = 1.0 - d.hops / max_hops
+                bw_score = math.log1p(d.bandwidth_gbps) / top_bw if top_bw > 0 else 0.0
+                s = per_distance[d] = (2 * hop_score + min(1.0, bw_score)) / 3
+            return s
+
+        same_host = term(topo.same_host)
+        # (site, rack, other rack) / (site, other site) -> the term of a peer there, for a candidate without
+        # the peer's host.
+        rack_terms: dict[tuple[str, str, str], float] = {}
+        site_terms: dict[tuple[str, str], float] = {}
+
         def score(node: Node) -> float:
-            total = 0.0
             loc = node.location
-            for p in peers:
-                d = topo.distance(loc, p.location)
-                s = per_distance.get(d)
-                if s is None:
-                    hop_score = 1.0 - d.hops / max_hops
-                    bw_score = math.log1p(d.bandwidth_gbps) / top_bw if top_bw > 0 else 0.0
-                    s = per_distance[d] = (2 * hop_score + min(1.0, bw_score)) / 3
-                total += s
-            return total / len(peers)
+            site, rack, host = loc.site, loc.rack, loc.host
+            total = 0.0
+            on_host = per_host.get((site, host), 0) if host else 0
+            if on_host:
+                total += on_host * same_host
+            racks = per_rack.get(site)
+            if racks:
+                for other, count in racks.items():
+                    if on_host:
+                        count -= peers.get((site, other, host), 0)  # counted on the host
+                        if not count:
+                            continue
+                    key = (site, rack, other)
+                    s = rack_terms.get(key)
+                    if s is None:
+                        s = rack_terms[key] = term(distance((site, rack, ""), (site, other, "")))
+                    total += count * s
+            for other, count in sites:
+                if other != site:
+                    key2 = (site, other)
+                    s = site_terms.get(key2)
+                    if s is None:
+                        s = site_terms[key2] = term(distance((site, rack, ""), (other, "", "")))
+                    total += count * s
+            return total / n_peers
 
         return score
 

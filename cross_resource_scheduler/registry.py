@@ -59,12 +59,18 @@ class ManagerState:
 class Registry:
     def __init__(self, view: CapacityView, clock: Clock, heartbeat_timeout_s: float,
                  on_change: Callable[[str, irm_pb2.CapacityEvent], None],
-                 on_up: Callable[[str], None], max_delegations: int = DEFAULT_MAX_DELEGATIONS) -> None:
+                 on_up: Callable[[str], None], max_delegations: int = DEFAULT_MAX_DELEGATIONS,
+                 on_down: Callable[[str], None] | None = None) -> None:
+        """`on_change(manager, event)`: each event of a manager's stream, after the view applied it, and the
+        changes a (re)connect's snapshot made that no event of the manager's says: resources it added or changed
+        (KIND_UPDATED) and resources it no longer has (KIND_REMOVED). `on_up(manager)`: a manager registered or
+        came back; `on_down(manager)`: it was marked down (each after the view knows)."""
         self.view = view
         self.clock = clock
         self.timeout = heartbeat_timeout_s
         self.on_change = on_change
         self.on_up = on_up
+        self.on_down = on_down
         self.max_delegations = max_delegations
         self.lock = threading.Lock()
         self.managers: dict[str, ManagerState] = {}
@@ -88,10 +94,13 @@ class Registry:
         self.on_up(name)
         return state
 
-    def heartbeat(self, name: str) -> bool:
+    def heartbeat(self, name: str, address: str = "") -> bool:
+        """A heartbeat from the manager `name` (at `address`, when the sender says): False if it is not known,
+        or the name is registered at another address (another process took it over: the sender registers again,
+        and is refused while that one answers)."""
         with self.lock:
             state = self.managers.get(name)
-            if state is None or state.stop.is_set():
+            if state is None or state.stop.is_set() or (address and address != state.address):
                 return False
             state.last_heartbeat = self.clock.now()
             self._mark_up(state)
@@ -114,6 +123,8 @@ class Registry:
                 self.view.set_down(s.name, True)
                 log.warning("manager down: no heartbeat", extra={"manager": s.name,
                                                                 "silent_s": round(now - s.last_heartbeat, 1)})
+                if self.on_down is not None:
+                    self.on_down(s.name)
 
     def get(self, name: str) -> ManagerState | None:
         with self.lock:
@@ -162,11 +173,17 @@ class Registry:
                         break
                     backoff = 0.1
                     if ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END:
+                        pruned = []
                         for node in list(self.view.nodes.values()):
                             if node.manager == state.name and node.physical_id not in seen:
+                                pruned.append(node.to_proto())
                                 self.view.remove(state.name, node.physical_id)
+                        if pruned:
+                            self.on_change(state.name, irm_pb2.CapacityEvent(
+                                kind=irm_pb2.CapacityEvent.KIND_REMOVED, resource=pruned[0], more=pruned[1:]))
                         state.synced.set()
                         continue
+                    changed = []
                     # One message may carry several resources (`more`: the IRM coalesced them).
                     for r in (ev.resource, *ev.more):
                         if ev.kind == irm_pb2.CapacityEvent.KIND_REMOVED:
@@ -175,10 +192,19 @@ class Registry:
                             snapshot = ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT
                             if snapshot:
                                 seen.add(r.id)
+                                before = self.view.nodes.get(f"{state.name}/{r.id}")
+                                was = before.to_proto() if before is not None else None
                             # A stream's snapshot is the manager's state now, even with older generations
                             # (restarted on an older or fresh database); updates within a stream are ordered.
-                            self.view.upsert(state.name, r, snapshot=snapshot)
+                            node = self.view.upsert(state.name, r, snapshot=snapshot)
+                            if snapshot:
+                                now = node.to_proto()
+                                if now != was:
+                                    changed.append(now)  # new (it joined), or changed while not followed
                     self.on_change(state.name, ev)
+                    if changed:
+                        self.on_change(state.name, irm_pb2.CapacityEvent(
+                            kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=changed[0], more=changed[1:]))
             except grpc.RpcError as e:
                 if not state.stop.is_set():
                     log.info("watch of manager interrupted", extra={"manager": state.name, "code": str(e.code())})

@@ -44,6 +44,7 @@ from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services import paging
 from services.clock import Clock, WallClock
+from services.config import ConfigError, check_address
 from services.db import Database, Prepared, default_url
 from services.errors import (
     Aborted,
@@ -84,12 +85,20 @@ DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PR
                      grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
                      grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
 MAX_COUNT = 1000
+# Instances of one request in all (the groups' counts summed): placement's work grows with them, and it holds
+# the placement gate (every other tenant's placement waits) while it works.
+MAX_INSTANCES = 4096
+# A group's name, at most (it is echoed in replies, stored, and part of the parse cache's keys).
+MAX_GROUP_NAME = 128
 # Over a max price, placement is made again preferring cheap nodes: the price weigher's multiplier (it must
 # outweigh the others), and how many kinds of node per group are quoted for it.
 PRICE_MULTIPLIER = 100.0
 PRICED_KINDS = 64
 _ACTIVE = irm_pb2.Reservation.STATE_ACTIVE
 _PARSE_CACHE = 1024
+# Requests (groups and constraints serialized) larger than this are parsed each time, never cached: the cache
+# holds its keys' bytes, so its memory is bounded by entries x this.
+_PARSE_CACHE_MAX_BYTES = 64 * 1024
 # Open WatchCapacity streams at most (the Broadcaster refuses more): each holds one of the server's 32 worker
 # threads (services.server), which Reserve, the IRMs' heartbeats and the health checks share; 32 idle watches
 # froze the CRS.
@@ -104,6 +113,10 @@ COMPENSATION_BACKOFF_MAX_S = 60.0
 # Rows of one manager looked at per pass (rows not yet due are skipped).
 _ROWS_PER_MANAGER = 50
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
+
+
+class _ViewChanged(Unavailable):
+    """A resource a placement chose left the view before it was assumed: placing again may succeed."""
 
 
 @dataclass(slots=True)
@@ -145,7 +158,8 @@ class CrsConfig:
     # How long the CRS keeps asking a manager whose Reserve it gave up on (timed out, unreachable) for the part
     # it may still commit: a manager that commits that late still gets the part taken back.
     in_doubt_horizon_s: float = 86400.0
-    # Topology links (YAML list of {a, b, latency_ms, bandwidth_gbps} between racks or sites).
+    # Topology links (YAML list of {a, b, latency_ms, bandwidth_gbps} between sites, or racks: "r1" is the racks of
+    # that name in every site, "site-a/r1" that site's; a bare name the file also names with a site is refused).
     topology_file: str = ""
     seed: int = 0
 
@@ -197,6 +211,19 @@ def merged_attribute(old: irm_pb2.AttributeSpec | None, new: irm_pb2.AttributeSp
     else:
         del out.allowed_values[:]
     return out
+
+
+def _default_amount(default: common_pb2.AttributeRequest) -> float | None:
+    """What a manager takes of a consumable attribute a group leaves out: its default's number, or its range's
+    lower bound; None if it gives neither as a finite amount of at least 0."""
+    which = default.WhichOneof("value")
+    if which == "number":
+        amount = default.number
+    elif which == "range" and default.range.HasField("min"):
+        amount = default.range.min
+    else:
+        return None
+    return amount if math.isfinite(amount) and amount >= 0 else None
 
 
 def _domain(dom: common_pb2.Range) -> str:
@@ -268,8 +295,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(
             max_streams=MAX_WATCHES,
             full="WatchCapacity streams are open on this CRS; close one, or poll DiscoverResources")
+        # Watch events are published under this lock, with a manager's state checked: a manager marked down
+        # has its resources REMOVED downstream, and no event of its stream may slip in after that.
+        self._publishing = threading.Lock()
         self.registry = Registry(self.view, self.clock, config.heartbeat_timeout_s,
-                                 on_change=self._forward, on_up=lambda name: self._kick.set(),
+                                 on_change=self._forward, on_up=self._manager_up, on_down=self._manager_down,
                                  max_delegations=config.max_delegations_per_manager)
         self.gate = PriorityGate()
         self._specs_cache: tuple[list, dict[str, dict[str, irm_pb2.AttributeSpec]]] | None = None
@@ -302,7 +332,23 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         where = f"topology_file {path}"
         known_keys(data, self._TOPOLOGY_KEYS, where, ValueError)
         links = mapping_list(data, "links", where, "{a, b, latency_ms, bandwidth_gbps}", ValueError)
+        # Racks named with their site anywhere in the file: a bare name of one of them would be ambiguous (it
+        # applies to the racks of that name in every site).
+        sites_of: dict[str, set[str]] = defaultdict(set)
+        for link in links:
+            for side in ("a", "b"):
+                site, sep, rack = str(link.get(side, "")).partition("/")
+                if sep:
+                    sites_of[rack].add(site)
         for i, link in enumerate(links):
+            for side in ("a", "b"):
+                name = str(link.get(side, ""))
+                if "/" not in name and name in sites_of:
+                    qualified = ", ".join(f"{site}/{name}" for site in sorted(sites_of[name]))
+                    raise ConfigError(
+                        f"{where}: links[{i}].{side}: rack {name!r} is ambiguous: this file names it with its "
+                        f"site elsewhere ({qualified}), and a bare rack name applies to the racks of that name in "
+                        "every site; write it as site/rack here too")
             known_keys(link, self._LINK_KEYS, f"{where}: links[{i}]", ValueError)
             try:
                 self.topology.add_link(common_pb2.Link(a=str(link["a"]), b=str(link["b"]),
@@ -565,6 +611,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         if hit is not None:
             return hit
         req = self._parse_uncached(groups, constraints, specs)
+        if sum(map(len, key[0])) + sum(map(len, key[1])) > _PARSE_CACHE_MAX_BYTES:
+            return req  # not kept: a few such requests would hold megabytes
         if len(cache[1]) >= _PARSE_CACHE:
             cache[1].clear()
         cache[1][key] = req
@@ -581,6 +629,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         for i, g in enumerate(groups):
             p = f"groups[{i}]"
             if not v.check(bool(g.name), f"{p}.name", "required: a name unique within the request"):
+                continue
+            if not v.check(len(g.name) <= MAX_GROUP_NAME, f"{p}.name",
+                           f"at most {MAX_GROUP_NAME} characters, got {len(g.name)}"):
                 continue
             v.check(g.name not in names, f"{p}.name", f"duplicate group name {g.name!r}")
             names.add(g.name)
@@ -647,8 +698,18 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                         v.add(ap, f"{asked} {spec.unit} is outside {_domain(dom)}, what the managers' resources have")
                         continue
                     props[key] = (lo, hi)
+            for key, spec in attrs.items():
+                # A consumable left out is taken at its default by the manager: it counts here too, or full
+                # hosts would pass the capacity filter (and the manager refuse them).
+                if spec.consumable and key not in g.attributes and spec.HasField("default"):
+                    amount = _default_amount(spec.default)
+                    if amount is not None:
+                        demand[key] = amount
             demands.append(GroupDemand(g.name, g.resource_type, g.count, demand, props,
                                        frozenset(g.required_traits), frozenset(g.forbidden_traits)))
+        total = sum(g.count for g in groups if g.count > 0)
+        v.check(total <= MAX_INSTANCES, "groups",
+                f"the groups' counts add up to {total} instances; at most {MAX_INSTANCES} per request: split it")
         parsed = cons.from_proto(list(constraints), names, v)
         v.raise_if_any()
         if waiting:
@@ -704,7 +765,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _place(self, req: PlacementRequest, priority: int, assume_token: str | None,
                pipeline: Pipeline | None = None) -> Placement:
-        with self.gate.hold(priority):
+        # The view's lock from placing to assuming: a watch thread must not remove a placed node in between.
+        with self.gate.hold(priority), self.view.lock:
             try:
                 placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, self.rng)
             except Unschedulable as e:
@@ -713,8 +775,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 error = Unavailable if e.down else FailedPrecondition if e.unresolvable else ResourceExhausted
                 raise error(str(e)) from None
             if assume_token is not None:
-                for key, demand in placement.demand.items():
-                    self.view.assume(assume_token, self.view.nodes[key], demand)
+                nodes = [(self.view.nodes.get(key), demand) for key, demand in placement.demand.items()]
+                gone = sorted(key for key, (node, _) in zip(placement.demand, nodes, strict=True) if node is None)
+                if gone:
+                    # Nothing is assumed yet: nothing to take back.
+                    raise _ViewChanged(f"resource{'s' if len(gone) > 1 else ''} {', '.join(gone)} left the "
+                                       "capacity view (its manager removed it) while the request was placed; "
+                                       "nothing was reserved, retry")
+                for node, demand in nodes:
+                    self.view.assume(assume_token, node, demand)
             return placement
 
     def Reserve(self, request, context):  # noqa: N802
@@ -763,16 +832,21 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         last_error: HarnessError | None = None
         for attempt in range(self._attempts()):
             token = f"{res_id}#{attempt}"
-            placement = self._place(req, request.priority, token)
-            pinned = self._pinned(groups, placement)
+            placed = False
             try:
+                placement = self._place(req, request.priority, token)
+                placed = True
+                pinned = self._pinned(groups, placement)
                 if request.HasField("max_price_per_minute"):
                     placement = self._within_price(tenant, groups, req, request, token, placement)
                     pinned = self._pinned(groups, placement)
                 allocated, notes, caught_up = self._delegate(tenant, res_id, attempt, pinned, by_name)
-            except ResourceExhausted as e:
-                # An IRM saw capacity our view had not caught up with: place again.
+            except (ResourceExhausted, _ViewChanged) as e:
                 self.view.forget(token)
+                if not placed and isinstance(e, ResourceExhausted):
+                    raise  # no room in the view now: placing again at once would find none either
+                # An IRM saw capacity our view had not caught up with, or a placed resource left the view: place
+                # again.
                 last_error = e
                 continue
             except BaseException:
@@ -951,8 +1025,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         tenant = require_tenant(request.tenant)
         key = request.WhichOneof("key")
         if key == "reservation_id":
+            if not request.reservation_id:
+                raise InvalidArgument.of("reservation_id", "required: the id Reserve answered with (or give "
+                                                           "request_id instead)")
             return self._to_proto(self._get(tenant, request.reservation_id))
         if key == "request_id":
+            if not request.request_id:
+                raise InvalidArgument.of("request_id", "required: the request_id the reservation was made with "
+                                                       "(or give reservation_id instead)")
             r = self._find(tenant, request.request_id)
             if r is None or r.state == "pending":
                 raise NotFound(f"no reservation of this tenant has request id {request.request_id!r}")
@@ -1020,31 +1100,64 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 yield ev
 
     def _forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
+        """A change of `manager`'s resources to the CRS's watchers (not while it is down: they have its
+        resources REMOVED then, and UPDATED again when it is back)."""
         if (ev.kind in (irm_pb2.CapacityEvent.KIND_UPDATED, irm_pb2.CapacityEvent.KIND_REMOVED)
                 and self.watchers.has_subscribers()):
-            # One event per resource downstream, as the CRS always sent them.
-            out = []
-            for r in (ev.resource, *ev.more):
-                one = irm_pb2.CapacityEvent(kind=ev.kind, resource=r)
-                one.resource.manager = manager
-                out.append(one)
-            self.watchers.publish(out)
+            with self._publishing:
+                if self.view.is_down(manager):
+                    return
+                # One event per resource downstream, as the CRS always sent them.
+                out = []
+                for r in (ev.resource, *ev.more):
+                    one = irm_pb2.CapacityEvent(kind=ev.kind, resource=r)
+                    one.resource.manager = manager
+                    out.append(one)
+                self.watchers.publish(out)
+
+    def _publish_all_of(self, manager: str, kind: irm_pb2.CapacityEvent.Kind.ValueType) -> None:
+        """Every resource of `manager` in the view, as `kind` events, to the watchers."""
+        if not self.watchers.has_subscribers():
+            return
+        with self._publishing:
+            if self.view.is_down(manager) != (kind == irm_pb2.CapacityEvent.KIND_REMOVED):
+                return  # it changed again meanwhile: that change publishes
+            with self.view.lock:
+                mine = [n.to_proto() for n in self.view.nodes.values() if n.manager == manager]
+            self.watchers.publish(irm_pb2.CapacityEvent(kind=kind, resource=r) for r in mine)
+
+    def _manager_up(self, manager: str) -> None:
+        self._kick.set()  # its compensations may run now
+        self._publish_all_of(manager, irm_pb2.CapacityEvent.KIND_UPDATED)
+
+    def _manager_down(self, manager: str) -> None:
+        self._publish_all_of(manager, irm_pb2.CapacityEvent.KIND_REMOVED)
 
     # -- registry --------------------------------------------------------
     def RegisterManager(self, request, context):  # noqa: N802
         v = Violations()
         v.check(bool(request.name) and len(request.name) <= 128, "name", "required, at most 128 characters")
         v.check("/" not in request.name, "name", "must not contain '/'")
-        v.check(bool(request.address), "address", "required: host:port of the manager's ResourceManager service")
+        if v.check(bool(request.address), "address", "required: host:port of the manager's ResourceManager service"):
+            try:
+                check_address(request.address)
+                if request.address.rpartition(":")[2].lstrip("0") == "":
+                    raise ConfigError("port 0")
+            except ConfigError:
+                v.add("address", f"{request.address!r} is not HOST:PORT with PORT in 1..65535 (an IPv6 host in "
+                                 "brackets, e.g. [::1]:50061): the manager's ResourceManager address")
         v.check(len(request.resource_types) > 0, "resource_types", "at least one resource type")
         v.raise_if_any()
         old = self.registry.get(request.name)
-        if old is not None and old.up and old.address != request.address and serving_at(old.address):
+        if old is not None and old.address != request.address and serving_at(old.address):
             # The name is taken by a manager that answers: whoever this is must not take its place (and its
-            # tenants' reservations) by saying the name. One that stopped answering has moved (restarted on
-            # another port, say) and is let in.
-            raise FailedPrecondition(f"the manager named {request.name!r} is up at {old.address}; stop it first "
-                                     "(the registry has no deregistration), or register under another name")
+            # tenants' reservations) by saying the name -- also while that one is marked down (a heartbeat gap
+            # is not a departure: it still holds its tenants' parts). One that stopped answering has moved
+            # (restarted on another port, say) and is let in.
+            state = (f"is up at {old.address}" if old.up else
+                     f"at {old.address} is marked down (its heartbeats stopped) but still answers there")
+            raise FailedPrecondition(f"the manager named {request.name!r} {state}; stop it first (the registry "
+                                     "has no deregistration), or register under another name")
 
         def upsert(s):  # type: ignore[no-untyped-def]
             row = s.get(Manager, request.name)
@@ -1059,7 +1172,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
 
     def Heartbeat(self, request, context):  # noqa: N802
-        return registry_pb2.HeartbeatResponse(known=self.registry.heartbeat(request.name))
+        return registry_pb2.HeartbeatResponse(known=self.registry.heartbeat(request.name, request.address))
 
     def ListManagers(self, request, context):  # noqa: N802
         out = []

@@ -770,7 +770,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             attributes=[
                 irm_pb2.AttributeSpec(name="devices", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="devices",
                                       domain=common_pb2.Range(min=1, max=max(1, total)), consumable=True,
-                                      description="Devices backing the virtual FPGA."),
+                                      # What _parse takes when a group leaves it out: the CRS counts it too.
+                                      default=common_pb2.AttributeRequest(number=1),
+                                      description="Devices backing the virtual FPGA (default 1)."),
                 irm_pb2.AttributeSpec(name="design", kind=irm_pb2.AttributeSpec.KIND_TEXT,
                                       allowed_values=sorted(design_lib.DESIGNS),
                                       description="The design every device of the group is configured with."),

@@ -63,7 +63,8 @@ class Membership:
                     self.registered.set()
                     log.info("registered with the CRS", extra={"crs": self.crs_address})
                 else:
-                    known = stub.Heartbeat(registry_pb2.HeartbeatRequest(name=self.request.name), timeout=5).known
+                    known = stub.Heartbeat(registry_pb2.HeartbeatRequest(
+                        name=self.request.name, address=self.request.address), timeout=5).known
                     if not known:
                         log.warning("the CRS forgot us; registering again")
                         continue
