@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,6 +206,37 @@ def test_a_node_removed_after_placement_is_unavailable_and_nothing_stays_assumed
     assert "left the capacity view" in e.value.message and "retry" in e.value.message
     assert crs.view._assumptions == {} and crs.view._tokens == {}
     assert {k: n.free("cores") for k, n in crs.view.nodes.items()} == {"m/h1": 10.0}
+
+
+def test_a_watch_thread_cannot_remove_a_placed_node_before_it_is_assumed(crs: Crs, monkeypatch) -> None:
+    for h in ("h1", "h2"):
+        _node(crs.view, h, "s", "r", h, cores=10)
+    real_schedule, real_remove = crs_service.schedule, crs.view.remove
+    removing = threading.Event()
+    removed: list[str] = []
+
+    def remove(manager: str, rid: str) -> None:
+        removing.set()
+        real_remove(manager, rid)
+        removed.append(rid)
+    monkeypatch.setattr(crs.view, "remove", remove)
+    watch: list[threading.Thread] = []
+
+    def racing(req, view, *a):  # type: ignore[no-untyped-def]
+        p = real_schedule(req, view, *a)
+        victim = sorted(p.demand)[-1].split("/", 1)[1]
+        t = threading.Thread(target=view.remove, args=("m", victim))     # the watch thread, another thread
+        watch.append(t)
+        t.start()
+        assert removing.wait(10)
+        t.join(0.5)         # it would be done by now if nothing held it back until the placement is assumed
+        return p
+    monkeypatch.setattr(crs_service, "schedule", racing)
+    req = PlacementRequest([GroupDemand("g", "vm", 2, {"cores": 6})], [Constraint("different_host", "g", "g", 0)])
+    placement = crs._place(req, 0, "tok")       # no "left the capacity view": the removal waited its turn
+    assert sorted(placement.demand) == ["m/h1", "m/h2"]
+    watch[0].join(10)
+    assert removed == ["h2"] and sorted(crs.view.nodes) == ["m/h1"]
 
 
 # -- item 7: rack links named with their site ---------------------------------------------------------------------
