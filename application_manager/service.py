@@ -381,8 +381,12 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                "crs": self.config.crs_address})
             return False
 
-    def stop(self) -> None:
-        """Cancel what runs (each run stops its modules and releases its reservation), wait for it, close."""
+    def quiesce(self) -> None:
+        """Shutting down, before the server stops: refuse new sessions and executions, cancel what runs (each
+        run stops its modules and releases its reservation; an ExecuteApplication in flight ends)."""
+        self._cancel_all()
+
+    def _cancel_all(self) -> list[SessionRunner]:
         with self._lock:
             # Under the lock StartProfiling registers a session under: it is one of `runners`, or it is refused.
             self._shutdown.set()
@@ -391,6 +395,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 ev.set()
         for r in runners:
             r.stop.set()
+        return runners
+
+    def stop(self) -> None:
+        """Cancel what runs (each run stops its modules and releases its reservation), wait for it, close."""
+        runners = self._cancel_all()
         self._sweeper.join(timeout=SHUTDOWN_WAIT_S)
         for r in runners:
             if r.thread:
@@ -1098,7 +1107,8 @@ def component(config: AppManagerConfig, clock: Clock | None = None) -> Component
         pb_grpc.add_ApplicationManagerServicer_to_server(am, server)
 
     return Component(name="application-manager", register=register,
-                     service_names=["harness.v1.ApplicationManager"], stop=am.stop, extra={"am": am})
+                     service_names=["harness.v1.ApplicationManager"], quiesce=am.quiesce, stop=am.stop,
+                     extra={"am": am})
 
 
 def main(argv: list[str] | None = None) -> int:

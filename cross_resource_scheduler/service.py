@@ -371,11 +371,17 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self._monitor.start()
         self._compensator.start()
 
+    def quiesce(self) -> None:
+        """Shutting down, before the server stops: end the WatchCapacity streams."""
+        self.watchers.close()
+
     def stop(self) -> None:
+        """After the server's calls have finished: stop following managers and the background work, close the
+        database."""
+        self.quiesce()
         self._stop.set()
         self._kick.set()
         self.registry.stop()
-        self.watchers.close()
         self._monitor.join(timeout=5)
         self._compensator.join(timeout=5)
         self.db.dispose()
@@ -1197,4 +1203,4 @@ def component(config: CrsConfig, clock: Clock | None = None) -> Component:
 
     return Component(name="crs", register=register,
                      service_names=["harness.v1.ResourceManager", "harness.v1.ManagerRegistry"],
-                     start=crs.start, stop=crs.stop, extra={"crs": crs})
+                     start=crs.start, quiesce=crs.quiesce, stop=crs.stop, extra={"crs": crs})

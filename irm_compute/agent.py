@@ -511,8 +511,8 @@ class Agent:
             log.warning("cleared what an earlier agent left", extra={"work_dir": str(work), "killed": killed,
                                                                      "scratch_removed": removed})
 
-    def shutdown(self) -> None:
-        """Kill every running execution (the agent's processes must not outlive it)."""
+    def quiesce(self) -> None:
+        """Shutting down, before the server stops: kill every running execution (its Execute stream ends)."""
         self._stop.set()
         with self._lock:
             running = [r.execution for r in self._runs.values() if r.execution.running]
@@ -520,6 +520,11 @@ class Agent:
             e.kill(AGENT_STOPPED)
         for e in running:
             e.wait(_KILL_WAIT_S)
+
+    def shutdown(self) -> None:
+        """Kill every running execution (the agent's processes must not outlive it; one started since
+        `quiesce` too), then let go of the compute IRM and the work dir."""
+        self.quiesce()
         self.compute.close()
         if self._work_lock is not None:
             os.close(self._work_lock)
@@ -650,6 +655,7 @@ def component(config: AgentConfig) -> Component:
         register=lambda server: agent_pb2_grpc.add_ExecutionAgentServicer_to_server(servicer, server),
         service_names=[SERVICE_NAME],
         start=agent.open,
+        quiesce=agent.quiesce,
         stop=agent.shutdown,
         extra={"agent": agent},
         max_workers=config.max_execute_streams + _CONTROL_WORKERS,

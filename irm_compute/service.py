@@ -167,10 +167,15 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             m.start()
             self.memberships.append(m)
 
-    def stop(self) -> None:
+    def quiesce(self) -> None:
+        """Shutting down, before the server stops: leave the CRS and end the WatchCapacity streams."""
         for m in self.memberships:
             m.stop()
         self.watchers.close()
+
+    def stop(self) -> None:
+        """After the server's calls have finished: tell the agents of the last releases, close the database."""
+        self.quiesce()
         self._release_queue.put(None)
         self._notifier.join(timeout=5)
         self.db.dispose()
@@ -523,6 +528,7 @@ def component(config: ComputeConfig, clock: Clock | None = None) -> Component:
         name=f"compute:{config.name}",
         register=register,
         service_names=["harness.v1.ResourceManager", "harness.v1.ComputeControl"],
+        quiesce=irm.quiesce,
         stop=irm.stop,
         extra={"irm": irm},
     )

@@ -318,11 +318,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if end > start and n >= 1:
             self.cost.observe(self._hjob(row, n), int(n), end - start)
 
+    def quiesce(self) -> None:
+        """Shutting down, before the server stops: the WatchJobs streams end (clients reconnect elsewhere)."""
+        self.watchers.close()
+
     def stop(self) -> None:
+        """After the server's calls have finished: stop the control rounds and the plugin."""
+        self.quiesce()
         self._stop.set()
         with self._timer:
             self._timer.notify_all()
-        self.watchers.close()                  # WatchJobs streams end (clients reconnect elsewhere)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         if self._plugin is not None:

@@ -370,13 +370,18 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
     def start(self) -> None:
         self._dispatcher.start()
 
-    def stop(self) -> None:
+    def quiesce(self) -> None:
+        """Shutting down, before the server stops: the Execute streams and RunBatch calls end (UNAVAILABLE: the
+        FPGA-server is stopping), and the dispatcher with them."""
         self._stop.set()
         self._kick()
         with self.cond:
             sinks = [k for lst in self.sinks.values() for k in lst]
         for k in sinks:
             k.wake()
+
+    def stop(self) -> None:
+        self.quiesce()        # nothing else to release: no database
 
     # -- control plane (called by the Orchestrator) ----------------------
     def _part(self, g: eng.GroupInfo) -> fpga_pb2.GroupPart:
@@ -820,6 +825,6 @@ def component(config: FpgaServerConfig, clock: Clock | None = None) -> Component
         fpga_pb2_grpc.add_FpgaServerServicer_to_server(svc, server)
 
     return Component(name=f"fpga-server:{config.name}", register=register,
-                     service_names=["harness.v1.FpgaServer"], start=svc.start, stop=svc.stop,
+                     service_names=["harness.v1.FpgaServer"], start=svc.start, quiesce=svc.quiesce, stop=svc.stop,
                      extra={"server": svc})
 

@@ -47,9 +47,34 @@ def close_all() -> None:
         ch.close()
 
 
+class RepeatedPageToken(grpc.RpcError):
+    """A server handed back a page token it had already given: reading on would never end. An RpcError (code
+    INTERNAL: the server is at fault), so a caller's handling of failed calls covers it."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__(token)
+        self._details = (f"the server gave page token {token!r} a second time: stopped reading pages "
+                         "(they would repeat forever)")
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INTERNAL
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+    def __str__(self) -> str:
+        return self._details
+
+
 def all_pages(call: Any, request: Any, field: str, timeout: float = 30.0) -> Any:
     """Every page of a paged List call (`page_token` in, `next_page_token` out) as one reply (its other fields
-    from the first page)."""
+    from the first page). `request` is left as given (a copy carries the tokens); a token the server gives
+    twice is RepeatedPageToken."""
+    request = _copy(request)
+    seen = {request.page_token}
     out = None
     while True:
         reply = call(request, timeout=timeout)
@@ -61,4 +86,13 @@ def all_pages(call: Any, request: Any, field: str, timeout: float = 30.0) -> Any
         if not reply.next_page_token:
             out.next_page_token = ""
             return out
+        if reply.next_page_token in seen:
+            raise RepeatedPageToken(reply.next_page_token)
+        seen.add(reply.next_page_token)
         request.page_token = reply.next_page_token
+
+
+def _copy(message: Any) -> Any:
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy

@@ -112,21 +112,74 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         vtype = args[1] if len(args) == 2 else str
         return {str(k): _coerce(v, vtype, f"{where}.{k}") for k, v in value.items()}
-    try:
-        if annotation is bool:
-            if isinstance(value, str):
-                lowered = value.strip().lower()
-                if lowered in ("1", "true", "yes", "on"):
-                    return True
-                if lowered in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if annotation in (int, float, str):
-            return annotation(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
+    if annotation is bool:
+        return _bool(value, where)
+    if annotation is int:
+        return _int(value, where)
+    if annotation is float:
+        return _float(value, where)
+    if annotation is str:
+        return _str(value, where)
     return value
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _bad(where: str, expected: str, value: Any) -> ConfigError:
+    got = "nothing (an empty value)" if value is None else repr(value)
+    return ConfigError(f"{where}: expected {expected}, got {got}")
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+    raise _bad(where, f"bool (true or false; also {', '.join(_TRUE[2:] + _FALSE[2:])}, 1, 0)", value)
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)        # 3.0 from YAML is 3; 2.9 is not a count of anything
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _bad(where, "int (a whole number)", value)
+
+
+def _float(value: Any, where: str) -> float:
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = None
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):     # nan or inf would pass or fail every check below
+        raise _bad(where, "float (a finite number)", value)
+    return number
+
+
+def _str(value: Any, where: str) -> str:
+    if value is None or isinstance(value, list | tuple | set | dict):
+        # An empty YAML value is None: str() of it would be the text "None" (a token, a path, a host...).
+        raise _bad(where, "str (a text; '' for an empty one)", value)
+    return value if isinstance(value, str) else str(value)
 
 
 def load(

@@ -9,21 +9,24 @@ Reads use a deferred BEGIN so they never queue behind writers in WAL mode.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import operator
 import os
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Dialect, Engine, Executable, MetaData, create_engine, event, text
-from sqlalchemy.exc import DBAPIError, InvalidRequestError, OperationalError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from services.group_commit import GroupCommitter
+from services.group_commit import GroupCommitter, driver_begin
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,14 +74,48 @@ def _retrying(attempts: int):  # type: ignore[no-untyped-def]
     )
 
 
+# SQLite's primary result codes of lock contention (an extended code, e.g. SQLITE_BUSY_SNAPSHOT, holds its
+# primary one in its low byte); PostgreSQL's SQLSTATEs of a serialisation failure and a deadlock.
+_SQLITE_CONTENTION = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_PG_CONTENTION = ("40001", "40P01")
+
+
 def _is_transient(exc: BaseException) -> bool:
-    """Lock contention (SQLite) or a serialisation failure/deadlock (PostgreSQL)."""
-    if isinstance(exc, OperationalError) and "locked" in str(exc).lower():
-        return True
-    if isinstance(exc, DBAPIError):
-        sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
-        return sqlstate in ("40001", "40P01")
-    return False
+    """Lock contention (SQLite) or a serialisation failure/deadlock (PostgreSQL), told by the driver's error
+    (SQLAlchemy's wraps it as `orig`): its result code or SQLSTATE, never by words in the message, which holds
+    the statement and its parameters (a tenant's "unlocked-gpu" is no reason to retry)."""
+    err = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    if isinstance(err, sqlite3.Error):
+        code = getattr(err, "sqlite_errorcode", None)
+        return isinstance(code, int) and code & 0xFF in _SQLITE_CONTENTION
+    return getattr(err, "sqlstate", None) in _PG_CONTENTION
+
+
+def migration_lock_key(version_table: str) -> int:
+    """The PostgreSQL advisory lock key (a signed 64-bit integer) migrations of `version_table` take: the same in
+    every process (a stable hash of the name, not Python's salted hash())."""
+    digest = hashlib.sha256(f"harness-migrate:{version_table}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+_WAL_WAIT_S = 30.0
+
+
+def _wal(cur: Any) -> None:
+    """Put the database in WAL mode. On a fresh file another process may be switching it at the same moment
+    (two services' first start): SQLite then answers "database is locked" at once, without waiting on the busy
+    timeout, so the switch is tried again for a while (once in WAL mode, the pragma changes nothing)."""
+    deadline = time.monotonic() + _WAL_WAIT_S
+    pause = 0.01
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if not _is_transient(e) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)        # another process holds the lock for a moment: back off, then look again
+        pause = min(pause * 2, 0.25)
 
 
 class Database:
@@ -104,10 +141,10 @@ class Database:
         def _connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            _wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -118,7 +155,7 @@ class Database:
             read = conn.get_execution_options().get("harness_read", False)
             # On the driver connection: SQLAlchemy's statement machinery (events, result
             # set-up) costs ~10x the BEGIN itself, paid once per transaction.
-            raw.execute("BEGIN" if read else "BEGIN IMMEDIATE")
+            driver_begin(conn, raw, "BEGIN" if read else "BEGIN IMMEDIATE")
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -238,10 +275,31 @@ class Database:
         cfg = Config()
         cfg.set_main_option("script_location", str(migrations_dir))
         cfg.attributes["version_table"] = version_table
+        # Two processes of a service starting at once on a fresh PostgreSQL database would both create the
+        # version table and the schema (one fails on a duplicate): they take turns on an advisory lock of the
+        # version table's name. (SQLite's BEGIN IMMEDIATE serialises them already.)
+        key = migration_lock_key(version_table) if self.engine.dialect.name == "postgresql" else None
         with self.engine.connect() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+            if key is not None:
+                conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
+                conn.commit()       # the lock is the session's: held until unlocked, across the upgrade's transaction
+            try:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                conn.commit()
+            finally:
+                if key is not None:
+                    self._unlock(conn, key)
+
+    @staticmethod
+    def _unlock(conn: Connection, key: int) -> None:
+        try:
+            conn.rollback()
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
             conn.commit()
+        except Exception:  # noqa: BLE001 - the session ends instead (its locks with it): not back to the pool
+            log.warning("could not release the migration lock; dropping the connection", exc_info=True)
+            conn.invalidate()
 
     def ping(self) -> None:
         with self.read() as s:

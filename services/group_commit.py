@@ -29,12 +29,23 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from services.batching import CallerLed, Waiter, thread_wake
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
+
+
+def driver_begin(conn: Connection, raw: Any, sql: str) -> None:
+    """`sql` (a BEGIN) on the driver connection `raw` of `conn`. A driver error is raised as SQLAlchemy's
+    (OperationalError for "database is locked"), as every statement's is through SQLAlchemy: a BEGIN IMMEDIATE
+    that meets another process's writer is then the same transient conflict as any other, and retried."""
+    try:
+        raw.execute(sql)
+    except conn.dialect.loaded_dbapi.Error as e:
+        raise DBAPIError.instance(sql, (), e, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect) from e
 
 
 class _Slot(Waiter):
@@ -114,7 +125,7 @@ class GroupCommitter:
                 # machinery costs ~50 us per batch). A piece that uses the Connection
                 # makes SQLAlchemy autobegin; its begin hook sees the transaction open
                 # (services.db), and the commit then goes through SQLAlchemy.
-                raw.execute("BEGIN IMMEDIATE")
+                driver_begin(conn, raw, "BEGIN IMMEDIATE")
                 try:
                     if len(batch) == 1:
                         try:

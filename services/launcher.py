@@ -43,19 +43,24 @@ class ServiceProcess:
 
     def _pump(self) -> None:
         assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.log_tail.append(line)
+        try:
+            for raw in self.proc.stderr:
+                line = raw.decode(errors="replace").rstrip("\n")
+                self.log_tail.append(line)
+                if self._log_file is not None:
+                    self._log_file.write(line + "\n")  # type: ignore[attr-defined]
+                    self._log_file.flush()  # type: ignore[attr-defined]
+                if not self._ready.is_set() and '"msg": "serving"' in line:
+                    try:
+                        self.address = json.loads(line)["address"]
+                    except (ValueError, KeyError):
+                        continue
+                    self._ready.set()
+        finally:
+            self._ready.set()  # exited: wake the waiter, who sees no address
+            # The process's stderr is done (it exited): so is its log file, which only this thread writes.
             if self._log_file is not None:
-                self._log_file.write(line + "\n")  # type: ignore[attr-defined]
-                self._log_file.flush()  # type: ignore[attr-defined]
-            if not self._ready.is_set() and '"msg": "serving"' in line:
-                try:
-                    self.address = json.loads(line)["address"]
-                except (ValueError, KeyError):
-                    continue
-                self._ready.set()
-        self._ready.set()  # exited: wake the waiter, who sees no address
+                self._log_file.close()  # type: ignore[attr-defined]
 
     def wait_ready(self, timeout: float = 60.0, cancel: threading.Event | None = None) -> str:
         """The bound address once serving, LaunchError if it exits or `timeout` passes first, Cancelled as soon

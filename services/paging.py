@@ -20,6 +20,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from services.errors import InvalidArgument
 
 PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def page_size(requested: int) -> int:
@@ -34,6 +35,10 @@ def _fits(value: Any, column: InstrumentedAttribute) -> bool:
         return isinstance(value, str)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
+    if column.type.python_type is int:
+        # Our tokens hold a row's integer as it was; a float, or one no 64-bit column holds (the driver raises
+        # OverflowError), is not one of them.
+        return isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX
     try:
         return math.isfinite(float(value))
     except OverflowError:           # an integer too large for a float

@@ -41,6 +41,11 @@ class Component:
     # Full proto service names, for health and reflection.
     service_names: list[str]
     start: Callable[[], None] = _noop
+    # Shutting down, in this order: `quiesce` ends what would hold the server's grace period open (watch streams,
+    # long calls waiting on work it cancels) and stops announcing the service (memberships); the server then
+    # takes no new call and lets those in flight finish (within the grace period); `stop` releases what they
+    # used (the database, threads, clients).
+    quiesce: Callable[[], None] = _noop
     stop: Callable[[], None] = _noop
     extra: dict[str, Any] = field(default_factory=dict)
     # gRPC worker threads it needs (e.g. one per long-lived stream, plus room for other calls); the server
@@ -219,13 +224,20 @@ class Running:
     components: list[Component]
 
     def stop(self, grace: float = 5.0) -> None:
+        """Report NOT_SERVING, quiesce every component, stop the server (new calls are refused at once, calls in
+        flight have `grace` seconds to finish), then stop every component: a write in flight still finds its
+        database open."""
         self.health.enter_graceful_shutdown()
+        self._each("quiescing", lambda c: c.quiesce())
+        self.server.stop(grace).wait()
+        self._each("stopping", lambda c: c.stop())
+
+    def _each(self, what: str, step: Callable[[Component], None]) -> None:
         for c in self.components:
             try:
-                c.stop()
-            except Exception:  # noqa: BLE001
-                log.exception("stopping %s failed", c.name)
-        self.server.stop(grace).wait()
+                step(c)
+            except Exception:  # noqa: BLE001 - one component's failure must not keep the others running
+                log.exception("%s %s failed", what, c.name)
 
 
 DEFAULT_MAX_WORKERS = 32

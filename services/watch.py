@@ -87,7 +87,9 @@ class Broadcaster(Generic[E]):
             try:
                 q.put_nowait(_CLOSED)
             except queue.Full:
-                pass
+                # No room for the end marker: the stream ends as a dropped one does, once it has read what
+                # was queued (it looks when its queue runs empty).
+                self._drop(q)
 
     def _admit(self, tenant: str) -> None:
         """Count a new stream of `tenant` in, or refuse it (under the lock)."""
@@ -124,7 +126,7 @@ class Broadcaster(Generic[E]):
                     item = q.get_nowait()
                 except queue.Empty:
                     with self._lock:
-                        if q in self._dropped:
+                        if q in self._dropped or self._closed:
                             return
                     try:
                         item = q.get(timeout=1.0)
