@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
@@ -63,6 +63,7 @@ MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any c
 # shares them with FpgaJobs (whose WatchJobs takes up to jobs.MAX_WATCHES = 16) and every unary call.
 MAX_WATCHES = 8
 ATTACH_LOCK_STRIPES = 64
+ATTACHING = "attaching"    # a client row whose AttachClient call has not completed
 MAX_ID_CHARS = 64      # group, client and design names are stored in 64 characters: a longer one is refused unechoed
 
 
@@ -175,11 +176,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if self.config.reconcile_interval_s > 0:
             self._reconciler.start()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def quiesce(self) -> None:
+        """Shutting down, before the server stops: leave the CRS and end the WatchCapacity streams."""
         for m in self.memberships:
             m.stop()
         self.watchers.close()
+
+    def stop(self) -> None:
+        """After the server's calls have finished: stop the background work, close the database."""
+        self._stop.set()
+        self.quiesce()
         self.db.dispose()
 
     def _discover_servers(self, strict: bool = False) -> None:
@@ -227,6 +233,12 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             clients = list(s.scalars(select(Client).where(Client.state == "attached")))
             live = {r.id for r in s.scalars(select(Reservation).where(Reservation.state != "pending"))}
             unfinished = [r.id for r in s.scalars(select(Reservation).where(Reservation.state == "pending"))]
+            cut_short = list(s.scalars(select(Client.id).where(Client.state == ATTACHING)))
+        # A crash in the middle of AttachClient: its caller was never answered; take it back, so the id can be used.
+        for client_id in cut_short:
+            self._revoke_everywhere(client_id, list(self.servers.values()))
+            self.db.transact(lambda s, c=client_id: s.execute(delete(Client).where(Client.id == c,
+                                                                                   Client.state == ATTACHING)))
         # A crash in the middle of Reserve left groups its reservation never got: give them back.
         orphans = [g for g in groups if g.reservation_id and g.reservation_id not in live]
         for g in orphans:
@@ -622,17 +634,19 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return self._attach_locks[zlib.crc32(client_id.encode()) % len(self._attach_locks)]
 
     def _attach(self, tenant: str, g: Group, client_id: str) -> fpga_pb2.Attachment:
+        g = self._group(g.id)            # as it is now: a resize may have moved its parts while this call waited
         with self.db.read() as s:
             existing = s.get(Client, client_id)
         new = existing is None
         if new:
             token = secrets.token_hex(16)
             try:
+                # "attaching" until every server took it: a concurrent call (another Orchestrator's) is told to
+                # retry, never that the client is attached, since this call may yet fail and take it back.
                 self.db.transact(lambda s: s.add(Client(id=client_id, group_id=g.id, tenant=tenant, token=token,
-                                                        state="attached")))
+                                                        state=ATTACHING)))
             except IntegrityError:
-                # A concurrent attach under this id (a retry after a timeout) wrote it first: it is theirs to
-                # undo if the servers refuse; this call is its retry.
+                # A concurrent attach under this id (a retry after a timeout) wrote it first.
                 with self.db.read() as s:
                     existing = s.get(Client, client_id)
                 if existing is None:
@@ -640,6 +654,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 new = False
         if existing is not None:
             owned(tenant, existing.tenant, f"client {client_id!r}")
+            if existing.state == ATTACHING:
+                raise Aborted(f"client {client_id!r} is being attached by another call; retry")
             if existing.state != "attached" or existing.group_id != g.id:
                 raise FailedPrecondition(f"client {client_id!r} was {existing.state} or belongs to another group; "
                                          "attach under a new client id")
@@ -659,21 +675,30 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     raise _rpc_error(name, e) from None
                 accepted.append(h)
                 parts.append(fpga_pb2.AttachedPart(server=name, address=h.address, devices=n))
+            if new and not self.db.transact(lambda s: s.execute(
+                    update(Client).where(Client.id == client_id, Client.state == ATTACHING)
+                    .values(state="attached")).rowcount):
+                raise Aborted(f"client {client_id!r} was detached or cleared while it was being attached; retry")
         except BaseException:
             if new:
                 # Not attached anywhere, then: a retry under the same id starts afresh, and no row is left that
                 # the reconcile rounds (and every later part of the group) would try to attach again.
-                for h in accepted:
-                    try:
-                        h.stub().RevokeClient(fpga_pb2.ServerClientRequest(client_id=client_id),
-                                              timeout=self.config.server_timeout_s)
-                    except grpc.RpcError as e:
-                        log.warning("could not take back a refused attach", extra={"client": client_id,
-                                                                                   "server": h.name,
-                                                                                   "code": e.code().name})
-                self.db.transact(lambda s: s.execute(delete(Client).where(Client.id == client_id)))
+                self._revoke_everywhere(client_id, accepted)
+                self.db.transact(lambda s: s.execute(delete(Client).where(Client.id == client_id,
+                                                                          Client.state == ATTACHING)))
             raise
         return fpga_pb2.Attachment(client_id=client_id, group_id=g.id, token=token, parts=parts, design=g.design)
+
+    def _revoke_everywhere(self, client_id: str, handles: list[ServerHandle]) -> None:
+        """Take an attach that did not complete back from `handles` (best-effort: a server that does not answer
+        is logged; it holds a client no one was given)."""
+        for h in handles:
+            try:
+                h.stub().RevokeClient(fpga_pb2.ServerClientRequest(client_id=client_id),
+                                      timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                log.warning("could not take back an attach that did not complete",
+                            extra={"client": client_id, "server": h.name, "code": e.code().name})
 
     def _client(self, tenant: str, request: fpga_pb2.ClientRequest) -> tuple[Group, Client]:
         g = self._group(request.group_id)
@@ -1133,13 +1158,17 @@ def component(config: OrchestratorConfig, clock: Clock | None = None) -> Compone
         irm_pb2_grpc.add_ResourceManagerServicer_to_server(orch, server)
         jobs_register(server)
 
+    def quiesce() -> None:
+        jobs_register.manager.quiesce()     # type: ignore[attr-defined]
+        orch.quiesce()
+
     def stop() -> None:
         jobs_stop()
         orch.stop()
 
     comp = Component(name=f"fpga:{config.name}", register=register,
                      service_names=["harness.v1.FpgaOrchestrator", "harness.v1.ResourceManager", *jobs_services],
-                     stop=stop, extra={"orchestrator": orch})
+                     quiesce=quiesce, stop=stop, extra={"orchestrator": orch})
 
     def start() -> None:
         host = config.address.rsplit(":", 1)[0]

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from harness.v1 import fpga_pb2, fpga_pb2_grpc, irm_pb2
 from irm_fpga.models import Client
 from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
-from services.errors import InvalidArgument, PermissionDenied, Unavailable
+from services.errors import Aborted, InvalidArgument, PermissionDenied, Unavailable
 from tests.conftest import eventually
 
 FAST = {"devices": 4, "reconfig_mean_s": 0.01, "reconfig_std_s": 0.0}
@@ -224,6 +224,48 @@ def test_a_retry_that_comes_while_the_first_attach_fails_is_attached(orch, serve
     stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address))
     parts = stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups
     assert [list(p.clients) for p in parts if p.group_id == g.id] == [["c1"]]
+
+
+def test_a_retry_through_another_orchestrator_while_the_first_attach_fails_is_told_to_retry(orch, other_orch,
+                                                                                               servers, monkeypatch):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    request = fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1")
+    real_handle = orch._handle
+    meanwhile: list[object] = []
+
+    def the_retry_comes_then_this_server_fails(name: str):  # noqa: ANN202
+        try:
+            meanwhile.append(other_orch.AttachClient(request, None))
+        except Exception as e:  # noqa: BLE001 - the outcome is what is checked
+            meanwhile.append(e)
+        return type(real_handle(name))(name=name, address=NOWHERE)
+
+    monkeypatch.setattr(orch, "_handle", the_retry_comes_then_this_server_fails)
+    with pytest.raises(Unavailable):
+        orch.AttachClient(request, None)
+    monkeypatch.undo()
+    # Not "attached" while the first call could still fail and take the client back: retry.
+    assert isinstance(meanwhile[0], Aborted), meanwhile[0]
+    assert orch._attached([g.id]) == {}
+    att = other_orch.AttachClient(request, None)
+    assert [p.server for p in att.parts] == ["A"]
+    assert orch._attached([g.id]) == {g.id: ["c1"]}
+    parts = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address)).GetServer(
+        fpga_pb2.GetServerRequest(), timeout=10).groups
+    assert [list(p.clients) for p in parts if p.group_id == g.id] == [["c1"]]
+
+
+def test_an_attach_cut_short_by_a_crash_is_taken_back_at_start(orch, servers):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    orch.db.transact(lambda s: s.add(Client(id="c1", group_id=g.id, tenant="alice", token="t" * 32,
+                                            state="attaching")))
+    with pytest.raises(Aborted):            # while its row says a call is attaching it
+        orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    orch._reassert()                        # what a restarted Orchestrator does first
+    with orch.db.read() as s:
+        assert s.get(Client, "c1") is None
+    att = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    assert att.client_id == "c1" and orch._attached([g.id]) == {g.id: ["c1"]}
 
 
 def test_a_reservation_larger_than_the_cluster_names_the_group_and_its_devices(orch):
