@@ -629,7 +629,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                     extrapolation: dict | None = None) -> list[Point]:
         """The model rebuilt within `s`: in the transaction that records a run, so no crash between the two can
         leave a measured run out of the frontier for good."""
-        row = s.get(m.Model, loaded.app.id)
+        # The model's row locked before the runs are read: two runs recorded at once (an execution, a profiling
+        # run) would each rebuild the frontier without the other's, and the later commit would drop one
+        # (PostgreSQL's read committed; SQLite's writers take turns anyway).
+        row = s.get(m.Model, loaded.app.id, with_for_update=True)
         preds = predictions if predictions is not None else list(row.predictions or [])
         front = pareto(self._points(s, loaded, preds))
         row.frontier = [{"config": p.config, "time_s": p.time_s, "cost": p.cost, "predicted": p.predicted}
