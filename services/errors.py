@@ -127,13 +127,17 @@ _FIELD_BYTES, _DESCRIPTION_BYTES = 128, 512
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
-    """`text`, or its first bytes (at most `limit` with the marker) and a marker saying how much was cut."""
+    """`text`, or its head and its tail (at most `limit` bytes with the marker between them, saying how much was
+    cut). The tail too: a message relayed from another service ends with what it means here ("...; nothing was
+    reserved"), and the echo that made it long is usually in the middle."""
     raw = text.encode("utf-8", "replace")
     if len(raw) <= limit:
         return text
-    marker = f"... [{len(raw)} bytes in all: cut to fit a gRPC status]"
-    kept = raw[:max(0, limit - len(marker.encode()))].decode("utf-8", "ignore")
-    return kept + marker
+    marker = f" [... {len(raw)} bytes in all: cut to fit a gRPC status ...] "
+    room = max(0, limit - len(marker.encode()))
+    head, tail = room * 2 // 3, room // 3
+    return (raw[:head].decode("utf-8", "ignore") + marker
+            + (raw[len(raw) - tail:].decode("utf-8", "ignore") if tail else ""))
 
 
 def _bounded_details(details: list[any_pb2.Any]) -> list[any_pb2.Any]:

@@ -372,3 +372,16 @@ def test_all_pages_leaves_the_request_alone_and_stops_on_a_repeated_token() -> N
     pages["b"] = ""
     assert [r.id for r in all_pages(call, request, "reservations").reservations] == ["first", "a", "b"]
     assert request.page_token == ""
+
+
+def test_a_bounded_message_keeps_its_head_and_its_ending() -> None:
+    from services.errors import MAX_MESSAGE_BYTES, bounded
+
+    relayed = "compute IRM 'c': groups[0].name: " + "x" * 5000 + "; nothing was reserved"
+    cut = bounded(relayed)
+    assert len(cut.encode()) <= MAX_MESSAGE_BYTES
+    assert cut.startswith("compute IRM 'c': groups[0].name: xx") and cut.endswith("; nothing was reserved")
+    assert f"{len(relayed)} bytes in all" in cut
+    wide = bounded("é" * 5000)                  # never a broken character at either cut
+    assert len(wide.encode()) <= MAX_MESSAGE_BYTES and wide.startswith("éé") and wide.endswith("éé")
+    assert bounded("short") == "short"
