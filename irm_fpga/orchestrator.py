@@ -17,6 +17,7 @@ import logging
 import math
 import secrets
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable
@@ -63,6 +64,7 @@ MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any c
 # shares them with FpgaJobs (whose WatchJobs takes up to jobs.MAX_WATCHES = 16) and every unary call.
 MAX_WATCHES = 8
 ATTACH_LOCK_STRIPES = 64
+SILENT_RETRY_S = 15.0  # an unmapped server that timed out or refused the token: tried again after this
 ATTACHING = "attaching"    # a client row whose AttachClient call has not completed
 MAX_ID_CHARS = 64      # group, client and design names are stored in 64 characters: a longer one is refused unechoed
 
@@ -140,6 +142,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.db = Database(config.database or default_url(config.state_dir, f"fpga-{config.name}"))
         self.db.migrate(MIGRATIONS, "alembic_version_fpga")
         self.servers: dict[str, ServerHandle] = {}
+        self._silent_until: dict[str, float] = {}      # address -> monotonic time of its next discovery try
         self.lock = threading.RLock()  # placement decisions over servers are serialised
         # Attaches under one client id take turns (a client's retry after a timeout waits for its first call):
         # a first call that failed would otherwise delete the row a concurrent retry had just attached under.
@@ -192,17 +195,24 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         """Map the configured addresses not yet mapped to the names their FPGA-servers report.
 
         One server down (maintenance, a restart) must not keep the Orchestrator, and so every group on the
-        others, from being managed: an address that does not answer is tried again every reconcile round.
+        others, from being managed: an address that does not answer is tried again every reconcile round (one
+        that timed out, or refused the token, after SILENT_RETRY_S).
         A token the server rejects is a configuration error: at start (`strict`) it stops the Orchestrator.
         """
         known = {h.address for h in self.servers.values()}
+        now = time.monotonic()
         for address in self.config.servers:
-            if address in known:
+            if address in known or (not strict and self._silent_until.get(address, 0.0) > now):
                 continue
             try:
                 info = ServerHandle("?", address, self.config.control_token).stub().GetServer(
                     fpga_pb2.GetServerRequest(), timeout=self.config.server_timeout_s)
             except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    # A host that drops packets costs a whole timeout, and a token that is wrong stays wrong: with
+                    # no reconcile rounds every placement tries unmapped servers (under the placement lock), so
+                    # these wait a while before the next try.
+                    self._silent_until[address] = now + SILENT_RETRY_S
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:   # it answered: the tokens disagree
                     message = (f"control token rejected by FPGA-server at {address}: set control_token to the "
                                "FPGA-server's")

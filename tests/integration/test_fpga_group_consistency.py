@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from harness.v1 import fpga_pb2, fpga_pb2_grpc, irm_pb2
 from irm_fpga.models import Client
-from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
+from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig, ServerHandle
 from services.errors import Aborted, InvalidArgument, PermissionDenied, Unavailable
 from tests.conftest import eventually
 
@@ -266,6 +266,40 @@ def test_an_attach_cut_short_by_a_crash_is_taken_back_at_start(orch, servers):
         assert s.get(Client, "c1") is None
     att = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
     assert att.client_id == "c1" and orch._attached([g.id]) == {g.id: ["c1"]}
+
+
+def test_a_silent_unmapped_server_is_not_asked_again_at_every_placement(servers, db_url, monkeypatch):
+    silent = "10.255.255.1:50081"            # the host drops packets: each try costs a whole timeout
+    o = Orchestrator(OrchestratorConfig(servers=[servers["A"].address, silent], database=db_url, autoscaler="none",
+                                        reconcile_interval_s=0, server_timeout_s=2.0))
+    asked: list[str] = []
+    real_stub = ServerHandle.stub
+
+    def stub(self):  # type: ignore[no-untyped-def]
+        if self.address != silent:
+            return real_stub(self)
+        asked.append(self.address)
+
+        class Silent:
+            def GetServer(self, request, timeout):  # type: ignore[no-untyped-def]  # noqa: N802
+                raise _Timeout()
+        return Silent()
+
+    class _Timeout(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    monkeypatch.setattr(ServerHandle, "stub", stub)
+    try:
+        o._discover_servers(strict=True)
+        for _ in range(3):                   # placements and listings, one after another
+            assert set(o._server_infos()) == {"A"}
+        assert asked == [silent]             # once, at start: not under every placement's lock again
+        o._silent_until[silent] = 0.0        # its wait is over
+        o._server_infos()
+        assert asked == [silent, silent]
+    finally:
+        o.stop()
 
 
 def test_a_reservation_larger_than_the_cluster_names_the_group_and_its_devices(orch):
