@@ -155,6 +155,9 @@ class CrsConfig:
     # callers arrive would otherwise hold every one of the server's 32 worker threads (services.server), and
     # reserves at other managers and every manager's heartbeats would queue behind it.
     max_delegations_per_manager: int = 8
+    # How long one more waits for a slot before that UNAVAILABLE: a burst at a healthy manager (calls of a few ms)
+    # is queued, not refused; at a slow one the waiters give their threads back soon.
+    delegation_wait_s: float = 0.5
     # How long the CRS keeps asking a manager whose Reserve it gave up on (timed out, unreachable) for the part
     # it may still commit: a manager that commits that late still gets the part taken back.
     in_doubt_horizon_s: float = 86400.0
@@ -975,10 +978,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 state = self.registry.get(manager)
                 if state is None or not state.up:
                     raise Unavailable(f"manager {manager!r} went down during placement; nothing was reserved")
-                if not state.slots.acquire(blocking=False):
+                if not state.slots.acquire(timeout=max(0.0, self.config.delegation_wait_s)):
                     raise Unavailable(
-                        f"manager {manager!r} is slow: {self.config.max_delegations_per_manager} reservations are "
-                        "already waiting on it; nothing was reserved, retry later")
+                        f"manager {manager!r} is slow: {self.config.max_delegations_per_manager} reservations have "
+                        f"been waiting on it for over {self.config.delegation_wait_s:g} s; nothing was reserved, "
+                        "retry later")
                 touched.append(manager)
                 try:
                     # Overlapping delegations to one manager share a call (delegation.py).

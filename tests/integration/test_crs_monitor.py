@@ -71,7 +71,7 @@ def test_a_slow_manager_does_not_take_the_threads_of_the_others(suite, tmp_path)
         storm = [threading.Thread(target=one, args=(i,)) for i in range(40)]
         for t in storm:
             t.start()
-        # The slow manager holds its 4 delegations; the other 36 were refused at once.
+        # The slow manager holds its 4 delegations; the other 36 were refused after a short wait for a turn.
         eventually(lambda: len(refusals) == 36, timeout=10, what="the storm's surplus refused")
         t0 = time.monotonic()
         r = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="fast-1", groups=[gadget(rtype="widget")]),
@@ -81,7 +81,7 @@ def test_a_slow_manager_does_not_take_the_threads_of_the_others(suite, tmp_path)
             t.join(30)
         assert r.state == irm_pb2.Reservation.STATE_ACTIVE and took < 2, f"fast reserve took {took:.1f}s"
         assert "'slow' is slow" in refusals[0] and "retry" in refusals[0]
-        assert outcomes == {"UNAVAILABLE": 40}, outcomes  # 36 refused at once, 4 timed out
+        assert outcomes == {"UNAVAILABLE": 40}, outcomes  # 36 refused, 4 timed out
         assert all(m.up for m in managers(crs.address).values())
         assert "manager down" not in (tmp_path / "crs.log").read_text()
         # The 4 parts the slow manager committed after the CRS gave up are given back (by the compensator,
@@ -91,6 +91,33 @@ def test_a_slow_manager_does_not_take_the_threads_of_the_others(suite, tmp_path)
     finally:
         slow.kill()
         fast.kill()
+
+
+def test_a_burst_beyond_the_delegation_slots_at_a_healthy_manager_waits_its_turn(suite, tmp_path) -> None:
+    crs = suite.start("crs", heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0, max_delegations_per_manager=2,
+                      delegation_wait_s=10.0)
+    busy = Standin(tmp_path, crs.address, "busy", type="gadget", reserve_delay=0.3, units=1000, hb=0.5)
+    try:
+        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1)
+        outcomes: Counter[str] = Counter()
+
+        def one(i: int) -> None:
+            try:
+                stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id=f"b-{i}", groups=[gadget()]), timeout=60)
+                outcomes["ok"] += 1
+            except grpc.RpcError as e:
+                outcomes[f"{e.code().name}: {e.details()[:80]}"] += 1
+
+        burst = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join(60)
+        # Three times the slots at once, each call 0.3 s: queued for their turn, none refused as "slow".
+        assert outcomes == {"ok": 6}, outcomes
+    finally:
+        busy.kill()
 
 
 def test_an_in_doubt_part_committed_long_after_the_deadline_is_given_back(suite, tmp_path) -> None:
