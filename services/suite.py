@@ -47,7 +47,11 @@ def ports_file(state_dir: str) -> Path:
 
 
 def _is_free(port: int) -> bool:
+    """Whether a service could listen on `port`: as gRPC binds (SO_REUSEADDR), so a port whose last connections
+    linger in TIME_WAIT after a stop counts as free (else every quick restart moved every service's port, and
+    the addresses the databases remember went dead)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -26,6 +26,26 @@ def test_auto_ports_are_the_last_starts_where_still_free(tmp_path):
     assert {p.name: p.address for p in suite.plan(str(tmp_path / "other"), auto_ports=True)} != first
 
 
+def test_a_port_whose_connections_linger_after_a_stop_is_still_the_suites(tmp_path):
+    agent_port = int({p.name: p.address for p in suite.plan(str(tmp_path), auto_ports=True)}["agent"]
+                     .rsplit(":", 1)[1])
+    # The agent served a connection and stopped first: its side of the connection lingers in TIME_WAIT.
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as gRPC binds
+        listener.bind(("127.0.0.1", agent_port))
+        listener.listen()
+        client = socket.create_connection(("127.0.0.1", agent_port))
+        served, _ = listener.accept()
+        served.close()                          # the server closes first
+        client.recv(1)                          # the client sees the end, then closes
+        client.close()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", agent_port))   # what a plain bind says now
+    # A restart a moment later: gRPC can listen there again, so the agent keeps its address.
+    again = {p.name: p.address for p in suite.plan(str(tmp_path), auto_ports=True)}
+    assert again["agent"] == f"127.0.0.1:{agent_port}"
+
+
 def test_what_a_config_file_sets_beats_the_suites_wiring(tmp_path):
     conf = tmp_path / "harness.yaml"
     conf.write_text("compute:\n  crs_address: '10.0.0.1:50051,10.0.0.2:50051'\nfpga-server: {name: fpga-7}\n")
