@@ -62,7 +62,8 @@ def _print(msg) -> None:  # type: ignore[no-untyped-def]
 
     from google.protobuf import json_format
 
-    print(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2))
+    print(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True,
+                                                  always_print_fields_with_no_presence=True), indent=2))
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

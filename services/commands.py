@@ -32,7 +32,8 @@ def _irm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _print(msg) -> None:  # type: ignore[no-untyped-def]
-    print(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2))
+    print(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True,
+                                                  always_print_fields_with_no_presence=True), indent=2))
 
 
 def _fail(e: grpc.RpcError) -> int:
@@ -403,7 +404,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         last = None
         try:
             for last in _jobs(args).WatchJobs(jp.WatchJobsRequest(tenant=t, job_id=args.job or "")):
-                print(json.dumps(json_format.MessageToDict(last, preserving_proto_field_name=True)), flush=True)
+                out = json_format.MessageToDict(last, preserving_proto_field_name=True,
+                                                always_print_fields_with_no_presence=True)
+                print(json.dumps(out), flush=True)
         except grpc.RpcError as e:
             return _fail(e)
         except KeyboardInterrupt:
