@@ -38,6 +38,9 @@ def _print(msg) -> None:  # type: ignore[no-untyped-def]
 
 def _fail(e: grpc.RpcError) -> int:
     print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+    if e.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (e.details() or ""):
+        print("  is a suite running there? The CLI finds the one `harness up` started through --state-dir (default "
+              "$HARNESS_HOME or ~/.harness), or give --crs HOST:PORT", file=sys.stderr)
     from services.errors import field_violations
 
     for f, d in field_violations(e):
@@ -269,9 +272,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         res = _irm(args).GetReservation(irm_pb2.GetReservationRequest(tenant=args.tenant,
                                                                       reservation_id=args.reservation), timeout=10)
-        vms = [r for g in res.groups for r in g.resources if not args.vm or r.id == args.vm]
+        vms = [r for g in res.groups if g.resource_type == "vm" for r in g.resources if not args.vm or r.id == args.vm]
         if not vms:
-            print(f"harness run: no VM {args.vm!r} in {args.reservation}", file=sys.stderr)
+            kinds = sorted({g.resource_type for g in res.groups})
+            print(f"harness run: no VM {args.vm!r} in {args.reservation}" if args.vm else
+                  f"harness run: {args.reservation} holds no VM to run on (it holds {', '.join(kinds) or 'nothing'}; "
+                  "a vfpga group is used through the FPGA client library: see README, Virtual FPGAs)",
+                  file=sys.stderr)
             return 2
         vm = vms[0]
         env = dict(args.env or [])
@@ -481,7 +488,7 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p = sub.add_parser("up", help="start the whole suite (one process per service) until Ctrl-C")
     p.add_argument("--state-dir", default=DEFAULT_STATE)
     p.add_argument("--config", help="YAML file with one section per service")
-    p.add_argument("--auto-ports", action="store_true", help="pick free ports instead of 50051/50061/50071")
+    p.add_argument("--auto-ports", action="store_true", help="pick free ports (the last start's where still free) instead of 50051/50061/50071/50081/50091/50101")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="stop the suite running from a state directory (also when `harness up` is "
