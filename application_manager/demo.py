@@ -88,7 +88,9 @@ def run(console: Console, crs_address: str, am_address: str, out_dir: str | None
     cpu = {r.configuration.summary: r.cpu_percent for r in model.runs}
     for p in model.frontier:
         table.add_row(p.configuration.values.get("%master_cores", ""), p.configuration.values.get("%master_mem", ""),
-                      f"{p.execution_time_s:.2f}", f"{p.cost:.5f}", f"{cpu.get(p.configuration.summary, 0):.0f}")
+                      f"{p.execution_time_s:.2f}", f"{p.cost:.5f}",
+                      # 0: the run ended before the agent's first utilisation sample (every 0.5 s), not idle
+                      f"{c:.0f}" if (c := cpu.get(p.configuration.summary, 0.0)) else "-")
     console.print(table)
     out = Path(out_dir or tempfile.gettempdir())
     out.mkdir(parents=True, exist_ok=True)
