@@ -272,7 +272,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         res = _irm(args).GetReservation(irm_pb2.GetReservationRequest(tenant=args.tenant,
                                                                       reservation_id=args.reservation), timeout=10)
-        vms = [r for g in res.groups if g.resource_type == "vm" for r in g.resources if not args.vm or r.id == args.vm]
+        vms = [r for g in res.groups if g.resource_type in ("vm", "") for r in g.resources if not args.vm or r.id == args.vm]
         if not vms:
             kinds = sorted({g.resource_type for g in res.groups})
             print(f"harness run: no VM {args.vm!r} in {args.reservation}" if args.vm else
