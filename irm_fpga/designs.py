@@ -335,6 +335,17 @@ class MovingAverage(Design):
 
 
 DESIGNS: dict[str, Design] = {d.name: d for d in (Sleep(), BlackScholes(), McBondOption(), Fft(), MovingAverage())}
+MAX_NAME_CHARS = 64     # a design's name, at most (a longer one is no design's, and is not echoed back)
+
+
+def unknown_design(design: str) -> str | None:
+    """Why `design` names no design (what to send instead), or None if it names one. A name too long to be a
+    design's is not echoed: an error status that repeats a huge input would exceed gRPC's metadata limit."""
+    if len(design) > MAX_NAME_CHARS:
+        return f"at most {MAX_NAME_CHARS} characters; available: {sorted(DESIGNS)}"
+    if design not in DESIGNS:
+        return f"unknown design {design!r}; available: {sorted(DESIGNS)}"
+    return None
 
 
 def get_design(name: str) -> Design:

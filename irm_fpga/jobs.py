@@ -125,7 +125,7 @@ MAX_WATCHES_PER_TENANT = 4      # of those, one tenant's: the others can still w
 LOAD_WAIT_S = 10.0              # a request that comes while the manager loads waits this long, then UNAVAILABLE
 MAX_CONTROL_PERIOD_S = 86400.0  # a longer period is a typo (and overflows the thread's wait)
 MAX_ALLOCATIONS = 1000          # a job's allocation history keeps its first change and its most recent (`capped_history`)
-MAX_ID_CHARS = 64               # job ids and design names are stored in 64 characters
+MAX_ID_CHARS = 64               # job ids are stored in 64 characters
 WAKE_MARGIN_S = 0.1             # a wake for a held job comes this much (plus the decision's budget) before its limit
 
 
@@ -783,11 +783,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         v = Violations()
         v.check(bool(request.request_id) and len(request.request_id) <= 200, "request_id",
                 "required: an idempotency key of at most 200 characters")
-        if len(request.design) > MAX_ID_CHARS:     # not echoed: its message would not fit in gRPC's metadata
-            v.add("design", f"at most {MAX_ID_CHARS} characters; available: {sorted(design_lib.DESIGNS)}")
-        else:
-            v.check(request.design in design_lib.DESIGNS, "design",
-                    f"unknown design {request.design!r}; available: {sorted(design_lib.DESIGNS)}")
+        if (why := design_lib.unknown_design(request.design)) is not None:
+            v.add("design", why)
         goal = request.WhichOneof("goal")
         if goal is None:
             v.add("goal", "required: a deadline (deadline_s and size_actions) or a throughput (actions_per_s)")

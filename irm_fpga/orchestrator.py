@@ -66,7 +66,7 @@ MAX_WATCHES = 8
 ATTACH_LOCK_STRIPES = 64
 SILENT_RETRY_S = 15.0  # an unmapped server that timed out or refused the token: tried again after this
 ATTACHING = "attaching"    # a client row whose AttachClient call has not completed
-MAX_ID_CHARS = 64      # group, client and design names are stored in 64 characters: a longer one is refused unechoed
+MAX_ID_CHARS = 64      # group and client ids are stored in 64 characters: a longer one is refused unechoed
 
 
 @dataclass
@@ -462,11 +462,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _validate_group(self, design: str, size: int, min_size: int, max_size: int, v: Violations,
                         prefix: str = "") -> tuple[int, int]:
         total = sum(self._free_total_capacity().values()) or 0
-        if len(design) > MAX_ID_CHARS:        # not echoed: a name that long is no design's
-            v.add(f"{prefix}design", f"at most {MAX_ID_CHARS} characters; available: {sorted(design_lib.DESIGNS)}")
-        else:
-            v.check(design in design_lib.DESIGNS, f"{prefix}design",
-                    f"unknown design {design!r}; available: {sorted(design_lib.DESIGNS)}")
+        if (why := design_lib.unknown_design(design)) is not None:
+            v.add(f"{prefix}design", why)
         mx = max_size or total
         mn = min_size if min_size else min(1, size)
         v.check(size >= 1, f"{prefix}size", "at least 1 device")
