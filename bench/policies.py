@@ -51,8 +51,9 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
   `table4_scenarios`). `clairvoyant_late_s2`: per seed, the late jobs of
   a whole-run schedule stored in bench/data, found offline by a search
   that knew every arrival and checked exactly here (`check_schedule`):
-  0 on seeds 3 and 7, so those seeds' online late jobs were avoidable in
-  hindsight. `N_L_milp_certificates` (scenario 2): over 30 seeds from
+  0 on seeds 3, 4 and 7, so those seeds' online late jobs were avoidable in
+  hindsight (seed 4's by the exact search `irm_fpga.qos.late_search`, from
+  `slack_amap`'s state at 50 s: `continue_on_time`). `N_L_milp_certificates` (scenario 2): over 30 seeds from
   --base-seed, the late jobs every schedule must have, certified by a
   time-indexed MILP relaxation (`irm_fpga.qos.late_milp`, HiGHS) around
   the late jobs of `slack_amap`; they also raise the per-seed bound
@@ -76,6 +77,7 @@ from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.jobs import QosJob
 from irm_fpga.qos.late_milp import late_lower_bound_milp, late_windows
+from irm_fpga.qos.late_search import ON_TIME, SearchResult, on_time_schedule
 from irm_fpga.qos.plugins import PolicyError, single_algorithm
 from irm_fpga.qos.sim import (
     JobType,
@@ -288,6 +290,31 @@ def clairvoyant_late(sc: Scenario, seeds: range) -> dict[int, int]:
                               overhead=sc.overhead, duration=sc.duration)
         out[d["seed"]] = len(late)
     return out
+
+
+def continue_on_time(sc: Scenario, seed: int, policy: str, from_s: float, *, until_s: float | None = None,
+                     time_limit: float = 600.0) -> SearchResult:
+    """`policy`'s run of `sc` on `seed` up to `from_s`, continued by the exact search (`irm_fpga.qos.late_search`).
+
+    The search starts from the state `policy` left at `from_s` (devices busy until its jobs end, its jobs
+    waiting) and places every job arriving up to `until_s` (default: the run's end) on time, if it can: ON_TIME
+    returns the whole run's dispatches (the policy's, then the search's), the stored schedules' format;
+    IMPOSSIBLE proves that from that state some job is late whatever is done next (the policy had already
+    lost it). The search knows every arrival: a clairvoyant continuation, never an online policy.
+    """
+    trace: list = []
+    run_hydrogen(sc, policy, seed, window=30, trace=trace)
+    before = [(job.job_id, start, n) for job, start, n, _ in trace if start < from_s]
+    busy = sorted(end for job, start, n, took in trace if start < from_s and (end := start + took) > from_s
+                  for _ in range(n))
+    done = {job_id for job_id, _, _ in before}
+    last = sc.duration if until_s is None else until_s
+    rest = [j for j in arrivals(sc, seed) if j.job_id not in done and j.arrival <= last]
+    found = on_time_schedule(rest, sc.pool, lambda j: true_sizes(j, sc.overhead), start=from_s, busy=busy,
+                             time_limit=time_limit)
+    if found.verdict != ON_TIME:
+        return found
+    return replace(found, dispatches=(*before, *found.dispatches))
 
 
 # Seeds the MILP certificates cover (the bench's repetitions and the ones after them), the policy whose late
