@@ -135,18 +135,176 @@ def health_of(addresses: dict[str, str], timeout: float = 2.0) -> list[dict]:
     return out
 
 
+# The suite's infrastructure resource managers: each registers with the CRS (services.registration), which
+# places nothing on one it does not know.
+IRMS = ("compute", "fpga")
+# How long `harness status` waits for an IRM that serves but is not (live) registered yet: one started moments
+# ago registers within a second, one the CRS restarted without heartbeats within its heartbeat interval.
+REGISTRATION_GRACE_S = 3.0
+
+
+def _manager_name(address: str, timeout: float) -> str:
+    """The name the IRM at `address` registers under (as its DescribeAllocationSpec says), "" if it does not
+    say."""
+    from harness.v1 import irm_pb2, irm_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address) as ch:
+            reply = irm_pb2_grpc.ResourceManagerStub(ch).DescribeAllocationSpec(
+                irm_pb2.DescribeAllocationSpecRequest(), timeout=timeout)
+    except grpc.RpcError:
+        return ""
+    return next((t.manager for t in reply.resource_types if t.manager), "")
+
+
+def _registration(entry: dict, managers: list) -> None:  # type: ignore[type-arg]
+    """Set `entry`'s crs_* fields from the CRS's managers: the one registered under the IRM's name (or, when
+    its name is not known, at its address, or under the service's name)."""
+    name, address = entry.get("manager", ""), entry["address"]
+    if name:
+        m = next((m for m in managers if m.name == name), None)
+    else:
+        m = next((m for m in managers if m.address == address), None) or \
+            next((m for m in managers if m.name == entry["name"]), None)
+    for key in ("crs_registered_address", "crs_up"):
+        entry.pop(key, None)
+    if m is None:
+        entry["crs_registration"] = "not_registered"
+        return
+    entry["manager"] = m.name
+    entry["crs_registered_address"] = m.address
+    entry["crs_up"] = m.up
+    if m.address != address:
+        entry["crs_registration"] = "registered_elsewhere"
+    else:
+        entry["crs_registration"] = "registered" if m.up else "registered_down"
+
+
+def _live(entry: dict) -> bool:
+    """Whether the CRS has a live registration for the IRM of `entry` (at another address too: the one the IRM
+    advertises, say, as under compose)."""
+    return entry.get("crs_registration") in ("registered", "registered_elsewhere") and bool(entry.get("crs_up"))
+
+
+def registrations_of(services: list[dict], addresses: dict[str, str], timeout: float = 2.0,
+                     grace: float = REGISTRATION_GRACE_S) -> dict:
+    """Whether the CRS of `addresses` knows each IRM of `services` (entries of `health_of`, given crs_* fields
+    and the IRM's manager name): the CRS's address, whether it answered, and the problems (the exit status
+    fails) and warnings to show."""
+    import time
+
+    from harness.v1 import registry_pb2, registry_pb2_grpc
+    from services.catalog import SERVICES
+
+    irms = [s for s in services if s["name"] in IRMS]
+    crs = addresses.get("crs")
+    report: dict = {"address": crs, "reachable": False, "problems": [], "warnings": []}
+    if not irms:
+        return report
+    for s in irms:
+        s["manager"] = _manager_name(s["address"], timeout) if s["status"] == "SERVING" else ""
+        s["crs_registration"] = "unknown"
+    crs_entry = next((s for s in services if s["name"] == "crs"), None)
+    if crs is None:
+        report["problems"].append("no CRS among the suite's services: cannot tell whether its IRMs are "
+                                  "registered with one")
+        return report
+    if crs_entry is not None and crs_entry["status"] == "UNREACHABLE":
+        report["error"] = crs_entry.get("error", "UNAVAILABLE")
+        report["problems"].append(f"the CRS at {crs} is unreachable ({report['error']}): cannot tell whether the "
+                                  f"IRMs ({', '.join(s['name'] for s in irms)}) are registered with it")
+        return report
+    deadline = time.monotonic() + grace
+    with grpc.insecure_channel(crs) as ch:
+        stub = registry_pb2_grpc.ManagerRegistryStub(ch)
+        while True:
+            try:
+                managers = list(stub.ListManagers(registry_pb2.ListManagersRequest(), timeout=timeout).managers)
+            except grpc.RpcError as e:
+                report["error"] = e.code().name
+                report["problems"].append(
+                    f"the CRS at {crs} did not list its managers ({e.code().name}: {e.details() or ''}): cannot "
+                    f"tell whether the IRMs ({', '.join(s['name'] for s in irms)}) are registered with it")
+                for s in irms:
+                    for key in ("crs_registered_address", "crs_up"):
+                        s.pop(key, None)
+                    s["crs_registration"] = "unknown"
+                return report
+            report["reachable"] = True
+            for s in irms:
+                _registration(s, managers)
+            waiting = [s for s in irms if s["status"] == "SERVING" and not _live(s)]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)     # it may be registering right now (`harness up` just returned)
+    for s in irms:
+        if s["status"] != "SERVING":
+            continue            # its health fails the status already
+        section = SERVICES[s["name"]].section if s["name"] in SERVICES else s["name"]
+        fix = (f"its crs_address setting must point at the CRS's address {crs} (`crs_address` in the "
+               f"`{section}` section of the config file, or HARNESS_{section.upper()}_CRS_ADDRESS; under "
+               f"`harness up` leave it out and the suite wires it), then restart it")
+        who = f"{s['name']} at {s['address']}"
+        manager = s.get("manager") or s["name"]
+        state = s["crs_registration"]
+        if state == "not_registered":
+            report["problems"].append(f"{who} serves but is not registered with the CRS at {crs} (it knows no "
+                                      f"manager {manager!r}): the CRS places no reservation on it; {fix}")
+        elif state == "registered_down":
+            report["problems"].append(f"{who} is registered with the CRS at {crs} as {manager!r} but marked down "
+                                      f"(its heartbeats do not arrive there): the CRS places no reservation on "
+                                      f"it; {fix}")
+        elif state == "registered_elsewhere" and not s["crs_up"]:
+            report["problems"].append(
+                f"{who} is not registered with the CRS at {crs}: it has {manager!r} at "
+                f"{s['crs_registered_address']}, marked down, and places no reservation on it; {fix}")
+        elif state == "registered_elsewhere":
+            report["warnings"].append(
+                f"the CRS at {crs} reaches {manager!r} at {s['crs_registered_address']}, not at {s['address']} "
+                f"where {s['name']} serves: fine if that is the address it advertises (`advertise_address` in "
+                f"the `{section}` section); otherwise another process registered under its name and {s['name']} "
+                f"needs a `name` of its own")
+    return report
+
+
+def _crs_column(s: dict) -> str:
+    state = s.get("crs_registration")
+    manager = s.get("manager") or s["name"]
+    if state == "registered":
+        return f"crs: registered as {manager!r}"
+    if state == "registered_down":
+        return f"crs: registered as {manager!r}, marked DOWN"
+    if state == "registered_elsewhere":
+        return (f"crs: registered as {manager!r} at {s['crs_registered_address']}"
+                f"{'' if s.get('crs_up') else ', marked DOWN'}")
+    if state == "not_registered":
+        return "crs: NOT REGISTERED"
+    return "crs: unknown"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from services import suite
 
     addresses = suite.addresses(args.state_dir) or {
         name: f"127.0.0.1:{port}" for name, port in suite.DEFAULT_PORTS.items()}
     services = health_of(addresses)
-    ok = all(s["status"] == "SERVING" for s in services)
+    registry = registrations_of(services, addresses)
+    problems, warnings = registry.pop("problems"), registry.pop("warnings")
+    checked = any(s["name"] in IRMS for s in services)
+    ok = all(s["status"] == "SERVING" for s in services) and not problems
     if args.json:
-        print(json.dumps({"ok": ok, "services": services}, indent=2))
+        print(json.dumps({"ok": ok, "services": services, "crs_registry": registry if checked else None,
+                          "problems": problems, "warnings": warnings}, indent=2))
     else:
         for s in services:
-            print(f"{s['name']:10} {s['address']:22} {s['status']}")
+            line = f"{s['name']:10} {s['address']:22} {s['status']}"
+            if "crs_registration" in s:
+                line = f"{line:45} {_crs_column(s)}"
+            print(line)
+        for p in problems:
+            print(f"harness status: {p}", file=sys.stderr)
+        for w in warnings:
+            print(f"harness status: note: {w}", file=sys.stderr)
     return 0 if ok else 1
 
 

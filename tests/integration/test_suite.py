@@ -61,6 +61,121 @@ def test_status_reports_every_service_serving(running):
     assert {"crs", "compute", "agent", "fpga-server", "fpga"} <= {s["name"] for s in status["services"]}
 
 
+
+def _status(state: str, *json_flag: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", "status", *json_flag, "--state-dir", state],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_status_reports_every_irm_registered_with_the_crs(running):
+    r = _status(running["state"], "--json")
+    status = json.loads(r.stdout)
+    assert r.returncode == 0 and status["ok"] is True, r.stdout + r.stderr
+    irms = {s["name"]: s for s in status["services"] if "crs_registration" in s}
+    assert set(irms) == {"compute", "fpga"}
+    for name, s in irms.items():
+        assert (s["crs_registration"], s["crs_up"], s["crs_registered_address"], s["manager"]) == (
+            "registered", True, running["addrs"][name], name)
+    assert status["crs_registry"] == {"address": running["addrs"]["crs"], "reachable": True}
+    assert status["problems"] == [] and status["warnings"] == []
+    plain = _status(running["state"])
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+    lines = {line.split()[0]: line for line in plain.stdout.splitlines()}
+    assert "crs: registered as 'compute'" in lines["compute"] and "crs: registered as 'fpga'" in lines["fpga"]
+    assert lines["agent"].split()[2:] == ["SERVING"]       # services that do not register: as before
+
+
+def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
+    # The operator's mistake: a config file pins the FPGA IRM to a CRS at a fixed port, while `--auto-ports`
+    # put the suite's CRS elsewhere. Every service serves; the FPGA IRM never registers with the suite's CRS.
+    from harness.v1 import registry_pb2, registry_pb2_grpc
+    from services.registration import Membership
+
+    nowhere = f"127.0.0.1:{suite_mod._free_port()}"
+    conf = tmp_path / "harness.yaml"
+    conf.write_text(f"orchestrator:\n  crs_address: {nowhere}\n"
+                    "crs:\n  heartbeat_interval_s: 0.2\n  heartbeat_timeout_s: 1\n")
+    state = str(tmp_path / "state")
+    procs = suite_mod.start(state, auto_ports=True, config_file=str(conf))
+    try:
+        addrs = {p.name: p.address for p in procs}
+        crs = addrs["crs"]
+
+        def irms(status: dict) -> dict:
+            return {s["name"]: s for s in status["services"] if "crs_registration" in s}
+
+        r = _status(state, "--json")
+        status = json.loads(r.stdout)
+        assert r.returncode == 1 and status["ok"] is False
+        assert {s["status"] for s in status["services"]} == {"SERVING"}     # health alone looks fine
+        assert irms(status)["compute"]["crs_registration"] == "registered"
+        assert irms(status)["fpga"]["crs_registration"] == "not_registered"
+        (problem,) = status["problems"]
+        assert f"fpga at {addrs['fpga']} serves but is not registered with the CRS at {crs}" in problem
+        assert f"crs_address setting must point at the CRS's address {crs}" in problem
+        assert "`orchestrator` section" in problem
+        plain = _status(state)
+        assert plain.returncode == 1
+        lines = {line.split()[0]: line for line in plain.stdout.splitlines()}
+        assert lines["fpga"].endswith("crs: NOT REGISTERED") and "crs: registered as 'compute'" in lines["compute"]
+        assert f"must point at the CRS's address {crs}" in plain.stderr and "Traceback" not in plain.stderr
+
+        registry = registry_pb2_grpc.ManagerRegistryStub(grpc.insecure_channel(crs))
+
+        def fpga_up() -> bool | None:
+            m = [m for m in registry.ListManagers(registry_pb2.ListManagersRequest()).managers if m.name == "fpga"]
+            return m[0].up if m else None
+
+        # A live registration of its name at another address (the address it advertises, say): a note, no failure.
+        other = f"127.0.0.1:{suite_mod._free_port()}"
+        member = Membership(crs, "fpga", other, ["vfpga"], heartbeat_interval_s=0.2)
+        member.start()
+        try:
+            eventually(lambda: fpga_up() is True, what="the stand-in's registration")
+            r = _status(state, "--json")
+            status = json.loads(r.stdout)
+            fpga = irms(status)["fpga"]
+            assert (fpga["crs_registration"], fpga["crs_registered_address"], fpga["crs_up"]) == (
+                "registered_elsewhere", other, True)
+            assert r.returncode == 0 and status["problems"] == []
+            (note,) = status["warnings"]
+            assert other in note and "advertise_address" in note
+        finally:
+            member.stop()
+        # Its heartbeats stop: a registration at another address, marked down, is not the FPGA IRM's.
+        eventually(lambda: fpga_up() is False, what="the stand-in marked down")
+        r = _status(state, "--json")
+        status = json.loads(r.stdout)
+        fpga = irms(status)["fpga"]
+        assert (fpga["crs_registration"], fpga["crs_up"]) == ("registered_elsewhere", False)
+        assert r.returncode == 1 and "marked down" in status["problems"][0]
+
+        # Registered at its own address, but no heartbeats from it reach this CRS: marked down.
+        registry.RegisterManager(registry_pb2.RegisterManagerRequest(name="fpga", address=addrs["fpga"],
+                                                                     resource_types=["vfpga"]), timeout=10)
+        eventually(lambda: fpga_up() is False, what="the FPGA IRM's registration marked down")
+        r = _status(state, "--json")
+        status = json.loads(r.stdout)
+        assert irms(status)["fpga"]["crs_registration"] == "registered_down" and r.returncode == 1
+        (problem,) = status["problems"]
+        assert "marked down" in problem and f"must point at the CRS's address {crs}" in problem
+        plain = _status(state)
+        assert "crs: registered as 'fpga', marked DOWN" in plain.stdout and plain.returncode == 1
+
+        # The CRS gone: said so, no traceback, registrations unknown.
+        next(p for p in procs if p.name == "crs").stop()
+        r = _status(state, "--json")
+        status = json.loads(r.stdout)
+        assert r.returncode == 1 and status["crs_registry"]["reachable"] is False
+        assert {s["crs_registration"] for s in irms(status).values()} == {"unknown"}
+        assert status["problems"] == [f"the CRS at {crs} is unreachable (UNAVAILABLE): cannot tell whether the "
+                                      "IRMs (compute, fpga) are registered with it"]
+        plain = _status(state)
+        assert plain.returncode == 1 and f"the CRS at {crs} is unreachable" in plain.stderr
+        assert "Traceback" not in plain.stderr and "crs: unknown" in plain.stdout
+    finally:
+        suite_mod.stop(procs)
+
 def test_run_in_vm_confined_and_measured(running):
     crs = running["crs"]
     res = crs.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="run-1", groups=[
