@@ -1106,7 +1106,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
         for ev in self.watchers.stream(snapshot, context.is_active, request.tenant):
-            if not request.resource_type or ev.resource.resource_type == request.resource_type:
+            # The snapshot's end names no resource: it passes every filter (a client waits for it).
+            if (not request.resource_type or ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
+                    or ev.resource.resource_type == request.resource_type):
                 yield ev
 
     def _forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
