@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18harness/v1/compute.proto\x12\nharness.v1\"\x1d\n\x0cGetVmRequest\x12\r\n\x05vm_id\x18\x01 \x01(\t\"\xea\x01\n\x02Vm\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x16\n\x0ereservation_id\x18\x03 \x01(\t\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\r\n\x05\x63ores\x18\x05 \x01(\x01\x12\x11\n\tmemory_gb\x18\x06 \x01(\x01\x12\x15\n\rfrequency_ghz\x18\x07 \x01(\x01\x12#\n\x05state\x18\x08 \x01(\x0e\x32\x14.harness.v1.Vm.State\"D\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_ACTIVE\x10\x01\x12\x12\n\x0eSTATE_RELEASED\x10\x02\x32\x43\n\x0e\x43omputeControl\x12\x31\n\x05GetVm\x12\x18.harness.v1.GetVmRequest\x1a\x0e.harness.v1.Vmb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18harness/v1/compute.proto\x12\nharness.v1\"\x1d\n\x0cGetVmRequest\x12\r\n\x05vm_id\x18\x01 \x01(\t\"\xea\x01\n\x02Vm\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x16\n\x0ereservation_id\x18\x03 \x01(\t\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\r\n\x05\x63ores\x18\x05 \x01(\x01\x12\x11\n\tmemory_gb\x18\x06 \x01(\x01\x12\x15\n\rfrequency_ghz\x18\x07 \x01(\x01\x12#\n\x05state\x18\x08 \x01(\x0e\x32\x14.harness.v1.Vm.State\"D\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_ACTIVE\x10\x01\x12\x12\n\x0eSTATE_RELEASED\x10\x02\x32\x43\n\x0e\x43omputeControl\x12\x31\n\x05GetVm\x12\x18.harness.v1.GetVmRequest\x1a\x0e.harness.v1.VmB\x16Z\x14harness/v1;harnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'harness.v1.compute_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'Z\024harness/v1;harnessv1'
   _globals['_GETVMREQUEST']._serialized_start=40
   _globals['_GETVMREQUEST']._serialized_end=69
   _globals['_VM']._serialized_start=72

@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1charness/v1/diagnostics.proto\x12\nharness.v1\"\x1e\n\x0b\x45\x63hoRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"0\n\x0c\x45\x63hoResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x0f\n\x07service\x18\x02 \x01(\t2H\n\x0b\x44iagnostics\x12\x39\n\x04\x45\x63ho\x12\x17.harness.v1.EchoRequest\x1a\x18.harness.v1.EchoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1charness/v1/diagnostics.proto\x12\nharness.v1\"\x1e\n\x0b\x45\x63hoRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"0\n\x0c\x45\x63hoResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x0f\n\x07service\x18\x02 \x01(\t2H\n\x0b\x44iagnostics\x12\x39\n\x04\x45\x63ho\x12\x17.harness.v1.EchoRequest\x1a\x18.harness.v1.EchoResponseB\x16Z\x14harness/v1;harnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'harness.v1.diagnostics_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'Z\024harness/v1;harnessv1'
   _globals['_ECHOREQUEST']._serialized_start=44
   _globals['_ECHOREQUEST']._serialized_end=74
   _globals['_ECHORESPONSE']._serialized_start=76
