@@ -89,7 +89,7 @@ class ExecutionAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseVm(self, request, context):
-        """Called by the compute IRM when a VM is released: kills its processes. The agent first asks the
+        """CONTROL (see common.proto). Called by the compute IRM when a VM is released: kills its processes. The agent first asks the
         compute IRM: FAILED_PRECONDITION while the VM is still reserved there (release its reservation),
         UNAVAILABLE when the compute IRM cannot be asked.
         """
@@ -98,7 +98,8 @@ class ExecutionAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetVmMetrics(self, request, context):
-        """Utilisation series of what the tenant's VM ran (the compute IRM's GetMetrics).
+        """CONTROL (see common.proto). Utilisation series of what a VM ran: the
+        compute IRM asks on behalf of the tenant its GetMetrics serves.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class ComputeControlStub:
-    """Missing associated documentation comment in .proto file."""
+    """CONTROL (see common.proto): the compute IRM's agents call it, never a tenant.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -42,7 +43,8 @@ class ComputeControlStub:
 
 
 class ComputeControlServicer:
-    """Missing associated documentation comment in .proto file."""
+    """CONTROL (see common.proto): the compute IRM's agents call it, never a tenant.
+    """
 
     def GetVm(self, request, context):
         """The shape and owner of a VM, so an agent can confine its processes.
@@ -68,7 +70,8 @@ def add_ComputeControlServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ComputeControl:
-    """Missing associated documentation comment in .proto file."""
+    """CONTROL (see common.proto): the compute IRM's agents call it, never a tenant.
+    """
 
     @staticmethod
     def GetVm(request,

@@ -102,49 +102,56 @@ class FpgaServerServicer:
     """
 
     def GetServer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateGroupPart(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResizeGroupPart(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteGroupPart(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AttachClient(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DetachClient(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RevokeClient(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetMeasurements(self, request, context):
-        """Cumulative counters per group and client, for the autoscaler.
+        """CONTROL. Cumulative counters per group and client, for the autoscaler.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -173,7 +180,7 @@ class FpgaServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InjectFault(self, request, context):
-        """Test-only fault injection at the edge of what the emulator emulates:
+        """CONTROL. Test-only fault injection at the edge of what the emulator emulates:
         make the next `count` reconfigurations of `device` fail. FAILED_PRECONDITION
         unless the server runs with `fault_injection: true`.
         """
