@@ -799,9 +799,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         tenant = require_tenant(request.tenant)
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
-        if request.HasField("max_price_per_minute") and not math.isfinite(request.max_price_per_minute):
-            # Every comparison with NaN is false: the cap would cap nothing.
-            raise InvalidArgument.of("max_price_per_minute", f"a finite price, got {request.max_price_per_minute}")
+        if request.HasField("max_price_per_minute") and not (math.isfinite(request.max_price_per_minute)
+                                                             and request.max_price_per_minute >= 0):
+            # Every comparison with NaN is false: the cap would cap nothing; no price is below 0.
+            raise InvalidArgument.of("max_price_per_minute",
+                                     f"a finite price >= 0 (or leave it unset), got {request.max_price_per_minute}")
         req = self._parse(list(request.groups), list(request.constraints))
         res_id = f"crs-{os.urandom(10).hex()}"
         content = request_hash(request)

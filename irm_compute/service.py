@@ -335,8 +335,10 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         _validate_request_id(request.request_id)
         v = Violations()
         groups = self._parse_groups(request, v)
-        v.check(not request.HasField("max_price_per_minute") or math.isfinite(request.max_price_per_minute),
-                "max_price_per_minute", f"a finite price per minute, got {request.max_price_per_minute}")
+        v.check(not request.HasField("max_price_per_minute") or (math.isfinite(request.max_price_per_minute)
+                                                                 and request.max_price_per_minute >= 0),
+                "max_price_per_minute", f"a finite price per minute >= 0 (or leave it unset), got "
+                                        f"{request.max_price_per_minute}")
         v.raise_if_any()
         # The cap is checked inside the store's transaction: a refusal records nothing and leaves the id unused.
         cap = request.max_price_per_minute if request.HasField("max_price_per_minute") else None

@@ -329,3 +329,23 @@ def test_the_request_hash_ignores_the_request_id_and_the_order_attributes_were_s
     assert request_hash(one) == request_hash(other) and one.request_id == "k1"   # the request is not changed
     assert request_hash(one) != request_hash(req("k1", 3, "a"))
     assert request_hash(one) != request_hash(req("k1", 2, "a", tenant="u"))
+
+
+def test_a_negative_or_nan_price_cap_is_invalid_argument(tmp_path: Path) -> None:
+    from services.errors import InvalidArgument
+
+    with irm_on(tmp_path, ("a", 8, 3.0)) as irm:
+        for cap in (-0.01, float("nan")):
+            r = req(f"cap{cap}", 2, "")
+            del r.groups[0].placement[:]
+            r.max_price_per_minute = cap
+            with pytest.raises(InvalidArgument) as e:
+                irm.Reserve(r, None)
+            assert [v.field for v in e.value.violations] == ["max_price_per_minute"], cap
+        assert {h.id: h.used_cores for h in irm.store.hosts()} == {"a": 0}     # nothing reserved
+        r = req("free-cap", 2, "")
+        del r.groups[0].placement[:]
+        r.max_price_per_minute = 0.0        # a cap of 0 is a cap (this host is not free): over price, not invalid
+        with pytest.raises(Exception) as e:
+            irm.Reserve(r, None)
+        assert type(e.value).__name__ == "FailedPrecondition", e.value

@@ -73,3 +73,12 @@ def test_a_nan_price_cap_is_refused_not_ignored(crs: Crs) -> None:
         crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[_group(2)],
                                            max_price_per_minute=math.nan), None)
     assert [v.field for v in e.value.violations] == ["max_price_per_minute"]
+
+
+def test_a_negative_price_cap_is_invalid_not_over_price(crs: Crs) -> None:
+    # No price is below 0: the request could never be met, whatever the cloud had (was FAILED_PRECONDITION).
+    with pytest.raises(InvalidArgument) as e:
+        crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[_group(2)],
+                                           max_price_per_minute=-1.0), None)
+    assert [v.field for v in e.value.violations] == ["max_price_per_minute"]
+    assert ">= 0" in e.value.violations[0].description
