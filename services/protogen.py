@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 GEN = ROOT / "gen"
 PACKAGE_INITS = ("harness/__init__.py", "harness/v1/__init__.py")
+# Every proto with its comments (source info) and imports: what server reflection serves, so a client with
+# reflection alone (grpcurl describe) reads the API's documentation too.
+DESCRIPTOR_SET = "harness/v1/api_descriptor_set.binpb"
 
 
 def proto_files() -> list[Path]:
@@ -25,7 +28,7 @@ def proto_files() -> list[Path]:
 def generate(out: Path) -> None:
     from grpc_tools import protoc  # build-time dependency only
 
-    out.mkdir(parents=True, exist_ok=True)
+    (out / DESCRIPTOR_SET).parent.mkdir(parents=True, exist_ok=True)
     well_known = Path(protoc.__file__).parent / "_proto"
     args = [
         "protoc",
@@ -34,6 +37,9 @@ def generate(out: Path) -> None:
         f"--python_out={out}",
         f"--grpc_python_out={out}",
         f"--pyi_out={out}",
+        f"--descriptor_set_out={out / DESCRIPTOR_SET}",
+        "--include_source_info",
+        "--include_imports",
         *[str(p.relative_to(PROTOS)) for p in proto_files()],
     ]
     if protoc.main(args) != 0:

@@ -18,14 +18,45 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2
 from services.errors import HarnessError, InvalidArgument, to_status
 
 log = logging.getLogger(__name__)
+
+
+def documented_files() -> dict[str, bytes]:
+    """The API's proto files with their comments, serialized by name: gen/'s descriptor set (made with source
+    info). The stubs' descriptors carry none, and a descriptor pool drops it, so reflection served the API
+    without a word of its documentation."""
+    import harness.v1
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(
+        (Path(harness.v1.__file__).parent / "api_descriptor_set.binpb").read_bytes())
+    return {f.name: f.SerializeToString() for f in files.file}
+
+
+class DocumentedReflection(reflection.ReflectionServicer):
+    """grpc-reflection's servicer, its answers' API files swapped for the same files with their comments, so a
+    client with reflection alone (grpcurl describe, another language's tooling) reads the documentation."""
+
+    def __init__(self, service_names: Iterable[str]) -> None:
+        super().__init__(service_names)
+        self._documented = documented_files()
+
+    def ServerReflectionInfo(self, request_iterator, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        for reply in super().ServerReflectionInfo(request_iterator, context):
+            if reply.HasField("file_descriptor_response"):
+                files = reply.file_descriptor_response.file_descriptor_proto
+                for i, raw in enumerate(files):
+                    documented = self._documented.get(descriptor_pb2.FileDescriptorProto.FromString(raw).name)
+                    if documented is not None:
+                        files[i] = documented
+            yield reply
 
 
 def _noop() -> None:
@@ -268,7 +299,8 @@ def create_server(
     for c in components:
         c.register(server)
         names += c.service_names
-    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME], server)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        DocumentedReflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME]), server)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as e:                 # grpc raises (rather than returning 0) when the port is taken

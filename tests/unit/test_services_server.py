@@ -230,6 +230,28 @@ def test_reflection_serves_the_file_of_a_service(server: Server) -> None:
     assert replies[0].file_descriptor_response.file_descriptor_proto
 
 
+def test_reflection_serves_the_apis_comments_and_the_error_details(server: Server) -> None:
+    # A client with reflection alone (grpcurl describe, another language) reads the documentation, and can
+    # decode google.rpc.Status details.
+    from google.protobuf import descriptor_pb2
+
+    stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    replies = list(stub.ServerReflectionInfo(iter([
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=RM),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="google.rpc.BadRequest"),
+    ]), timeout=TIMEOUT))
+    files = {}
+    for r in replies:
+        assert r.WhichOneof("message_response") == "file_descriptor_response", r
+        for raw in r.file_descriptor_response.file_descriptor_proto:
+            fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
+            files[fd.name] = fd
+    assert "google/rpc/error_details.proto" in files
+    irm = files["harness/v1/irm.proto"]
+    comments = " ".join(loc.leading_comments for loc in irm.source_code_info.location)
+    assert "Refuse (FAILED_PRECONDITION) if the quoted price per minute is higher." in comments
+
+
 def test_diagnostics_echo_names_the_components(server: Server) -> None:
     stub = diagnostics_pb2_grpc.DiagnosticsStub(server.channel)
     reply = stub.Echo(diagnostics_pb2.EchoRequest(payload=b"ping"), timeout=TIMEOUT)
