@@ -199,6 +199,9 @@ def merged_attribute(old: irm_pb2.AttributeSpec | None, new: irm_pb2.AttributeSp
         return new
     out = irm_pb2.AttributeSpec()
     out.CopyFrom(old)
+    # Required or whole only if every manager says so (a value one manager takes is valid).
+    out.required = old.required and new.required
+    out.integer = old.integer and new.integer
     if old.HasField("domain") and new.HasField("domain"):
         a, b = old.domain, new.domain
         out.domain.ClearField("min")

@@ -256,10 +256,10 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             attributes=[
                 irm_pb2.AttributeSpec(name="cores", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="cores",
                                       domain=common_pb2.Range(min=1, max=max_cores), consumable=True,
-                                      description="Whole CPU cores per VM."),
+                                      description="Whole CPU cores per VM.", required=True, integer=True),
                 irm_pb2.AttributeSpec(name="memory_gb", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="GB",
                                       domain=common_pb2.Range(min=1 / 1024, max=max_gb), consumable=True,
-                                      description="Memory per VM."),
+                                      description="Memory per VM.", required=True),
                 irm_pb2.AttributeSpec(name="frequency_ghz", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="GHz",
                                       domain=common_pb2.Range(min=freqs[0], max=freqs[-1]),
                                       description="CPU frequency of the host; a number or a range.",

@@ -349,3 +349,28 @@ def test_a_negative_or_nan_price_cap_is_invalid_argument(tmp_path: Path) -> None
         with pytest.raises(Exception) as e:
             irm.Reserve(r, None)
         assert type(e.value).__name__ == "FailedPrecondition", e.value
+
+
+def test_the_spec_says_which_attributes_are_required_and_whole(tmp_path: Path) -> None:
+    # A client of another language learns from DescribeAllocationSpec alone what Reserve refuses.
+    from services.errors import InvalidArgument
+
+    with irm_on(tmp_path, ("a", 8, 3.0)) as irm:
+        vm = irm.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(tenant="t"), None).resource_types[0]
+        flags = {a.name: (a.required, a.integer, a.HasField("default")) for a in vm.attributes}
+        assert flags == {"cores": (True, True, False), "memory_gb": (True, False, False),
+                         "frequency_ghz": (False, False, True)}
+        for name, (required, _, _) in flags.items():
+            r = req(f"no-{name}", 2, "")
+            del r.groups[0].placement[:]
+            if name in r.groups[0].attributes:
+                del r.groups[0].attributes[name]
+            if required:
+                with pytest.raises(InvalidArgument):
+                    irm.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=r.groups), None)
+            else:
+                irm.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=r.groups), None)
+        r = req("half", 2, "")
+        r.groups[0].attributes["cores"].number = 1.5
+        with pytest.raises(InvalidArgument):
+            irm.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=r.groups), None)

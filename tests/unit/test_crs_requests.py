@@ -140,3 +140,10 @@ def test_a_request_only_a_down_managers_resources_hold_is_unavailable(crs: Crs) 
         crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r2", groups=[_vm(8, count=4)],
                                            constraints=[irm_pb2.GroupConstraint(expression="same_host(g, g)")]),
                     None)
+
+
+def test_merging_keeps_required_and_integer_only_where_every_manager_says_so() -> None:
+    both = irm_pb2.AttributeSpec(name="x", required=True, integer=True)
+    assert merged_attribute(both, irm_pb2.AttributeSpec(name="x", required=True, integer=True)).required
+    loose = merged_attribute(both, irm_pb2.AttributeSpec(name="x"))
+    assert not loose.required and not loose.integer

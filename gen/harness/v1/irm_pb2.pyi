@@ -15,7 +15,7 @@ class DescribeAllocationSpecRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ...) -> None: ...
 
 class AttributeSpec(_message.Message):
-    __slots__ = ("name", "kind", "unit", "domain", "allowed_values", "consumable", "default", "description")
+    __slots__ = ("name", "kind", "unit", "domain", "allowed_values", "consumable", "default", "description", "required", "integer")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[AttributeSpec.Kind]
@@ -32,6 +32,8 @@ class AttributeSpec(_message.Message):
     CONSUMABLE_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: AttributeSpec.Kind
     unit: str
@@ -40,7 +42,9 @@ class AttributeSpec(_message.Message):
     consumable: bool
     default: _common_pb2.AttributeRequest
     description: str
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[AttributeSpec.Kind, str]] = ..., unit: _Optional[str] = ..., domain: _Optional[_Union[_common_pb2.Range, _Mapping]] = ..., allowed_values: _Optional[_Iterable[str]] = ..., consumable: _Optional[bool] = ..., default: _Optional[_Union[_common_pb2.AttributeRequest, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+    required: bool
+    integer: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[AttributeSpec.Kind, str]] = ..., unit: _Optional[str] = ..., domain: _Optional[_Union[_common_pb2.Range, _Mapping]] = ..., allowed_values: _Optional[_Iterable[str]] = ..., consumable: _Optional[bool] = ..., default: _Optional[_Union[_common_pb2.AttributeRequest, _Mapping]] = ..., description: _Optional[str] = ..., required: _Optional[bool] = ..., integer: _Optional[bool] = ...) -> None: ...
 
 class ResourceTypeSpec(_message.Message):
     __slots__ = ("name", "description", "attributes", "metrics", "manager")
