@@ -8,21 +8,36 @@ fresh one); a plug-in that crashes the interpreter or exits is a `PolicyError` t
 exceptions come back as `PolicyError`s naming them, and state it keeps between calls lives as long
 as its process.
 
+Nothing from the worker is unpickled in the manager: unpickling runs code (an answer whose
+`__reduce__` sleeps or calls `os._exit` would stall or end the manager), and a plug-in has the
+worker process to itself (it may write anything to the pipe). The worker turns the plug-in's answer
+into plain data there (`plugins.allocation_pairs`: (str job id, int devices) pairs; an answer that is
+none is reported as the plug-in's error) and sends it as JSON; the manager reads it within the call's
+time limit, byte by byte as it arrives, refuses it once it is longer than an honest answer for the
+window's jobs can be (`reply_limit`), and decodes it with `json.loads` only. Its texts (errors,
+tracebacks, the repr of a bad answer or of an exit code) are plain strings cut to
+`plugins.MAX_TEXT_CHARS`. What the manager sends -- the queue, the free devices, the window, its cost
+model, the time -- is its own data, pickled for the worker.
+
 The simulator calls plug-ins in its own process (a run is one researcher's own code, and a call
 over a pipe costs about a millisecond; a 300 s run of seed 001 §VI makes thousands of decisions).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
+import select
 import signal
+import struct
 import threading
 import time
 import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from irm_fpga.qos import hydrogen as hy
@@ -32,6 +47,57 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0      # a fresh process imports the plug-in (and numpy/scipy through the project's modules)
 ORPHAN_CHECK_S = 1.0        # how often the worker checks that the process that started it is still there
+
+# A message on the pipe is multiprocessing.connection's frame (what `Connection.send_bytes` writes and
+# `recv_bytes` reads): its length as a big-endian signed 32-bit integer, then its bytes. The manager reads
+# and writes frames itself on its end of the pipe (non-blocking), so that a call's time limit covers all of
+# it: `Connection.poll` says only that a first byte is there, and `recv_bytes` then waits, without a limit,
+# for as many bytes as the worker's header announced.
+_HEADER = struct.Struct("!i")
+# Bytes an honest reply may take beyond its job ids: a JSON string escapes a character in at most 12 bytes
+# (a surrogate pair), a pair's brackets, commas and device count take 32 at most, the envelope 256.
+_ESCAPED = 12
+_PAIR = 32
+_ENVELOPE = 256
+TEXT_REPLY_LIMIT = _ESCAPED * plugins.MAX_TEXT_CHARS + _ENVELOPE   # a reply carrying one text (an error)
+
+
+def reply_limit(queue: Sequence[hy.HJob], window: int) -> int:
+    """The most bytes the worker's reply to a decision on `queue` and `window` may take: its answer for the
+    first `window` jobs, each at most once (an honest one; more is refused), or an error's text."""
+    answer = sum(_ESCAPED * len(str(j.job_id)) + _PAIR for j in queue[:max(0, window)]) + _ENVELOPE
+    return max(answer, TEXT_REPLY_LIMIT)
+
+
+def _encode(reply: list) -> bytes:
+    return json.dumps(reply, separators=(",", ":")).encode()
+
+
+def _text_of(e: BaseException) -> str:
+    """'Type: message' and the last frames of the traceback, clipped; never raises (a plug-in's exception)."""
+    try:
+        text = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+    except Exception:     # noqa: BLE001 - its __str__ may fail too
+        text = f"{type(e).__name__} (its message cannot be shown)"
+    return plugins.clip(text)
+
+
+def _reply(alg: Any, queue: list, available: int, window: int, cost: hy.Cost, now: float) -> bytes:
+    """The worker's reply to one request: JSON of plain data, the plug-in's faults included."""
+    try:
+        answer = alg(queue, available, window, cost, now=now)
+        try:
+            pairs = plugins.allocation_pairs(answer)
+        except (TypeError, ValueError):
+            return _encode(["not-pairs", plugins.describe(answer)])
+        data = _encode(["ok", [[job_id, n] for job_id, n in pairs]])
+        if len(data) > reply_limit(queue, window):
+            return _encode(["too-long", len(pairs), len(data)])
+        return data
+    except SystemExit as e:
+        return _encode(["exit", plugins.describe(e.code)])
+    except BaseException as e:     # noqa: BLE001 - any fault of the plug-in is the caller's PolicyError
+        return _encode(["error", _text_of(e)])
 
 
 def _watch_parent(parent: int) -> None:
@@ -48,28 +114,109 @@ def _serve(conn: Connection, name: str, late_after: float, parent: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
         alg = hy.with_late_after(plugins.single_algorithm(name), late_after)
-    except Exception as e:     # noqa: BLE001 - told to the parent, which refuses to start it
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+    except BaseException as e:     # noqa: BLE001 - told to the parent, which refuses to start it
+        try:
+            text = plugins.clip(f"{type(e).__name__}: {e}")
+        except Exception:     # noqa: BLE001 - an exception of the plug-in's module: its __str__ may fail
+            text = type(e).__name__
+        conn.send_bytes(_encode(["error", text]))
         return
-    conn.send(("ready", None))
+    conn.send_bytes(_encode(["ready"]))
     while True:
         try:
-            request = conn.recv()
+            request = conn.recv()       # the manager's own data (the queue, its cost model)
         except EOFError:            # the manager closed the pipe: it stopped
             return
         if request is None:
             return
         queue, available, window, cost, now = request
+        conn.send_bytes(_reply(alg, queue, available, window, cost, now))
+
+
+class _TooLong(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _wait(fd: int, event: int, deadline: float) -> None:
+    """Wait until `fd` is ready for `event` (select.POLLIN / POLLOUT), at most until `deadline`."""
+    p = select.poll()
+    p.register(fd, event)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Timeout
+        if p.poll(left * 1000.0):
+            return
+
+
+def _read_exact(fd: int, n: int, deadline: float) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        _wait(fd, select.POLLIN, deadline)
         try:
-            reply: tuple[str, Any] = ("ok", alg(queue, available, window, cost, now=now))
-        except SystemExit as e:
-            reply = ("exit", e.code)
-        except BaseException as e:     # noqa: BLE001 - any fault of the plug-in is the caller's PolicyError
-            reply = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
+            chunk = os.read(fd, n - len(buf))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_frame(fd: int, limit: int, deadline: float) -> bytes:
+    """One frame's bytes, all of them by `deadline` (_Timeout) and at most `limit` of them (_TooLong)."""
+    size, = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+    if not 0 <= size <= limit:     # -1 would announce a length of more than 2 GiB
+        raise _TooLong(size)
+    return _read_exact(fd, size, deadline)
+
+
+def _write_frame(fd: int, data: bytes, deadline: float) -> None:
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        _wait(fd, select.POLLOUT, deadline)
         try:
-            conn.send(reply)
-        except Exception as e:     # noqa: BLE001 - e.g. an answer that cannot be pickled
-            conn.send(("error", f"its answer cannot be sent back ({type(e).__name__}: {e})"))
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
+
+
+class _BadReply(Exception):
+    pass
+
+
+def _size(n: int) -> str:
+    return f"{n} bytes" if n >= 0 else "more than 2 GiB"
+
+
+def _decode(data: bytes, kinds: tuple[str, ...]) -> list:
+    """A reply's JSON, one of `kinds`: a list [kind, ...] of plain values (the worker is not trusted to have
+    made it)."""
+    try:
+        reply = json.loads(data)
+    except (ValueError, RecursionError) as e:     # not UTF-8 / JSON, nested too deeply, a number too long
+        raise _BadReply(f"not JSON: {type(e).__name__}") from None
+    if not (isinstance(reply, list) and reply and isinstance(reply[0], str)):
+        raise _BadReply("not a list [kind, ...]")
+    kind, rest = reply[0], reply[1:]
+    if kind not in kinds:
+        raise _BadReply(f"a reply of kind {plugins.describe(kind[:40])} where {' or '.join(kinds)} was expected")
+    if kind == "ready" and not rest:
+        return reply
+    if kind in ("error", "not-pairs", "exit") and len(rest) == 1 and isinstance(rest[0], str):
+        return [kind, plugins.clip(rest[0])]
+    if kind == "too-long" and len(rest) == 2 and all(type(x) is int for x in rest):
+        return reply
+    if kind == "ok" and len(rest) == 1 and isinstance(rest[0], list) and all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int for p in rest[0]):
+        return ["ok", [(job_id, n) for job_id, n in rest[0]]]
+    raise _BadReply(f"a {kind} reply of the wrong shape")
 
 
 class PluginRunner:
@@ -114,11 +261,19 @@ class PluginRunner:
             theirs.close()
             raise
         theirs.close()
+        os.set_blocking(ours.fileno(), False)       # read and written with deadlines (_read_frame, _write_frame)
         try:
-            ready = ours.poll(self.start_timeout_s)
-            kind, detail = ours.recv() if ready else ("timeout", f"no answer within {self.start_timeout_s:g} s")
+            reply = _decode(_read_frame(ours.fileno(), TEXT_REPLY_LIMIT, time.monotonic() + self.start_timeout_s),
+                            ("ready", "error"))
+            kind, detail = reply[0], reply[-1]
+        except _Timeout:
+            kind, detail = "timeout", f"no answer within {self.start_timeout_s:g} s"
         except (EOFError, OSError):
             kind, detail = "error", f"it ended with exit code {proc.exitcode}"
+        except _TooLong as e:
+            kind, detail = "error", f"it announced a reply of {_size(e.size)}, more than {TEXT_REPLY_LIMIT}"
+        except _BadReply as e:
+            kind, detail = "error", f"it sent what is not a reply ({e})"
         if kind != "ready":
             ours.close()
             proc.kill()
@@ -165,42 +320,69 @@ class PluginRunner:
                 return
             self._proc, self._conn = proc, conn
 
-    def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
-        assert self._conn is not None and self._proc is not None
-        try:
-            if self._conn.poll(timeout):
-                return self._conn.recv()
-        except (EOFError, OSError):
-            self._proc.join(5.0)
-            code = self._proc.exitcode
-            self._stop(kill=True)
-            self._replace_soon()
-            raise plugins.PolicyError(f"scheduling algorithm {self.name!r}: its worker process ended "
-                                      f"(exit code {code}) while it was asked {doing}; a new one is started for a "
-                                      f"later decision") from None
+    def _failed(self, message: str) -> plugins.PolicyError:
+        """Stop the worker (under `_lock`), start another in the background, and say so."""
         self._stop(kill=True)
         self._replace_soon()
-        raise plugins.PolicyError(f"scheduling algorithm {self.name!r} did not answer within {timeout:g} s when asked "
-                                  f"{doing} (jobs_plugin_timeout_s); its worker process was stopped, and a new one "
-                                  f"is started for a later decision")
+        return plugins.PolicyError(message)
+
+    def _timed_out(self, doing: str) -> plugins.PolicyError:
+        return self._failed(f"scheduling algorithm {self.name!r} did not answer within {self.timeout_s:g} s when "
+                            f"asked {doing} (jobs_plugin_timeout_s); its worker process was stopped, and a new "
+                            f"one is started for a later decision")
+
+    def _receive(self, deadline: float, limit: int, doing: str) -> list:
+        """The worker's reply, all of it by `deadline` and at most `limit` bytes, as plain data (under `_lock`)."""
+        assert self._conn is not None and self._proc is not None
+        try:
+            return _decode(_read_frame(self._conn.fileno(), limit, deadline),
+                           ("ok", "not-pairs", "too-long", "exit", "error"))
+        except (EOFError, OSError):
+            self._proc.join(min(5.0, max(0.1, deadline - time.monotonic())))
+            code = self._proc.exitcode
+            raise self._failed(f"scheduling algorithm {self.name!r}: its worker process ended (exit code {code}) "
+                               f"while it was asked {doing}; a new one is started for a later decision") from None
+        except _Timeout:
+            raise self._timed_out(doing) from None
+        except _TooLong as e:
+            raise self._failed(f"scheduling algorithm {self.name!r} announced an answer of {_size(e.size)} when "
+                               f"asked {doing}, more than an answer for the window's jobs takes ({limit} bytes); "
+                               f"its worker process was stopped, and a new one is started for a later "
+                               f"decision") from None
+        except _BadReply as e:
+            raise self._failed(f"scheduling algorithm {self.name!r} sent what is not an answer when asked "
+                               f"{doing} ({e}); its worker process was stopped, and a new one is started for a "
+                               f"later decision") from None
 
     def __call__(self, queue: Sequence[hy.HJob], available: int, window: int, cost: hy.Cost = hy.linear_cost, *,
-                 now: float) -> object:
+                 now: float) -> hy.Allocation:
+        queue = list(queue)
+        request = bytes(ForkingPickler.dumps((queue, available, window, cost, now)))    # the manager's own data
+        limit = reply_limit(queue, window)
         with self._lock:
             conn = self._ensure()
+            deadline = time.monotonic() + self.timeout_s    # for the request and the whole reply
             try:
-                conn.send((list(queue), available, window, cost, now))
+                _write_frame(conn.fileno(), request, deadline)
             except (OSError, EOFError):
-                self._stop(kill=True)
-                self._replace_soon()
-                raise plugins.PolicyError(f"scheduling algorithm {self.name!r}: its worker process is gone; a new "
-                                          f"one is started for a later decision") from None
-            kind, detail = self._receive(self.timeout_s, "for a decision")
+                raise self._failed(f"scheduling algorithm {self.name!r}: its worker process is gone; a new one "
+                                   f"is started for a later decision") from None
+            except _Timeout:
+                raise self._timed_out("for a decision") from None
+            reply = self._receive(deadline, limit, "for a decision")
+        kind = reply[0]
         if kind == "ok":
-            return detail
+            return reply[1]
         if kind == "exit":
-            raise plugins.PolicyError(f"scheduling algorithm {self.name!r} called exit({detail!r})")
-        raise plugins.PolicyError(f"scheduling algorithm {self.name!r} failed: {detail}")
+            raise plugins.PolicyError(f"scheduling algorithm {self.name!r} called exit({reply[1]})")
+        if kind == "not-pairs":
+            raise plugins.PolicyError(f"scheduling algorithm {self.name!r} failed: its answer cannot be sent back: "
+                                      f"it returned {reply[1]}; expected a list of (job id, devices)")
+        if kind == "too-long":
+            raise plugins.PolicyError(f"scheduling algorithm {self.name!r} returned {reply[1]} (job id, devices) "
+                                      f"pairs, {reply[2]} bytes sent back; an answer for the first {window} queued "
+                                      f"jobs takes at most {limit}")
+        raise plugins.PolicyError(f"scheduling algorithm {self.name!r} failed: {reply[1]}")
 
     def _stop(self, kill: bool = False) -> None:
         """End the worker: asked to (it finishes the call it is in, if any, for up to a second), or killed."""

@@ -96,6 +96,33 @@ def _signature(fn: object) -> str:
         return "unknown"
 
 
+MAX_TEXT_CHARS = 4000       # the most of a plug-in's text (its answer's repr, an error's traceback) a message quotes
+
+
+def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`text`, cut to about `limit` characters (saying how much was left out)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:max(0, limit - 40)]}... ({len(text) - max(0, limit - 40)} characters more)"
+
+
+def describe(value: object) -> str:
+    """`repr(value)`, clipped; a repr that fails is named, not raised."""
+    try:
+        return clip(repr(value))
+    except Exception as e:     # noqa: BLE001 - a plug-in's object: its repr may be broken too
+        return f"<{type(value).__name__} object (its repr raised {type(e).__name__})>"
+
+
+def allocation_pairs(allocation: object) -> hy.Allocation:
+    """A plug-in's answer as plain (str job id, int devices) pairs (TypeError / ValueError if it is none).
+
+    Runs the answer's own code (its iteration, `__str__`, `__int__`): the live job manager calls this in the
+    plug-in's worker process (`plugin_worker`), which sends back only the plain pairs.
+    """
+    return [(str(job_id), int(n)) for job_id, n in allocation]     # type: ignore[union-attr]
+
+
 def check_allocation(name: str, allocation: object, queue: Sequence[hy.HJob], window: int,
                      available: int) -> hy.Allocation:
     """`allocation` as a list of (job id, devices) if an algorithm may return it, else PolicyError.
@@ -105,21 +132,21 @@ def check_allocation(name: str, allocation: object, queue: Sequence[hy.HJob], wi
     """
     by_id = {j.job_id: j for j in queue[:window]}
     try:
-        pairs = [(str(job_id), int(n)) for job_id, n in allocation]     # type: ignore[union-attr]
+        pairs = allocation_pairs(allocation)
     except (TypeError, ValueError):
-        raise PolicyError(f"scheduling algorithm {name!r} returned {allocation!r}; "
+        raise PolicyError(f"scheduling algorithm {name!r} returned {describe(allocation)}; "
                           f"expected a list of (job id, devices)") from None
     seen: set[str] = set()
     for job_id, n in pairs:
         job = by_id.get(job_id)
         if job is None:
-            raise PolicyError(f"scheduling algorithm {name!r} started {job_id!r}, which is not among the first "
+            raise PolicyError(f"scheduling algorithm {name!r} started {describe(job_id)}, which is not among the first "
                               f"{window} queued jobs")
         if job_id in seen:
-            raise PolicyError(f"scheduling algorithm {name!r} started {job_id!r} twice")
+            raise PolicyError(f"scheduling algorithm {name!r} started {describe(job_id)} twice")
         seen.add(job_id)
         if not job.min_devices <= n <= job.max_devices:
-            raise PolicyError(f"scheduling algorithm {name!r} gave {job_id!r} {n} devices; it allows "
+            raise PolicyError(f"scheduling algorithm {name!r} gave {describe(job_id)} {describe(n)} devices; it allows "
                               f"{job.min_devices}..{job.max_devices}")
     used = sum(n for _, n in pairs)
     if used > available:
