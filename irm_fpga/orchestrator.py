@@ -34,6 +34,7 @@ from irm_fpga import designs as design_lib
 from irm_fpga import engine as eng
 from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob
 from irm_fpga.models import Client, Group, Reservation
+from irm_fpga.server_breaker import ServerBreaker, ServerNotAnswering, intercept
 from irm_fpga.wire import choices
 from services import client as rpc
 from services import control, paging
@@ -91,6 +92,12 @@ class OrchestratorConfig:
     autoscaler: str = "improved"
     autoscaler_interval_s: float = 10.0
     server_timeout_s: float = 10.0
+    # A server that hangs (a stopped process, a partition; not one that refuses connections) would cost every
+    # call its server_timeout_s: once a call to it timed out, calls to it fail at once (UNAVAILABLE) for this
+    # long, then one call tries it again (irm_fpga.server_breaker); each try that fails doubles the wait, up to
+    # server_backoff_max_s. 0: no breaker.
+    server_backoff_s: float = 2.0
+    server_backoff_max_s: float = 30.0
     # How often every FPGA-server is made to hold what the database says (a server that restarted came back
     # empty; a delete that could not reach one left its part there). 0: only at start.
     reconcile_interval_s: float = 5.0
@@ -119,9 +126,18 @@ class ServerHandle:
     name: str
     address: str
     token: str = ""            # the servers' control token (services.control)
+    # Calls through `stub()` fail at once for a while after one timed out (irm_fpga.server_breaker); 0: never.
+    backoff_s: float = 0.0
+    backoff_max_s: float = 0.0
+    breaker: ServerBreaker | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.breaker is None and self.backoff_s > 0:
+            self.breaker = ServerBreaker(self.name, self.address, self.backoff_s, self.backoff_max_s)
 
     def stub(self) -> fpga_pb2_grpc.FpgaServerStub:
-        return fpga_pb2_grpc.FpgaServerStub(control.channel(rpc.channel(self.address), self.token))
+        return fpga_pb2_grpc.FpgaServerStub(intercept(control.channel(rpc.channel(self.address), self.token),
+                                                      self.breaker))
 
 
 def _check_id(field_path: str, value: str) -> None:
@@ -139,6 +155,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def __init__(self, config: OrchestratorConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
+        for name in ("server_backoff_s", "server_backoff_max_s"):
+            value = getattr(config, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"orchestrator configuration: {name} = {value!r}: expected seconds, 0 or more")
         self.db = Database(config.database or default_url(config.state_dir, f"fpga-{config.name}"))
         self.db.migrate(MIGRATIONS, "alembic_version_fpga")
         self.servers: dict[str, ServerHandle] = {}
@@ -227,7 +247,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     rpc.drop(address)
                 continue
             # A new dict, not an update: other threads iterate `self.servers` without the lock.
-            self.servers = {**self.servers, info.name: ServerHandle(info.name, address, self.config.control_token)}
+            self.servers = {**self.servers, info.name: ServerHandle(
+                info.name, address, self.config.control_token, backoff_s=self.config.server_backoff_s,
+                backoff_max_s=self.config.server_backoff_max_s)}
 
     def _handle(self, name: str) -> ServerHandle:
         h = self.servers.get(name)
@@ -281,12 +303,35 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             # No reconcile rounds to map a server that was down at start: each placement (and listing) tries.
             self._discover_servers()
         out = {}
-        for name, h in self.servers.items():
-            try:
-                out[name] = h.stub().GetServer(fpga_pb2.GetServerRequest(), timeout=self.config.server_timeout_s)
-            except grpc.RpcError as e:
-                log.warning("FPGA-server unreachable", extra={"server": name, "code": e.code().name})
+        for name, reply in self._ask_all(self.servers, "GetServer", fpga_pb2.GetServerRequest()).items():
+            if isinstance(reply, ServerNotAnswering):      # its breaker said so once, when it opened
+                log.debug("FPGA-server not asked: it did not answer lately", extra={"server": name})
+            elif isinstance(reply, grpc.RpcError):
+                log.warning("FPGA-server unreachable", extra={"server": name, "code": reply.code().name})
+            else:
+                out[name] = reply
         return out
+
+    def _ask_all(self, handles: dict[str, ServerHandle], method: str, request: object) -> dict[str, object]:
+        """`method` called on every server of `handles` at once (one that hangs costs one timeout, not one per
+        server): server -> its reply, or the grpc.RpcError its call failed with; in the order of `handles`."""
+        futures: dict[str, object] = {}
+        out: dict[str, object] = {}
+        for name, h in handles.items():
+            call = getattr(h.stub(), method)
+            try:
+                if hasattr(call, "future"):
+                    futures[name] = call.future(request, timeout=self.config.server_timeout_s)
+                else:                       # a stand-in stub without futures: asked in turn
+                    out[name] = call(request, timeout=self.config.server_timeout_s)
+            except grpc.RpcError as e:
+                out[name] = e
+        for name, f in futures.items():
+            try:
+                out[name] = f.result()      # type: ignore[attr-defined]
+            except grpc.RpcError as e:
+                out[name] = e
+        return {name: out[name] for name in handles if name in out}
 
     @staticmethod
     def _free(info: fpga_pb2.ServerInfo, recorded: int = 0) -> int:
@@ -527,16 +572,12 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             return self.db.transact(save)
 
     def _delete_parts(self, g: Group, parts: dict[str, int]) -> None:
-        for name in parts:
-            h = self.servers.get(name)
-            if h is None:
-                continue
-            try:
-                h.stub().DeleteGroupPart(fpga_pb2.DeleteGroupPartRequest(group_id=g.id),
-                                         timeout=self.config.server_timeout_s)
-            except grpc.RpcError as e:
+        handles = {name: h for name in parts if (h := self.servers.get(name)) is not None}
+        for name, reply in self._ask_all(handles, "DeleteGroupPart",
+                                         fpga_pb2.DeleteGroupPartRequest(group_id=g.id)).items():
+            if isinstance(reply, grpc.RpcError):
                 log.warning("could not delete a group part", extra={"group": g.id, "server": name,
-                                                                    "code": e.code().name})
+                                                                    "code": reply.code().name})
 
     def delete(self, g: Group) -> Group:
         with self.lock:
@@ -699,13 +740,12 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _revoke_everywhere(self, client_id: str, handles: list[ServerHandle]) -> None:
         """Take an attach that did not complete back from `handles` (best-effort: a server that does not answer
         is logged; it holds a client no one was given)."""
-        for h in handles:
-            try:
-                h.stub().RevokeClient(fpga_pb2.ServerClientRequest(client_id=client_id),
-                                      timeout=self.config.server_timeout_s)
-            except grpc.RpcError as e:
+        replies = self._ask_all({h.name: h for h in handles}, "RevokeClient",
+                                fpga_pb2.ServerClientRequest(client_id=client_id))
+        for name, reply in replies.items():
+            if isinstance(reply, grpc.RpcError):
                 log.warning("could not take back an attach that did not complete",
-                            extra={"client": client_id, "server": h.name, "code": e.code().name})
+                            extra={"client": client_id, "server": name, "code": reply.code().name})
 
     def _client(self, tenant: str, request: fpga_pb2.ClientRequest) -> tuple[Group, Client]:
         g = self._group(request.group_id)
@@ -999,12 +1039,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         ids = {gid for e in r.groups for gid in e["groups"]}
         now = self.clock.now()
         series = []
-        for name, h in self.servers.items():
-            try:
-                m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(), timeout=self.config.server_timeout_s)
-            except grpc.RpcError:
+        for name, m in self._ask_all(self.servers, "GetMeasurements", fpga_pb2.GetMeasurementsRequest()).items():
+            if isinstance(m, grpc.RpcError):
                 continue
-            for g in m.groups:
+            for g in m.groups:  # type: ignore[attr-defined]
                 if g.group_id in ids:
                     for metric, value in (("completed", g.completed), ("queued", g.queued),
                                           ("busy_device_s", g.busy_device_s)):
@@ -1109,13 +1147,15 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             groups = {g.id: g for g in s.scalars(select(Group).where(Group.deleted.is_(False)))}
         decided: dict[str, int] = {}
         where: dict[str, str] = {}          # group -> the server whose policy decided it
-        for name, h in self.servers.items():
+        servers = self.servers
+        for name, m in self._ask_all(servers, "GetMeasurements", fpga_pb2.GetMeasurementsRequest()).items():
+            if isinstance(m, grpc.RpcError):
+                continue
             try:
-                m = h.stub().GetMeasurements(fpga_pb2.GetMeasurementsRequest(), timeout=self.config.server_timeout_s)
+                scaler = self._scalers.get(name) or self._scalers.setdefault(name, self._new_scaler(servers[name]))
             except grpc.RpcError:
                 continue
-            scaler = self._scalers.get(name) or self._scalers.setdefault(name, self._new_scaler(h))
-            for gid, size in scaler.step(self._engine_view(m, groups)).items():
+            for gid, size in scaler.step(self._engine_view(m, groups)).items():  # type: ignore[arg-type]
                 decided[gid] = size
                 where[gid] = name
         # Shrinks first: a policy that moves a device from one group to another on a server means the device
