@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from application_manager.slo import Slo
-from services.errors import FailedPrecondition
+from services.errors import NO_MODEL, SLO_UNATTAINABLE, FailedPrecondition
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def pareto(points: list[Point]) -> list[Point]:
 
 def select(frontier: list[Point], slo: Slo) -> Point:
     if not frontier:
-        raise FailedPrecondition("no performance model yet: profile the application first")
+        raise FailedPrecondition("no performance model yet: profile the application first", reason=NO_MODEL)
     meets = [p for p in frontier if slo.holds(p.time_s, p.cost)]
     if meets:
         if slo.optimize == "%cost":
@@ -50,4 +50,4 @@ def select(frontier: list[Point], slo: Slo) -> Point:
     raise FailedPrecondition(
         f"no profiled configuration meets the SLO ({slo.describe()}): the best achievable are "
         f"{fastest.time_s:.3g} s at cost {fastest.cost:.4g} (fastest) and {cheapest.time_s:.3g} s at cost "
-        f"{cheapest.cost:.4g} (cheapest)")
+        f"{cheapest.cost:.4g} (cheapest)", reason=SLO_UNATTAINABLE)

@@ -49,6 +49,10 @@ from services import client, paging
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
+    APPLICATION_STALE,
+    NO_MODEL,
+    PROFILING_IN_PROGRESS,
+    SLO_UNATTAINABLE,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -170,7 +174,8 @@ class StaleApplication(FailedPrecondition):
 
     def __init__(self, application_id: str, why: str) -> None:
         super().__init__(f"application {application_id} was accepted by an earlier version of the Application "
-                         f"Manager, but its stored manifest or SLO is no longer valid ({why}); submit it again")
+                         f"Manager, but its stored manifest or SLO is no longer valid ({why}); submit it again",
+                         reason=APPLICATION_STALE)
         self.why = why
 
 
@@ -739,7 +744,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 raise Unavailable(STOPPING)
             if loaded.app.id in self._busy:
                 raise FailedPrecondition(f"application {loaded.app.id} is being profiled by session "
-                                         f"{self._busy[loaded.app.id]}; stop it first")
+                                         f"{self._busy[loaded.app.id]}; stop it first", reason=PROFILING_IN_PROGRESS,
+                                         metadata={"session": self._busy[loaded.app.id]})
             self._busy[loaded.app.id] = sid
         runner = SessionRunner(sid)
         follower = runner.follow()
@@ -801,7 +807,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 why = self._gone(other.owner, other.heartbeat_at)
                 if why is None:
                     raise FailedPrecondition(f"application {row.application_id} is being profiled by session "
-                                             f"{other.id} (in AM process {other.owner}); stop it first")
+                                             f"{other.id} (in AM process {other.owner}); stop it first",
+                                             reason=PROFILING_IN_PROGRESS, metadata={"session": other.id})
                 if self._end_gone_session(s, other, why):
                     ended.add(other.id)
             s.add(row)
@@ -810,7 +817,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         except IntegrityError:
             # Another AM process started one between our look and our insert (the index allows one running).
             raise FailedPrecondition(f"application {row.application_id} is being profiled by a session of "
-                                     "another AM process; stop it first") from None
+                                     "another AM process; stop it first", reason=PROFILING_IN_PROGRESS) from None
         if ended:
             self._release_pending(ended)
 
@@ -964,7 +971,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             chosen = self._explore(loaded)
         i = loaded.space.index(chosen.config)
         if i is None:
-            raise FailedPrecondition("the model's configuration is no longer in the search space; profile again")
+            raise FailedPrecondition("the model's configuration is no longer in the search space; profile again",
+                                     reason=NO_MODEL)
         row = m.Execution(id=f"exec-{uuid.uuid4().hex[:12]}", application_id=loaded.app.id, tenant=tenant,
                           request_id=request.request_id or None, state="running", config=chosen.config,
                           slo=slo.describe(), predicted_time_s=chosen.time_s, predicted_cost=chosen.cost,
@@ -1050,16 +1058,17 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             top, n = Counter(r.error or "no error recorded" for r in unmeasured).most_common(1)[0]
             raise FailedPrecondition(
                 f"no performance model yet: none of the {len(unmeasured)} run(s) could be measured ({n} of them: "
-                f"{top[:300]}), which says nothing of the configurations; profile again when the cloud has room")
+                f"{top[:300]}), which says nothing of the configurations; profile again when the cloud has room",
+                reason=NO_MODEL)
         if not runs:
-            raise FailedPrecondition("no performance model yet: profile the application first")
+            raise FailedPrecondition("no performance model yet: profile the application first", reason=NO_MODEL)
         errors = Counter(r.error or "no error recorded" for r in runs if not r.ok)
         if len(errors) and all(not r.ok for r in runs):
             top, n = errors.most_common(1)[0]
             raise FailedPrecondition(
                 f"no performance model: all {len(runs)} run(s) on {len({json.dumps(r.config, sort_keys=True) for r in runs})} "
                 f"configuration(s) failed ({n} of them: {top[:300]}); fix the application or its resources, then "
-                f"profile again")
+                f"profile again", reason=NO_MODEL)
 
     @staticmethod
     def _execution_slo(loaded: Loaded, text: str) -> Slo:
@@ -1086,7 +1095,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                max_runs=MAX_RUNS)
         proposal = prof.propose(self._observations(loaded))
         if proposal is None:
-            raise FailedPrecondition("every configuration has been run and none satisfies the SLO")
+            raise FailedPrecondition("every configuration has been run and none satisfies the SLO",
+                                     reason=SLO_UNATTAINABLE)
         return Point(loaded.space.configs[proposal.config], 0.0, 0.0, True)
 
     def ListExecutions(self, request, context):  # noqa: N802

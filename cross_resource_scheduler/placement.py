@@ -28,6 +28,7 @@ from cross_resource_scheduler.constraints import Constraint
 from cross_resource_scheduler.plugins import Context, GroupDemand, Pipeline, location_of
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView, Node
+from services.errors import CAPACITY_IN_USE, MANAGER_DOWN, NEVER_FITS, SEARCH_GAVE_UP
 
 
 @dataclass
@@ -52,6 +53,13 @@ class Unschedulable(Exception):
     removed_by: dict[str, int] = field(default_factory=dict)
     # Managers that are down and whose resources it could fit: it may fit once they are back.
     down: list[str] = field(default_factory=list)
+    # Which of the refusals it is, as a client branches on it (services.errors: NEVER_FITS, MANAGER_DOWN,
+    # CAPACITY_IN_USE, SEARCH_GAVE_UP); empty: said by the fields above.
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.reason:
+            self.reason = MANAGER_DOWN if self.down else NEVER_FITS if self.unresolvable else SEARCH_GAVE_UP
 
     def __str__(self) -> str:
         return self.message
@@ -468,4 +476,5 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
     else:
         parts = ", ".join(f"{name} removed {count}" for name, count in removed.most_common())
         detail = f"none of {pool} candidates fits: {parts}"
-    raise Unschedulable(f"{where}: {detail}; {hint}", unresolvable, dict(removed), down)
+    raise Unschedulable(f"{where}: {detail}; {hint}", unresolvable, dict(removed), down,
+                        CAPACITY_IN_USE if hint == IN_USE and not (unresolvable or down) else "")

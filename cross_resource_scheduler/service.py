@@ -47,6 +47,12 @@ from services.clock import Clock, WallClock
 from services.config import ConfigError, check_address
 from services.db import Database, Prepared, default_url
 from services.errors import (
+    CAPACITY_IN_USE,
+    MANAGER_DOWN,
+    MANAGER_UNAVAILABLE,
+    OVER_PRICE,
+    RETRY_LATER_S,
+    STREAM_CAP,
     Aborted,
     FailedPrecondition,
     HarnessError,
@@ -239,7 +245,14 @@ def _domain(dom: common_pb2.Range) -> str:
 
 
 def _err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str] | None = None) -> HarnessError:
-    return from_rpc_error(f"manager {manager!r}", e, "nothing was reserved", field_path)
+    """A manager's refusal for the tenant: its reason (ErrorInfo) and RetryInfo kept, the manager named in the
+    metadata; a manager that did not answer is MANAGER_UNAVAILABLE."""
+    error = from_rpc_error(f"manager {manager!r}", e, "nothing was reserved", field_path)
+    if not error.reason and isinstance(error, Unavailable):
+        error.with_reason(MANAGER_UNAVAILABLE, RETRY_LATER_S)
+    if error.reason:
+        error.metadata.setdefault("manager", manager)
+    return error
 
 
 def _not_ready(resource_type: str, providers: list[ManagerState]) -> str:
@@ -725,7 +738,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         parsed = cons.from_proto(list(constraints), names, v)
         v.raise_if_any()
         if waiting:
-            raise Unavailable("; ".join(_not_ready(rtype, providers) for rtype, providers in waiting.items()))
+            down = sorted({m.name for providers in waiting.values() for m in providers if not m.up})
+            raise Unavailable("; ".join(_not_ready(rtype, providers) for rtype, providers in waiting.items()),
+                              # Down, or up but not described yet (it registered moments ago).
+                              reason=MANAGER_DOWN if down else MANAGER_UNAVAILABLE, retry_after_s=RETRY_LATER_S,
+                              metadata={"manager": ",".join(down or sorted(
+                                  {m.name for providers in waiting.values() for m in providers}))})
         return PlacementRequest(demands, parsed)
 
     @staticmethod
@@ -785,7 +803,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 log.info("unschedulable", extra={"reason": str(e), "removed_by": e.removed_by})
                 # A manager down that could hold it: it is the manager the client waits for (README's contract).
                 error = Unavailable if e.down else FailedPrecondition if e.unresolvable else ResourceExhausted
-                raise error(str(e)) from None
+                raise error(str(e), reason=e.reason,
+                            retry_after_s=RETRY_LATER_S if e.reason in (CAPACITY_IN_USE, MANAGER_DOWN) else None,
+                            metadata={"manager": ",".join(e.down)} if e.down else {}) from None
             if assume_token is not None:
                 nodes = [(self.view.nodes.get(key), demand) for key, demand in placement.demand.items()]
                 gone = sorted(key for key, (node, _) in zip(placement.demand, nodes, strict=True) if node is None)
@@ -882,6 +902,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             out.notes.extend(notes)
             return out
         assert last_error is not None
+        if isinstance(last_error, ResourceExhausted) and not last_error.reason:
+            # A manager refused what the view showed free (a ReserveBatch refusal carries no reason): in use.
+            last_error.with_reason(CAPACITY_IN_USE, RETRY_LATER_S)
         raise last_error
 
     def _within_price(self, tenant: str, groups: list[irm_pb2.ResourceGroup], req: PlacementRequest,
@@ -903,7 +926,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 return placement
         raise FailedPrecondition(
             f"the cheapest placement found is quoted {price:.4f}/min, over max_price_per_minute {cap:.4f}; "
-            "nothing was reserved: raise the limit or ask for less")
+            "nothing was reserved: raise the limit or ask for less",
+            reason=OVER_PRICE, metadata={"pricePerMinute": f"{price:.4f}", "maxPricePerMinute": f"{cap:.4f}"})
 
     def _unit_prices(self, tenant: str, groups: list[irm_pb2.ResourceGroup], req: PlacementRequest
                      ) -> dict[tuple[str, tuple], float]:
@@ -982,12 +1006,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             for manager, parts in pinned.items():
                 state = self.registry.get(manager)
                 if state is None or not state.up:
-                    raise Unavailable(f"manager {manager!r} went down during placement; nothing was reserved")
+                    raise Unavailable(f"manager {manager!r} went down during placement; nothing was reserved",
+                                      reason=MANAGER_DOWN, retry_after_s=RETRY_LATER_S, metadata={"manager": manager})
                 if not state.slots.acquire(timeout=max(0.0, self.config.delegation_wait_s)):
                     raise Unavailable(
                         f"manager {manager!r} is slow: {self.config.max_delegations_per_manager} reservations have "
                         f"been waiting on it for over {self.config.delegation_wait_s:g} s; nothing was reserved, "
-                        "retry later")
+                        "retry later", reason=MANAGER_UNAVAILABLE, retry_after_s=RETRY_LATER_S,
+                        metadata={"manager": manager})
                 touched.append(manager)
                 try:
                     # Overlapping delegations to one manager share a call (delegation.py).
@@ -1110,11 +1136,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=n.to_proto())
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        for ev in self.watchers.stream(snapshot, context.is_active, request.tenant):
-            # The snapshot's end names no resource: it passes every filter (a client waits for it).
-            if (not request.resource_type or ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
-                    or ev.resource.resource_type == request.resource_type):
-                yield ev
+        try:
+            for ev in self.watchers.stream(snapshot, context.is_active, request.tenant):
+                # The snapshot's end names no resource: it passes every filter (a client waits for it).
+                if (not request.resource_type or ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
+                        or ev.resource.resource_type == request.resource_type):
+                    yield ev
+        except ResourceExhausted as e:
+            # The one refusal of a watch: the Broadcaster's caps on open streams.
+            raise e if e.reason else e.with_reason(STREAM_CAP) from None
 
     def _forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
         """A change of `manager`'s resources to the CRS's watchers (not while it is down: they have its

@@ -51,6 +51,10 @@ from irm_compute.sandbox import (
 )
 from services import control, pidlock
 from services.errors import (
+    MANAGER_UNAVAILABLE,
+    RETRY_LATER_S,
+    STREAM_CAP,
+    VM_RELEASED,
     FailedPrecondition,
     HarnessError,
     InvalidArgument,
@@ -151,7 +155,8 @@ class ComputeClient:
                 ) from None
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise Unavailable(
-                    f"compute IRM at {self.address} unreachable ({code.name}) while looking up VM {vm_id!r}; retry later"
+                    f"compute IRM at {self.address} unreachable ({code.name}) while looking up VM {vm_id!r}; retry later",
+                    reason=MANAGER_UNAVAILABLE, retry_after_s=RETRY_LATER_S,
                 ) from None
             raise Unavailable(
                 f"compute IRM at {self.address} failed to describe VM {vm_id!r}: {code.name}: {details}"
@@ -218,13 +223,13 @@ class Agent:
             released_owner = self._released.get(vm_id)
         if released_owner:
             owned(tenant, released_owner, f"VM {vm_id}")
-            raise FailedPrecondition(f"VM {vm_id} was released")
+            raise FailedPrecondition(f"VM {vm_id} was released", reason=VM_RELEASED)
         if cached is not None:
             owned(tenant, cached.tenant, f"VM {vm_id}")
             if time.monotonic() - cached.confirmed <= self.config.vm_check_interval_s:
                 return cached
             if self._released_at_compute(vm_id):
-                raise FailedPrecondition(f"VM {vm_id} was released")
+                raise FailedPrecondition(f"VM {vm_id} was released", reason=VM_RELEASED)
             return cached
 
         # Outside the lock: a slow compute IRM must not stall other VMs. Also asked for a VM released
@@ -232,7 +237,7 @@ class Agent:
         vm = self.compute.get_vm(vm_id)
         owned(tenant, vm.tenant, f"VM {vm_id}")
         if vm.state == compute_pb2.Vm.STATE_RELEASED or released_owner is not None:
-            raise FailedPrecondition(f"VM {vm_id} was released")
+            raise FailedPrecondition(f"VM {vm_id} was released", reason=VM_RELEASED)
         if self.hosts and vm.host not in self.hosts:
             raise FailedPrecondition(
                 f"VM {vm_id} is reserved on host {vm.host!r}; this agent serves host(s) "
@@ -244,7 +249,7 @@ class Agent:
             )
         with self._lock:
             if vm_id in self._released:  # released while we were asking
-                raise FailedPrecondition(f"VM {vm_id} was released")
+                raise FailedPrecondition(f"VM {vm_id} was released", reason=VM_RELEASED)
             cached = self._vms.get(vm_id)  # another request may have cached it meanwhile
             if cached is None:
                 slot = self.allocator.slot(vm_id, vm.cores, vm.memory_gb * 1024)
@@ -301,7 +306,8 @@ class Agent:
             raise                                   # the tokens disagree: "retry later" would not help
         except HarnessError as e:
             raise Unavailable(f"cannot confirm with the compute IRM that VM {vm_id} is released ({e}); "
-                              "retry later (the agent also re-checks its VMs on its own)") from None
+                              "retry later (the agent also re-checks its VMs on its own)",
+                              reason=MANAGER_UNAVAILABLE, retry_after_s=RETRY_LATER_S) from None
         else:
             if vm.state != compute_pb2.Vm.STATE_RELEASED:
                 raise FailedPrecondition(f"VM {vm_id} is still reserved at the compute IRM: release its "
@@ -386,7 +392,7 @@ class Agent:
             # has marked the VM released before we look, so nothing starts on a released VM.
             with self._lock:
                 if request.vm_id in self._released:
-                    raise FailedPrecondition(f"VM {request.vm_id} was released")
+                    raise FailedPrecondition(f"VM {request.vm_id} was released", reason=VM_RELEASED)
                 execution.start()
                 self._runs[execution_id] = run
         except FileNotFoundError:
@@ -616,7 +622,8 @@ class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
             if self._streams >= limit:
                 raise ResourceExhausted(
                     f"{self._streams} executions are streaming from this agent, its most (max_execute_streams="
-                    f"{limit}); retry when one ends (a client may cancel its stream and follow the run with GetExecution)")
+                    f"{limit}); retry when one ends (a client may cancel its stream and follow the run with GetExecution)",
+                    reason=STREAM_CAP)
             self._streams += 1
         try:
             run = self.agent.execute(request)

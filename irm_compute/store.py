@@ -26,6 +26,10 @@ from services import paging
 from services.clock import Clock
 from services.db import Database, Prepared
 from services.errors import (
+    CAPACITY_IN_USE,
+    NEVER_FITS,
+    OVER_PRICE,
+    RETRY_LATER_S,
     FailedPrecondition,
     HarnessError,
     NotFound,
@@ -290,7 +294,8 @@ class ComputeStore:
                 except ResourceExhausted:
                     # Full now, or never? Only worked out on a refusal: the hot path pays nothing.
                     if (why := self.never_fits(call.groups)) is not None:
-                        raise FailedPrecondition(f"this request can never fit, even on empty hosts: {why}") from None
+                        raise FailedPrecondition(f"this request can never fit, even on empty hosts: {why}",
+                                                 reason=NEVER_FITS) from None
                     raise
                 price = self.cost.price_per_minute(g.cores, g.memory_mb / 1024, host.frequency_ghz)
                 vms.append(VmRecord(id=new_id("vm"), reservation_id=res.id, ordinal=len(vms), group=g.name,
@@ -314,7 +319,8 @@ class ComputeStore:
         if cap is not None and price > cap + _PRICE_SLACK:
             raise FailedPrecondition(
                 f"price {price:.4f}/min exceeds max_price_per_minute {cap:.4f}; nothing was reserved: "
-                "raise the cap, or ask for fewer or smaller VMs (QuotePrice says what a request costs)")
+                "raise the cap, or ask for fewer or smaller VMs (QuotePrice says what a request costs)",
+                reason=OVER_PRICE, metadata={"pricePerMinute": f"{price:.4f}", "maxPricePerMinute": f"{cap:.4f}"})
 
     def _take(self, conn: Connection, g: VmGroup, pinned: str | None) -> tuple[Host, HostUsage]:
         """Take one VM's share of a host, atomically; the host is pinned or chosen here."""
@@ -324,7 +330,8 @@ class ComputeStore:
             if usage is None:
                 raise ResourceExhausted(
                     f"group {g.name!r}: host {pinned!r} has no room for {g.cores} cores / "
-                    f"{g.memory_mb / 1024:g} GB any more (it changed since it was chosen); retry placement")
+                    f"{g.memory_mb / 1024:g} GB any more (it changed since it was chosen); retry placement",
+                    reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
             return host, usage
         # Not pinned: first fit among the fullest hosts that still have room (packing).
         # Traits live in JSON, so they are matched here, a page of candidates at a time.
@@ -359,7 +366,7 @@ class ComputeStore:
         if not g.host_matches(host.frequency_ghz, set(host.traits)):
             raise FailedPrecondition(
                 f"group {g.name!r}: host {pinned!r} ({host.frequency_ghz} GHz, traits {sorted(host.traits)}) "
-                "does not match the group's frequency or traits")
+                "does not match the group's frequency or traits", reason=NEVER_FITS)
         return host
 
     def never_fits(self, groups: list[VmGroup]) -> str | None:
@@ -411,13 +418,15 @@ class ComputeStore:
         fitting = [h for h in hosts if g.host_matches(h.frequency_ghz, set(h.traits))]
         shape = f"{g.cores} cores / {g.memory_mb / 1024:g} GB"
         if not fitting:
-            raise FailedPrecondition(f"group {g.name!r}: no host has the requested frequency and traits")
+            raise FailedPrecondition(f"group {g.name!r}: no host has the requested frequency and traits",
+                                     reason=NEVER_FITS)
         if not any(h.cores >= g.cores and h.memory_mb >= g.memory_mb for h in fitting):
             biggest = max(fitting, key=lambda h: (h.cores, h.memory_mb))
             raise FailedPrecondition(
                 f"group {g.name!r}: no host can ever hold {shape}; the largest matching host has "
-                f"{biggest.cores} cores / {biggest.memory_mb / 1024:g} GB")
-        raise ResourceExhausted(f"group {g.name!r}: every matching host is too full for {shape} right now")
+                f"{biggest.cores} cores / {biggest.memory_mb / 1024:g} GB", reason=NEVER_FITS)
+        raise ResourceExhausted(f"group {g.name!r}: every matching host is too full for {shape} right now",
+                                reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
 
     # -- release ---------------------------------------------------------
     def release(self, tenant: str, reservation_id: str) -> Outcome:

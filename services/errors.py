@@ -3,16 +3,55 @@
 Service code raises these; the interceptor in services.server turns them into
 statuses with google.rpc details. Anything else that escapes a handler becomes
 INTERNAL with a log line, never UNKNOWN and never a traceback on the wire.
+
+A status code alone does not tell a client what to do (FAILED_PRECONDITION is
+"never fits" and "over your price cap" and "no model yet"): an error may carry
+a machine-readable `reason`, sent as a google.rpc.ErrorInfo (domain
+"harness.v1"), and `retry_after_s`, sent as a google.rpc.RetryInfo. The
+reasons below are the wire contract; protos/harness/v1/common.proto lists them
+for clients in other languages.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Self
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+# google.rpc.ErrorInfo.domain of every reason below.
+DOMAIN = "harness.v1"
+
+# The reasons (google.rpc.ErrorInfo.reason). Each is one a client branches on; common.proto documents them.
+NEVER_FITS = "NEVER_FITS"                    # FAILED_PRECONDITION: cannot fit as asked, even on empty resources
+OVER_PRICE = "OVER_PRICE"                    # FAILED_PRECONDITION: the price is over max_price_per_minute
+CAPACITY_IN_USE = "CAPACITY_IN_USE"          # RESOURCE_EXHAUSTED: it fits once others release: retry later
+SEARCH_GAVE_UP = "SEARCH_GAVE_UP"            # RESOURCE_EXHAUSTED: the bounded placement search found nothing
+STREAM_CAP = "STREAM_CAP"                    # RESOURCE_EXHAUSTED: too many streams open: close one, or poll
+MANAGER_DOWN = "MANAGER_DOWN"                # UNAVAILABLE: a resource manager is down (missed its heartbeats)
+MANAGER_UNAVAILABLE = "MANAGER_UNAVAILABLE"  # UNAVAILABLE: a manager did not answer, or is overloaded
+NO_MODEL = "NO_MODEL"                        # FAILED_PRECONDITION: no usable performance model: profile
+SLO_UNATTAINABLE = "SLO_UNATTAINABLE"        # FAILED_PRECONDITION: no configuration measured meets the SLO
+PROFILING_IN_PROGRESS = "PROFILING_IN_PROGRESS"  # FAILED_PRECONDITION: a session profiles the application
+APPLICATION_STALE = "APPLICATION_STALE"      # FAILED_PRECONDITION: stored application no longer valid: resubmit
+VM_RELEASED = "VM_RELEASED"                  # FAILED_PRECONDITION: the VM's reservation was released
+REASONS = (NEVER_FITS, OVER_PRICE, CAPACITY_IN_USE, SEARCH_GAVE_UP, STREAM_CAP, MANAGER_DOWN, MANAGER_UNAVAILABLE,
+           NO_MODEL, SLO_UNATTAINABLE, PROFILING_IN_PROGRESS, APPLICATION_STALE, VM_RELEASED)
+
+# RetryInfo of an error whose cause passes with time (capacity in use, a manager away): how long a client waits
+# at least before it tries again.
+RETRY_LATER_S = 5.0
+
+# ErrorInfo's own rules: UPPER_SNAKE_CASE, at most 63 characters.
+_REASON = re.compile(r"[A-Z][A-Z0-9_]{0,61}[A-Z0-9]")
+_METADATA_ENTRIES, _METADATA_KEY_BYTES, _METADATA_VALUE_BYTES = 8, 64, 256
+# An ErrorInfo takes at most this much of MAX_DETAILS_BYTES (it goes first: the rest is the field violations').
+_ERROR_INFO_BYTES = 768
 
 
 @dataclass
@@ -23,17 +62,49 @@ class FieldViolation:
 
 @dataclass
 class HarnessError(Exception):
+    """`reason` (keyword only): what a client branches on, one of REASONS (sent as a google.rpc.ErrorInfo with
+    `metadata`, a few short strings naming what it is about); `retry_after_s`: how long to wait before trying
+    again, when waiting helps (sent as a google.rpc.RetryInfo)."""
+
     message: str
     code: grpc.StatusCode = field(default=grpc.StatusCode.INTERNAL, init=False)
+    reason: str = field(default="", kw_only=True)
+    retry_after_s: float | None = field(default=None, kw_only=True)
+    metadata: dict[str, str] = field(default_factory=dict, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
+        self.with_reason(self.reason, self.retry_after_s)
 
     def __str__(self) -> str:
         return self.message
 
+    def with_reason(self, reason: str, retry_after_s: float | None = None, **metadata: str) -> Self:
+        """This error with `reason` (and the rest) set, for raising again; the arguments are checked here, where
+        a mistake is the code's, not on the wire."""
+        if reason and not _REASON.fullmatch(reason):
+            raise ValueError(f"an error reason is UPPER_SNAKE_CASE of at most 63 characters, got {reason!r}")
+        if retry_after_s is not None and not (math.isfinite(retry_after_s) and retry_after_s >= 0):
+            raise ValueError(f"retry_after_s must be a finite number of seconds >= 0, got {retry_after_s!r}")
+        self.reason, self.retry_after_s = reason, retry_after_s
+        self.metadata.update(metadata)
+        return self
+
     def details(self) -> list[any_pb2.Any]:
-        return []
+        """google.rpc details: an ErrorInfo when a reason is set, a RetryInfo when retry_after_s is."""
+        out: list[any_pb2.Any] = []
+        if self.reason:
+            packed = any_pb2.Any()
+            packed.Pack(error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN,
+                                                    metadata={str(k): str(v) for k, v in self.metadata.items()}))
+            out.append(packed)
+        if self.retry_after_s is not None:
+            delay = duration_pb2.Duration()
+            delay.FromNanoseconds(round(self.retry_after_s * 1e9))
+            packed = any_pb2.Any()
+            packed.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+            out.append(packed)
+        return out
 
 
 @dataclass
@@ -56,7 +127,7 @@ class InvalidArgument(HarnessError):
         )
         packed = any_pb2.Any()
         packed.Pack(bad)
-        return [packed]
+        return [*super().details(), packed]
 
 
 class Violations:
@@ -119,8 +190,8 @@ class Unauthenticated(HarnessError):
 # A gRPC client refuses trailers (grpc-message, percent-encoded, plus grpc-status-details-bin, which holds the
 # message again and the details) over 16 KiB, and those over 8 KiB at random (its soft limit): the caller then sees
 # RESOURCE_EXHAUSTED "Stream removed" instead of the error. A message that echoes a caller's huge input is cut to
-# this many UTF-8 bytes, and the details (field violations) to the next: at most about 1 KiB x 3 (percent-encoding)
-# + 1 KiB + 2 KiB on the wire, well within the soft limit.
+# this many UTF-8 bytes, and the details (ErrorInfo, RetryInfo, field violations) to the next: at most about
+# 1 KiB x 3 (percent-encoding) + 1 KiB + 2 KiB on the wire, well within the soft limit.
 MAX_MESSAGE_BYTES = 1024
 MAX_DETAILS_BYTES = 2048
 _FIELD_BYTES, _DESCRIPTION_BYTES = 128, 512
@@ -141,11 +212,24 @@ def bounded(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
 
 
 def _bounded_details(details: list[any_pb2.Any]) -> list[any_pb2.Any]:
-    """The details within MAX_DETAILS_BYTES: each field violation's text bounded, and as many as fit."""
+    """The details within MAX_DETAILS_BYTES: each field violation's text bounded, and as many as fit; an
+    ErrorInfo's metadata cut to a few short entries."""
     out: list[any_pb2.Any] = []
     size = 0
     for detail in details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            kept_info = error_details_pb2.ErrorInfo(reason=info.reason[:63], domain=info.domain[:64])
+            for k, v in sorted(info.metadata.items())[:_METADATA_ENTRIES]:
+                key = bounded(k, _METADATA_KEY_BYTES)
+                kept_info.metadata[key] = bounded(v, _METADATA_VALUE_BYTES)
+                if kept_info.ByteSize() > _ERROR_INFO_BYTES:
+                    del kept_info.metadata[key]     # the rest are left out: the reason always goes
+                    break
+            detail = any_pb2.Any()
+            detail.Pack(kept_info)
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)
             kept = error_details_pb2.BadRequest()
@@ -203,19 +287,26 @@ def require_tenant(tenant: str) -> str:
     return tenant
 
 
-def _peer_violations(e: grpc.RpcError) -> list[FieldViolation]:
-    """The field violations in a peer's google.rpc status; none when it sent none or they cannot be read."""
+def _peer_status(e: grpc.RpcError) -> status_pb2.Status | None:
+    """A peer's google.rpc status (from grpc-status-details-bin); None when it sent none or it cannot be read."""
     from google.protobuf.message import DecodeError
     from grpc_status import rpc_status
 
     if not isinstance(e, grpc.Call):
+        return None
+    try:
+        return rpc_status.from_call(e)  # type: ignore[arg-type]
+    except (ValueError, DecodeError):  # a rich status contradicting the call's own status is not this call's
+        return None
+
+
+def _peer_violations(e: grpc.RpcError) -> list[FieldViolation]:
+    """The field violations in a peer's google.rpc status; none when it sent none or they cannot be read."""
+    if not isinstance(e, grpc.Call):
         # An error built on this side: one refusal of a batch says its violations itself, if it has any.
         carried = getattr(e, "field_violations", None)
         return [FieldViolation(f, d) for f, d in carried()] if callable(carried) else []
-    try:
-        status = rpc_status.from_call(e)  # type: ignore[arg-type]
-    except (ValueError, DecodeError):  # a rich status contradicting the call's own status is not this call's
-        return []
+    status = _peer_status(e)
     out: list[FieldViolation] = []
     for detail in status.details if status is not None else []:
         if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
@@ -223,6 +314,31 @@ def _peer_violations(e: grpc.RpcError) -> list[FieldViolation]:
             detail.Unpack(bad)
             out += [FieldViolation(v.field, v.description) for v in bad.field_violations]
     return out
+
+
+def error_info(rpc_error: grpc.RpcError) -> tuple[str, dict[str, str]] | None:
+    """Client side: the (reason, metadata) of an error's google.rpc.ErrorInfo of domain "harness.v1" (see
+    REASONS), or None when it has none (or a malformed one)."""
+    status = _peer_status(rpc_error)
+    for detail in status.details if status is not None else []:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain == DOMAIN and _REASON.fullmatch(info.reason):
+                return info.reason, dict(info.metadata)
+    return None
+
+
+def retry_delay_s(rpc_error: grpc.RpcError) -> float | None:
+    """Client side: the seconds of an error's google.rpc.RetryInfo, or None when it has none."""
+    status = _peer_status(rpc_error)
+    for detail in status.details if status is not None else []:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            delay = info.retry_delay.ToNanoseconds() / 1e9
+            return delay if math.isfinite(delay) and delay >= 0 else None
+    return None
 
 
 def from_rpc_error(peer: str, e: grpc.RpcError, consequence: str = "",
@@ -234,8 +350,21 @@ def from_rpc_error(peer: str, e: grpc.RpcError, consequence: str = "",
     INVALID_ARGUMENT keeps the peer's field violations; `field_path`, when the
     peer was sent part of our caller's request, says how a field of the peer's
     request is named in the caller's (e.g. its `groups[0]` is the caller's
-    `groups[2]`).
+    `groups[2]`). The peer's reason (ErrorInfo, domain "harness.v1") and
+    RetryInfo are kept: the caller branches on what the peer said (a reason
+    only with the code it came with: each reason goes with one code).
     """
+    error = _from_rpc_error(peer, e, consequence, field_path)
+    info = error_info(e)
+    if info is not None and error.code == e.code():
+        error.reason, error.metadata = info[0], dict(info[1])
+    if (delay := retry_delay_s(e)) is not None:
+        error.retry_after_s = delay
+    return error
+
+
+def _from_rpc_error(peer: str, e: grpc.RpcError, consequence: str,
+                    field_path: Callable[[str], str] | None) -> HarnessError:
     code, detail = e.code(), e.details() or ""
     tail = f"; {consequence}" if consequence else ""
     text = f"{peer}: {detail}{tail}"
