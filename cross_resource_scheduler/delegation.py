@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
 
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services.batching import CallerLed, Waiter
@@ -34,11 +36,16 @@ class Refused(grpc.RpcError):
     """One request's refusal inside a batch, shaped as the RpcError its own call would raise."""
 
     def __init__(self, code: grpc.StatusCode, details: str,
-                 violations: list[tuple[str, str]] | None = None) -> None:
+                 violations: list[tuple[str, str]] | None = None, rich: list[any_pb2.Any] | None = None) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
         self._violations = list(violations or [])
+        self._rich = list(rich or [])
+
+    def rich_status(self) -> status_pb2.Status:
+        """The google.rpc status the request's own call would have carried (its reason, retry delay)."""
+        return status_pb2.Status(code=self._code.value[0], message=self._details, details=self._rich)
 
     def field_violations(self) -> list[tuple[str, str]]:
         """(field, description) of an INVALID_ARGUMENT, as the manager's BadRequest would have named them."""
@@ -138,4 +145,5 @@ class Delegator:
                 if code == grpc.StatusCode.OK:  # neither a reservation nor a refusal: in doubt
                     code = grpc.StatusCode.UNKNOWN
                 item.error = Refused(code, outcome.error.message,
-                                     [(v.field, v.description) for v in outcome.error.field_violations])
+                                     [(v.field, v.description) for v in outcome.error.field_violations],
+                                     list(outcome.error.details))

@@ -39,6 +39,7 @@ from services.errors import (
     ResourceExhausted,
     Violations,
     require_tenant,
+    to_status,
 )
 from services.idempotency import request_hash
 from services.registration import Membership
@@ -128,8 +129,9 @@ def coalesce(events: list[irm_pb2.CapacityEvent]) -> Iterator[irm_pb2.CapacityEv
 def _refusal(e: HarnessError) -> irm_pb2.ReserveOutcome:
     bad = [irm_pb2.ReserveFieldViolation(field=v.field, description=v.description)
            for v in getattr(e, "violations", [])]
-    return irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(code=e.code.value[0], message=e.message,
-                                                             field_violations=bad))
+    status = to_status(e)   # bounded as a Reserve's own status would be
+    return irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(code=e.code.value[0], message=status.message,
+                                                             field_violations=bad, details=status.details))
 
 
 def _validate_request_id(request_id: str) -> None:

@@ -293,7 +293,9 @@ def _peer_status(e: grpc.RpcError) -> status_pb2.Status | None:
     from grpc_status import rpc_status
 
     if not isinstance(e, grpc.Call):
-        return None
+        # An error built on this side (one refusal of a batch) may say the status its own call would have had.
+        rich = getattr(e, "rich_status", None)
+        return rich() if callable(rich) else None
     try:
         return rpc_status.from_call(e)  # type: ignore[arg-type]
     except (ValueError, DecodeError):  # a rich status contradicting the call's own status is not this call's

@@ -244,3 +244,21 @@ def test_a_search_that_gave_up_reaches_the_tenant_as_search_gave_up(crs: Crs, mo
         crs.QuotePrice(irm_pb2.QuotePriceRequest(tenant=T, groups=[_group(2)]), None)
     got = _status(info.value)
     assert got.code == 8 and got.reason == "SEARCH_GAVE_UP" and got.retry_s is None
+
+
+def test_a_refusal_inside_a_reserve_batch_keeps_its_reason(cloud: Cloud) -> None:
+    # The CRS batches concurrent reserves to one manager (ReserveBatch): each refusal carries the google.rpc
+    # details its own Reserve would have, and the CRS's Refused passes them on as that call's error would.
+    from cross_resource_scheduler.delegation import Refused
+
+    reply = cloud.compute_rm.ReserveBatch(irm_pb2.ReserveBatchRequest(requests=[
+        reserve_request("ok", group(cores=1)),
+        reserve_request("dear", group(cores=4), max_price_per_minute=0.001),
+    ]), timeout=TIMEOUT)
+    assert reply.outcomes[0].HasField("reservation")
+    err = reply.outcomes[1].error
+    code = next(c for c in grpc.StatusCode if c.value[0] == err.code)
+    refusal = Refused(code, err.message, [], list(err.details))
+    assert errors.error_info(refusal) is not None and errors.error_info(refusal)[0] == "OVER_PRICE"
+    passed_on = errors.from_rpc_error(f"manager {MANAGER!r}", refusal, "nothing was reserved")
+    assert passed_on.code == grpc.StatusCode.FAILED_PRECONDITION and passed_on.reason == "OVER_PRICE"

@@ -1,3 +1,4 @@
+from google.protobuf import any_pb2 as _any_pb2
 from harness.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -172,14 +173,16 @@ class ReserveOutcome(_message.Message):
     def __init__(self, reservation: _Optional[_Union[Reservation, _Mapping]] = ..., error: _Optional[_Union[ReserveError, _Mapping]] = ...) -> None: ...
 
 class ReserveError(_message.Message):
-    __slots__ = ("code", "message", "field_violations")
+    __slots__ = ("code", "message", "field_violations", "details")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FIELD_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
     field_violations: _containers.RepeatedCompositeFieldContainer[ReserveFieldViolation]
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., field_violations: _Optional[_Iterable[_Union[ReserveFieldViolation, _Mapping]]] = ...) -> None: ...
+    details: _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., field_violations: _Optional[_Iterable[_Union[ReserveFieldViolation, _Mapping]]] = ..., details: _Optional[_Iterable[_Union[_any_pb2.Any, _Mapping]]] = ...) -> None: ...
 
 class ReserveFieldViolation(_message.Message):
     __slots__ = ("field", "description")
