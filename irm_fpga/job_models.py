@@ -22,6 +22,9 @@ class FpgaJob(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128), index=True)
     request_id: Mapped[str] = mapped_column(String(256))
+    # What the request asked for, hashed (`services.idempotency.request_hash`: every field but request_id): a
+    # request_id reused with another request is refused. "": registered before it was recorded, not compared.
+    request_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
     design: Mapped[str] = mapped_column(String(64))
     group_id: Mapped[str] = mapped_column(String(64), default="", index=True)
     policy: Mapped[str] = mapped_column(String(255))     # a plug-in is named package.module:function

@@ -8,8 +8,10 @@ data path (seed 000 §III): it only resizes each job's group, through the
 Orchestrator (`create_group`, `resize`, `delete`), under one policy chosen
 by name (`irm_fpga.qos.registry`):
 
-* "edf" (seed 000 §III-A): `edf_allocate` on events only, a job registered or
-  retired; deadline goals only.
+* "edf" (seed 000 §III-A): `edf_allocate` on events only: a job registered or
+  retired, or the pool changed since the last decision (looked at every control
+  period: devices another group gave back, a server back or gone); deadline
+  goals only.
 * "throughput" (seed 000 §III-B): `admit` on registration, then every
   control period (`control_period_s`, default 1 s) the job controllers and
   the resource broker (`throughput_decide`) from the measured progress;
@@ -17,7 +19,8 @@ by name (`irm_fpga.qos.registry`):
 * a Hydrogen scheduler (seed 001 §IV: "fcfs_max", "fcfs_min", "fcfs_amap",
   "sjtf", "priority", "slack_min", "slack_amap", "managed" (alias
   "managed_paper"), "managed_deadline", "managed_lookahead"): a registered
-  job waits in a ready queue (state "queued", no group); on every event (a
+  job waits in a ready queue (state "queued", no group; at most
+  `max_queued_per_tenant` of one tenant's); on every event (a
   registration, a retirement) and every control period the scheduler
   (`irm_fpga.qos.dispatch.decide`, the code the simulator runs) picks the
   jobs of the window to start now and their devices, and each gets its group
@@ -94,7 +97,6 @@ from irm_fpga.qos.throughput import (
 from services import paging
 from services.clock import Clock
 from services.errors import (
-    Aborted,
     FailedPrecondition,
     HarnessError,
     InvalidArgument,
@@ -105,6 +107,7 @@ from services.errors import (
     owned,
     require_tenant,
 )
+from services.idempotency import request_hash, reused_request_id
 from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
@@ -122,10 +125,18 @@ MIN_ACTION_S, MAX_ACTION_S = 1e-6, 1e6   # a job's own estimate of that: a micro
 # the CRS's calls and health checks share.
 MAX_WATCHES = 16
 MAX_WATCHES_PER_TENANT = 4      # of those, one tenant's: the others can still watch (one stream follows all of its jobs)
+# A WatchJobs stream holds the latest state of each of its jobs that changed since it last sent (only its tenant's
+# jobs, or its one job, are queued for it); a stream not read while more than this many of its jobs changed is
+# ended RESOURCE_EXHAUSTED (the client reconnects, and its snapshot is the jobs' state then).
+MAX_WATCH_BACKLOG = 1000
 LOAD_WAIT_S = 10.0              # a request that comes while the manager loads waits this long, then UNAVAILABLE
 MAX_CONTROL_PERIOD_S = 86400.0  # a longer period is a typo (and overflows the thread's wait)
 MAX_ALLOCATIONS = 1000          # a job's allocation history keeps its first change and its most recent (`capped_history`)
 MAX_ID_CHARS = 64               # job ids are stored in 64 characters
+# A ListJobs page also ends at this many bytes of jobs (next_page_token goes on from there; at least one job a
+# page): 1000 jobs (the largest page) with long allocation histories are ~14 MiB, where a client receives 4 MiB
+# by default (as the Application Manager's ListApplications).
+MAX_LIST_BYTES = 3 * 1024 * 1024
 WAKE_MARGIN_S = 0.1             # a wake for a held job comes this much (plus the decision's budget) before its limit
 
 
@@ -144,6 +155,8 @@ class JobsConfig:
     # A server holding job groups that does not answer holds decisions back (its devices would count as gone and
     # jobs shrink for a timeout); silent longer than this, it is taken as gone and decisions go on without it.
     silent_server_s: float = 60.0
+    # Hydrogen: jobs one tenant may have waiting in the ready queue (state queued); one more is RESOURCE_EXHAUSTED.
+    max_queued_per_tenant: int = 1000
 
     @classmethod
     def of(cls, config: Any) -> JobsConfig:
@@ -165,6 +178,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                              f"or a scheduling algorithm of your own as 'package.module:function'")
         if not self.config.silent_server_s >= 0:
             raise ValueError("job manager configuration: silent_server_s must be >= 0 seconds")
+        if not (isinstance(self.config.max_queued_per_tenant, int) and self.config.max_queued_per_tenant >= 1):
+            raise ValueError(f"job manager configuration: max_queued_per_tenant must be a whole number >= 1 "
+                             f"(got {self.config.max_queued_per_tenant!r})")
         if not self.config.lookahead_budget_s >= 0:
             raise ValueError("job manager configuration: lookahead_budget_s must be >= 0 seconds")
         if not 0 < self.config.plugin_timeout_s <= MAX_CONTROL_PERIOD_S:
@@ -195,6 +211,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # unchanged decides nothing, as the simulator decides on arrivals and ends only (a timer round that
         # re-ran Algorithm 3 walked the pool up and down with nothing arriving or ending).
         self._decided: tuple | None = None
+        # Hydrogen: counts every job entering or leaving the ready queue (this manager is its only writer), so a
+        # decision tells a changed queue without reading all of it (`_dispatch` reads the window's jobs only).
+        self._queue_changes = 0
         # Hydrogen (`Scheduler.wakes`): when the last decision held back a job it could have started, the clock
         # time to decide again, before that job's start limit (the simulator's wake, `hy.wake_time`).
         self._wake_at: float | None = None
@@ -226,6 +245,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # EDF: the last decision was not (fully) applied -- skipped while a server was silent, or a resize
         # refused. The next control round decides again; otherwise EDF decides only on events.
         self._unapplied = False
+        # EDF: the pool (`_pool`) its last decision shared out. Each control round computes it again: devices
+        # another group gave back (or a server that came back) are an event too, or they would stay idle until a
+        # job registers or retires.
+        self._edf_pool: int | None = None
         self._thread = threading.Thread(target=self._loop, name="fpga-jobs", daemon=True)
         self.watchers: Broadcaster[fpga_jobs_pb2.Job] = Broadcaster(      # WatchJobs streams
             max_streams=MAX_WATCHES, full="WatchJobs streams are open on this FPGA IRM; close one, or poll GetJob",
@@ -260,7 +283,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _load(self) -> None:
         now = self.clock.now()
         rows = self._active()
-        self._check_compatible(rows, self._queued())
+        self._check_compatible(rows, self._queued() if self.scheduler is None else [])
         self._drop_orphans()
         self._learn_from_history()
         with self.db.read() as s:
@@ -376,6 +399,34 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             return list(s.scalars(select(FpgaJob).where(FpgaJob.state == QUEUED)
                                   .order_by(FpgaJob.registered_at, FpgaJob.id)))
 
+    def _queue_length(self, tenant: str | None = None) -> int:
+        """Jobs in the ready queue (`tenant`'s only, if given)."""
+        q = select(func.count()).select_from(FpgaJob).where(FpgaJob.state == QUEUED)
+        if tenant is not None:
+            q = q.where(FpgaJob.tenant == tenant)
+        with self.db.read() as s:
+            return s.scalar(q) or 0
+
+    def _window(self, hi: int) -> list[FpgaJob]:
+        """The ready queue's jobs a decision looks at: the first `window` (in arrival order) of those whose minimum
+        fits in `hi` devices (`dispatch.decide` leaves the others out before it takes its window)."""
+        assert self.scheduler is not None
+        with self.db.read() as s:
+            return list(s.scalars(select(FpgaJob).where(FpgaJob.state == QUEUED, FpgaJob.min_devices <= hi)
+                                  .order_by(FpgaJob.registered_at, FpgaJob.id).limit(self.scheduler.window)))
+
+    def _wake_time(self, picked: list[str], now: float, early: float) -> float | None:
+        """`hy.wake_time` of the queued jobs the decision did not pick (held back), read as one aggregate: `early`
+        s before the first start deadline (arrival + late_after) still ahead of `now`."""
+        late = self.config.late_after_s
+        with self.db.read() as s:
+            first = s.scalar(select(func.min(FpgaJob.registered_at)).where(
+                FpgaJob.state == QUEUED, FpgaJob.id.not_in(picked), FpgaJob.registered_at + late - early > now))
+        if first is None:
+            return None
+        t = first + late - early
+        return t if t > now else None
+
     def _job(self, tenant: str, job_id: str) -> FpgaJob:
         if len(job_id) > MAX_ID_CHARS:        # not echoed: its message would not fit in gRPC's metadata
             raise InvalidArgument.of("job_id", f"at most {MAX_ID_CHARS} characters (got {len(job_id)}): a job's id as "
@@ -400,6 +451,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._write_controllers(s, [job_id], controller_at)
             return row
         row = self.db.transact(save)
+        if "state" in fields:
+            self._queue_changes += 1        # a job dispatched or retired (from the queue, maybe)
         if changed[0]:                  # a periodic write of the same values is no change to stream
             self._publish([row])
         return row
@@ -569,7 +622,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         (the queue, the running jobs, the devices, which queued jobs are late).
         """
         assert self.scheduler is not None
-        queued = self._queued()
+        queued = self._queue_length()
         running = self._active()
         if not queued and not running:
             return
@@ -586,22 +639,30 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if hi < 1:
             return
         # A job turning late is an event too: a policy that chose to wait for an arrival that never came
-        # decides again then, not only when something arrives or ends.
-        late = tuple(r.id for r in queued if now > r.registered_at + self.config.late_after_s)
-        inputs = (tuple(r.id for r in queued), tuple((r.id, live[r.id]) for r in running), hi, late)
+        # decides again then, not only when something arrives or ends. (With the queue unchanged, the late jobs
+        # only grow in number: the count tells them.)
+        with self.db.read() as s:
+            late = s.scalar(select(func.count()).select_from(FpgaJob).where(
+                FpgaJob.state == QUEUED, FpgaJob.registered_at + self.config.late_after_s < now))
+        inputs = (self._queue_changes, queued, tuple((r.id, live[r.id]) for r in running), hi, late)
         if inputs == self._decided:
             return
+        window = self._window(hi)
         pool = self._provisioned(hi)
         run = []
         for r in running:
             job = self._hjob(r, hi)
             start = r.allocations[0][0] if r.allocations else r.registered_at
             run.append(hy.RunningJob(job, max(now, start + self.cost(job, max(1, r.devices))), live[r.id]))
-        with self.db.read() as s:
-            recent = list(s.scalars(select(FpgaJob).where(FpgaJob.goal == DEADLINE,
-                                                          FpgaJob.registered_at >= now - hy.FORECAST_SPAN_S)))
+        recent: list[FpgaJob] = []
+        if self.scheduler.lookahead or (self.scheduler.elasticity and self.scheduler.forecast):
+            with self.db.read() as s:       # the recent arrivals, for the schedulers that draw futures from them
+                recent = list(s.scalars(select(FpgaJob).where(FpgaJob.goal == DEADLINE,
+                                                              FpgaJob.registered_at >= now - hy.FORECAST_SPAN_S)))
         try:
-            d = dispatch.decide(self.scheduler, [self._hjob(r, hi) for r in queued], now=now, pool=pool,
+            # The window's jobs only: every scheduler (and a plug-in's answer, `plugins.check_allocation`) looks at
+            # no more of the queue than its first `window` jobs that fit in `hi`.
+            d = dispatch.decide(self.scheduler, [self._hjob(r, hi) for r in window], now=now, pool=pool,
                                 pool_max=hi, running=run, cost=self.cost, history=[self._hjob(r, hi) for r in recent],
                                 plugin=self._plugin)
         except Exception:   # noqa: BLE001 - e.g. a plug-in's bug: the jobs stay queued, the next event retries
@@ -611,23 +672,22 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             log.info("job pool resized", extra={"devices": d.pool, "was": pool, "decision": d.scaling})
             self._pool_size = d.pool
             self._save_pool(d.pool, now)
-        by_id = {r.id: r for r in queued}
+        by_id = {r.id: r for r in window}
         started = [self._start(by_id[job_id], n, now) for job_id, n in d.allocation]
         if self.scheduler.wakes:
-            picked = {job_id for job_id, _ in d.allocation}
-            held = [self._hjob(r, hi) for r in queued if r.id not in picked]
+            picked = [job_id for job_id, _ in d.allocation]
             early = (self.scheduler.budget_s or 0.0) + WAKE_MARGIN_S
             # A job whose limit is nearer than `early` is woken for at the limit itself (the decision's time
             # is its start, so it is still on time, if only just).
-            wakes = [w for w in (hy.wake_time(held, now, self.config.late_after_s, early=early),
-                                 hy.wake_time(held, now, self.config.late_after_s)) if w is not None]
+            wakes = [w for w in (self._wake_time(picked, now, early), self._wake_time(picked, now, hy.WAKE_EARLY_S))
+                     if w is not None]
             with self._timer:
                 self._wake_at = min(wakes, default=None)
                 self._timer.notify_all()
         # The next round decides again when a dispatch the Orchestrator refused left its job queued, or when the
         # pool grew while jobs still wait (the paper's Algorithm 3 grows one device a decision: a job wider than
         # the pool needs several in a row, with no event between them).
-        grown_for_waiting = d.pool > pool and len(d.allocation) < len(queued)
+        grown_for_waiting = d.pool > pool and len(d.allocation) < queued
         self._decided = inputs if all(started) and not grown_for_waiting else None
 
     def _save_pool(self, devices: int, now: float) -> None:
@@ -730,11 +790,14 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             done = [r for r in rows if r.goal == DEADLINE and actions[r.id] >= r.size_actions]
             for r in done:                       # a deadline job whose size is done: retire it
                 self._finish(r.id, now)
-            if self.scheduler is None and (done or self._unapplied):
+            decided = self.scheduler is None and bool(done or self._unapplied)
+            if decided:
                 self._rebalance(now)             # EDF's event (or its last decision again, see `_unapplied`);
                                                  # the broker below redistributes under throughput (a Hydrogen
                                                  # decision follows below: one per instant)
             rows = [r for r in rows if r not in done]
+            if not decided and (caps := self._edf_pool_changed(rows)) is not None:
+                self._rebalance(now, rows, caps)     # EDF: the pool grew or shrank since its last decision
             for r in rows:
                 t0, a0 = self._last.get(r.id, (r.registered_at, 0))
                 if now > t0:
@@ -834,21 +897,30 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         with self.db.read() as s:
             return s.scalar(select(FpgaJob).where(FpgaJob.tenant == tenant, FpgaJob.request_id == request_id))
 
+    @staticmethod
+    def _replayed(existing: FpgaJob, fingerprint: str) -> FpgaJob:
+        """The job a request_id first registered, for a retry that asks for the same (a job registered before the
+        hash was recorded is not compared)."""
+        if existing.request_hash and existing.request_hash != fingerprint:
+            raise reused_request_id()
+        return existing
+
     def register(self, request: fpga_jobs_pb2.RegisterJobRequest) -> FpgaJob:
         tenant = require_tenant(request.tenant)
         self._wait_loaded()
+        fingerprint = request_hash(request)
         # A retry gets its job whatever the devices are doing now (blacklisted, unreachable).
         if request.request_id and (existing := self._registered(tenant, request.request_id)) is not None:
-            return existing
+            return self._replayed(existing, fingerprint)
         usable = self._usable_or_unavailable(request)
         self._validate(request, usable)
         with self.lock:      # check-then-create as one step: a concurrent retry finds the first job
             if (existing := self._registered(tenant, request.request_id)) is not None:
-                return existing
+                return self._replayed(existing, fingerprint)
             now = self.clock.now()
             deadline = request.WhichOneof("goal") == "deadline"
             row = FpgaJob(id=f"job-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request.request_id,
-                          design=request.design, group_id="", policy=self.config.policy,
+                          request_hash=fingerprint, design=request.design, group_id="", policy=self.config.policy,
                           goal=DEADLINE if deadline else THROUGHPUT,
                           deadline_s=request.deadline.deadline_s if deadline else 0.0,
                           deadline_at=now + request.deadline.deadline_s if deadline else 0.0,
@@ -859,6 +931,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                           reported_actions=0, achieved_throughput=0.0, allocations=[], registered_at=now,
                           retired_at=0.0, action_seconds=request.action_seconds)
             if self.scheduler is not None:          # Hydrogen: into the ready queue, then a decision
+                cap = self.config.max_queued_per_tenant
+                if (waiting := self._queue_length(tenant)) >= cap:
+                    raise ResourceExhausted(
+                        f"tenant {tenant!r} already has {waiting} jobs waiting in the ready queue, the most one "
+                        f"tenant may (jobs_max_queued_per_tenant = {cap}); retire some of them or wait until they "
+                        f"are dispatched, then register again")
                 row.state = QUEUED
                 self._insert(row)
                 self._dispatch(now)
@@ -907,6 +985,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._rebalance(now)
                 raise
             self._apply(alloc, [r for r in self._active() if r.id != row.id], now, live)
+            if self.config.policy == "edf":
+                self._edf_pool = pool        # the pool this decision shared out (the new job's group is in it)
             return self._job(tenant, row.id)
 
     def _insert(self, row: FpgaJob, controller_at: float | None = None) -> None:
@@ -917,6 +997,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 s.flush()                   # the job first: its controller refers to it
                 self._write_controllers(s, [row.id], controller_at)
         self.db.transact(add)
+        if row.state == QUEUED:
+            self._queue_changes += 1
         self._publish([row])
 
     def _drop_orphans(self) -> None:
@@ -953,19 +1035,36 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         except NotFound:
             pass
 
-    def _rebalance(self, now: float) -> None:
-        """An event: EDF's allocation of the active jobs now, or a Hydrogen decision (throughput waits)."""
+    def _rebalance(self, now: float, rows: list[FpgaJob] | None = None,
+                   caps: dict[str, int] | None = None) -> None:
+        """An event: EDF's allocation of the active jobs now, or a Hydrogen decision (throughput waits).
+        `rows`, `caps`: the active jobs and the servers' usable devices, if just read (else read now)."""
         if self.scheduler is not None:
             self._dispatch(now)
             return
         if self.config.policy != "edf":
             return
-        rows = self._active()
-        caps = self._caps_if_known(rows) if rows else None
+        if rows is None:
+            rows = self._active()
+        if caps is None:
+            caps = self._caps_if_known(rows) if rows else None
         self._unapplied = bool(rows) and caps is None      # a silent server: decided again next round
         if caps is not None:                                # a refusal sets it
-            self._apply(edf_allocate([self._qos(r) for r in rows], self._pool(rows, caps)), rows, now,
-                        self._live_devices(rows, caps))
+            pool = self._pool(rows, caps)
+            self._apply(edf_allocate([self._qos(r) for r in rows], pool), rows, now, self._live_devices(rows, caps))
+            self._edf_pool = pool
+
+    def _edf_pool_changed(self, rows: list[FpgaJob]) -> dict[str, int] | None:
+        """EDF, every control round: the servers' usable devices (`_answering`) if the pool is no longer the one
+        the last decision shared out (devices freed by another group, a server back or gone), else None (also
+        while a server holding job groups is silent: the round after it answers, or is taken as gone, looks
+        again)."""
+        if self.config.policy != "edf" or self.scheduler is not None or not rows:
+            return None
+        caps, waiting = self._answering(rows)
+        if waiting or self._pool(rows, caps) == self._edf_pool:
+            return None
+        return caps
 
     def retire(self, tenant: str, job_id: str) -> FpgaJob:
         tenant = require_tenant(tenant)
@@ -1071,10 +1170,20 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             q = select(FpgaJob).where(FpgaJob.tenant == tenant)
             if request.active_only:
                 q = q.where(FpgaJob.state != RETIRED)
-            rows, token = paging.page(s, q, [FpgaJob.registered_at, FpgaJob.id], request.page_size,
-                                      request.page_token)
-        return fpga_jobs_pb2.ListJobsResponse(jobs=[self.to_proto(r) for r in rows], pool_devices=self.pool_devices(),
-                                              next_page_token=token)
+            order = [FpgaJob.registered_at, FpgaJob.id]
+            rows, token = paging.page(s, q, order, request.page_size, request.page_token)
+        jobs: list[fpga_jobs_pb2.Job] = []
+        size = 0
+        for n, row in enumerate(rows):
+            job = self.to_proto(row)
+            size += job.ByteSize() + 8          # its field tag and length too
+            if jobs and size > MAX_LIST_BYTES:
+                # The page ends here (at least one job a page: one is far below the budget); the next one starts
+                # after the last listed, as a page of `n` would.
+                token = paging.token_after(rows[n - 1], order)
+                break
+            jobs.append(job)
+        return fpga_jobs_pb2.ListJobsResponse(jobs=jobs, pool_devices=self.pool_devices(), next_page_token=token)
 
     def WatchJobs(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -1094,10 +1203,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                       .order_by(FpgaJob.registered_at, FpgaJob.id)))
             return [self.to_proto(r) for r in rows]
 
-        # Subscribed before the snapshot is read: a change in between is sent (again), never lost.
-        for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=tenant):
+        def mine(job: fpga_jobs_pb2.Job) -> bool:
+            return job.tenant == tenant and (not one or job.id == one)
+
+        # Subscribed before the snapshot is read: a change in between is sent (again), never lost. Only this
+        # stream's jobs are queued for it, the latest state of each (a stalled stream holds at most
+        # MAX_WATCH_BACKLOG jobs, not every tenant's changes).
+        for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=tenant, accept=mine,
+                                                  key=_job_id, max_backlog=MAX_WATCH_BACKLOG):
             for job in batch:
-                if job.tenant != tenant or (one and job.id != one):
+                if not mine(job):
                     continue
                 yield job
                 if one and job.state == fpga_jobs_pb2.Job.STATE_RETIRED:
@@ -1108,7 +1223,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # current state again) instead of taking an OK end for a retired job.
         if self.watchers.closed:
             raise Unavailable("the FPGA IRM's job manager is stopping; reconnect to go on watching")
-        raise Aborted("this watch fell too far behind the changes and was dropped; reconnect to go on watching")
+        raise ResourceExhausted(f"the stream fell behind: more than {MAX_WATCH_BACKLOG} of the jobs it follows "
+                                f"changed while it was not read; reconnect and re-list (a new stream starts with "
+                                f"the jobs' current state)")
 
     def pool_devices(self) -> int:
         """Devices the manager may give jobs now (a Hydrogen managed mode: its elastic pool)."""
@@ -1133,6 +1250,11 @@ def job_component_parts(orchestrator: Any, config: Any = None
 
     register.manager = manager  # type: ignore[attr-defined]   # for tests and diagnostics
     return register, [SERVICE], manager.start, manager.stop
+
+
+def _job_id(job: fpga_jobs_pb2.Job) -> str:
+    """The key a WatchJobs stream keeps one pending event per: a job's latest state replaces the one not sent."""
+    return job.id
 
 
 def _seen_entry(value: Any) -> tuple[str, int]:

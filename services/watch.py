@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import queue
+import logging
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from services.errors import ResourceExhausted
 
 E = TypeVar("E")
+log = logging.getLogger(__name__)
 
 # Streams one Broadcaster serves at once, by default: each holds one of the server's 32 worker threads
 # (services.server), which every other call and the health checks share; 32 idle watches froze a server.
@@ -19,7 +20,60 @@ E = TypeVar("E")
 MAX_STREAMS = 8
 CONTROL_STREAMS = 4
 
-_CLOSED = object()
+
+class _Subscriber(Generic[E]):
+    """One stream's pending events: those it `accept`s, at most `limit` of them (`key`: only the latest event of
+    each key is kept, in the place of the first one pending), then the stream is cut off (`ended`) once it has
+    read what it holds."""
+
+    def __init__(self, limit: int, accept: Callable[[E], bool] | None, key: Callable[[E], Hashable] | None) -> None:
+        self.limit = limit
+        self.accept = accept
+        self.key = key
+        self.cond = threading.Condition(threading.Lock())
+        self.pending: deque[E] = deque()
+        self.latest: OrderedDict[Hashable, E] = OrderedDict()   # with a key: key -> its latest event, in order
+        self.ended = False                           # cut off (fell behind) or closed: no more events come
+
+    def qsize(self) -> int:
+        with self.cond:
+            return len(self.latest) if self.key is not None else len(self.pending)
+
+    def offer(self, events: list[E]) -> bool:
+        """Queue the events it accepts; False: it had no room for one (what fit stays queued)."""
+        mine = events if self.accept is None else [e for e in events if self.accept(e)]
+        if not mine:
+            return True
+        keys = None if self.key is None else [self.key(e) for e in mine]
+        with self.cond:
+            try:
+                if keys is None:
+                    for e in mine:
+                        if len(self.pending) >= self.limit:
+                            return False
+                        self.pending.append(e)
+                else:
+                    for k, e in zip(keys, mine, strict=True):
+                        if k not in self.latest and len(self.latest) >= self.limit:
+                            return False
+                        self.latest[k] = e           # a key already pending keeps its place
+                return True
+            finally:
+                self.cond.notify_all()
+
+    def end(self) -> None:
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
+
+    def take(self, most: int, timeout: float) -> list[E]:
+        """Up to `most` pending events, waiting up to `timeout` s for one ([]: none came, or the stream ended)."""
+        with self.cond:
+            if not self.pending and not self.latest and not self.ended:
+                self.cond.wait(timeout)
+            if self.key is None:
+                return [self.pending.popleft() for _ in range(min(most, len(self.pending)))]
+            return [self.latest.popitem(last=False)[1] for _ in range(min(most, len(self.latest)))]
 
 
 class Broadcaster(Generic[E]):
@@ -29,13 +83,16 @@ class Broadcaster(Generic[E]):
                  full: str = "watch streams are open on this server; close one, or poll instead",
                  control_streams: int = CONTROL_STREAMS, per_tenant: int | None = None,
                  tenant_full: str = "close one of yours") -> None:
-        """`max_streams` (None: no cap): tenants' streams at once; one beyond ends at once with
-        RESOURCE_EXHAUSTED, its message `max_streams` + " " + `full`. Streams of no tenant (the control
-        plane's) have `control_streams` of their own. `per_tenant` (None: no cap of its own): streams one
-        tenant may hold within `max_streams`, so that one tenant cannot take every slot; one beyond ends the
-        same way, its message naming the tenant's cap and then `tenant_full` (what to do)."""
+        """`max_backlog`: events a subscriber may have pending (a stream may ask for another cap, see
+        `stream_batches`); one more and it is cut off. `max_streams` (None: no cap): tenants' streams at once; one
+        beyond ends at once with RESOURCE_EXHAUSTED, its message `max_streams` + " " + `full`. Streams of no
+        tenant (the control plane's) have `control_streams` of their own. `per_tenant` (None: no cap of its
+        own): streams one tenant may hold within `max_streams`, so that one tenant cannot take every slot; one
+        beyond ends the same way, its message naming the tenant's cap and then `tenant_full` (what to do)."""
         if per_tenant is not None and per_tenant < 1:
             raise ValueError("per_tenant must be >= 1 (or None: no cap per tenant)")
+        if max_backlog < 1:
+            raise ValueError("max_backlog must be >= 1")
         self._lock = threading.Lock()
         self._open: Counter[str] = Counter()     # open streams per tenant ("": the control plane)
         self._max_streams = max_streams
@@ -43,10 +100,9 @@ class Broadcaster(Generic[E]):
         self._tenant_full = tenant_full
         self._control_streams = control_streams
         self._full = full
-        self._subs: set[queue.Queue] = set()
-        # Subscribers cut off for falling behind: their stream ends (the watcher reconnects and
-        # takes a fresh snapshot) rather than going silently stale.
-        self._dropped: set[queue.Queue] = set()
+        # Subscribers cut off for falling behind leave this set: their stream ends once it has read what it held
+        # (the watcher reconnects and takes a fresh snapshot) rather than going silently stale.
+        self._subs: set[_Subscriber[E]] = set()
         self._max = max_backlog
         self._closed = False      # for good: a stream opened after close() ends at once
 
@@ -61,35 +117,33 @@ class Broadcaster(Generic[E]):
         return bool(self._subs)
 
     def publish(self, events: Iterable[E]) -> None:
+        """Each subscriber is handed the events it accepts (see `stream_batches`), without waiting for it."""
         events = list(events)
         if not events:
             return
         with self._lock:
             subs = list(self._subs)
-        for q in subs:
+        for sub in subs:
             try:
-                for e in events:
-                    q.put_nowait(e)
-            except queue.Full:
-                self._drop(q)
+                kept = sub.offer(events)
+            except Exception:     # its filter or key failed on an event: that stream ends, the others go on
+                log.exception("a watch stream's event filter failed; the stream is ended")
+                kept = False
+            if not kept:
+                self._drop(sub)
 
-    def _drop(self, q: queue.Queue) -> None:
+    def _drop(self, sub: _Subscriber[E]) -> None:
         with self._lock:
-            self._subs.discard(q)
-            self._dropped.add(q)
+            self._subs.discard(sub)
+        sub.end()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             subs = list(self._subs)
             self._subs.clear()
-        for q in subs:
-            try:
-                q.put_nowait(_CLOSED)
-            except queue.Full:
-                # No room for the end marker: the stream ends as a dropped one does, once it has read what
-                # was queued (it looks when its queue runs empty).
-                self._drop(q)
+        for sub in subs:
+            sub.end()           # each stream ends once it has read what was queued
 
     def _admit(self, tenant: str) -> None:
         """Count a new stream of `tenant` in, or refuse it (under the lock)."""
@@ -106,50 +160,43 @@ class Broadcaster(Generic[E]):
 
     def stream_batches(
         self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool], max_batch: int = 256,
-        tenant: str = "",
+        tenant: str = "", *, accept: Callable[[E], bool] | None = None, key: Callable[[E], Hashable] | None = None,
+        max_backlog: int | None = None,
     ) -> Iterator[list[E]]:
         """`stream` in lists: the snapshot as one list, then each time every event
         queued at that moment (at least one, at most `max_batch`), so that a burst of
-        changes can go out as one message. `tenant`: whose stream it is, for the caps."""
-        q: queue.Queue = queue.Queue(self._max)
+        changes can go out as one message. `tenant`: whose stream it is, for the caps.
+
+        `accept` (None: every event): the events this stream wants, asked as they are published, so that one
+        it does not want (another tenant's) is never queued for it. `key` (None: every event is queued): events
+        of one key replace each other while pending (a stream that follows states needs only the latest of each
+        one), so a stalled stream holds at most one event per key. `max_backlog` (None: the Broadcaster's): the
+        events (with `key`: the keys) it may have pending; one more and it is cut off -- the stream ends after
+        what it holds, and `closed` is false (a caller tells the watcher it fell behind).
+        """
+        limit = self._max if max_backlog is None else max_backlog
+        if limit < 1:
+            raise ValueError("max_backlog must be >= 1")
+        sub: _Subscriber[E] = _Subscriber(limit, accept, key)
         with self._lock:
             if self._closed:
                 return
             self._admit(tenant)
-            self._subs.add(q)
+            self._subs.add(sub)
         try:
             first = list(snapshot())
             if first:
                 yield first
             while is_active():
-                try:
-                    item = q.get_nowait()
-                except queue.Empty:
-                    with self._lock:
-                        if q in self._dropped or self._closed:
-                            return
-                    try:
-                        item = q.get(timeout=1.0)
-                    except queue.Empty:
-                        continue
-                if item is _CLOSED:
+                batch = sub.take(max_batch, timeout=1.0)
+                if batch:
+                    yield batch
+                elif sub.ended:
                     return
-                batch = [item]
-                while len(batch) < max_batch:
-                    try:
-                        item = q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _CLOSED:
-                        yield batch
-                        return
-                    batch.append(item)
-                yield batch
         finally:
             with self._lock:
                 self._open[tenant] -= 1
-                self._subs.discard(q)
-                self._dropped.discard(q)
+                self._subs.discard(sub)
 
     def stream(self, snapshot: Callable[[], Iterable[E]], is_active: Callable[[], bool],
                tenant: str = "") -> Iterator[E]:
