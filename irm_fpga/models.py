@@ -19,6 +19,10 @@ class Group(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128), index=True)
     request_id: Mapped[str] = mapped_column(String(256))
+    # What CreateGroup asked for, hashed (`services.idempotency.request_hash`: every field but request_id): a
+    # reused request_id with another request is refused. "": not compared (a group made before it was recorded,
+    # or by the Orchestrator itself: a reservation's or a job's).
+    request_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
     design: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(Integer)
     min_size: Mapped[int] = mapped_column(Integer)
@@ -51,6 +55,8 @@ class Reservation(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128), index=True)
     request_id: Mapped[str] = mapped_column(String(256))
+    # What Reserve asked for, hashed as Group.request_hash is; "": not compared (made before it was recorded).
+    request_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
     state: Mapped[str] = mapped_column(String(16), default="active")
     price_per_minute: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[float] = mapped_column(Float)

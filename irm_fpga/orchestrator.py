@@ -41,6 +41,7 @@ from services import control, paging
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
+    OVER_PRICE,
     Aborted,
     FailedPrecondition,
     HarnessError,
@@ -53,6 +54,7 @@ from services.errors import (
     owned,
     require_tenant,
 )
+from services.idempotency import request_hash, reused_request_id
 from services.registration import Membership
 from services.server import Component
 from services.watch import Broadcaster
@@ -68,6 +70,9 @@ ATTACH_LOCK_STRIPES = 64
 SILENT_RETRY_S = 15.0  # an unmapped server that timed out or refused the token: tried again after this
 ATTACHING = "attaching"    # a client row whose AttachClient call has not completed
 MAX_ID_CHARS = 64      # group and client ids are stored in 64 characters: a longer one is refused unechoed
+MAX_GROUP_REQUEST_ID_CHARS = 256    # CreateGroup's request_id (fpga_groups.request_id is String(256))
+MAX_RESERVE_REQUEST_ID_CHARS = 128  # Reserve's, as every resource manager's (irm.proto)
+PRICE_SLACK = 1e-9     # a cap equal to the quote, give or take float rounding, is met (as the compute IRM's)
 
 
 @dataclass
@@ -117,6 +122,8 @@ class OrchestratorConfig:
     # A plug-in scheduling algorithm (module:function) runs in a process of its own and answers each decision
     # within this (else its process is killed and the queue waits for the next decision).
     jobs_plugin_timeout_s: float = 1.0
+    # Jobs of one tenant waiting in a Hydrogen ready queue at once; one more RegisterJob is RESOURCE_EXHAUSTED.
+    jobs_max_queued_per_tenant: int = 1000
     # A server holding job groups silent longer than this is taken as gone by the job manager (irm_fpga.jobs).
     jobs_silent_server_s: float = 60.0
 
@@ -524,19 +531,23 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def create_group(self, tenant: str, request_id: str, design: str, size: int, min_size: int = 0,
                      max_size: int = 0, shared: bool = False, elastic: bool = False,
                      pinned: list[str] | None = None, reservation_id: str = "",
-                     violations: Violations | None = None) -> Group:
-        """`violations`: problems the caller found in its request already, reported with these."""
+                     violations: Violations | None = None, fingerprint: str = "") -> Group:
+        """`violations`: problems the caller found in its request already, reported with these. `fingerprint`:
+        the request's hash (services.idempotency) when a tenant asked (CreateGroup); a group made under the same
+        request_id for another request is not its replay: INVALID_ARGUMENT."""
         v = Violations() if violations is None else violations
-        v.check(bool(request_id) and len(request_id) <= 256, "request_id", "required: an idempotency key")
+        v.check(bool(request_id) and len(request_id) <= MAX_GROUP_REQUEST_ID_CHARS, "request_id",
+                f"required: an idempotency key of 1-{MAX_GROUP_REQUEST_ID_CHARS} characters")
         mn, mx = self._validate_group(design, size, min_size, max_size, v)
         v.raise_if_any()
         with self.lock:  # check-then-create as one step: a concurrent retry finds the first group
             with self.db.read() as s:
                 existing = s.scalar(select(Group).where(Group.tenant == tenant, Group.request_id == request_id))
             if existing is not None:
-                return existing
+                return self._replayed_group(existing, fingerprint)
             parts = self._spread(size, {}, pinned)
-            g = Group(id=f"fg-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request_id, design=design,
+            g = Group(id=f"fg-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request_id,
+                      request_hash=fingerprint, design=design,
                       size=size, min_size=mn, max_size=mx, shared=shared, elastic=elastic, parts=dict(parts),
                       created_at=self.clock.now(), deleted=False, reservation_id=reservation_id)
             # The parts are recorded before any server makes them: an Orchestrator that dies in between leaves a
@@ -552,6 +563,15 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 self.db.transact(lambda s: s.delete(s.get(Group, g.id)))
                 raise
         return g
+
+    @staticmethod
+    def _replayed_group(existing: Group, fingerprint: str) -> Group:
+        """The group a request_id first made, for a retry of the same request. A group made before requests were
+        hashed is not compared (as before); one the Orchestrator made for a reservation is no CreateGroup's."""
+        comparable = bool(existing.request_hash or existing.reservation_id)   # else: from before hashing
+        if fingerprint and existing.request_hash != fingerprint and comparable:
+            raise reused_request_id()
+        return existing
 
     def resize(self, g: Group, size: int, *, max_size: int | None = None, pinned: list[str] | None = None) -> Group:
         """`max_size` above the group's raises it first: a job's group (the job manager's) may grow onto devices
@@ -612,7 +632,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             v.check(value in enum.values(), name, f"unknown value {value}; one of {choices(enum)}")
         g = self.create_group(tenant, request.request_id, request.design, request.size, request.min_size,
                               request.max_size, request.sharing == fpga_pb2.FpgaGroup.SHARING_SHARED,
-                              request.scaling == fpga_pb2.FpgaGroup.SCALING_ELASTIC, violations=v)
+                              request.scaling == fpga_pb2.FpgaGroup.SCALING_ELASTIC, violations=v,
+                              fingerprint=request_hash(request))
         return self._to_proto(g)
 
     def GetGroup(self, request, context):  # noqa: N802
@@ -638,6 +659,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if request.size < 1:
             raise InvalidArgument.of("size", "at least 1 device")
         self._not_a_jobs(g, "resized")
+        self._not_a_reservations(g, "resized")
         return self._to_proto(self.resize(g, request.size))
 
     def DeleteGroup(self, request, context):  # noqa: N802
@@ -651,6 +673,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if g.deleted:
             return self._to_proto(g)
         self._not_a_jobs(g, "deleted")
+        self._not_a_reservations(g, "deleted")
         return self._to_proto(self.delete(g))
 
     def _not_a_jobs(self, g: Group, what: str) -> None:
@@ -661,6 +684,22 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if job is not None:
             raise FailedPrecondition(f"FPGA group {g.id!r} belongs to job {job!r}, whose devices the job manager "
                                      f"decides; it cannot be {what} directly: retire the job (FpgaJobs.RetireJob)")
+
+    def _not_a_reservations(self, g: Group, what: str) -> None:
+        """A virtual FPGA of a reservation (ResourceManager.Reserve, the CRS's too) lives as long as the
+        reservation: deleted or resized directly, the reservation would stay active, and billed, for devices it no
+        longer holds, which would be sold again. A group left by a reservation that never completed (a crash in
+        Reserve; a restart gives those back) or that was released is not held."""
+        if not g.reservation_id:
+            return
+        with self.db.read() as s:
+            r = s.get(Reservation, g.reservation_id)
+        if r is None or r.state == "released":
+            return
+        raise FailedPrecondition(f"FPGA group {g.id!r} is a virtual FPGA of reservation {r.id!r}; it cannot be "
+                                 f"{what} directly: release reservation {r.id!r} instead "
+                                 "(ResourceManager.ReleaseReservation; if it was reserved through the CRS, release "
+                                 "the CRS's reservation that holds it)")
 
     def AttachClient(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -842,12 +881,15 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             attributes=[
                 irm_pb2.AttributeSpec(name="devices", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="devices",
                                       domain=common_pb2.Range(min=1, max=max(1, total)), consumable=True,
+                                      integer=True,
                                       # What _parse takes when a group leaves it out: the CRS counts it too.
                                       default=common_pb2.AttributeRequest(number=1),
                                       description="Devices backing the virtual FPGA (default 1)."),
                 irm_pb2.AttributeSpec(name="design", kind=irm_pb2.AttributeSpec.KIND_TEXT,
                                       allowed_values=sorted(design_lib.DESIGNS),
-                                      description="The design every device of the group is configured with."),
+                                      required=True,     # _parse refuses a group without it (no default)
+                                      description="The design every device of the group is configured with "
+                                                  "(required)."),
             ])])
 
     def DiscoverResources(self, request, context):  # noqa: N802
@@ -855,8 +897,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             return irm_pb2.DiscoverResourcesResponse()
         return irm_pb2.DiscoverResourcesResponse(resources=[self._physical(i) for i in self._server_infos().values()])
 
-    def _parse(self, groups: list[irm_pb2.ResourceGroup]) -> list[tuple[irm_pb2.ResourceGroup, str, int]]:
-        v = Violations()
+    def _parse(self, groups: list[irm_pb2.ResourceGroup],
+               violations: Violations | None = None) -> list[tuple[irm_pb2.ResourceGroup, str, int]]:
+        """`violations`: problems the caller found in its request already, reported with these."""
+        v = Violations() if violations is None else violations
         out = []
         v.check(len(groups) > 0, "groups", "at least one group is required")
         for i, g in enumerate(groups):
@@ -883,12 +927,19 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         v.raise_if_any()
         return out
 
+    def _group_price(self, count: int, devices: int) -> float:
+        """Per minute, for `count` virtual FPGAs of `devices` each: what QuotePrice quotes and Reserve charges."""
+        return count * devices * self.config.price_per_device_minute
+
+    def _price(self, parsed: list[tuple[irm_pb2.ResourceGroup, str, int]]) -> float:
+        return sum(self._group_price(g.count, n) for g, _, n in parsed)
+
     def QuotePrice(self, request, context):  # noqa: N802
         require_tenant(request.tenant)
+        parsed = self._parse(list(request.groups))
         quotes = [irm_pb2.GroupQuote(name=g.name, manager=self.config.name,
-                                     price_per_minute=g.count * n * self.config.price_per_device_minute)
-                  for g, _, n in self._parse(list(request.groups))]
-        return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
+                                     price_per_minute=self._group_price(g.count, n)) for g, _, n in parsed]
+        return irm_pb2.QuotePriceResponse(price_per_minute=self._price(parsed), groups=quotes)
 
     def _reservation(self, r: Reservation) -> irm_pb2.Reservation:
         groups = []
@@ -921,15 +972,26 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def Reserve(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        if not request.request_id or len(request.request_id) > 128:
-            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
-        parsed = self._parse(list(request.groups))
-        # A retry of a request already made is answered first, whatever the servers' state now.
+        if not request.request_id or len(request.request_id) > MAX_RESERVE_REQUEST_ID_CHARS:
+            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of "
+                                                   f"1-{MAX_RESERVE_REQUEST_ID_CHARS} characters")
+        v = Violations()
+        cap = request.max_price_per_minute if request.HasField("max_price_per_minute") else None
+        v.check(cap is None or (math.isfinite(cap) and cap >= 0), "max_price_per_minute",
+                f"a finite price per minute >= 0 (or leave it unset), got {cap}")
+        parsed = self._parse(list(request.groups), v)
+        fingerprint = request_hash(request)
+        # A retry of a request already made is answered first, whatever the servers' state (or prices) now.
         existing = self._find_reservation(tenant, request.request_id)
         if existing is not None:
-            if existing.state == "pending":
-                raise Aborted("a reservation with this request_id is being made; retry shortly")
-            return self._reservation(existing)
+            return self._replayed_reservation(existing, fingerprint)
+        # What QuotePrice quotes; refused before anything is claimed, so the request_id stays unused.
+        price = self._price(parsed)
+        if cap is not None and price > cap + PRICE_SLACK:
+            raise FailedPrecondition(
+                f"price {price:.4f}/min exceeds max_price_per_minute {cap:.4f}; nothing was reserved: raise the "
+                "cap, or ask for fewer or smaller virtual FPGAs (QuotePrice says what a request costs)",
+                reason=OVER_PRICE, metadata={"pricePerMinute": f"{price:.4f}", "maxPricePerMinute": f"{cap:.4f}"})
         # Checked here, in this request's terms: create_group would name its own fields (max_size).
         capacity = self._free_total_capacity()
         if not capacity:
@@ -946,16 +1008,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     "usable devices in all")
         v.raise_if_any()
         rid = f"fres-{uuid.uuid4().hex[:16]}"
-        claim = dict(id=rid, tenant=tenant, request_id=request.request_id, state="pending", price_per_minute=0.0,
-                     created_at=self.clock.now(), released_at=0.0, groups=[])
+        claim = dict(id=rid, tenant=tenant, request_id=request.request_id, request_hash=fingerprint, state="pending",
+                     price_per_minute=0.0, created_at=self.clock.now(), released_at=0.0, groups=[])
         try:
             # The unique (tenant, request_id) index claims the request before any device is taken.
             self.db.transact(lambda s: s.add(Reservation(**claim)))
         except IntegrityError:
             existing = self._find_reservation(tenant, request.request_id)
-            if existing is None or existing.state == "pending":
+            if existing is None:
                 raise Aborted("a reservation with this request_id is being made; retry shortly") from None
-            return self._reservation(existing)
+            return self._replayed_reservation(existing, fingerprint)
         made: list[Group] = []
         entries = []
         try:
@@ -967,8 +1029,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                                             max_size=devices, pinned=pinned, reservation_id=rid)
                     made.append(grp)
                     ids.append(grp.id)
-                entries.append({"name": g.name, "groups": ids,
-                                "price": g.count * devices * self.config.price_per_device_minute})
+                entries.append({"name": g.name, "groups": ids, "price": self._group_price(g.count, devices)})
             price = sum(e["price"] for e in entries)
 
             def activate(s):  # type: ignore[no-untyped-def]
@@ -982,6 +1043,15 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             self.db.transact(lambda s: s.execute(delete(Reservation).where(Reservation.id == rid)))
             raise
         return self._reservation(row)
+
+    def _replayed_reservation(self, existing: Reservation, fingerprint: str) -> irm_pb2.Reservation:
+        """The reservation a request_id first made, for a retry that asks for the same (one made before requests
+        were hashed is not compared)."""
+        if existing.request_hash and existing.request_hash != fingerprint:
+            raise reused_request_id()
+        if existing.state == "pending":
+            raise Aborted("a reservation with this request_id is being made; retry shortly")
+        return self._reservation(existing)
 
     def _find_reservation(self, tenant: str, request_id: str) -> Reservation | None:
         with self.db.read() as s:

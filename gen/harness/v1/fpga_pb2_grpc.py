@@ -650,7 +650,10 @@ class FpgaOrchestratorServicer:
     """
 
     def CreateGroup(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A retry with the same request_id and the same request returns the group
+        made first (also once deleted); the same request_id with a different
+        request is INVALID_ARGUMENT (field request_id).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -668,13 +671,22 @@ class FpgaOrchestratorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ResizeGroup(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """FAILED_PRECONDITION for a group that is not the caller's to size: a
+        job's group (FpgaJobs sizes it; retire the job instead) or a virtual FPGA
+        of a reservation (ResourceManager.Reserve, also through the CRS; the
+        message names the reservation: release it and reserve again instead).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteGroup(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deleting a deleted group returns it. FAILED_PRECONDITION for a job's
+        group (retire the job, FpgaJobs.RetireJob) and for a virtual FPGA of a
+        reservation (ResourceManager.Reserve, also through the CRS): the message
+        names the reservation to release instead (ReleaseReservation deletes its
+        groups); deleting it alone would leave the reservation active and billed.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
