@@ -8,7 +8,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from services.errors import ResourceExhausted
+from services.errors import STREAM_CAP, ResourceExhausted
 
 E = TypeVar("E")
 log = logging.getLogger(__name__)
@@ -149,13 +149,13 @@ class Broadcaster(Generic[E]):
         """Count a new stream of `tenant` in, or refuse it (under the lock)."""
         if self._max_streams is not None:
             if not tenant and self._open[""] >= self._control_streams:
-                raise ResourceExhausted(f"{self._control_streams} control-plane {self._full}")
+                raise ResourceExhausted(f"{self._control_streams} control-plane {self._full}", reason=STREAM_CAP)
             if tenant and self._per_tenant is not None and self._open[tenant] >= self._per_tenant:
                 raise ResourceExhausted(f"tenant {tenant!r} already holds {self._open[tenant]} of the watch "
                                         f"streams here, the most one tenant may ({self._per_tenant}); "
-                                        f"{self._tenant_full}")
+                                        f"{self._tenant_full}", reason=STREAM_CAP)
             if tenant and sum(n for t, n in self._open.items() if t) >= self._max_streams:
-                raise ResourceExhausted(f"{self._max_streams} {self._full}")
+                raise ResourceExhausted(f"{self._max_streams} {self._full}", reason=STREAM_CAP)
         self._open[tenant] += 1
 
     def stream_batches(

@@ -16,6 +16,7 @@ from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grp
 from irm_fpga.models import Reservation
 from irm_fpga.orchestrator import MAX_WATCHES, Orchestrator, OrchestratorConfig
 from irm_fpga.server import FpgaServerConfig, FpgaServerService
+from services import errors
 from services.clock import VirtualClock
 from services.errors import InvalidArgument, field_violations
 from tests.conftest import Suite, eventually
@@ -209,6 +210,7 @@ def test_watch_capacity_streams_are_capped_and_the_server_keeps_answering(fpga):
         _, error = watch()
         assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "WatchCapacity" in error.details()
+        assert errors.error_info(error)[0] == "STREAM_CAP"     # machine-readable, as every service's stream cap
         # The workers the streams do not hold still answer everything else.
         spec = irm.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(), timeout=5)
         assert [t.name for t in spec.resource_types] == ["vfpga"]
