@@ -903,7 +903,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return out
         assert last_error is not None
         if isinstance(last_error, ResourceExhausted) and not last_error.reason:
-            # A manager refused what the view showed free (a ReserveBatch refusal carries no reason): in use.
+            # A manager refused what the view showed free without saying why (an older manager): in use.
             last_error.with_reason(CAPACITY_IN_USE, RETRY_LATER_S)
         raise last_error
 

@@ -97,6 +97,8 @@ from irm_fpga.qos.throughput import (
 from services import paging
 from services.clock import Clock
 from services.errors import (
+    QUEUE_FULL,
+    STREAM_BEHIND,
     FailedPrecondition,
     HarnessError,
     InvalidArgument,
@@ -936,7 +938,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     raise ResourceExhausted(
                         f"tenant {tenant!r} already has {waiting} jobs waiting in the ready queue, the most one "
                         f"tenant may (jobs_max_queued_per_tenant = {cap}); retire some of them or wait until they "
-                        f"are dispatched, then register again")
+                        f"are dispatched, then register again", reason=QUEUE_FULL)
                 row.state = QUEUED
                 self._insert(row)
                 self._dispatch(now)
@@ -1225,7 +1227,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             raise Unavailable("the FPGA IRM's job manager is stopping; reconnect to go on watching")
         raise ResourceExhausted(f"the stream fell behind: more than {MAX_WATCH_BACKLOG} of the jobs it follows "
                                 f"changed while it was not read; reconnect and re-list (a new stream starts with "
-                                f"the jobs' current state)")
+                                f"the jobs' current state)", reason=STREAM_BEHIND)
 
     def pool_devices(self) -> int:
         """Devices the manager may give jobs now (a Hydrogen managed mode: its elastic pool)."""

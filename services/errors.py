@@ -40,8 +40,11 @@ SLO_UNATTAINABLE = "SLO_UNATTAINABLE"        # FAILED_PRECONDITION: no configura
 PROFILING_IN_PROGRESS = "PROFILING_IN_PROGRESS"  # FAILED_PRECONDITION: a session profiles the application
 APPLICATION_STALE = "APPLICATION_STALE"      # FAILED_PRECONDITION: stored application no longer valid: resubmit
 VM_RELEASED = "VM_RELEASED"                  # FAILED_PRECONDITION: the VM's reservation was released
+STREAM_BEHIND = "STREAM_BEHIND"              # RESOURCE_EXHAUSTED: a watch stream not read fell behind: reconnect
+QUEUE_FULL = "QUEUE_FULL"                    # RESOURCE_EXHAUSTED: the tenant's ready queue is full: retire or wait
 REASONS = (NEVER_FITS, OVER_PRICE, CAPACITY_IN_USE, SEARCH_GAVE_UP, STREAM_CAP, MANAGER_DOWN, MANAGER_UNAVAILABLE,
-           NO_MODEL, SLO_UNATTAINABLE, PROFILING_IN_PROGRESS, APPLICATION_STALE, VM_RELEASED)
+           NO_MODEL, SLO_UNATTAINABLE, PROFILING_IN_PROGRESS, APPLICATION_STALE, VM_RELEASED, STREAM_BEHIND,
+           QUEUE_FULL)
 
 # RetryInfo of an error whose cause passes with time (capacity in use, a manager away): how long a client waits
 # at least before it tries again.

@@ -65,6 +65,8 @@ def on_time_schedule(jobs: Sequence[hy.HJob], pool: int, sizes: Callable[[hy.HJo
     """
     if pool < 1:
         raise ValueError("pool must be >= 1")
+    if len(busy) > pool:
+        raise ValueError(f"{len(busy)} busy devices given for a pool of {pool}")
     t_begin = time.monotonic()
     n = len(jobs)
     if n == 0:
@@ -99,7 +101,8 @@ def on_time_schedule(jobs: Sequence[hy.HJob], pool: int, sizes: Callable[[hy.HJo
         shape = tuple(sorted((b - t for b in rel), reverse=True)) + (0.0,) * (pool - len(rel))
         if any(all(a >= b - _EPS for a, b in zip(shape, f, strict=True)) for f in refuted.get(key, ())):
             return None, key, shape
-        if any(not sz[q] for q in queue) or not fits_energy(t, nxt, queue, rel):
+        # A job past its start deadline (waiting since before `start`) is late already; one with no size fits never.
+        if any(not sz[q] or dl[q] < t - _EPS for q in queue) or not fits_energy(t, nxt, queue, rel):
             refute(key, shape)
             return None, key, shape
         free = pool - len(rel)

@@ -23,6 +23,7 @@ from harness.v1 import fpga_jobs_pb2_grpc
 from irm_fpga import jobs as jobs_mod
 from irm_fpga.jobs import SERVICE, JobManager, JobsConfig
 from irm_fpga.orchestrator import MIGRATIONS
+from services import errors
 from services import server as srv
 from services.db import Database
 from services.errors import InvalidArgument, ResourceExhausted, field_violations
@@ -112,8 +113,9 @@ def test_a_watch_behind_more_jobs_than_its_backlog_ends_resource_exhausted(irm_f
     for i, job in enumerate(mine[:3]):             # a third job changing while two are pending: cut off
         irm.manager._update(job.id, achieved_throughput=float(i + 1))
     held = []
-    with pytest.raises(ResourceExhausted, match="the stream fell behind.*reconnect and re-list"):
+    with pytest.raises(ResourceExhausted, match="the stream fell behind.*reconnect and re-list") as behind:
         held.extend(stalled)                       # what it held, then the end with its status
+    assert behind.value.reason == "STREAM_BEHIND"  # not STREAM_CAP: reconnect now, no need to close a stream
     assert [j.id for j in held] == [mine[0].id, mine[1].id]
     assert next(reading).achieved_throughput == 1.0     # a stream that keeps up is not cut off with it
     again = irm.manager.WatchJobs(jp.WatchJobsRequest(tenant="alice"), client())
@@ -289,6 +291,7 @@ def test_a_tenants_ready_queue_is_capped_by_a_setting_named_in_the_refusal(irm_f
                                                        deadline=jp.DeadlineGoal(deadline_s=600, size_actions=9)))
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "jobs_max_queued_per_tenant" in e.details()
+                assert errors.error_info(e)[0] == "QUEUE_FULL"      # machine-readable over the wire
                 break
         else:
             pytest.fail("carol's queue was not capped")

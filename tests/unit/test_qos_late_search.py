@@ -108,3 +108,16 @@ def test_a_search_out_of_time_says_so():
     sc = table4_scenarios()[1]
     jobs = [j for j in arrivals(sc, 4) if 50.0 <= j.arrival <= 64.0]
     assert on_time_schedule(jobs, sc.pool, lambda j: true_sizes(j, sc.overhead), time_limit=0.2).verdict == UNKNOWN
+
+
+def test_a_job_already_past_its_start_deadline_when_the_search_starts_is_never_on_time():
+    # Waiting since 0 s with 1 s allowed: at 1.1 s it is late, however many devices are free.
+    spec = {"A": [(1, 1.0)]}
+    assert on_time_schedule([job("A", 0.0, spec["A"])], 8, table(spec), start=1.1).verdict == IMPOSSIBLE
+    assert on_time_schedule([job("A", 0.0, spec["A"])], 8, table(spec), start=1.0).verdict == ON_TIME
+
+
+def test_more_busy_devices_than_the_pool_is_refused():
+    spec = {"A": [(1, 1.0)]}
+    with pytest.raises(ValueError, match="busy devices"):
+        on_time_schedule([job("A", 0.0, spec["A"])], 1, table(spec), busy=[1.0, 2.0])

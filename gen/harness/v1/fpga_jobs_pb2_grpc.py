@@ -118,8 +118,9 @@ class FpgaJobsServicer:
         then a job each time it changes (dispatched, resized, progress observed or
         reported, retired). Asked for one job, the stream ends once it has retired
         (at once if it already had); any other end is an error to reconnect on:
-        UNAVAILABLE (the IRM is stopping) or ABORTED (the watcher fell too far
-        behind). NOT_FOUND for an unknown job, PERMISSION_DENIED for another
+        UNAVAILABLE (the IRM is stopping) or RESOURCE_EXHAUSTED with reason
+        STREAM_BEHIND (more than 1000 of the jobs it follows changed while it was
+        not read). NOT_FOUND for an unknown job, PERMISSION_DENIED for another
         tenant's, RESOURCE_EXHAUSTED when 16 streams are open on the IRM already.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
