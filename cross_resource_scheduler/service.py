@@ -52,7 +52,6 @@ from services.errors import (
     MANAGER_UNAVAILABLE,
     OVER_PRICE,
     RETRY_LATER_S,
-    STREAM_CAP,
     Aborted,
     FailedPrecondition,
     HarnessError,
@@ -1136,15 +1135,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=n.to_proto())
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        try:
-            for ev in self.watchers.stream(snapshot, context.is_active, request.tenant):
-                # The snapshot's end names no resource: it passes every filter (a client waits for it).
-                if (not request.resource_type or ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
-                        or ev.resource.resource_type == request.resource_type):
-                    yield ev
-        except ResourceExhausted as e:
-            # The one refusal of a watch: the Broadcaster's caps on open streams.
-            raise e if e.reason else e.with_reason(STREAM_CAP) from None
+        # A stream over the Broadcaster's caps is refused there (RESOURCE_EXHAUSTED, STREAM_CAP).
+        for ev in self.watchers.stream(snapshot, context.is_active, request.tenant):
+            # The snapshot's end names no resource: it passes every filter (a client waits for it).
+            if (not request.resource_type or ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
+                    or ev.resource.resource_type == request.resource_type):
+                yield ev
 
     def _forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
         """A change of `manager`'s resources to the CRS's watchers (not while it is down: they have its

@@ -33,10 +33,8 @@ from services import client, control
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
-    STREAM_CAP,
     HarnessError,
     InvalidArgument,
-    ResourceExhausted,
     Violations,
     require_tenant,
     to_status,
@@ -486,17 +484,14 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(h))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        try:
-            for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=request.tenant):
-                if not wanted:
-                    # Another type's watch: the snapshot's end, then nothing (every event here is a vm host's).
-                    batch = [ev for ev in batch if not ev.HasField("resource")]
-                    if not batch:
-                        continue
-                yield from coalesce(batch)
-        except ResourceExhausted as e:
-            # The one refusal of a watch: the Broadcaster's caps on open streams.
-            raise e if e.reason else e.with_reason(STREAM_CAP) from None
+        # A stream over the Broadcaster's caps is refused there (RESOURCE_EXHAUSTED, STREAM_CAP).
+        for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=request.tenant):
+            if not wanted:
+                # Another type's watch: the snapshot's end, then nothing (every event here is a vm host's).
+                batch = [ev for ev in batch if not ev.HasField("resource")]
+                if not batch:
+                    continue
+            yield from coalesce(batch)
 
     # -- ComputeControl --------------------------------------------------
     def GetVm(self, request, context):  # noqa: N802

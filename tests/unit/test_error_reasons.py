@@ -38,6 +38,7 @@ from services.errors import (
     Unavailable,
 )
 from services.watch import Broadcaster
+from tests.unit.test_compute_review12 import INVENTORY as COMPUTE_INVENTORY
 
 TIMEOUT = 30
 T = "alice"
@@ -143,12 +144,7 @@ def test_every_reason_is_documented_in_common_proto() -> None:
 
 # -- the compute IRM over gRPC -------------------------------------------------------------------------------------
 
-INVENTORY = """
-hosts:
-  - {id: a, site: s1, rack: r1, cores: 16, memory_gb: 64, frequency_ghz: 2.2, agent: '127.0.0.1:1'}
-  - {id: b, site: s1, rack: r2, cores: 16, memory_gb: 64, frequency_ghz: 3.0, agent: '127.0.0.1:2',
-     traits: [fast]}
-"""
+INVENTORY = COMPUTE_INVENTORY      # two 16-core hosts, b the faster one with trait "fast"
 
 
 @dataclass
