@@ -330,7 +330,7 @@ _SPAWN_LOCK = threading.Lock()
 
 # The share of one sampling interval the agent may spend reading PSS for one execution: the kernel walks
 # every page (~12 ms per resident GB), so a large program's PSS is read every few samples, its RSS (cheap)
-# scaled by the last PSS/RSS ratio in between.
+# less the last shared excess (RSS - PSS) in between.
 PSS_BUDGET = 0.1
 
 
@@ -461,10 +461,14 @@ class LocalExecution:
         self._stderr_tail = b""
         self._known: dict[int, psutil.Process] = {}  # every process of the tree seen, to kill escapees
         self._peak_mb = 0.0
-        # PSS/RSS of the tree at the last PSS read: scales what RSS-only readings (the root's VmHWM, ru_maxrss,
-        # samples between PSS reads) say to what PSS would, so the verdict judges by the measure the limit
-        # uses (a program mapping a file others map too is not "over" by pages it shares). 1 until read.
-        self._share = 1.0
+        # RSS - PSS (bytes) of the tree and of its root at the last PSS read: what RSS-only readings (the
+        # root's VmHWM, ru_maxrss, samples between PSS reads) count beyond PSS, so the verdict judges by the
+        # measure the limit uses (a program mapping a file others map too is not "over" by pages it shares).
+        # Subtracted, not scaled: what a program grows by is its own (private) memory, so the excess of its
+        # shared pages stays put -- a ratio read while it was a bare interpreter (PSS/RSS ~0.67) made a death
+        # at 512 MB of data look like 450 MB. 0 until read.
+        self._tree_shared = 0.0
+        self._root_shared = 0.0
         self._pss_every = 1      # PSS read every this many samples (see PSS_BUDGET)
         self._since_pss = 0
         self._pss_pids: frozenset[int] = frozenset()    # the tree when PSS was last read
@@ -649,7 +653,7 @@ class LocalExecution:
             with self._lock:
                 self._samples.append(sample)
                 # The root's own high-water mark catches a spike of it between two samples.
-                self._peak_mb = max(self._peak_mb, mem_mb, root_hwm_mb * self._share)
+                self._peak_mb = max(self._peak_mb, mem_mb, self._root_pss_mb(root_hwm_mb))
                 self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
                 self._sampled_at = now
             self._push(sample)
@@ -669,7 +673,7 @@ class LocalExecution:
     def _measure(self) -> tuple[float, float, float] | None:
         """(cumulative CPU seconds, PSS MB, the root's VmHWM MB) of the process tree, or None if it is gone.
 
-        PSS is read every `_pss_every` samples (RSS scaled by the last PSS/RSS ratio in between)."""
+        PSS is read every `_pss_every` samples (RSS less the last shared excess in between)."""
         assert self._popen is not None
         root = self._known.get(self._popen.pid)
         if root is None:
@@ -706,21 +710,28 @@ class LocalExecution:
         self._since_pss += 1
         pids = frozenset(p.pid for p in alive)
         if (self._since_pss >= self._pss_every or pids != self._pss_pids
-                or rss * self._share >= 0.8 * self.slot.memory_mb * 1024 * 1024):
+                or rss - self._tree_shared >= 0.8 * self.slot.memory_mb * 1024 * 1024):
             began = time.perf_counter()
-            pss = 0.0
+            read_rss = pss = 0.0
             for p in alive:
                 try:
-                    pss += _rss_pss_bytes(p)[1]
+                    p_rss, p_pss = _rss_pss_bytes(p)
                 except psutil.Error:
                     continue
+                read_rss, pss = read_rss + p_rss, pss + p_pss
+                if p.pid == root.pid:
+                    self._root_shared = max(0.0, p_rss - p_pss)
             spent = time.perf_counter() - began
             self._since_pss, self._pss_pids = 0, pids
             self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
             if pss > 0:
-                self._share = min(1.0, pss / rss)
-        mem = rss * self._share
+                self._tree_shared = max(0.0, read_rss - pss)
+        mem = max(0.0, rss - self._tree_shared)
         return cpu, mem / (1024 * 1024), _vm_hwm_mb(root.pid)
+
+    def _root_pss_mb(self, root_rss_mb: float) -> float:
+        """The PSS an RSS reading of the root (its VmHWM, ru_maxrss) stands for."""
+        return max(0.0, root_rss_mb - self._root_shared / (1024 * 1024))
 
     def _kill_known(self) -> None:
         """Kill descendants that left the process group (setsid); psutil refuses reused pids."""
@@ -788,7 +799,7 @@ class LocalExecution:
         # spike between two samples; but Linux carries the spawning process's high-water mark across exec,
         # so it is at least the agent's size at the spawn. Above that it can only be the command's own.
         maxrss_mb = usage.ru_maxrss / 1024
-        peak = max(self._peak_mb, maxrss_mb * self._share) if maxrss_mb > self._spawner_hwm_mb else self._peak_mb
+        peak = max(self._peak_mb, self._root_pss_mb(maxrss_mb)) if maxrss_mb > self._spawner_hwm_mb else self._peak_mb
         cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
         reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail)
         # A run killed for the VM's total did not itself reach the allowance: its samples say what it used.

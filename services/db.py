@@ -277,7 +277,8 @@ class Database:
         cfg.attributes["version_table"] = version_table
         # Two processes of a service starting at once on a fresh PostgreSQL database would both create the
         # version table and the schema (one fails on a duplicate): they take turns on an advisory lock of the
-        # version table's name. (SQLite's BEGIN IMMEDIATE serialises them already.)
+        # version table's name. On SQLite the whole upgrade is one BEGIN IMMEDIATE transaction instead (see
+        # run_migrations).
         key = migration_lock_key(version_table) if self.engine.dialect.name == "postgresql" else None
         with self.engine.connect() as conn:
             if key is not None:
@@ -452,11 +453,17 @@ class Prepared:
 def run_migrations(context, metadata: MetaData) -> None:  # type: ignore[no-untyped-def]
     """Body of every service's migrations/env.py (online mode only)."""
     conn = context.config.attributes["connection"]
+    sqlite = conn.dialect.name == "sqlite"
     context.configure(
         connection=conn,
         target_metadata=metadata,
         version_table=context.config.attributes["version_table"],
-        render_as_batch=conn.dialect.name == "sqlite",
+        render_as_batch=sqlite,
+        # Alembic takes SQLite's DDL as non-transactional and commits each revision apart; a second process
+        # starting then reads the heads between two commits and runs the next revision too, while the first
+        # still means to ("duplicate column"). Our connections issue BEGIN themselves, so SQLite's DDL is
+        # transactional: one transaction, holding the write lock from reading the heads to the last revision.
+        transactional_ddl=True if sqlite else None,
     )
     with context.begin_transaction():
         context.run_migrations()

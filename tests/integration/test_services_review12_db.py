@@ -79,3 +79,56 @@ def test_the_migration_lock_key_is_stable_and_per_version_table():
     assert key == migration_lock_key("alembic_version_am")
     assert -(2 ** 63) <= key < 2 ** 63
     assert len({migration_lock_key(v) for _, v in SERVICES}) == len(SERVICES)
+
+
+# A service process that stops right after its migration's first commit until told to go on (the window in which
+# another process could find the schema half-upgraded), then finishes its migration.
+PAUSING_CHILD = r"""
+import importlib, sys
+from sqlalchemy.engine import Connection
+from services.db import Database
+module, version_table, url = sys.argv[1:]
+migrations = importlib.import_module(module).MIGRATIONS
+db = Database(url)
+commit = Connection._commit_impl
+commits = []
+def pausing_commit(self):
+    commit(self)
+    commits.append(1)
+    if len(commits) == 1:
+        print("paused", flush=True)
+        sys.stdin.readline()
+Connection._commit_impl = pausing_commit
+try:
+    db.migrate(migrations, version_table)
+    print("ok", flush=True)
+except Exception as e:
+    print(type(e).__name__, str(getattr(e, "orig", e)).splitlines()[0], flush=True)
+finally:
+    db.dispose()
+"""
+
+
+@pytest.mark.parametrize("module, version_table", SERVICES)
+def test_no_other_process_sees_a_sqlite_migration_half_done(tmp_path, module, version_table):
+    # Alembic commits each revision apart on SQLite unless told its DDL is transactional: a process starting
+    # between two commits ran the next revisions itself, and the first then failed on them ("duplicate column").
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    first = subprocess.Popen([sys.executable, "-c", PAUSING_CHILD, module, version_table, url],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert first.stdout.readline().strip() == "paused"
+        second = subprocess.run([sys.executable, "-c", CHILD, module, version_table, url], input="go\n",
+                                capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert second.stdout.split() == ["ready", "ok"], second.stderr
+        assert first.communicate("go\n", timeout=120)[0].strip() == "ok"
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    db = Database(url)
+    try:
+        with db.engine.connect() as conn:
+            assert len(conn.execute(text(f"SELECT version_num FROM {version_table}")).scalars().all()) == 1
+    finally:
+        db.dispose()

@@ -277,6 +277,19 @@ def test_rlimit_makes_an_oversized_application_fail(tmp_path: Path, allocator: C
     assert last.memory_mb == max(x.peak_memory_mb, 512) and last.memory_percent >= 100
 
 
+def test_a_peak_reached_between_samples_is_not_scaled_by_an_idle_interpreters_pss(
+        tmp_path: Path, allocator: CpuAllocator) -> None:
+    # Sampled only while a bare interpreter (PSS ~2/3 of RSS: mostly shared libraries), then grown to the
+    # rlimit and dead before the next sample: the peak comes from ru_maxrss alone. Scaled by that idle
+    # PSS/RSS ratio it read ~350 MB for a program that held 512 MB of data; what it grew by is private memory.
+    slot = allocator.slot("vm", 1, 512)
+    code = "import time\ntime.sleep(1.2)\n" + GROW.format(total_mb=1200)
+    events, _ = run(tmp_path, slot, code, timeout_s=20, interval=1.0)
+    x = exited(events)
+    assert x.reason == MEMORY_LIMIT_EXCEEDED
+    assert 0.9 * 512 <= x.peak_memory_mb <= 512 + 64
+
+
 def test_one_huge_allocation_fails_at_once_under_the_rlimit(tmp_path: Path, allocator: CpuAllocator) -> None:
     events, _ = run(tmp_path, allocator.slot("vm", 1, 512), "b = bytearray(1 << 30)")
     x = exited(events)
