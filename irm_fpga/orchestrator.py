@@ -310,7 +310,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             # No reconcile rounds to map a server that was down at start: each placement (and listing) tries.
             self._discover_servers()
         out = {}
-        for name, reply in self._ask_all(self.servers, "GetServer", fpga_pb2.GetServerRequest()).items():
+        for name, reply in self.ask_all(self.servers, "GetServer", fpga_pb2.GetServerRequest()).items():
             if isinstance(reply, ServerNotAnswering):      # its breaker said so once, when it opened
                 log.debug("FPGA-server not asked: it did not answer lately", extra={"server": name})
             elif isinstance(reply, grpc.RpcError):
@@ -319,7 +319,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 out[name] = reply
         return out
 
-    def _ask_all(self, handles: dict[str, ServerHandle], method: str, request: object) -> dict[str, object]:
+    def ask_all(self, handles: dict[str, ServerHandle], method: str, request: object) -> dict[str, object]:
         """`method` called on every server of `handles` at once (one that hangs costs one timeout, not one per
         server): server -> its reply, or the grpc.RpcError its call failed with; in the order of `handles`."""
         futures: dict[str, object] = {}
@@ -593,7 +593,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def _delete_parts(self, g: Group, parts: dict[str, int]) -> None:
         handles = {name: h for name in parts if (h := self.servers.get(name)) is not None}
-        for name, reply in self._ask_all(handles, "DeleteGroupPart",
+        for name, reply in self.ask_all(handles, "DeleteGroupPart",
                                          fpga_pb2.DeleteGroupPartRequest(group_id=g.id)).items():
             if isinstance(reply, grpc.RpcError):
                 log.warning("could not delete a group part", extra={"group": g.id, "server": name,
@@ -779,7 +779,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _revoke_everywhere(self, client_id: str, handles: list[ServerHandle]) -> None:
         """Take an attach that did not complete back from `handles` (best-effort: a server that does not answer
         is logged; it holds a client no one was given)."""
-        replies = self._ask_all({h.name: h for h in handles}, "RevokeClient",
+        replies = self.ask_all({h.name: h for h in handles}, "RevokeClient",
                                 fpga_pb2.ServerClientRequest(client_id=client_id))
         for name, reply in replies.items():
             if isinstance(reply, grpc.RpcError):
@@ -1109,7 +1109,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         ids = {gid for e in r.groups for gid in e["groups"]}
         now = self.clock.now()
         series = []
-        for name, m in self._ask_all(self.servers, "GetMeasurements", fpga_pb2.GetMeasurementsRequest()).items():
+        for name, m in self.ask_all(self.servers, "GetMeasurements", fpga_pb2.GetMeasurementsRequest()).items():
             if isinstance(m, grpc.RpcError):
                 continue
             for g in m.groups:  # type: ignore[attr-defined]
@@ -1218,7 +1218,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         decided: dict[str, int] = {}
         where: dict[str, str] = {}          # group -> the server whose policy decided it
         servers = self.servers
-        for name, m in self._ask_all(servers, "GetMeasurements", fpga_pb2.GetMeasurementsRequest()).items():
+        for name, m in self.ask_all(servers, "GetMeasurements", fpga_pb2.GetMeasurementsRequest()).items():
             if isinstance(m, grpc.RpcError):
                 continue
             try:

@@ -19,6 +19,11 @@ tracebacks, the repr of a bad answer or of an exit code) are plain strings cut t
 `plugins.MAX_TEXT_CHARS`. What the manager sends -- the queue, the free devices, the window, its cost
 model, the time -- is its own data, pickled for the worker.
 
+Each request carries a sequence number and its reply names it: a frame the plug-in wrote on the pipe by
+itself ahead of the worker's reply to an earlier call would otherwise be read as the answer to the next
+one, and every answer after it would be one call late. A reply to an earlier request is dropped; one to a
+request not yet made is refused.
+
 The simulator calls plug-ins in its own process (a run is one researcher's own code, and a call
 over a pipe costs about a millisecond; a 300 s run of seed 001 §VI makes thousands of decisions).
 """
@@ -69,8 +74,9 @@ def reply_limit(queue: Sequence[hy.HJob], window: int) -> int:
     return max(answer, TEXT_REPLY_LIMIT)
 
 
-def _encode(reply: list) -> bytes:
-    return json.dumps(reply, separators=(",", ":")).encode()
+def _encode(reply: list, seq: int = 0) -> bytes:
+    """[seq, kind, ...]: the request's sequence number first (0: the worker's start-up)."""
+    return json.dumps([seq, *reply], separators=(",", ":")).encode()
 
 
 def _text_of(e: BaseException) -> str:
@@ -82,22 +88,22 @@ def _text_of(e: BaseException) -> str:
     return plugins.clip(text)
 
 
-def _reply(alg: Any, queue: list, available: int, window: int, cost: hy.Cost, now: float) -> bytes:
-    """The worker's reply to one request: JSON of plain data, the plug-in's faults included."""
+def _reply(alg: Any, seq: int, queue: list, available: int, window: int, cost: hy.Cost, now: float) -> bytes:
+    """The worker's reply to request `seq`: JSON of plain data, the plug-in's faults included."""
     try:
         answer = alg(queue, available, window, cost, now=now)
         try:
             pairs = plugins.allocation_pairs(answer)
         except (TypeError, ValueError):
-            return _encode(["not-pairs", plugins.describe(answer)])
-        data = _encode(["ok", [[job_id, n] for job_id, n in pairs]])
+            return _encode(["not-pairs", plugins.describe(answer)], seq)
+        data = _encode(["ok", [[job_id, n] for job_id, n in pairs]], seq)
         if len(data) > reply_limit(queue, window):
-            return _encode(["too-long", len(pairs), len(data)])
+            return _encode(["too-long", len(pairs), len(data)], seq)
         return data
     except SystemExit as e:
-        return _encode(["exit", plugins.describe(e.code)])
+        return _encode(["exit", plugins.describe(e.code)], seq)
     except BaseException as e:     # noqa: BLE001 - any fault of the plug-in is the caller's PolicyError
-        return _encode(["error", _text_of(e)])
+        return _encode(["error", _text_of(e)], seq)
 
 
 def _watch_parent(parent: int) -> None:
@@ -129,8 +135,8 @@ def _serve(conn: Connection, name: str, late_after: float, parent: int) -> None:
             return
         if request is None:
             return
-        queue, available, window, cost, now = request
-        conn.send_bytes(_reply(alg, queue, available, window, cost, now))
+        seq, queue, available, window, cost, now = request
+        conn.send_bytes(_reply(alg, seq, queue, available, window, cost, now))
 
 
 class _TooLong(Exception):
@@ -195,15 +201,19 @@ def _size(n: int) -> str:
     return f"{n} bytes" if n >= 0 else "more than 2 GiB"
 
 
-def _decode(data: bytes, kinds: tuple[str, ...]) -> list:
-    """A reply's JSON, one of `kinds`: a list [kind, ...] of plain values (the worker is not trusted to have
-    made it)."""
+def _decode(data: bytes, kinds: tuple[str, ...]) -> tuple[int, list]:
+    """A reply's sequence number and JSON, one of `kinds`: a list [seq, kind, ...] of plain values (the worker
+    is not trusted to have made it)."""
     try:
-        reply = json.loads(data)
+        framed = json.loads(data)
     except (ValueError, RecursionError) as e:     # not UTF-8 / JSON, nested too deeply, a number too long
         raise _BadReply(f"not JSON: {type(e).__name__}") from None
-    if not (isinstance(reply, list) and reply and isinstance(reply[0], str)):
-        raise _BadReply("not a list [kind, ...]")
+    if not (isinstance(framed, list) and len(framed) >= 2 and type(framed[0]) is int and isinstance(framed[1], str)):
+        raise _BadReply("not a list [sequence number, kind, ...]")
+    return framed[0], _checked(framed[1:], kinds)
+
+
+def _checked(reply: list, kinds: tuple[str, ...]) -> list:
     kind, rest = reply[0], reply[1:]
     if kind not in kinds:
         raise _BadReply(f"a reply of kind {plugins.describe(kind[:40])} where {' or '.join(kinds)} was expected")
@@ -235,6 +245,7 @@ class PluginRunner:
         self._proc: Any = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()
+        self._seq = 0               # the last request's sequence number (replies name theirs)
         self._started = False       # a first worker was started (later ones start in the background)
         self._replacing = False     # a background start is under way
         self._closed = False
@@ -263,9 +274,11 @@ class PluginRunner:
         theirs.close()
         os.set_blocking(ours.fileno(), False)       # read and written with deadlines (_read_frame, _write_frame)
         try:
-            reply = _decode(_read_frame(ours.fileno(), TEXT_REPLY_LIMIT, time.monotonic() + self.start_timeout_s),
-                            ("ready", "error"))
+            seq, reply = _decode(_read_frame(ours.fileno(), TEXT_REPLY_LIMIT, time.monotonic() + self.start_timeout_s),
+                                 ("ready", "error"))
             kind, detail = reply[0], reply[-1]
+            if seq != 0:
+                raise _BadReply(f"a reply to request {seq} before any was made")
         except _Timeout:
             kind, detail = "timeout", f"no answer within {self.start_timeout_s:g} s"
         except (EOFError, OSError):
@@ -332,11 +345,19 @@ class PluginRunner:
                             f"one is started for a later decision")
 
     def _receive(self, deadline: float, limit: int, doing: str) -> list:
-        """The worker's reply, all of it by `deadline` and at most `limit` bytes, as plain data (under `_lock`)."""
+        """The worker's reply to request `_seq`, all of it by `deadline` and at most `limit` bytes, as plain
+        data (under `_lock`); replies to earlier requests on the pipe before it are dropped."""
         assert self._conn is not None and self._proc is not None
         try:
-            return _decode(_read_frame(self._conn.fileno(), limit, deadline),
-                           ("ok", "not-pairs", "too-long", "exit", "error"))
+            while True:
+                seq, reply = _decode(_read_frame(self._conn.fileno(), limit, deadline),
+                                     ("ok", "not-pairs", "too-long", "exit", "error"))
+                if seq == self._seq:
+                    return reply
+                if seq > self._seq:
+                    raise _BadReply(f"a reply to request {seq}, not yet made (the last was {self._seq})")
+                log.warning("dropped a plug-in's reply to an earlier request", extra={
+                    "plugin": self.name, "reply_to": seq, "request": self._seq})
         except (EOFError, OSError):
             self._proc.join(min(5.0, max(0.1, deadline - time.monotonic())))
             code = self._proc.exitcode
@@ -357,10 +378,11 @@ class PluginRunner:
     def __call__(self, queue: Sequence[hy.HJob], available: int, window: int, cost: hy.Cost = hy.linear_cost, *,
                  now: float) -> hy.Allocation:
         queue = list(queue)
-        request = bytes(ForkingPickler.dumps((queue, available, window, cost, now)))    # the manager's own data
         limit = reply_limit(queue, window)
         with self._lock:
             conn = self._ensure()
+            self._seq += 1
+            request = bytes(ForkingPickler.dumps((self._seq, queue, available, window, cost, now)))   # our own data
             deadline = time.monotonic() + self.timeout_s    # for the request and the whole reply
             try:
                 _write_frame(conn.fileno(), request, deadline)

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
+from irm_fpga.jobs import JobManager, JobsConfig
 from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig, ServerHandle
 from services import client as rpc
 from services import server as srv
@@ -203,6 +204,31 @@ def test_the_orchestrator_asks_its_servers_at_once_so_two_hung_servers_cost_one_
     finally:
         for f in fakes:
             f.released.set()
+        o.stop()
+        for r, a in zip(running, addresses, strict=True):
+            r.stop(0)
+            rpc.drop(a)
+
+
+def test_the_job_manager_reads_progress_from_its_servers_at_once(tmp_path):
+    fakes = [HangingServer(name) for name in ("a", "b", "c")]
+    running = [_serve(f) for f in fakes]
+    addresses = [f"127.0.0.1:{r.port}" for r in running]
+    o = Orchestrator(OrchestratorConfig(servers=addresses, database=f"sqlite:///{tmp_path}/orch.db", autoscaler="none",
+                                        reconcile_interval_s=0, server_timeout_s=1.0, server_backoff_s=0))
+    manager = JobManager(o, JobsConfig())
+    try:
+        o._discover_servers(strict=True)
+        fakes[1].hang.set()
+        fakes[2].hang.set()
+        calls = [f.calls for f in fakes]
+        _, took = _timed(lambda: manager._observe([]))
+        assert [f.calls - c for f, c in zip(fakes, calls, strict=True)] == [1, 1, 1]   # every server was asked
+        assert 0.9 <= took < 1.8                                    # one timeout, not one per hung server
+    finally:
+        for f in fakes:
+            f.released.set()
+        manager.stop()
         o.stop()
         for r, a in zip(running, addresses, strict=True):
             r.stop(0)
