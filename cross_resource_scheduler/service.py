@@ -42,7 +42,7 @@ from cross_resource_scheduler.registry import ManagerState, Registry
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
-from services import paging
+from services import control, paging
 from services.clock import Clock, WallClock
 from services.config import ConfigError, check_address
 from services.db import Database, Prepared, default_url
@@ -170,6 +170,9 @@ class CrsConfig:
     # that name in every site, "site-a/r1" that site's; a bare name the file also names with a site is refused).
     topology_file: str = ""
     seed: int = 0
+    # Managers register and heartbeat sending this (services.control); empty: any caller who reaches the CRS can
+    # add a manager (development). `harness up` makes one per suite; compose takes HARNESS_CONTROL_TOKEN.
+    control_token: str = ""
 
 
 def irm_request_id(res_id: str, attempt: int, manager: str) -> str:
@@ -1178,6 +1181,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     # -- registry --------------------------------------------------------
     def RegisterManager(self, request, context):  # noqa: N802
+        # Else anyone reaching the CRS could add a manager (or take a gone one's name) and be sent reservations.
+        control.check(self.config.control_token, context, "the CRS (RegisterManager)")
         v = Violations()
         v.check(bool(request.name) and len(request.name) <= 128, "name", "required, at most 128 characters")
         v.check("/" not in request.name, "name", "must not contain '/'")
@@ -1215,6 +1220,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
 
     def Heartbeat(self, request, context):  # noqa: N802
+        # Else anyone could keep a stopped manager "up", and reservations would be sent to it.
+        control.check(self.config.control_token, context, "the CRS (Heartbeat)")
         return registry_pb2.HeartbeatResponse(known=self.registry.heartbeat(request.name, request.address))
 
     def ListManagers(self, request, context):  # noqa: N802

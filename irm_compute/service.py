@@ -170,7 +170,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         host = self.config.address.rsplit(":", 1)[0]
         advertise = self.config.advertise_address or f"{host}:{port}"
         for crs in [a.strip() for a in self.config.crs_address.split(",") if a.strip()]:
-            m = Membership(crs, self.config.name, advertise, [VM_TYPE], self.config.heartbeat_interval_s)
+            m = Membership(crs, self.config.name, advertise, [VM_TYPE], self.config.heartbeat_interval_s,
+                           control_token=self.config.control_token)
             m.start()
             self.memberships.append(m)
 

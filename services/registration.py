@@ -10,7 +10,7 @@ import time
 import grpc
 
 from harness.v1 import registry_pb2, registry_pb2_grpc
-from services import client
+from services import client, control
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,9 @@ def sane_interval(value: float, fallback: float = 2.0) -> float:
 
 class Membership:
     def __init__(self, crs_address: str, name: str, address: str, resource_types: list[str],
-                 heartbeat_interval_s: float = 2.0) -> None:
+                 heartbeat_interval_s: float = 2.0, control_token: str = "") -> None:
         self.crs_address = crs_address
+        self.control_token = control_token
         self.request = registry_pb2.RegisterManagerRequest(name=name, address=address,
                                                            resource_types=resource_types)
         self.interval = sane_interval(heartbeat_interval_s)
@@ -48,7 +49,8 @@ class Membership:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        stub = registry_pb2_grpc.ManagerRegistryStub(client.channel(self.crs_address))
+        stub = registry_pb2_grpc.ManagerRegistryStub(control.channel(client.channel(self.crs_address),
+                                                                     self.control_token))
         known = False
         failing_since: float | None = None     # first registration failing since then
         warned = -math.inf
@@ -76,9 +78,11 @@ class Membership:
                     failing_since = now
                 if not known and now - warned >= WARN_EVERY_S:
                     warned = now
+                    hint = ("set this manager's control_token to the CRS's (HARNESS_CONTROL_TOKEN in compose)"
+                            if e.code() == grpc.StatusCode.UNAUTHENTICATED else "")
                     log.warning("cannot register with the CRS; retrying", extra={
                         "crs": self.crs_address, "code": str(e.code()), "details": e.details() or "",
-                        "failing_for_s": round(now - failing_since, 1)})
+                        "failing_for_s": round(now - failing_since, 1), **({"fix": hint} if hint else {})})
                 known = False
                 self._stop.wait(min(1.0, self.interval))
                 continue

@@ -238,7 +238,8 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     procs.lock_fd = _lock(state_dir)
     procs.state_dir = state_dir
     # The FPGA-server takes control calls from this suite's Orchestrator only, the agent and the compute IRM
-    # from each other only (services.control); in the environment, not on a command line others can read.
+    # from each other only, the CRS registrations from its IRMs only (services.control); in the environment,
+    # not on a command line others can read.
     token = secrets.token_hex(16)
     recorded: dict[str, dict] = {}
     try:
@@ -249,7 +250,7 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
             section = SERVICES[p.service].section
             settings = {k: v for k, v in p.settings.items() if k not in chosen.get(section, set())}
             env = {}
-            if p.service in ("fpga-server", "fpga", "compute", "agent") \
+            if p.service in ("crs", "fpga-server", "fpga", "compute", "agent") \
                     and "control_token" not in chosen.get(section, set()):
                 env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
             proc = spawn(p.service, name=p.name, address=p.address, settings=settings, config_file=config_file,

@@ -365,3 +365,49 @@ def test_an_over_long_group_name_is_invalid_argument_over_grpc(cloud: Cloud) -> 
         assert [f for f, _ in field_violations(e.value)] == ["groups[0].name"]
         assert "at most 128 characters" in e.value.details()
     assert cloud.crs._parsed[1] == {}
+
+
+# -- the CRS's registry takes control calls only, once it has a control token -------------------------------------
+
+
+def test_a_crs_with_a_control_token_registers_only_managers_that_send_it(tmp_path, caplog) -> None:
+    comp = crs_service.component(crs_service.CrsConfig(
+        address="127.0.0.1:0", database=f"sqlite:///{tmp_path / 'crs.db'}", heartbeat_interval_s=0.1,
+        heartbeat_timeout_s=1.0, control_token="s3cret"))
+    r = srv.start("127.0.0.1:0", [comp])
+    address = f"127.0.0.1:{r.port}"
+    ch = grpc.insecure_channel(address)
+    c = Cloud(comp.extra["crs"], address, irm_pb2_grpc.ResourceManagerStub(ch), registry_pb2_grpc.ManagerRegistryStub(ch))
+    try:
+        _, a1 = c.serve(FakeIrm("intruder", {"h1": 10}))
+        with pytest.raises(grpc.RpcError) as e:
+            c.reg.RegisterManager(registry_pb2.RegisterManagerRequest(name="intruder", address=a1,
+                                                                      resource_types=["gadget"]), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "the CRS (RegisterManager) takes control calls from its control plane only" in e.value.details()
+        # A manager with another token is refused too, and logs the setting to fix.
+        caplog.set_level("WARNING", logger="services.registration")
+        wrong = Membership(address, "intruder", a1, ["gadget"], heartbeat_interval_s=0.1, control_token="guess")
+        wrong.start()
+        c.memberships.append(wrong)
+        eventually(lambda: any(getattr(rec, "fix", "").startswith("set this manager's control_token to the CRS's")
+                               and getattr(rec, "code", "") == "StatusCode.UNAUTHENTICATED"
+                               for rec in caplog.records), what="the refused registration logged with its fix")
+        assert not wrong.registered.is_set()
+        # One that sends it joins; its resources enter the view; heartbeats without the token are refused.
+        _, a2 = c.serve(FakeIrm("member", {"h2": 10}))
+        good = Membership(address, "member", a2, ["gadget"], heartbeat_interval_s=0.1, control_token="s3cret")
+        good.start()
+        c.memberships.append(good)
+        eventually(lambda: c.resources() == ["member/h2"], what="the member's host in the view")
+        assert set(c.managers()) == {"member"}
+        with pytest.raises(grpc.RpcError) as e:
+            c.reg.Heartbeat(registry_pb2.HeartbeatRequest(name="member", address=a2), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        for m in c.memberships:
+            m.stop()
+        for s in c.servers:
+            s.stop(0)
+        r.stop(0.5)
+        ch.close()

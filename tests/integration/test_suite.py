@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2, irm_pb2_grpc
+from services import control
 from services import suite as suite_mod
 from tests.conftest import eventually
 from tests.integration.test_crs_flow import vm_group
@@ -96,7 +97,12 @@ def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
     conf.write_text(f"orchestrator:\n  crs_address: {nowhere}\n"
                     "crs:\n  heartbeat_interval_s: 0.2\n  heartbeat_timeout_s: 1\n")
     state = str(tmp_path / "state")
-    procs = suite_mod.start(state, auto_ports=True, config_file=str(conf))
+    # One control token the test knows (the suite's own is in its services' environments only): the stand-in
+    # manager below registers with it.
+    token = "test-control-token"
+    environ = {**os.environ, **{f"HARNESS_{section.upper()}_CONTROL_TOKEN": token
+                                for section in ("crs", "compute", "agent", "fpga_server", "orchestrator")}}
+    procs = suite_mod.start(state, auto_ports=True, config_file=str(conf), environ=environ)
     try:
         addrs = {p.name: p.address for p in procs}
         crs = addrs["crs"]
@@ -120,7 +126,7 @@ def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
         assert lines["fpga"].endswith("crs: NOT REGISTERED") and "crs: registered as 'compute'" in lines["compute"]
         assert f"must point at the CRS's address {crs}" in plain.stderr and "Traceback" not in plain.stderr
 
-        registry = registry_pb2_grpc.ManagerRegistryStub(grpc.insecure_channel(crs))
+        registry = registry_pb2_grpc.ManagerRegistryStub(control.channel(grpc.insecure_channel(crs), token))
 
         def fpga_up() -> bool | None:
             m = [m for m in registry.ListManagers(registry_pb2.ListManagersRequest()).managers if m.name == "fpga"]
@@ -128,7 +134,7 @@ def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
 
         # A live registration of its name at another address (the address it advertises, say): a note, no failure.
         other = f"127.0.0.1:{suite_mod._free_port()}"
-        member = Membership(crs, "fpga", other, ["vfpga"], heartbeat_interval_s=0.2)
+        member = Membership(crs, "fpga", other, ["vfpga"], heartbeat_interval_s=0.2, control_token=token)
         member.start()
         try:
             eventually(lambda: fpga_up() is True, what="the stand-in's registration")
@@ -466,5 +472,22 @@ def test_a_config_files_settings_beat_the_suites_wiring(tmp_path):
             fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)).GetServer(
                 fpga_pb2.GetServerRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # So does its CRS take registrations and heartbeats from its IRMs only: they are registered (they send
+        # the token), a caller without it adds no manager and keeps none up.
+        from harness.v1 import registry_pb2, registry_pb2_grpc
+
+        crs = next(p for p in procs if p.name == "crs")
+        reg = registry_pb2_grpc.ManagerRegistryStub(grpc.insecure_channel(crs.address))
+        eventually(lambda: {m.name for m in reg.ListManagers(registry_pb2.ListManagersRequest(), timeout=10).managers
+                            if m.up} == {"compute", "fpga"}, what="the suite's IRMs registered with its CRS")
+        for call, request in ((reg.RegisterManager, registry_pb2.RegisterManagerRequest(
+                name="intruder", address=server.address, resource_types=["vm"])),
+                              (reg.Heartbeat, registry_pb2.HeartbeatRequest(name="fpga", address=orch.address))):
+            with pytest.raises(grpc.RpcError) as e:
+                call(request, timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "the CRS" in e.value.details() and "control token" in e.value.details()
+        assert "intruder" not in {m.name for m in reg.ListManagers(registry_pb2.ListManagersRequest(),
+                                                                    timeout=10).managers}
     finally:
         suite_mod.stop(procs)

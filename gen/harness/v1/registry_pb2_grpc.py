@@ -55,13 +55,15 @@ class ManagerRegistryServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterManager(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto): an IRM joining.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """CONTROL (see common.proto).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
