@@ -32,6 +32,7 @@ from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grp
 from irm_fpga import autoscaler
 from irm_fpga import designs as design_lib
 from irm_fpga import engine as eng
+from irm_fpga.fan_out import ask_servers
 from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob
 from irm_fpga.models import Client, Group, Reservation
 from irm_fpga.server_breaker import ServerBreaker, ServerNotAnswering, intercept
@@ -321,25 +322,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return out
 
     def ask_all(self, handles: dict[str, ServerHandle], method: str, request: object) -> dict[str, object]:
-        """`method` called on every server of `handles` at once (one that hangs costs one timeout, not one per
-        server): server -> its reply, or the grpc.RpcError its call failed with; in the order of `handles`."""
-        futures: dict[str, object] = {}
-        out: dict[str, object] = {}
-        for name, h in handles.items():
-            call = getattr(h.stub(), method)
-            try:
-                if hasattr(call, "future"):
-                    futures[name] = call.future(request, timeout=self.config.server_timeout_s)
-                else:                       # a stand-in stub without futures: asked in turn
-                    out[name] = call(request, timeout=self.config.server_timeout_s)
-            except grpc.RpcError as e:
-                out[name] = e
-        for name, f in futures.items():
-            try:
-                out[name] = f.result()      # type: ignore[attr-defined]
-            except grpc.RpcError as e:
-                out[name] = e
-        return {name: out[name] for name in handles if name in out}
+        """`ask_servers` with this Orchestrator's server timeout."""
+        return ask_servers(handles, method, request, self.config.server_timeout_s)
 
     @staticmethod
     def _free(info: fpga_pb2.ServerInfo, recorded: int = 0) -> int:
