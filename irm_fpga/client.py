@@ -39,6 +39,7 @@ import grpc
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga.engine import MOVED
 from irm_fpga.wire import WireError, from_map, to_map
+from services import client as rpc
 
 _STOP = object()
 
@@ -64,7 +65,9 @@ class _Part:
         self.part = part
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.sent: set[int] = set()  # task ids handed to this part and not answered yet
-        self.channel = grpc.insecure_channel(part.address)
+        # A channel of its own (closed with the part), with the suite's message limits: a result over gRPC's
+        # default 4 MiB would fail the task.
+        self.channel = grpc.insecure_channel(part.address, options=rpc.CHANNEL_OPTIONS)
         self.stub = fpga_pb2_grpc.FpgaServerStub(self.channel)
         self.call = self.stub.Execute(self._batches())
         self.receiver = threading.Thread(target=self._receive, name=f"fpga-recv-{part.server}", daemon=True)

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,10 @@ IDLE_LOOK_S = 0.5
 # GetServer reports the latest device events (failed reconfigurations, blacklistings), not a server's whole
 # life: kept unbounded, a flaky device would grow every GetServer answer (and this process) without end.
 EVENTS_KEPT = 200
+# An Execute stream's result messages stay under this many bytes (a single larger result is sent alone): well
+# within gRPC's default 4 MiB receive limit, so a client in any language takes them with default settings.
+RESULT_BATCH_BYTES = 1 << 20
+_FIELD_OVERHEAD = 6     # a repeated message field's tag and length prefix, at most, for a result under 2 GiB
 
 
 def domain_error(e: Exception, batch: fpga_pb2.TaskBatch | None = None) -> HarnessError:
@@ -583,6 +587,26 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             fill(r, add())
         return out
 
+    def _result_batches(self, results: Sequence[eng.Result]) -> Iterator[fpga_pb2.ResultBatch]:
+        """`results` as stream messages of at most RESULT_BATCH_BYTES each (a larger result goes alone): a burst
+        of big results in one message outgrew what clients take (gRPC's default is 4 MiB a message)."""
+        out = fpga_pb2.ResultBatch()
+        size = 0
+        fill = self._fill
+        for r in results:
+            msg = out.results.add()
+            fill(r, msg)
+            n = msg.ByteSize() + _FIELD_OVERHEAD
+            if size + n > RESULT_BATCH_BYTES and size:
+                del out.results[-1]
+                yield out
+                out = fpga_pb2.ResultBatch()
+                fill(r, out.results.add())
+                size = 0
+            size += n
+        if size:
+            yield out
+
     def _add_sink(self, client: str, sink: _Sink, handler: bool = False) -> None:
         """Route the client's results to `sink` too; `handler`: a RunBatch handler now drives the engine."""
         with self.cond:
@@ -739,7 +763,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                     if (driving or waiting) and st.submitted <= st.answered:
                         self._leave_driving(st, driving)
                         driving = waiting = False
-                    yield self._results(got)
+                    yield from self._result_batches(got)
                     continue
                 if st.failure:
                     raise st.failure[0]

@@ -9,7 +9,7 @@ import grpc
 
 DEFAULT_TIMEOUT_S = 10.0
 
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     # Fail fast on a dead peer instead of waiting for the deadline every time.
@@ -27,7 +27,7 @@ def channel(address: str) -> grpc.Channel:
     with _lock:
         ch = _channels.get(address)
         if ch is None:
-            ch = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
             _channels[address] = ch
         return ch
 

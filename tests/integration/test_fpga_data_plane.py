@@ -12,11 +12,13 @@ import queue
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import pytest
 
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga.client import TaskFailed, VirtualFpga
-from irm_fpga.server import EVENTS_KEPT, FpgaServerConfig, FpgaServerService
+from irm_fpga.server import EVENTS_KEPT, RESULT_BATCH_BYTES, FpgaServerConfig, FpgaServerService
+from irm_fpga.wire import to_map
 from tests.conftest import eventually
 
 INSTANT = {"reconfig_mean_s": 0.0, "reconfig_std_s": 0.0}
@@ -144,3 +146,39 @@ def test_get_server_reports_the_latest_device_events_not_all_of_them() -> None:
     events = svc.GetServer(fpga_pb2.GetServerRequest(), None).events
     assert len(events) == EVENTS_KEPT
     assert events[-1] == f"device 0: reconfiguration_failed (attempt {EVENTS_KEPT + 50} of {10 ** 6})"
+
+
+def options(n: int) -> dict:
+    spot = np.linspace(10.0, 200.0, n)
+    return {"spot": spot, "strike": spot, "maturity": np.ones(n), "rate": 0.02, "volatility": np.full(n, 0.2)}
+
+
+def test_results_of_any_size_reach_the_client_library_and_a_default_grpc_client(suite) -> None:  # type: ignore[no-untyped-def]
+    # A result burst went out as one message (7.6 MB for 20 tasks of 50,000 options), over the 4 MiB a client
+    # takes by default: every task failed with RESOURCE_EXHAUSTED, the client library's too.
+    p = suite.start("fpga-server", name="fpga-big", devices=1, **INSTANT)
+    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(p.address))
+    stub.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="g", design="black_scholes", size=1))
+    stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="g", client_id="c", token="tok-c"))
+    eventually(lambda: [g.active for g in stub.GetServer(fpga_pb2.GetServerRequest()).groups] == [1], timeout=10,
+               what="g's device")
+    at = fpga_pb2.Attachment(client_id="c", group_id="g", token="tok-c", design="black_scholes", parts=[
+        fpga_pb2.AttachedPart(server="fpga-big", address=p.address, devices=1)])
+    f = VirtualFpga(at)
+    try:
+        futures = [f.submit(options(50_000)) for _ in range(20)]
+        assert all(len(x.result(60).value["price"]) == 50_000 for x in futures)
+        one = f.submit(options(700_000)).result(60)         # a single result over 4 MiB: alone in its message
+        assert len(one.value["price"]) == 700_000
+    finally:
+        f.close(detach=False)
+    # A client with gRPC's default limits (another language's, say) gets every result of a burst.
+    tasks = [fpga_pb2.Task(id=i) for i in range(20)]
+    for t in tasks:
+        to_map(options(50_000), t.params)
+    with grpc.insecure_channel(p.address) as ch:
+        replies = list(fpga_pb2_grpc.FpgaServerStub(ch).Execute(
+            iter([fpga_pb2.TaskBatch(client_id="c", token="tok-c", tasks=tasks)]), timeout=60))
+    assert sorted(r.id for b in replies for r in b.results) == list(range(20))
+    assert all(not r.error for b in replies for r in b.results)
+    assert max(b.ByteSize() for b in replies) <= RESULT_BATCH_BYTES

@@ -158,14 +158,20 @@ class FpgaServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Execute(self, request_iterator, context):
-        """Data plane: batches in, results out as they complete (any order).
+        """Data plane: batches in, results out as they complete (any order). Each
+        ResultBatch is at most 1 MiB, under gRPC's default 4 MiB receive limit,
+        unless one result alone is larger (it is then sent alone: raise the
+        client's max receive message size for such results; the server sends up
+        to 64 MiB).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RunBatch(self, request, context):
-        """One batch, answered when all of its tasks are done.
+        """One batch, answered when all of its tasks are done, in one message: a
+        batch whose results exceed 4 MiB needs the client's max receive message
+        size raised (or Execute).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
