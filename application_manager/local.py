@@ -278,6 +278,10 @@ class LocalBackend:
                     ok, error = False, f"service module {svc.part.module!r} {why} while the application ran"
             samples = main.samples
             mem = max((s.memory_percent for s in samples), default=None)
+            if main.memory_limit_mb > 0 and exited.peak_memory_mb > 0:
+                # The peak the agent measured (its high-water marks catch what falls between samples): a run
+                # shorter than one sampling interval has no sample at all, and read as using no memory.
+                mem = max(mem or 0.0, exited.peak_memory_mb / main.memory_limit_mb * 100.0)
             if exited.reason and "memory" in exited.reason:
                 mem = max(mem or 0.0, 100.0)
             cpu = exited.mean_cpu_percent if samples else None
@@ -325,6 +329,7 @@ class _ModuleRun:
         self.exited: agent_pb2.ExecutionExited | None = None
         self.samples: list[agent_pb2.UtilisationSample] = []
         self.notes: list[str] = []
+        self.memory_limit_mb = 0.0       # the VM's memory as the agent enforces it (ExecutionStarted)
         self.endpoint = ""
         self.error = ""
         self.error_code: grpc.StatusCode | None = None
@@ -358,6 +363,7 @@ class _ModuleRun:
                 elif kind == "started":
                     self.execution_id = ev.started.execution_id
                     self.notes = list(ev.started.notes)
+                    self.memory_limit_mb = ev.started.memory_limit_mb
                     self._started.set()
                 elif kind == "exited":
                     self.exited = ev.exited

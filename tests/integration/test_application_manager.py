@@ -217,6 +217,10 @@ def test_bad_input_names_the_fields(cloud):
     assert ex.state == pb.ApplicationExecution.STATE_SUCCEEDED and ex.predicted_time_s == 0, ex.error
     model = am.GetModel(pb.GetModelRequest(tenant=TENANT, application_id=app.id), timeout=10)
     assert len(model.runs) == 1 and len(model.frontier) == 1
+    # Its memory is the agent's measured peak over the VM's (a run shorter than one sampling interval has no
+    # sample; it read as 0%, "uses no memory", to the white-box profiler's hints).
+    (run,) = model.runs
+    assert 5 < run.memory_percent < 100, run
 
 
 def test_schema_migrates_and_round_trips_on_postgresql(fresh_pg_url):
