@@ -30,16 +30,17 @@ def test_option_pricing_runs_on_a_virtual_fpga(tmp_path):
         res = crs.Reserve(irm_pb2.ReserveRequest(tenant="quant", request_id="bs-fpga", groups=[
             irm_pb2.ResourceGroup(name="host", resource_type="vm", count=1, attributes={
                 "cores": common_pb2.AttributeRequest(number=1),
-                "memory_gb": common_pb2.AttributeRequest(number=1)}),
+                # The manifest's host VM (256 MB): the example must run in it, whatever the group's size.
+                "memory_gb": common_pb2.AttributeRequest(number=0.25)}),
             irm_pb2.ResourceGroup(name="dfe", resource_type="vfpga", count=1, attributes={
-                "devices": common_pb2.AttributeRequest(number=2),
+                "devices": common_pb2.AttributeRequest(number=1),
                 "design": common_pb2.AttributeRequest(text="black_scholes")}),
         ], constraints=[irm_pb2.GroupConstraint(expression="hops(host, dfe) <= 4")]))
         vm = next(g for g in res.groups if g.name == "host").resources[0]
         agent = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
         out, exited = b"", None
         for ev in agent.Execute(agent_pb2.ExecuteRequest(
-                tenant="quant", vm_id=vm.id, argv=[sys.executable, str(APP), "0.2", "--fpga"],
+                tenant="quant", vm_id=vm.id, argv=[sys.executable, str(APP), "1", "--fpga"],
                 env=resource_env("quant", res)), timeout=120):
             if ev.WhichOneof("event") in ("stdout", "stderr"):
                 out += ev.stdout or ev.stderr
@@ -47,7 +48,8 @@ def test_option_pricing_runs_on_a_virtual_fpga(tmp_path):
                 exited = ev.exited
         assert exited is not None and exited.exit_code == 0, out.decode()
         text = out.decode()
-        assert "options=200000" in text and "fpga_group=" in text
+        assert "options=1000000" in text and "fpga_group=" in text
+        assert exited.peak_memory_mb < 256, exited
         device_s = float(text.split("device_s=")[1].split()[0])
         assert device_s > 0  # the devices' emulated time was really spent on it
     finally:
