@@ -114,17 +114,22 @@ class Registry:
             self.on_up(state.name)
 
     def check_liveness(self) -> None:
-        now = self.clock.now()
+        downs = []
         with self.lock:
-            states = list(self.managers.values())
-        for s in states:
-            if s.up and now - s.last_heartbeat > self.timeout:
-                s.up = False
-                self.view.set_down(s.name, True)
-                log.warning("manager down: no heartbeat", extra={"manager": s.name,
-                                                                "silent_s": round(now - s.last_heartbeat, 1)})
-                if self.on_down is not None:
-                    self.on_down(s.name)
+            # The verdict and the view's down flag change together under the lock a heartbeat takes: marked down
+            # outside it, a heartbeat landing between `up = False` and `set_down(True)` (which waits for the
+            # view's lock through a whole placement) cleared the flag first, and the manager stayed up in the
+            # registry but down in the view -- unschedulable for good, since later heartbeats saw it up.
+            now = self.clock.now()
+            for s in self.managers.values():
+                if s.up and now - s.last_heartbeat > self.timeout:
+                    s.up = False
+                    self.view.set_down(s.name, True)
+                    downs.append((s.name, now - s.last_heartbeat))
+        for name, silent in downs:
+            log.warning("manager down: no heartbeat", extra={"manager": name, "silent_s": round(silent, 1)})
+            if self.on_down is not None:
+                self.on_down(name)
 
     def get(self, name: str) -> ManagerState | None:
         with self.lock:
