@@ -163,6 +163,13 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def __init__(self, config: OrchestratorConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
+        # Capacity events' generations: stamped when the servers are asked, strictly increasing, so an answer
+        # read earlier but published later (publishing is not under one lock) is older to the CRS's view and
+        # ignored there. A count from this process's start time: a restarted one starts above the last (and a
+        # reconnect's snapshot resets the view anyway). Not the clock at publish time: that made a stale read
+        # published late win, and a wall clock stepping back made every event stale until it caught up.
+        self._generation = int(self.clock.now() * 1e6)
+        self._generation_lock = threading.Lock()
         for name in ("server_backoff_s", "server_backoff_max_s"):
             value = getattr(config, name)
             if not (math.isfinite(value) and value >= 0):
@@ -308,6 +315,13 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     # -- servers ---------------------------------------------------------
     def _server_infos(self) -> dict[str, fpga_pb2.ServerInfo]:
+        return self._stamped_infos()[0]
+
+    def _stamped_infos(self) -> tuple[dict[str, fpga_pb2.ServerInfo], int]:
+        """The servers' states and the generation of this read (taken before asking them)."""
+        with self._generation_lock:
+            self._generation += 1
+            generation = self._generation
         if self.config.reconcile_interval_s <= 0 and len(self.servers) < len(self.config.servers):
             # No reconcile rounds to map a server that was down at start: each placement (and listing) tries.
             self._discover_servers()
@@ -319,7 +333,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 log.warning("FPGA-server unreachable", extra={"server": name, "code": reply.code().name})
             else:
                 out[name] = reply
-        return out
+        return out, generation
 
     def ask_all(self, handles: dict[str, ServerHandle], method: str, request: object) -> dict[str, object]:
         """`ask_servers` with this Orchestrator's server timeout."""
@@ -463,9 +477,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                             extra={"group": g.id, "server": name, "code": e.code().name})
 
     def _publish(self) -> None:
-        infos = self._server_infos()
+        infos, generation = self._stamped_infos()
         self.watchers.publish(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
-                                                    resource=self._physical(i)) for i in infos.values())
+                                                    resource=self._physical(i, generation)) for i in infos.values())
 
     # -- groups ----------------------------------------------------------
     def _to_proto(self, g: Group, clients: list[str] | None = None) -> fpga_pb2.FpgaGroup:
@@ -848,14 +862,14 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return view
 
     # -- IRM API (resource type "vfpga") ---------------------------------
-    def _physical(self, info: fpga_pb2.ServerInfo) -> common_pb2.PhysicalResource:
+    def _physical(self, info: fpga_pb2.ServerInfo, generation: int) -> common_pb2.PhysicalResource:
         usable = sum(1 for d in info.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
         used = sum(g.target for g in info.groups)
         return common_pb2.PhysicalResource(
             id=info.name, resource_type=VFPGA, capacity={"devices": usable}, used={"devices": used},
             properties={"reconfiguration_s": info.reconfiguration_s}, traits=["fpga", *info.designs],
             location=common_pb2.Location(site=self.config.site, rack=self.config.rack, host=info.name),
-            manager=self.config.name, generation=int(self.clock.now() * 1000))
+            manager=self.config.name, generation=generation)
 
     def DescribeAllocationSpec(self, request, context):  # noqa: N802
         total = sum(self._free_total_capacity().values())
@@ -880,7 +894,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def DiscoverResources(self, request, context):  # noqa: N802
         if request.resource_type and request.resource_type != VFPGA:
             return irm_pb2.DiscoverResourcesResponse()
-        return irm_pb2.DiscoverResourcesResponse(resources=[self._physical(i) for i in self._server_infos().values()])
+        infos, generation = self._stamped_infos()
+        return irm_pb2.DiscoverResourcesResponse(resources=[self._physical(i, generation) for i in infos.values()])
 
     def _parse(self, groups: list[irm_pb2.ResourceGroup],
                violations: Violations | None = None) -> list[tuple[irm_pb2.ResourceGroup, str, int]]:
@@ -1108,8 +1123,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def WatchCapacity(self, request, context):  # noqa: N802
         def snapshot():
             if request.resource_type in ("", VFPGA):
-                for info in self._server_infos().values():
-                    yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=self._physical(info))
+                infos, generation = self._stamped_infos()
+                for info in infos.values():
+                    yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT,
+                                                resource=self._physical(info, generation))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
         yield from self.watchers.stream(snapshot, context.is_active, request.tenant)
