@@ -22,11 +22,18 @@ share during the reserve phases.
 
 Placement latency at scale is measured in-process on synthetic views of 100
 and 5,000 hosts: the pure placement function, same request, same pipeline.
+
+The pipeline (filters and weighers) is the CRS's default unless `--filters` /
+`--weighers` say otherwise; the JSON records it. The services run without the
+caller's HARNESS_* variables (HARNESS_CONFIG, HARNESS_CRS_FILTERS, ...): a
+figure must not depend on what a shell happened to export.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import random
 import shutil
 import sys
@@ -41,7 +48,8 @@ import grpc
 from bench._common import emit, percentile
 from cross_resource_scheduler import constraints as cons
 from cross_resource_scheduler.placement import PlacementRequest, schedule
-from cross_resource_scheduler.plugins import GroupDemand, Pipeline
+from cross_resource_scheduler.plugins import GroupDemand, Pipeline, PipelineError
+from cross_resource_scheduler.service import CrsConfig
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2, irm_pb2_grpc
@@ -182,13 +190,17 @@ def _view(hosts: int, rng: random.Random) -> CapacityView:
     return view
 
 
-def placement_p50_ms(hosts: int, repeats: int, pipeline: Pipeline) -> float:
-    rng = random.Random(hosts)
-    view = _view(hosts, rng)
-    req = PlacementRequest(
+def _latency_request() -> PlacementRequest:
+    return PlacementRequest(
         [GroupDemand("master", "vm", 1, {"cores": 2, "memory_gb": 4}, {}, frozenset({"ssd"})),
          GroupDemand("workers", "vm", 4, {"cores": 1, "memory_gb": 2})],
         [cons.parse("hops(master, workers) <= 4"), cons.parse("different_host(workers, workers)")])
+
+
+def placement_p50_ms(hosts: int, repeats: int, pipeline: Pipeline) -> float:
+    rng = random.Random(hosts)
+    view = _view(hosts, rng)
+    req = _latency_request()
     topo = TopologyModel()
     times = []
     for _ in range(repeats):
@@ -198,7 +210,36 @@ def placement_p50_ms(hosts: int, repeats: int, pipeline: Pipeline) -> float:
     return percentile(times, 0.5)
 
 
+def _filters(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected filter names separated by commas, e.g. capacity,traits")
+    return names
+
+
+def _weighers(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pair in (p for p in text.split(",") if p.strip()):
+        name, sep, value = pair.partition("=")
+        try:
+            multiplier = float(value)
+        except ValueError:
+            multiplier = math.nan
+        if not sep or not name.strip() or not math.isfinite(multiplier):
+            raise argparse.ArgumentTypeError(f"{pair!r}: expected name=multiplier pairs separated by commas, "
+                                             "e.g. pack=1,topology=2")
+        out[name.strip()] = multiplier
+    return out
+
+
+def service_environ() -> dict[str, str]:
+    """This process's environment without HARNESS_* (HARNESS_CONFIG included): the services are configured
+    by the bench's own settings alone, whatever the caller's shell exported."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+
+
 def main(argv: list[str]) -> int:
+    defaults = CrsConfig()
     p = argparse.ArgumentParser(prog="harness bench crs")
     p.add_argument("--quick", action="store_true", help="a smaller run (under 60 s)")
     p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
@@ -208,7 +249,25 @@ def main(argv: list[str]) -> int:
     p.add_argument("--database", help="SQLAlchemy URL for the CRS and the compute IRM (default: SQLite files); "
                                       "on a PostgreSQL server the run makes a scratch database, any other URL "
                                       "is used as given and must be empty")
+    p.add_argument("--filters", type=_filters, default=defaults.filters,
+                   help=f"the CRS's filters, by name, comma-separated (default: {','.join(defaults.filters)})")
+    p.add_argument("--weighers", type=_weighers, default=defaults.weighers,
+                   help="the CRS's weighers, name=multiplier, comma-separated (default: "
+                        f"{','.join(f'{k}={v:g}' for k, v in defaults.weighers.items())})")
     args = p.parse_args([a for a in argv if a != "--"])
+    try:
+        # Checked here, before any process starts; the same pipeline places in-process below.
+        pipeline = Pipeline.from_names(args.filters, args.weighers)
+    except PipelineError as e:
+        print(f"harness bench crs: {e}", file=sys.stderr)
+        return 2
+    missing = pipeline.missing_filters(_latency_request().constraints)
+    if missing:
+        # Else the placement latency figures, measured last, would be refused after the whole run.
+        print(f"harness bench crs: --filters must include {' and '.join(sorted(missing))}: the placement latency "
+              "request has hops and different_host constraints", file=sys.stderr)
+        return 2
+    environ = service_environ()
     hosts = args.hosts or (300 if args.quick else 1000)
     per_client = args.reservations or (50 if args.quick else 150)
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-crs-"))
@@ -221,12 +280,14 @@ def main(argv: list[str]) -> int:
         database = scratch.enter_context(scratch_database(args.database, "harness_bench")) if args.database else ""
         (tmp / "inventory.yaml").write_text(_inventory(hosts))
         crs_db = {"database": database} if database else {}
-        crs = spawn("crs", settings={"state_dir": tmp, "heartbeat_interval_s": 1.0, **crs_db})
+        crs = spawn("crs", settings={"state_dir": tmp, "heartbeat_interval_s": 1.0, "filters": args.filters,
+                                     "weighers": args.weighers, **crs_db}, environ=environ)
         procs.append(crs)
         crs.wait_ready()
         compute_db = database or f"sqlite:///{tmp}/compute.db"
         compute = spawn("compute", settings={"state_dir": tmp, "crs_address": crs.address, "database": compute_db,
-                                             "inventory": tmp / "inventory.yaml", "heartbeat_interval_s": 1.0})
+                                             "inventory": tmp / "inventory.yaml", "heartbeat_interval_s": 1.0},
+                        environ=environ)
         procs.append(compute)
         compute.wait_ready()
         stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
@@ -250,8 +311,6 @@ def main(argv: list[str]) -> int:
         overbooked = len(ComputeStore(db, CostModel(), WallClock()).overbooking())
         db.dispose()
 
-        pipeline = Pipeline.from_names(["traits", "properties", "capacity", "affinity", "distance"],
-                                       {"pack": 1.0, "topology": 2.0})
         repeats = 100 if args.quick else 400
         p100 = placement_p50_ms(100, repeats, pipeline)
         p5000 = placement_p50_ms(5000, repeats, pipeline)
@@ -261,6 +320,7 @@ def main(argv: list[str]) -> int:
             "benchmark": "crs",
             "hosts": hosts,
             "clients": args.clients,
+            "pipeline": {"filters": list(args.filters), "weighers": dict(args.weighers)},
             "rounds": rounds,
             "reservations": stats["committed"],
             "exhausted": stats["exhausted"],

@@ -2,12 +2,20 @@
 
 As in Nova's scheduler, each filter answers `host_passes(node, ctx)` and each
 weigher's score is multiplied by a configurable multiplier; the enabled lists
-come from configuration and an unknown name fails at start-up.
+come from configuration, by name: a built-in's (FILTERS, WEIGHERS), a class's
+`package.module:Class`, or an entry point's in the groups `harness.crs_filters`
+/ `harness.crs_weighers`. Every name is resolved and checked at start-up (an
+unknown or ill-formed one stops it); a plug-in that fails while placing fails
+that request alone (PluginFailed, INTERNAL), never the CRS.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import logging
 import math
+import numbers
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +23,9 @@ from dataclasses import dataclass, field
 from cross_resource_scheduler.constraints import Constraint
 from cross_resource_scheduler.topology import Distance, TopologyModel
 from cross_resource_scheduler.view import Node
+from services.errors import HarnessError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,21 @@ def location_of(node: Node) -> tuple[str, str, str]:
 
 
 class Filter:
+    """Says whether a node may hold the next instance of `ctx.group` (Nova's BaseHostFilter).
+
+    A plug-in subclasses it and sets:
+
+    * `name`: its own, not a built-in's (refusals say "<name> removed N candidates"; the built-ins' names
+      say which constraints are enforced);
+    * `host_passes(node, ctx)` -> bool, or `checker(ctx)` -> a function of the node (to do the per-instance
+      work once; placement calls it for every candidate it examines);
+    * optionally `relevant(ctx)`: False when it passes every node for this group, to be skipped.
+
+    It is made once at start-up with no arguments and called from many threads; it must be pure: read the
+    node and ctx, change neither (nor itself), no I/O, no clock, and be quick. An exception fails that
+    request with INTERNAL naming the filter (PluginFailed); the CRS goes on.
+    """
+
     name = "filter"
 
     def relevant(self, ctx: Context) -> bool:
@@ -228,6 +254,22 @@ class DistanceFilter(Filter):
 
 
 class Weigher:
+    """Scores a node that passed every filter for the next instance of `ctx.group` (Nova's BaseWeigher).
+
+    A score is a number in 0..1, higher is better; placement picks the candidate with the highest sum of
+    score x the weigher's configured multiplier (`weighers: {name: multiplier}`), so the multiplier alone
+    says how much a weigher counts. (Nova normalises raw weights to 0..1 itself; here the weigher does.)
+    A plug-in's score outside 0..1 (infinities included) is clipped to it, so it never counts for more
+    than its multiplier; NaN or a non-number is refused: it has no place on the scale (every comparison
+    with NaN is false: it would pick a candidate arbitrarily), and the request fails with INTERNAL
+    naming the weigher.
+
+    A plug-in subclasses it and sets `name` (its own, not a built-in's) and `weigh(node, ctx)` -> float,
+    or `scorer(ctx)` (below). Made once at start-up with no arguments, called from many threads: pure as
+    a Filter is (read node and ctx, change nothing, no I/O, no clock); an exception fails that request
+    with INTERNAL naming the weigher (PluginFailed); the CRS goes on.
+    """
+
     name = "weigher"
 
     def weigh(self, node: Node, ctx: Context) -> float:
@@ -434,6 +476,227 @@ class PipelineError(ValueError):
     pass
 
 
+class PluginFailed(HarnessError):
+    """A plug-in filter or weigher raised, or scored NaN or a non-number, while placing: that request fails
+    with INTERNAL (HarnessError's code) naming it; the CRS and its view are untouched (placement changes
+    nothing until it returns)."""
+
+
+# Entry point groups a distribution registers its plug-ins in: `[project.entry-points."harness.crs_filters"]`.
+FILTER_GROUP, WEIGHER_GROUP = "harness.crs_filters", "harness.crs_weighers"
+# A plug-in's exception text in an error, at most: it may be anything, and the whole status is 1 KiB.
+_SAID = 200
+# What a plug-in may raise while placing without taking its worker thread down with it (SystemExit too: a
+# sys.exit() in a filter must fail the request, not leave it unanswered). KeyboardInterrupt is left alone.
+_FAILURES = (Exception, SystemExit)
+
+
+def _said(e: BaseException) -> str:
+    """`Type: message` of an exception, on one line and clipped."""
+    try:
+        text = " ".join(str(e).split())
+    except Exception:  # noqa: BLE001 - its __str__ is the plug-in's too
+        text = "(its message cannot be printed)"
+    if len(text) > _SAID:
+        text = text[:_SAID - 3] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _describe(obj: object) -> str:
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001
+        text = f"a {type(obj).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True)
+class _Kind:
+    what: str  # "filter" / "weigher"
+    base: type
+    builtin: dict[str, type]
+    group: str
+    hooks: tuple[str, str]  # a plug-in implements one of them at least
+
+
+_FILTER = _Kind("filter", Filter, FILTERS, FILTER_GROUP, ("host_passes", "checker"))
+_WEIGHER = _Kind("weigher", Weigher, WEIGHERS, WEIGHER_GROUP, ("weigh", "scorer"))
+
+
+def _entry_points(group: str) -> dict[str, list[importlib.metadata.EntryPoint]]:
+    """The entry points of `group` by name (one distribution seen twice on sys.path counts once)."""
+    out: dict[str, dict[str, importlib.metadata.EntryPoint]] = {}
+    for ep in importlib.metadata.entry_points(group=group):
+        out.setdefault(ep.name, {})[ep.value] = ep
+    return {name: list(eps.values()) for name, eps in out.items()}
+
+
+def _import(module: str, attr: str) -> object:
+    obj: object = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _resolve(kind: _Kind, name: str) -> tuple[type, str] | None:
+    """The class `name` stands for and where it came from ("" for a built-in); None when it names nothing.
+    PipelineError, saying what to fix, when it names something that cannot be loaded or is no plug-in."""
+    if name in kind.builtin:
+        return kind.builtin[name], ""
+    module, sep, attr = name.partition(":")
+    if sep:
+        if not (module and attr) or any(not p.isidentifier() for p in module.split(".") + attr.split(".")):
+            raise PipelineError(f"{kind.what} {name!r}: expected a built-in name, an entry point's name, or "
+                                f"package.module:Class naming a subclass of {kind.base.__name__}")
+        origin = name
+        load = lambda: _import(module, attr)  # noqa: E731
+    else:
+        found = _entry_points(kind.group).get(name)
+        if not found:
+            return None
+        if len(found) > 1:
+            raise PipelineError(f"{kind.what} {name!r}: entry points of that name in {kind.group} disagree "
+                                f"({', '.join(sorted(ep.value for ep in found))}); uninstall all but one")
+        origin = f"entry point {name} = {found[0].value}"
+        load = found[0].load
+    try:
+        obj = load()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit too: a module exiting at import must say so
+        hint = ("; is its package installed, or its directory on PYTHONPATH?"
+                if isinstance(e, ModuleNotFoundError) else "; fix it, or drop it from the CRS's "
+                f"`{kind.what}s` setting")
+        raise PipelineError(f"{kind.what} {name!r}: loading {origin} raised {_said(e)}{hint}") from None
+    cls = _checked(kind, name, obj)
+    return cls, "" if cls in kind.builtin.values() else origin
+
+
+def _checked(kind: _Kind, name: str, obj: object) -> type:
+    """`obj` if it is a usable plug-in class of `kind`, else PipelineError saying why."""
+    label, base = f"{kind.what} {name!r}", kind.base.__name__
+    if not (isinstance(obj, type) and issubclass(obj, kind.base)):
+        raise PipelineError(f"{label}: {_describe(obj)} is not a subclass of cross_resource_scheduler.plugins."
+                            f"{base}")
+    if obj in kind.builtin.values():
+        return obj
+    own = getattr(obj, "name", None)
+    if not isinstance(own, str) or not own.strip() or own == kind.base.name:
+        raise PipelineError(f"{label}: {obj.__qualname__} must set its own class attribute `name` (a non-empty "
+                            "string: refusals and errors name the plug-in by it)")
+    if own in kind.builtin:
+        # The built-ins' names say which constraints are enforced (ENFORCED_BY): a plug-in may not pose as one.
+        raise PipelineError(f"{label}: {obj.__qualname__}.name {own!r} is a built-in {kind.what}'s; give it "
+                            "another")
+    if all(getattr(obj, hook) is getattr(kind.base, hook) for hook in kind.hooks):
+        raise PipelineError(f"{label}: {obj.__qualname__} implements neither {kind.hooks[0]}() nor "
+                            f"{kind.hooks[1]}()")
+    return obj
+
+
+def _made(kind: _Kind, name: str, found: tuple[type, str]) -> Filter | Weigher:
+    """An instance of the class `name` resolved to, a plug-in's guarded."""
+    cls, origin = found
+    if not origin:
+        return cls()
+    try:
+        plugin = cls()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - as _resolve's import
+        raise PipelineError(f"{kind.what} {name!r}: {cls.__qualname__}() raised {_said(e)} (a plug-in is made "
+                            "with no arguments)") from None
+    return _GuardedFilter(plugin, origin) if kind is _FILTER else _GuardedWeigher(plugin, origin)
+
+
+def _unknown(kind: _Kind, names: list[str]) -> PipelineError:
+    installed = sorted(_entry_points(kind.group))
+    more = f"; installed ({kind.group}): {installed}" if installed else ""
+    return PipelineError(f"unknown {kind.what}(s) {names}; available: {sorted(kind.builtin)}{more}; or name a "
+                         f"{kind.base.__name__} subclass as package.module:Class")
+
+
+class _GuardedFilter(Filter):
+    """A plug-in filter, called so that what it raises fails the request naming it (PluginFailed)."""
+
+    def __init__(self, plugin: Filter, origin: str) -> None:
+        self.plugin, self.origin, self.name = plugin, origin, plugin.name
+
+    def relevant(self, ctx: Context) -> bool:
+        try:
+            return bool(self.plugin.relevant(ctx))
+        except _FAILURES as e:
+            raise _failed("filter", self, f"calling relevant() for group {ctx.group.name!r}", e) from e
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        return self.checker(ctx)(node)
+
+    def checker(self, ctx: Context) -> Callable[[Node], bool]:
+        try:
+            check = self.plugin.checker(ctx)
+        except _FAILURES as e:
+            raise _failed("filter", self, f"calling checker() for group {ctx.group.name!r}", e) from e
+        if not callable(check):
+            raise _refused("filter", self, f"checker() returned {_describe(check)}, not a function of the node")
+
+        def passes(node: Node) -> bool:
+            try:
+                return bool(check(node))
+            except _FAILURES as e:
+                raise _failed("filter", self, f"checking {node.key} for group {ctx.group.name!r}", e) from e
+        return passes
+
+
+class _GuardedWeigher(Weigher):
+    """A plug-in weigher, called so that what it raises fails the request naming it, and its scores kept to
+    0..1 (clipped; NaN or a non-number refused: see Weigher)."""
+
+    def __init__(self, plugin: Weigher, origin: str) -> None:
+        self.plugin, self.origin, self.name = plugin, origin, plugin.name
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        score = self.scorer(ctx)
+        return score if isinstance(score, float) else score(node)
+
+    def scorer(self, ctx: Context) -> Callable[[Node], float] | float:
+        try:
+            score = self.plugin.scorer(ctx)
+        except _FAILURES as e:
+            raise _failed("weigher", self, f"calling scorer() for group {ctx.group.name!r}", e) from e
+        if not callable(score):
+            return self._clipped(score, "scorer()")  # every candidate alike: placement skips it
+
+        def scored(node: Node) -> float:
+            try:
+                value = score(node)
+            except _FAILURES as e:
+                raise _failed("weigher", self, f"weighing {node.key} for group {ctx.group.name!r}", e) from e
+            return self._clipped(value, f"for {node.key}")
+        return scored
+
+    def _clipped(self, value: object, where: str) -> float:
+        if isinstance(value, numbers.Real):
+            try:
+                score = float(value)
+            except OverflowError:  # an int past float's range: clipped as an infinity would be
+                score = math.inf if value > 0 else -math.inf
+            if not math.isnan(score):
+                return min(1.0, max(0.0, score))
+        raise _refused("weigher", self, f"scored {_describe(value)} {where}: a score is a number in 0..1")
+
+
+def _failed(what: str, plugin: _GuardedFilter | _GuardedWeigher, doing: str, e: BaseException) -> PluginFailed:
+    # The traceback goes to the CRS's log (its operator fixes the plug-in); the client gets one line.
+    log.error("placement plug-in failed", exc_info=e,
+              extra={"plugin": plugin.name, "origin": plugin.origin, "doing": doing})
+    return _refused(what, plugin, f"raised {_said(e)} (while {doing})")
+
+
+def _refused(what: str, plugin: _GuardedFilter | _GuardedWeigher, problem: str) -> PluginFailed:
+    return PluginFailed(f"the CRS's {what} plug-in {plugin.name!r} ({plugin.origin}) {problem}; the request was "
+                        "not placed and nothing was reserved: the CRS's operator must fix or disable the plug-in")
+
+
 @dataclass
 class Pipeline:
     filters: list[Filter]
@@ -444,18 +707,30 @@ class Pipeline:
 
     @classmethod
     def from_names(cls, filters: list[str], weighers: dict[str, float], sample_size: int = 16) -> Pipeline:
-        unknown = [f for f in filters if f not in FILTERS]
+        """The pipeline the names stand for (see the module's docstring), every plug-in loaded and checked
+        now: PipelineError, saying what to fix, is what stops a CRS from starting with a bad one."""
+        found_filters = [(f, _resolve(_FILTER, f)) for f in filters]
+        unknown = [f for f, found in found_filters if found is None]
         if unknown:
-            raise PipelineError(f"unknown filter(s) {unknown}; available: {sorted(FILTERS)}")
-        unknown = [w for w in weighers if w not in WEIGHERS]
+            raise _unknown(_FILTER, unknown)
+        found_weighers = [(w, _resolve(_WEIGHER, w)) for w in weighers]
+        unknown = [w for w, found in found_weighers if found is None]
         if unknown:
-            raise PipelineError(f"unknown weigher(s) {unknown}; available: {sorted(WEIGHERS)}")
-        if "capacity" not in filters:
+            raise _unknown(_WEIGHER, unknown)
+        if not any(found[0] is CapacityFilter for _, found in found_filters if found):
             raise PipelineError("the 'capacity' filter cannot be disabled: without it nodes would be overbooked")
         if sample_size < 1:
             raise PipelineError("sample_size must be >= 1")
-        return cls([FILTERS[f]() for f in filters], [(WEIGHERS[w](), float(m)) for w, m in weighers.items()],
-                   sample_size)
+        made_filters = [_made(_FILTER, f, found) for f, found in found_filters if found]
+        made_weighers = [(_made(_WEIGHER, w, found), float(weighers[w])) for w, found in found_weighers if found]
+        for what, made in (("filter", made_filters), ("weigher", [w for w, _ in made_weighers])):
+            # Refusals and the constraints' enforcement go by name: two plug-ins of one name could not be told
+            # apart.
+            names = Counter(p.name for p in made)
+            twice = sorted(n for n, k in names.items() if k > 1)
+            if twice:
+                raise PipelineError(f"{what}s named {twice} are enabled more than once; keep one of each")
+        return cls(made_filters, made_weighers, sample_size)  # type: ignore[arg-type]
 
     def missing_filters(self, constraints: list[Constraint]) -> dict[str, str]:
         """Filters the constraints need that this pipeline lacks: filter name -> the kinds needing it."""
