@@ -76,7 +76,7 @@ _COLUMNS = [c.key for c in _R.c]
 _CLAIM = Prepared(insert(_R), columns=_COLUMNS)
 _BY_ID = Prepared(select(_R).where(_R.c.id == bindparam("rid")))
 _BY_REQUEST = Prepared(select(_R).where(_R.c.tenant == bindparam("tenant"), _R.c.request_id == bindparam("req")))
-_ACTIVATE = Prepared(update(_R).where(_R.c.id == bindparam("rid")).values(
+_ACTIVATE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending").values(
     state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"), notes=bindparam("said")))
 _RELEASE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
     state="released", released_at=bindparam("at")))
@@ -112,6 +112,9 @@ MAX_WATCHES = 8
 PROBE_TIMEOUT_S = 1.0
 # A failed liveness check or compensation pass is tried again after at most this long.
 STEP_RETRY_MAX_S = 5.0
+# Beyond a Reserve's own timeouts, how long its pending row may still be in a live process's hands (the
+# placement search, the database) before a starting CRS takes it for a crash's leftover.
+PENDING_SLACK_S = 10.0
 # A compensation row not done is tried again after 0.5 s x 2^attempts, at most this long after: a manager that
 # hangs is not asked for each of its rows every pass.
 COMPENSATION_BACKOFF_MAX_S = 60.0
@@ -382,7 +385,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
-        self._recover()
+        # A pending row is a crash's leftover only once no live process can still be placing it: a restart may
+        # overlap the old process winding down (its Reserves still delegating). Older rows are recovered now,
+        # the others once that long has passed, if still pending then.
+        started = self.clock.now()
+        if self._recover(before=started - self._pending_horizon_s()):
+            threading.Thread(target=self._recover_later, args=(started,), name="recover-pending",
+                             daemon=True).start()
         with self.db.read() as s:
             known = list(s.scalars(select(Manager)))
         for m in known:
@@ -435,10 +444,25 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 continue
             pause()
 
-    def _recover(self) -> None:
-        """Reservations left pending by a crash: give back whatever any IRM holds for them."""
+    def _pending_horizon_s(self) -> float:
+        """How long a Reserve can stay pending in a live process, with room to spare: its placement attempts,
+        each waiting for a delegation slot and an IRM's answer (and a price quote's)."""
+        per_attempt = self.config.delegation_wait_s + 2 * self.config.irm_timeout_s
+        return self._attempts() * per_attempt + PENDING_SLACK_S
+
+    def _recover_later(self, started: float) -> None:
+        if not self._stop.wait(self._pending_horizon_s()):
+            try:
+                self._recover(before=started)
+            except Exception:  # noqa: BLE001 - logged; the next start recovers them
+                log.exception("could not recover reservations left pending")
+
+    def _recover(self, before: float = math.inf) -> int:
+        """Reservations left pending by a crash (created before `before`): give back whatever any IRM holds
+        for them. Returns how many pending rows were younger, left for later."""
         with self.db.read() as s:
-            pending = list(s.scalars(select(Reservation).where(Reservation.state == "pending")))
+            rows = list(s.scalars(select(Reservation).where(Reservation.state == "pending")))
+        pending = [r for r in rows if r.created_at < before]
         for r in pending:
             with self.db.read() as s:
                 everyone = [m.name for m in s.scalars(select(Manager))]
@@ -453,6 +477,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 s.execute(delete(Reservation).where(Reservation.id == r.id))
             self.db.transact(run)
             log.warning("recovered a reservation left pending", extra={"reservation": r.id})
+        return len(rows) - len(pending)
 
     # -- compensation ----------------------------------------------------
     def _undo(self, manager: str, tenant: str, irm_request_id: str) -> str:
@@ -895,10 +920,16 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             out = irm_pb2.Reservation(groups=allocated)
             alloc = out.SerializeToString()
             try:
-                self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
+                activated = self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
             except BaseException:
                 self._give_back_unrecorded(tenant, res_id, attempt, list(pinned))
                 raise
+            if not activated:
+                # Its pending row is gone: another CRS process starting on this database took it for a crash's
+                # leftover (and queued its parts for release). Answering ACTIVE would hand out an id no one knows.
+                self._give_back_unrecorded(tenant, res_id, attempt, list(pinned))
+                raise Aborted(f"reservation for request_id {request.request_id!r} was taken back while it was "
+                              "being placed (another CRS process recovered it); nothing is reserved: retry")
             out.id, out.tenant, out.request_id, out.state = res_id, tenant, request.request_id, _ACTIVE
             out.priority, out.price_per_minute, out.created_at = request.priority, price, created_at
             out.notes.extend(notes)
