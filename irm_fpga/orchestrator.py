@@ -42,6 +42,7 @@ from services import control, paging
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
+    MANAGER_UNAVAILABLE,
     OVER_PRICE,
     Aborted,
     FailedPrecondition,
@@ -512,7 +513,15 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def _validate_group(self, design: str, size: int, min_size: int, max_size: int, v: Violations,
                         prefix: str = "") -> tuple[int, int]:
-        total = sum(self._free_total_capacity().values()) or 0
+        answering = self._free_total_capacity()
+        total = sum(answering.values()) or 0
+        silent = max(0, len(self.config.servers) - len(answering))
+        if silent and (size > total or max_size > total):
+            # Not the request's fault: the devices of servers that do not answer (down, partitioned, refusing
+            # our control token) are unknown now. INVALID_ARGUMENT would tell the client never to retry.
+            raise Unavailable(f"{silent} of {len(self.config.servers)} FPGA-servers did not answer: their devices "
+                              f"are unknown now ({total} usable on the others); retry", reason=MANAGER_UNAVAILABLE,
+                              retry_after_s=self.config.server_backoff_s or 1.0)
         if (why := design_lib.unknown_design(design)) is not None:
             v.add(f"{prefix}design", why)
         mx = max_size or total

@@ -1,0 +1,43 @@
+"""A group asked for while some FPGA-servers do not answer (irm_fpga.orchestrator): not the request's fault, so not
+INVALID_ARGUMENT (a client does not retry that) but UNAVAILABLE with a retry delay; what fits on the servers that
+answer is made."""
+
+from __future__ import annotations
+
+import grpc
+
+from irm_fpga import server as fsrv
+from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
+from services import client as rpc
+from services import server as srv
+from services.errors import MANAGER_UNAVAILABLE, InvalidArgument, Unavailable
+
+
+def test_a_group_larger_than_the_answering_servers_is_unavailable_not_invalid(tmp_path) -> None:
+    running = [srv.start("127.0.0.1:0", [fsrv.component(fsrv.FpgaServerConfig(
+        name=f"s{i}", devices=4, reconfig_mean_s=0.0, reconfig_std_s=0.0))]) for i in range(2)]
+    addresses = [f"127.0.0.1:{r.port}" for r in running]
+    orch = Orchestrator(OrchestratorConfig(database=f"sqlite:///{tmp_path}/o.db", servers=addresses,
+                                           autoscaler="none", reconcile_interval_s=0, server_backoff_s=0))
+    try:
+        orch._discover_servers(strict=True)
+        running[1].stop(0)                          # one of the two servers goes away
+        for size, max_size in ((6, 0), (2, 6)):
+            try:
+                orch.create_group("alice", f"r-{size}-{max_size}", "sleep", size, max_size=max_size)
+                raise AssertionError("made a group the answering servers cannot hold")
+            except Unavailable as e:
+                assert e.code == grpc.StatusCode.UNAVAILABLE and e.reason == MANAGER_UNAVAILABLE
+                assert "1 of 2 FPGA-servers did not answer" in str(e) and "(4 usable on the others)" in str(e)
+                assert e.retry_after_s and e.retry_after_s > 0
+        assert orch.create_group("alice", "fits", "sleep", 3).parts == {"s0": 3}   # fits on the one that answers
+        try:                                        # a request wrong whatever answers is still the client's to fix
+            orch.create_group("alice", "bad", "sleep", 0)
+            raise AssertionError("made a group of 0 devices")
+        except InvalidArgument as e:
+            assert "size" in str(e)
+    finally:
+        orch.stop()
+        running[0].stop(0)
+        for a in addresses:
+            rpc.drop(a)
