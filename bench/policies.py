@@ -32,6 +32,16 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
     (`irm_fpga.qos.lookahead`: every first dispatch of the first jobs in
     slack order, continued by `slack_amap` over 6 futures sampled from the
     recent arrivals) instead of among its candidate algorithms.
+  A plug-in (`--algorithm`) runs as it does live, in a worker process of
+  its own (`plugin_worker.PluginRunner`, a fresh one per scenario), each
+  decision answered within `--plugin-timeout` seconds (default: the FPGA
+  IRM's `jobs_plugin_timeout_s`, 1 s; a call costs ~0.1 ms: ~1.3 s more a
+  plug-in on --quick, ~2.2 s without, the workers' start-ups included; its
+  figures are those of the same runs in process). One that raises,
+  returns what `plugins.check_allocation` refuses, exits, crashes or does
+  not answer in time fails its own rows only: its row of that scenario is
+  `{"error": "..."}` (`algorithm_errors`: plug-in -> scenario -> error),
+  every other figure is printed, and the exit status is 1.
   Target (the issue's): managed mode has no late job in scenario 2 and
   completes at least as many jobs as any of Table IV's single algorithms in
   both scenarios. `verdicts` evaluates it for each variant; `target_met`
@@ -68,6 +78,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -78,8 +89,10 @@ from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.jobs import QosJob
 from irm_fpga.qos.late_milp import late_lower_bound_milp, late_windows
 from irm_fpga.qos.late_search import ON_TIME, SearchResult, on_time_schedule
-from irm_fpga.qos.plugins import PolicyError, single_algorithm
+from irm_fpga.qos.plugin_worker import PluginRunner
+from irm_fpga.qos.plugins import PolicyError, is_external, single_algorithm
 from irm_fpga.qos.sim import (
+    HydrogenMetrics,
     JobType,
     Scenario,
     arrivals,
@@ -353,17 +366,46 @@ def milp_certificates(sc: Scenario, seeds: range) -> dict:
             "elapsed_s": round(time.monotonic() - t0, 1)}
 
 
-def table4(quick: bool, base_seed: int = 0, plug_ins: tuple[str, ...] = ()) -> dict:
+PLUGIN_TIMEOUT_S = 1.0      # table4's default (`main` passes --plugin-timeout: jobs_plugin_timeout_s's default)
+
+
+def plug_in_runs(sc: Scenario, name: str, seeds: range, timeout_s: float) -> list[HydrogenMetrics] | str:
+    """The runs of the plug-in `name` on `sc`, one per seed, in a worker process of its own (each decision within
+    `timeout_s`), or the text of the first `PolicyError` that ended one (the other runs are not made: a mean
+    over the runs that did not fail would be another experiment's)."""
+    runner = PluginRunner(name, timeout_s=timeout_s)
+    try:
+        runner.start()
+        return [run_hydrogen(sc, name, seed, window=30, plugin=runner) for seed in seeds]
+    except PolicyError as e:
+        return str(e)
+    finally:
+        runner.close()
+
+
+def table4(quick: bool, base_seed: int = 0, plug_ins: tuple[str, ...] = (),
+           plugin_timeout_s: float = PLUGIN_TIMEOUT_S) -> dict:
     reps = 3 if quick else 10
     seeds = range(base_seed, base_seed + reps)
     out = {"window": 30, "repetitions": reps, "seeds": [seeds.start, seeds.stop - 1], "duration_s": TABLE4_RUN_S,
            "beta": 2.5, "pool": "1..4, starting at 4 (single algorithms: 4)",
            "improved_mode": IMPROVED_MODE,
            "variants": MANAGED_VARIANTS}
+    external = {name for name in plug_ins if is_external(name)}     # built-in names given run in this process
+    errors: dict[str, dict[str, str]] = {}
     for sc in table4_scenarios():
-        rows, runs = {}, {}
+        rows: dict[str, dict] = {}
+        runs: dict[str, list[HydrogenMetrics]] = {}
         for alg in TABLE4_SINGLES + EXTRA_SINGLES + plug_ins:
-            runs[alg] = [run_hydrogen(sc, alg, seed, window=30) for seed in seeds]
+            if alg in external:
+                got = plug_in_runs(sc, alg, seeds, plugin_timeout_s)
+                if isinstance(got, str):
+                    rows[alg] = {"error": got}
+                    errors.setdefault(alg, {})[sc.name] = got
+                    continue
+                runs[alg] = got
+            else:
+                runs[alg] = [run_hydrogen(sc, alg, seed, window=30) for seed in seeds]
             rows[alg] = mean_metrics(runs[alg])
         for name, kw in MANAGED_VARIANTS.items():
             opts = {k: v for k, v in kw.items() if k != "algorithm"}
@@ -423,30 +465,54 @@ def table4(quick: bool, base_seed: int = 0, plug_ins: tuple[str, ...] = ()) -> d
     out["clairvoyant_late_s2"] = clairvoyant_late(table4_scenarios()[1], seeds)
     out["target_met"] = out["verdicts"][IMPROVED_MODE]["target_met"]
     out["pass"] = out["target_met"]
+    if plug_ins:
+        out["plugin_timeout_s"] = plugin_timeout_s
+        out["algorithm_errors"] = errors      # plug-in -> scenario -> its PolicyError's text (none: {})
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Prints the JSON; exit status 0, or 1 when an --algorithm failed (its rows say why, all figures printed)."""
     p = argparse.ArgumentParser(prog="harness bench policies")
     p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     p.add_argument("--quick", action="store_true", help="fewer Hydrogen repetitions (3 instead of 10)")
     p.add_argument("--base-seed", type=int, default=0, help="first seed of the Hydrogen repetitions (default 0)")
     p.add_argument("--algorithm", action="append", default=[], metavar="NAME",
                    help="also run this scheduling algorithm alone in hydrogen_table4 (package.module:function, "
-                        "or an entry point of harness.qos_algorithms); repeatable")
+                        "or an entry point of harness.qos_algorithms); repeatable. A plug-in that fails has "
+                        "{\"error\": ...} rows, the others' figures are printed, and the exit status is 1")
+    timeout = _live_plugin_timeout()
+    p.add_argument("--plugin-timeout", type=float, default=timeout, metavar="SECONDS",
+                   help=f"seconds a plug-in may take per decision, as jobs_plugin_timeout_s live (default {timeout:g})")
     args = p.parse_args(argv)
+    if not 0 < args.plugin_timeout <= 86400:      # NaN too
+        p.error(f"--plugin-timeout must be > 0 and at most 86400 seconds (got {args.plugin_timeout:g})")
     for name in args.algorithm:
         try:
             single_algorithm(name)
         except PolicyError as e:
             p.error(str(e))
     t0 = time.monotonic()
+    plug_ins = tuple(dict.fromkeys(args.algorithm))
     result = {"edf_deadlines": deadlines("edf"), "throughput_deadlines": deadlines("throughput"),
-              "throughput_goals": goals(), "hydrogen_table3": table3(), "hydrogen_table4": table4(args.quick, args.base_seed, tuple(dict.fromkeys(args.algorithm)))}
+              "throughput_goals": goals(), "hydrogen_table3": table3(),
+              "hydrogen_table4": table4(args.quick, args.base_seed, plug_ins, args.plugin_timeout)}
     result["targets"] = {k: v["pass"] for k, v in result.items() if isinstance(v, dict) and "pass" in v}
     result["elapsed_s"] = round(time.monotonic() - t0, 2)
     emit(result)
-    return 0
+    failed = result["hydrogen_table4"].get("algorithm_errors", {})
+    for name, by_scenario in failed.items():
+        for scenario, error in by_scenario.items():
+            first = error.splitlines()[0] if error else ""
+            print(f"harness bench policies: --algorithm {name} failed in {scenario}: {first}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _live_plugin_timeout() -> float:
+    """The FPGA IRM's default `jobs_plugin_timeout_s` (the bench times a plug-in's decisions as live)."""
+    from irm_fpga.jobs import JobsConfig
+
+    return float(JobsConfig().plugin_timeout_s)
 
 
 if __name__ == "__main__":

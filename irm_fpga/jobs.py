@@ -80,7 +80,7 @@ from irm_fpga import designs as design_lib
 from irm_fpga.fan_out import ask_servers
 from irm_fpga.job_models import JOB_GROUP_PREFIX, FpgaJob, FpgaJobController, FpgaJobPool
 from irm_fpga.models import Group
-from irm_fpga.qos import dispatch
+from irm_fpga.qos import dispatch, plugins
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, THROUGHPUT, JobProgress, QosJob
@@ -142,6 +142,15 @@ MAX_ID_CHARS = 64               # job ids are stored in 64 characters
 # by default (as the Application Manager's ListApplications).
 MAX_LIST_BYTES = 3 * 1024 * 1024
 WAKE_MARGIN_S = 0.1             # a wake for a held job comes this much (plus the decision's budget) before its limit
+# Hydrogen: a failed scheduling decision (a plug-in's error or time-out, most often) is tried again by the next event
+# or control round; from the second failure in a row on, not before min(control period, RETRY_FIRST_S) has passed,
+# twice that after the third, and so on up to RETRY_MAX_S (`_decision_failed`); a decision that succeeds ends it.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
+RETRY_SLACK = 0.1               # of the first delay: a round that comes this much early is not put off a whole period
+MAX_LOGGED_FAILURES = 100       # distinct decision errors whose traceback is logged (then one line each time)
+WAITING_REASON_CHARS = 500      # the most of a decision's error a queued job's waiting_reason quotes
+_JOB_ID = re.compile(r"job-[0-9a-f]{16}")
 
 
 @dataclass
@@ -221,6 +230,13 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # Hydrogen (`Scheduler.wakes`): when the last decision held back a job it could have started, the clock
         # time to decide again, before that job's start limit (the simulator's wake, `hy.wake_time`).
         self._wake_at: float | None = None
+        # Hydrogen: failed decisions in a row, the clock time before which no decision is tried again (backing off
+        # from a broken plug-in: `_decision_failed`), the errors whose traceback was logged, and what the queued jobs
+        # are told meanwhile (their `waiting_reason`; "" once a decision succeeds).
+        self._failures = 0
+        self._retry_at: float | None = None
+        self._logged_failures: set[str] = set()
+        self._waiting_reason = ""
         self._timer = threading.Condition()    # the control thread sleeps on it: a new wake or a stop rings it
         if not 0 < self.config.control_period_s <= MAX_CONTROL_PERIOD_S:
             raise ValueError(f"job manager configuration: control_period_s must be > 0 and at most "
@@ -646,6 +662,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             log.warning("job dispatch skipped: servers holding job groups did not answer",
                         extra={"servers": waiting})
             return
+        if self._retry_at is not None and now < self._retry_at:
+            return          # backing off after failed decisions: no event decides sooner (`_decision_failed`)
         live = self._live_devices(running, caps)
         hi = self._hydrogen_max(running, self._pool(running, caps))
         running = [r for r in running if live[r.id] > 0]
@@ -676,9 +694,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             d = dispatch.decide(self.scheduler, [self._hjob(r, hi) for r in window], now=now, pool=pool,
                                 pool_max=hi, running=run, cost=self.cost, history=[self._hjob(r, hi) for r in recent],
                                 plugin=self._plugin)
-        except Exception:   # noqa: BLE001 - e.g. a plug-in's bug: the jobs stay queued, the next event retries
-            log.exception("scheduling decision failed; the queue waits", extra={"policy": self.config.policy})
+        except Exception as e:   # noqa: BLE001 - e.g. a plug-in's bug: the jobs stay queued, tried again later
+            self._decision_failed(e, now)
             return
+        self._decision_made()
         if d.pool != pool:      # a change only: a pool cut to fewer devices for a while is not the manager's
             log.info("job pool resized", extra={"devices": d.pool, "was": pool, "decision": d.scaling})
             self._pool_size = d.pool
@@ -700,6 +719,54 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # the pool needs several in a row, with no event between them).
         grown_for_waiting = d.pool > pool and len(d.allocation) < queued
         self._decided = inputs if all(started) and not grown_for_waiting else None
+
+    def _decision_failed(self, e: Exception, now: float) -> None:
+        """After a failed decision: back off, log, and tell the queued jobs why they wait.
+
+        The next event or round may try again at once after a first failure (it may be the moment's: an answer
+        refused for the devices free then); after the k-th in a row (k >= 2), none is tried for
+        min(control period, RETRY_FIRST_S) * 2^(k-2) s, at most RETRY_MAX_S: a plug-in that keeps failing is
+        asked about once every 30 s, not every period (and every registration), with its traceback logged once
+        per distinct error and a line each time after.
+        """
+        self._failures += 1
+        base = min(self.config.control_period_s, RETRY_FIRST_S)
+        delay = 0.0 if self._failures == 1 else min(RETRY_MAX_S, base * 2 ** (self._failures - 2))
+        self._retry_at = now + delay - RETRY_SLACK * base if delay else None
+        try:
+            text = str(e)
+        except Exception:    # noqa: BLE001 - not ours, maybe: its __str__ may fail
+            text = ""
+        first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        extra = {"policy": self.config.policy, "failures": self._failures, "retry_in_s": delay}
+        key = f"{type(e).__name__}: {text}"
+        if key not in self._logged_failures and len(self._logged_failures) < MAX_LOGGED_FAILURES:
+            self._logged_failures.add(key)
+            log.error("scheduling decision failed; the queue waits (%d in a row; next attempt in %g s at the "
+                      "earliest)", self._failures, delay, exc_info=e, extra=extra)
+        else:
+            log.warning("scheduling decision failed again; the queue waits (%d in a row; next attempt in %g s at "
+                        "the earliest; traceback logged at its first occurrence): %s", self._failures, delay,
+                        plugins.clip(first, WAITING_REASON_CHARS), extra=extra)
+        # Tenants see the error's first line (other jobs' ids left out), not the traceback the log has; times are
+        # the manager's clock's, as the Job's registered_at.
+        nxt = "at the next event or control round" if not delay else f"at {now + delay:.3f} at the earliest"
+        self._set_waiting_reason(
+            f"the scheduler could not decide: {self._failures} failed decision(s) in a row, the last at {now:.3f}; "
+            f"the next attempt is {nxt}. Error: {plugins.clip(_JOB_ID.sub('(a job)', first), WAITING_REASON_CHARS)}")
+
+    def _decision_made(self) -> None:
+        """A decision succeeded: no more backing off, and the queued jobs' waiting_reason is cleared."""
+        self._failures = 0
+        self._retry_at = None
+        self._set_waiting_reason("")
+
+    def _set_waiting_reason(self, reason: str) -> None:
+        if reason == self._waiting_reason:
+            return
+        self._waiting_reason = reason
+        if self.watchers.has_subscribers():     # every queued job's waiting_reason changed
+            self._publish(self._queued())
 
     def _save_pool(self, devices: int, now: float) -> None:
         def save(s):  # type: ignore[no-untyped-def]
@@ -1153,7 +1220,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             mean_throughput=actions / (end - row.registered_at) if end > row.registered_at else 0.0,
             allocations=[fpga_jobs_pb2.AllocationChange(time=t, devices=n)
                          for t, n in capped_history(row.allocations)],
-            registered_at=row.registered_at, deadline_at=row.deadline_at, retired_at=row.retired_at)
+            registered_at=row.registered_at, deadline_at=row.deadline_at, retired_at=row.retired_at,
+            waiting_reason=self._waiting_reason if row.state == QUEUED else "")
         if row.goal == DEADLINE:
             job.deadline.CopyFrom(fpga_jobs_pb2.DeadlineGoal(deadline_s=row.deadline_s,
                                                              size_actions=row.size_actions))

@@ -120,11 +120,19 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
             return Decision(alg(queue, free, s.window, cost, now=now), "", pool)
         # A plug-in's answer is checked before anyone acts on it, against the queue as it was before the call:
         # it gets a copy, so one that sorts or pops the list it is given cannot move the window it is checked by.
+        # Whatever the plug-in's code raises (its call, or its answer's iteration while it is checked) is its
+        # PolicyError, as it is live (`plugin_worker`): the caller contains it (the simulator's bench fails that
+        # plug-in's rows only) instead of taking it for a fault of its own.
         try:
             picked = (plugin or alg)(list(queue), free, s.window, cost, now=now)
+            return Decision(plugins.check_allocation(s.algorithm, picked, queue, s.window, free), "", pool)
+        except plugins.PolicyError:
+            raise
         except SystemExit as e:         # a plug-in's exit() must not end the caller's thread
-            raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} called exit({e.code!r})") from None
-        return Decision(plugins.check_allocation(s.algorithm, picked, queue, s.window, free), "", pool)
+            raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} called "
+                                      f"exit({plugins.describe(e.code)})") from None
+        except Exception as e:          # noqa: BLE001 - the plug-in's bug (chained: its traceback is kept)
+            raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} failed: {plugins.reason(e)}") from e
     if s.algorithm == "managed_deadline":
         algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms
         schedule = None

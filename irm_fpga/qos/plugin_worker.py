@@ -24,8 +24,9 @@ itself ahead of the worker's reply to an earlier call would otherwise be read as
 one, and every answer after it would be one call late. A reply to an earlier request is dropped; one to a
 request not yet made is refused.
 
-The simulator calls plug-ins in its own process (a run is one researcher's own code, and a call
-over a pipe costs about a millisecond; a 300 s run of seed 001 §VI makes thousands of decisions).
+The simulator calls plug-ins in its own process by default (a run is one researcher's own code);
+`harness bench policies` runs them through a PluginRunner, so a plug-in that hangs is stopped there
+too (a call over the pipe costs ~0.1 ms; a 300 s run of seed 001 §VI makes thousands of decisions).
 """
 
 from __future__ import annotations

@@ -16,10 +16,14 @@ may be
 The same name then works everywhere a built-in one does: the FPGA IRM's
 `jobs_policy` (checked at start-up: an unknown or ill-formed one stops the
 service with a message), `irm_fpga.qos.sim.run_hydrogen`, and
-`harness bench policies --algorithm NAME`. Whatever an algorithm returns is
-checked before it is acted on (`check_allocation`): a plug-in with a bug
-gets a `PolicyError` naming its fault, never a group on devices it had no
-right to.
+`harness bench policies --algorithm NAME`. A module that cannot be imported
+-- missing, raising, even calling `exit()` or interrupted while it loads -- is
+a `PolicyError` with the reason, never an exception (or an exit) of the
+caller's. Whatever an algorithm returns is checked before it is acted on
+(`check_allocation`): a plug-in with a bug gets a `PolicyError` naming its
+fault, never a group on devices it had no right to; job ids must be `str`s
+and device counts integers (`int`, or what `operator.index` takes, such as
+numpy's; never a `bool`, a float or a string).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import operator
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
@@ -58,25 +63,57 @@ def _entry_points():
 
 @functools.lru_cache(maxsize=64)
 def single_algorithm(name: str) -> Callable[..., hy.Allocation]:
-    """The algorithm `name` stands for: built in, `module:function`, or an entry point; else PolicyError."""
+    """The algorithm `name` stands for: built in, `module:function`, or an entry point; else PolicyError.
+
+    Loading runs the plug-in module's own code: whatever it raises, `SystemExit` and `KeyboardInterrupt`
+    included, is this PolicyError (UnknownPolicy when the module or the name in it is not there), so that a
+    caller checking a configuration stops with the reason instead of exiting or printing a traceback.
+    """
     if name in BUILT_IN:
         return BUILT_IN[name]
     if ":" in name:
         module, _, attr = name.partition(":")
+        what = f"scheduling algorithm {name!r}: cannot load {attr!r} from module {module!r}"
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
-            raise UnknownPolicy(f"scheduling algorithm {name!r}: cannot load {attr!r} from module {module!r} ({e})") \
-                from None
+            raise UnknownPolicy(f"{what} ({_load_reason(e)})") from None
+        except BaseException as e:     # noqa: BLE001 - the module's own code: it may raise or exit anything
+            raise PolicyError(f"{what} ({_load_reason(e)})") from None
     else:
         found = [ep for ep in _entry_points() if ep.name == name]
         if not found:
             known = ", ".join(sorted(BUILT_IN))
             raise UnknownPolicy(f"unknown scheduling algorithm {name!r}; built in: {known}; or give "
                               f"'package.module:function', or an entry point of group {ENTRY_POINT_GROUP!r}")
-        fn = found[0].load()
+        try:
+            fn = found[0].load()
+        except BaseException as e:     # noqa: BLE001 - as above: the entry point's module runs its code
+            raise PolicyError(f"scheduling algorithm {name!r}: cannot load entry point {found[0].value!r} of group "
+                              f"{ENTRY_POINT_GROUP!r} ({_load_reason(e)})") from None
     _check_signature(name, fn)
     return fn
+
+
+REASON_CHARS = 500      # the most of an exception's text a load failure quotes (a start-up error is one line)
+
+
+def reason(e: BaseException) -> str:
+    """'Type: message' of an exception a plug-in's code raised (`exit(code)` for a SystemExit), on one line and
+    clipped; never raises (its `__str__` is the plug-in's code too)."""
+    if isinstance(e, SystemExit):
+        text = f"exit({describe(e.code)})"
+    else:
+        try:
+            message = str(e)
+        except Exception:     # noqa: BLE001 - a plug-in's exception: its __str__ may fail
+            message = "(its message cannot be shown)"
+        text = f"{type(e).__name__}: {message}" if message else type(e).__name__
+    return clip(" ".join(text.split()), REASON_CHARS)
+
+
+def _load_reason(e: BaseException) -> str:
+    return f"importing it called {reason(e)}" if isinstance(e, SystemExit) else reason(e)
 
 
 def _check_signature(name: str, fn: object) -> None:
@@ -84,7 +121,7 @@ def _check_signature(name: str, fn: object) -> None:
         raise PolicyError(f"scheduling algorithm {name!r} is a {type(fn).__name__}, not a function")
     try:
         inspect.signature(fn).bind([], 0, 1, hy.linear_cost, now=0.0)
-    except (TypeError, ValueError):
+    except Exception:     # noqa: BLE001 - TypeError/ValueError; an object's own __signature__ may raise anything
         raise PolicyError(f"scheduling algorithm {name!r} must accept (queue, available, window, cost, *, now); "
                           f"its signature is {_signature(fn)}") from None
 
@@ -114,13 +151,41 @@ def describe(value: object) -> str:
         return f"<{type(value).__name__} object (its repr raised {type(e).__name__})>"
 
 
-def allocation_pairs(allocation: object) -> hy.Allocation:
-    """A plug-in's answer as plain (str job id, int devices) pairs (TypeError / ValueError if it is none).
+class NotPairs(TypeError):
+    """An answer that is not a list of (str job id, integer devices) pairs; its message says what is wrong."""
 
-    Runs the answer's own code (its iteration, `__str__`, `__int__`): the live job manager calls this in the
-    plug-in's worker process (`plugin_worker`), which sends back only the plain pairs.
+
+def allocation_pairs(allocation: object) -> hy.Allocation:
+    """A plug-in's answer as plain (str job id, int devices) pairs; NotPairs (a TypeError) saying what is wrong if
+    it is none, or the TypeError / ValueError its own code raised.
+
+    A job id must be a `str`, a device count an integer: an `int` or what `operator.index` takes (numpy's
+    integers), never a `bool` (True is no count of devices), a float (1.9 is not 1 device) or a string. Runs
+    the answer's own code (its iteration, `__index__`): the live job manager calls this in the plug-in's worker
+    process (`plugin_worker`), which sends back only the plain pairs.
     """
-    return [(str(job_id), int(n)) for job_id, n in allocation]     # type: ignore[union-attr]
+    pairs = []
+    for item in allocation:     # type: ignore[attr-defined]
+        try:
+            job_id, n = item
+        except (TypeError, ValueError):
+            raise NotPairs(f"{describe(item)} is not a (job id, devices) pair") from None
+        if not isinstance(job_id, str):
+            raise NotPairs(f"the job id {describe(job_id)} is a {_type_name(job_id)}, not a str")
+        if isinstance(n, bool):
+            raise NotPairs(f"{describe(job_id)} got {describe(n)} devices: a bool, not an integer")
+        try:
+            devices = operator.index(n)     # exactly an int (Python 3.10+)
+        except TypeError:
+            raise NotPairs(f"{describe(job_id)} got {describe(n)} devices: a {_type_name(n)}, not an "
+                           f"integer") from None
+        pairs.append((str.__str__(job_id), devices))    # a plain str (a subclass's own __str__ is not called)
+    return pairs
+
+
+def _type_name(value: object) -> str:
+    name = getattr(type(value), "__name__", "")
+    return clip(name, 100) if isinstance(name, str) and name else "object"
 
 
 def check_allocation(name: str, allocation: object, queue: Sequence[hy.HJob], window: int,
@@ -133,6 +198,9 @@ def check_allocation(name: str, allocation: object, queue: Sequence[hy.HJob], wi
     by_id = {j.job_id: j for j in queue[:window]}
     try:
         pairs = allocation_pairs(allocation)
+    except NotPairs as e:
+        raise PolicyError(f"scheduling algorithm {name!r} returned {describe(allocation)}; expected a list of "
+                          f"(job id, devices), each job id a str and each device count an integer: {e}") from None
     except (TypeError, ValueError):
         raise PolicyError(f"scheduling algorithm {name!r} returned {describe(allocation)}; "
                           f"expected a list of (job id, devices)") from None

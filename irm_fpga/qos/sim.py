@@ -31,6 +31,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,8 @@ from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
 from irm_fpga.qos.edf import edf_allocate
 from irm_fpga.qos.jobs import DEADLINE, JobProgress, QosJob
+from irm_fpga.qos.plugin_worker import PluginRunner
+from irm_fpga.qos.plugins import is_external
 from irm_fpga.qos.throughput import DEFAULT_ALPHA, admit, initial_state, throughput_decide
 from services.clock import VirtualClock
 
@@ -241,7 +244,8 @@ MANAGED_MODES = dispatch.MANAGED_MODES
 def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, learned: bool = False,
                  late_after: float = hy.LATE_AFTER_S, elasticity: bool = False, beta: float = 2.5,
                  pool_min: int = 1, algorithms: dict | None = None, forecast: int = 0,
-                 trace: list | None = None, lookahead: int = 0) -> HydrogenMetrics:
+                 trace: list | None = None, lookahead: int = 0, plugin: Callable[..., object] | None = None,
+                 plugin_timeout_s: float | None = None) -> HydrogenMetrics:
     """One run of `algorithm` (a single algorithm, "managed" or "managed_deadline") on `sc` (seed 001 §VI).
 
     The scheduler decides on every arrival and completion (events at one
@@ -282,16 +286,35 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
 
     `trace`, if given, gets one (job, start, devices, seconds) per dispatch.
 
+    A plug-in (`irm_fpga.qos.plugins`: `algorithm` is `package.module:function` or an entry point's name) is
+    called in this process by default, without a time limit. With `plugin_timeout_s` it runs as it does
+    live, in a worker process of its own (`plugin_worker.PluginRunner`, started for this run and stopped
+    after it), each decision answered within that many seconds; `plugin` passes a runner of the caller's
+    (reused across runs: `harness bench policies` does). Either way a plug-in's fault -- an exception, an
+    answer `plugins.check_allocation` refuses, and with a runner a time-out, a crash or an `exit()` -- ends
+    the run with a `plugins.PolicyError` naming it. Built-in algorithms always run in this process.
+
     N_L: jobs dispatched after waiting more than `late_after` s, plus jobs
     still waiting longer than that at the end. U_c: busy device-seconds over
     provisioned device-seconds (sc.pool * duration without elasticity).
     """
-    jobs = arrivals(sc, seed, late_after)
-    model: Callable = hy.LearnedCostModel() if learned else hy.linear_cost
     scheduler = dispatch.Scheduler(algorithm, window=window, late_after=late_after, strategy=sc.strategy,
                                    elasticity=elasticity and algorithm in MANAGED_MODES, beta=beta,
                                    pool_min=pool_min, forecast=forecast, lookahead=lookahead, seed=seed,
                                    algorithms=algorithms)
+    # (`dispatch.decide` calls `plugin` for a plug-in only: built-in algorithms and managed modes ignore it.)
+    if plugin is None and plugin_timeout_s is not None and algorithm not in MANAGED_MODES and is_external(algorithm):
+        with closing(PluginRunner(algorithm, timeout_s=plugin_timeout_s, late_after=late_after)) as runner:
+            runner.start()      # loaded before the first decision, whose time limit is not for importing it
+            return _run_hydrogen(sc, scheduler, seed, learned, late_after, trace, runner)
+    return _run_hydrogen(sc, scheduler, seed, learned, late_after, trace, plugin)
+
+
+def _run_hydrogen(sc: Scenario, scheduler: dispatch.Scheduler, seed: int, learned: bool, late_after: float,
+                  trace: list | None, plugin: Callable[..., object] | None) -> HydrogenMetrics:
+    algorithm = scheduler.algorithm
+    jobs = arrivals(sc, seed, late_after)
+    model: Callable = hy.LearnedCostModel() if learned else hy.linear_cost
     events: list[tuple[float, int, int, object]] = []      # (time, kind 0=end 1=arrival 2=wake, seq, payload)
     seq = 0
     for j in jobs:
@@ -341,7 +364,7 @@ def run_hydrogen(sc: Scenario, algorithm: str, seed: int, *, window: int = 30, l
         ends = [hy.RunningJob(running_jobs[k], max(now, s + model(running_jobs[k], n)), n)
                 for k, (s, n) in starts.items()]
         d = dispatch.decide(scheduler, queue, now=now, pool=pool, pool_max=sc.pool, running=ends, cost=model,
-                            history=list(history))
+                            history=list(history), plugin=plugin)
         decision, pool = d.allocation, d.pool
         if d.scaling:
             scalings[d.scaling] = scalings.get(d.scaling, 0) + 1

@@ -50,7 +50,7 @@ class ExitsWhenUnpickled:
 class SlowInt:
     """A device count that takes SLEEP_S to become an int (and pickles as itself)."""
 
-    def __int__(self):
+    def __index__(self):
         time.sleep(SLEEP_S)
         return 1
 

@@ -108,7 +108,7 @@ class AllocationChange(_message.Message):
     def __init__(self, time: _Optional[float] = ..., devices: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "tenant", "request_id", "design", "group_id", "state", "deadline", "throughput", "min_devices", "max_devices", "priority", "policy", "devices", "completed_actions", "achieved_throughput", "mean_throughput", "allocations", "registered_at", "deadline_at", "retired_at", "dispatched_at", "action_seconds")
+    __slots__ = ("id", "tenant", "request_id", "design", "group_id", "state", "deadline", "throughput", "min_devices", "max_devices", "priority", "policy", "devices", "completed_actions", "achieved_throughput", "mean_throughput", "allocations", "registered_at", "deadline_at", "retired_at", "dispatched_at", "action_seconds", "waiting_reason")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[Job.State]
@@ -141,6 +141,7 @@ class Job(_message.Message):
     RETIRED_AT_FIELD_NUMBER: _ClassVar[int]
     DISPATCHED_AT_FIELD_NUMBER: _ClassVar[int]
     ACTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REASON_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant: str
     request_id: str
@@ -163,4 +164,5 @@ class Job(_message.Message):
     retired_at: float
     dispatched_at: float
     action_seconds: float
-    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., design: _Optional[str] = ..., group_id: _Optional[str] = ..., state: _Optional[_Union[Job.State, str]] = ..., deadline: _Optional[_Union[DeadlineGoal, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputGoal, _Mapping]] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., priority: _Optional[float] = ..., policy: _Optional[str] = ..., devices: _Optional[int] = ..., completed_actions: _Optional[int] = ..., achieved_throughput: _Optional[float] = ..., mean_throughput: _Optional[float] = ..., allocations: _Optional[_Iterable[_Union[AllocationChange, _Mapping]]] = ..., registered_at: _Optional[float] = ..., deadline_at: _Optional[float] = ..., retired_at: _Optional[float] = ..., dispatched_at: _Optional[float] = ..., action_seconds: _Optional[float] = ...) -> None: ...
+    waiting_reason: str
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., design: _Optional[str] = ..., group_id: _Optional[str] = ..., state: _Optional[_Union[Job.State, str]] = ..., deadline: _Optional[_Union[DeadlineGoal, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputGoal, _Mapping]] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., priority: _Optional[float] = ..., policy: _Optional[str] = ..., devices: _Optional[int] = ..., completed_actions: _Optional[int] = ..., achieved_throughput: _Optional[float] = ..., mean_throughput: _Optional[float] = ..., allocations: _Optional[_Iterable[_Union[AllocationChange, _Mapping]]] = ..., registered_at: _Optional[float] = ..., deadline_at: _Optional[float] = ..., retired_at: _Optional[float] = ..., dispatched_at: _Optional[float] = ..., action_seconds: _Optional[float] = ..., waiting_reason: _Optional[str] = ...) -> None: ...
