@@ -30,8 +30,10 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from harness.v1 import application_manager_pb2_grpc as pb_grpc
     from services import suite
 
-    addr = args.am or os.environ.get("HARNESS_AM_ADDRESS") or suite.addresses(args.state_dir).get("am") \
-        or "127.0.0.1:50101"
+    # No suite there and no address given: NoSuite says so (status 1), rather than trying a port nobody set.
+    addr = args.am or os.environ.get("HARNESS_AM_ADDRESS") or suite.addresses(
+        args.state_dir, hint="or give the --state-dir it runs from, or --am HOST:PORT").get("am") \
+        or f"127.0.0.1:{suite.DEFAULT_PORTS['am']}"
     return pb_grpc.ApplicationManagerStub(grpc.insecure_channel(addr))
 
 
@@ -88,7 +90,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+# `harness app profile`'s exit status by how the session ended (README: Application Manager): 0 only when its
+# own stop rule (runs, budget, duration) or an exhausted space ended it.
+PROFILE_FAILED = 1        # FAILED, or the stream ended before the session did (an RPC error is 1 too)
+PROFILE_STOPPED = 3       # STOPPED by someone else: StopProfiling from another client, or the AM shutting down
+PROFILE_INTERRUPTED = 130  # Ctrl-C here: the session is stopped (128 + SIGINT, as a shell reports it)
+STOP_WAIT_S = 10.0        # Ctrl-C before the AM named the session: how long to wait for its id to stop it
+
+
+def profile_exit_status(session) -> int:  # type: ignore[no-untyped-def]
+    from harness.v1 import application_manager_pb2 as pb
+
+    return {pb.ProfilingSession.STATE_DONE: 0,
+            pb.ProfilingSession.STATE_STOPPED: PROFILE_STOPPED}.get(session.state, PROFILE_FAILED)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
+    import signal
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -98,12 +117,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     req = pb.StartProfilingRequest(tenant=args.tenant, application_id=args.app, profiler=args.profiler,
                                    max_runs=args.runs, max_cost=args.budget, max_duration_s=args.duration,
                                    seed=args.seed, warm_start=args.warm)
-    final = None
+    final = call = stub = None
     try:
+        stub = _stub(args)
         with Progress(TextColumn("[bold]profiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                       console=console) as progress:
             task = progress.add_task("p", total=args.runs, last="")
-            for ev in _stub(args).StartProfiling(req, timeout=None):
+            call = stub.StartProfiling(req, timeout=None)
+            for ev in call:
                 if ev.HasField("run"):
                     r = ev.run
                     progress.update(task, advance=1, last=f"{r.configuration.summary}: "
@@ -111,9 +132,68 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 final = ev.session
     except grpc.RpcError as e:
         return _fail(e)
-    if final is not None:
-        _print(final)
-    return 0
+    except KeyboardInterrupt:
+        # The AM goes on profiling when the stream ends (StartProfiling's contract): Ctrl-C means stop, so the
+        # session is stopped, not left running (and reserving) with nothing following it. A second Ctrl-C does
+        # not interrupt that.
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            _stop_session(stub, call, final, args.tenant)
+        finally:
+            signal.signal(signal.SIGINT, before)
+        return PROFILE_INTERRUPTED
+    if final is None or final.state == pb.ProfilingSession.STATE_RUNNING:
+        if final is not None:
+            _print(final)
+        print(f"harness app profile: the AM ended the stream before session {final.id if final else '?'} ended; "
+              "it may still run (`harness app model` shows its runs)", file=sys.stderr)
+        return PROFILE_FAILED
+    _print(final)
+    status = profile_exit_status(final)
+    if status:
+        state = pb.ProfilingSession.State.Name(final.state)
+        print(f"harness app profile: session {final.id} ended {state}: {final.message or 'no reason given'}"
+              + ("; its runs so far are in the model" if final.runs else ""), file=sys.stderr)
+    return status
+
+
+def _stop_session(stub, call, final, tenant: str) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C: StopProfiling on the session being followed (named by its last event `final`, or by the next
+    one of `call`), saying what became of it."""
+    from harness.v1 import application_manager_pb2 as pb
+
+    session = final.id if final is not None else _session_id(call, STOP_WAIT_S)
+    if stub is None or not session:
+        print("harness app profile: interrupted before the AM named the session; if it started, it goes on "
+              "(`harness app model` shows its runs)", file=sys.stderr)
+        return
+    try:
+        stopped = stub.StopProfiling(pb.StopProfilingRequest(tenant=tenant, session_id=session), timeout=10)
+    except grpc.RpcError as e:
+        print(f"harness app profile: could not stop session {session} ({e.code().name}: {e.details()}): it may "
+              "go on", file=sys.stderr)
+        return
+    _print(stopped)
+    print(f"[stopped profiling session {session}]", file=sys.stderr)
+
+
+def _session_id(call, wait_s: float) -> str:  # type: ignore[no-untyped-def]
+    """The session id from the next event of the StartProfiling stream `call` ("" if none within `wait_s`:
+    the stream is then cancelled)."""
+    import threading
+
+    if call is None:
+        return ""
+    timer = threading.Timer(wait_s, call.cancel)
+    timer.start()
+    try:
+        for ev in call:
+            return ev.session.id
+    except grpc.RpcError:
+        pass
+    finally:
+        timer.cancel()
+    return ""
 
 
 def cmd_model(args: argparse.Namespace) -> int:

@@ -68,7 +68,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     def on_signal(signum, _frame):  # type: ignore[no-untyped-def]
         # A flag, never an exception: one raised mid-start or mid-stop would abandon services half started or
-        # half stopped. Start-up (up to a minute a service) watches it too; stopping ignores signals.
+        # half stopped. Start-up (up to a minute a service), a restart's back-off and its start watch it too;
+        # stopping ignores signals.
         stop.set()
 
     # A closed terminal (SIGHUP) stops the suite too: its services run in sessions of their own, so no
@@ -76,6 +77,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
+        policy = suite.RestartPolicy.from_environ(os.environ)
         procs = suite.start(args.state_dir, auto_ports=args.auto_ports, config_file=args.config, cancel=stop,
                             on_started=lambda p: console.print(f"[green]started[/] {p.name:10} {escape(p.address)}"))
     except suite.Cancelled:           # `suite.start` stopped what it had started
@@ -92,13 +94,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     console.print(f"Harness is up ({len(procs)} services; logs in {escape(args.state_dir)}/logs). Ctrl-C stops it.")
     try:
-        while not stop.is_set():
-            dead = [p for p in procs if not p.alive()]
-            if dead:
-                console.print(f"[red]{dead[0].name} exited ({dead[0].proc.returncode}); stopping the suite[/]")
-                print(dead[0].logs()[-2000:], file=sys.stderr)
-                return 1
-            stop.wait(1.0)
+        # A service that exits is started again (same address, settings and control token) after a back-off;
+        # one that keeps crashing stops the suite (README: Running the suite).
+        suite.supervise(procs, stop, policy, say=lambda line: console.print(escape(line), highlight=False))
+    except suite.GaveUp as e:
+        console.print(f"[red]{escape(str(e))}; giving up on it: stopping the suite[/]")
+        print(e.proc.logs()[-2000:], file=sys.stderr)
+        return 1
     finally:
         console.print("stopping ...")
         suite.stop(procs)
@@ -292,8 +294,18 @@ def _crs_column(s: dict) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from services import suite
 
-    addresses = suite.addresses(args.state_dir) or {
-        name: f"127.0.0.1:{port}" for name, port in suite.DEFAULT_PORTS.items()}
+    if getattr(args, "default_ports", False):
+        addresses = {name: f"127.0.0.1:{port}" for name, port in suite.DEFAULT_PORTS.items()}
+    else:
+        try:
+            addresses = suite.addresses(args.state_dir, hint="or give the --state-dir it runs from; "
+                                                              "--default-ports checks 127.0.0.1:50051... instead")
+        except suite.NoSuite as e:
+            if args.json:
+                print(json.dumps({"ok": False, "services": [], "crs_registry": None, "problems": [e.message],
+                                  "warnings": []}, indent=2))
+            print(f"harness status: {e.message} ({e.hint})", file=sys.stderr)
+            return 1
     services = health_of(addresses)
     registry = registrations_of(services, addresses)
     problems, warnings = registry.pop("problems"), registry.pop("warnings")
@@ -650,7 +662,8 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         if tenant:
             p.add_argument("--tenant", default=os.environ.get("HARNESS_TENANT", "demo"))
 
-    p = sub.add_parser("up", help="start the whole suite (one process per service) until Ctrl-C")
+    p = sub.add_parser("up", help="start the whole suite (one process per service, each restarted if it "
+                                  "exits) until Ctrl-C")
     p.add_argument("--state-dir", default=DEFAULT_STATE)
     p.add_argument("--config", help="YAML file with one section per service")
     p.add_argument("--auto-ports", action="store_true", help="pick free ports (the last start's where still free) instead of 50051/50061/50071/50081/50091/50101")
@@ -663,6 +676,9 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
     p = sub.add_parser("status", help="health of every service of the running suite")
     p.add_argument("--state-dir", default=DEFAULT_STATE)
+    p.add_argument("--default-ports", action="store_true",
+                   help="check the services at 127.0.0.1 on the default ports (50051, 50061, ...; e.g. compose's "
+                        "published ones) instead of the suite of a state directory")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 

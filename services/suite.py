@@ -14,14 +14,15 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services import config as cfg
 from services import pidlock
 from services.catalog import SERVICES, config_sections
-from services.launcher import Cancelled, ServiceProcess, spawn
+from services.launcher import Cancelled, LaunchError, ServiceProcess, spawn
 
 __all__ = ["Cancelled"]
 
@@ -192,10 +193,16 @@ class SuiteRunning(RuntimeError):
 
 
 class Suite(list):
-    """The started services, in start order, holding the state directory's lock (see `_lock`)."""
+    """The started services, in start order, holding the state directory's lock (see `_lock`); `spawns`: how
+    each was started (`spawn`'s arguments), to start it again the same way (`restart`)."""
 
     lock_fd: int | None = None
     state_dir: str | None = None
+    spawns: dict[str, dict]
+
+    def __init__(self, *args) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args)
+        self.spawns = {}
 
 
 def _lock(state_dir: str) -> int:
@@ -241,7 +248,6 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     # from each other only, the CRS registrations from its IRMs only (services.control); in the environment,
     # not on a command line others can read.
     token = secrets.token_hex(16)
-    recorded: dict[str, dict] = {}
     try:
         for p in plan(state_dir, auto_ports, fixed=fixed):
             if cancel is not None and cancel.is_set():
@@ -253,20 +259,166 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
             if p.service in ("crs", "fpga-server", "fpga", "compute", "agent") \
                     and "control_token" not in chosen.get(section, set()):
                 env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
-            proc = spawn(p.service, name=p.name, address=p.address, settings=settings, config_file=config_file,
-                         env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"),
-                         pass_fds=(procs.lock_fd,), environ=environ)
+            how = dict(service=p.service, name=p.name, address=p.address, settings=settings,
+                       config_file=config_file, env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"),
+                       pass_fds=(procs.lock_fd,), environ=environ)
+            proc = spawn(**how)
             procs.append(proc)
-            recorded[proc.name] = {"pid": proc.proc.pid, "argv": list(proc.proc.args)}
-            processes_file(state_dir).write_text(json.dumps(recorded, indent=2))
+            procs.spawns[p.name] = how
+            _record(procs)
             proc.wait_ready(cancel=cancel)
             if on_started:
                 on_started(proc)
     except BaseException:
         stop(procs)
         raise
-    state_file(state_dir).write_text(json.dumps({p.name: p.address for p in procs}, indent=2))
+    _write_addresses(procs)
     return procs
+
+
+def _record(procs: Suite) -> None:
+    """processes.json: each service's pid and command line, as they are now (`harness down` reads it)."""
+    if procs.state_dir:
+        _write(processes_file(procs.state_dir), {p.name: {"pid": p.proc.pid, "argv": list(p.proc.args)}
+                                                 for p in procs})
+
+
+def _write_addresses(procs: Suite) -> None:
+    if procs.state_dir:
+        _write(state_file(procs.state_dir), {p.name: p.address for p in procs})
+
+
+def _write(path: Path, data: dict) -> None:
+    """`data` as JSON in `path`, whole or not at all: `harness down` and the commands read it any time."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def restart(procs: Suite, name: str, cancel: threading.Event | None = None) -> ServiceProcess:
+    """Start the service `name` of `procs` again exactly as `start` did (the same command line, address and
+    environment, the suite's control token with it), in its place in `procs` and processes.json, and wait for
+    it to serve: its process, LaunchError if it exits first (or takes a minute), Cancelled as soon as `cancel`
+    is set (left running in `procs`: `stop` stops it with the rest)."""
+    i = next(i for i, p in enumerate(procs) if p.name == name)
+    proc = spawn(**procs.spawns[name])
+    procs[i] = proc
+    _record(procs)                    # before the wait: `harness down` finds it if `harness up` dies meanwhile
+    proc.wait_ready(cancel=cancel)
+    _write_addresses(procs)
+    return proc
+
+
+@dataclass
+class RestartPolicy:
+    """How `harness up` restarts a service that exits (`supervise`): after `first_s`, doubling with each
+    crash up to `max_s`, back to `first_s` once the service has served `stable_s`; it gives up after
+    `crashes` crashes within `window_s`. `HARNESS_UP_BACKOFF=FIRST,MAX` and `HARNESS_UP_GIVE_UP=CRASHES/SECONDS`
+    (seconds) change them."""
+
+    first_s: float = 1.0
+    max_s: float = 30.0
+    stable_s: float = 60.0
+    crashes: int = 5
+    window_s: float = 60.0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> RestartPolicy:
+        """The policy `environ` sets; ConfigError for a value that is not one."""
+        policy = cls()
+        text = environ.get("HARNESS_UP_BACKOFF", "").strip()
+        if text:
+            try:
+                first, _, most = text.partition(",")
+                policy.first_s, policy.max_s = float(first), float(most or first)
+            except ValueError:
+                policy.first_s = -1.0
+            if not (0 < policy.first_s <= policy.max_s < float("inf")):
+                raise cfg.ConfigError(f"HARNESS_UP_BACKOFF={text!r}: expected FIRST,MAX seconds, "
+                                      f"0 < FIRST <= MAX (default {cls.first_s:g},{cls.max_s:g})")
+        text = environ.get("HARNESS_UP_GIVE_UP", "").strip()
+        if text:
+            try:
+                count, _, window = text.partition("/")
+                policy.crashes, policy.window_s = int(count), float(window)
+            except ValueError:
+                policy.crashes = 0
+            if not (policy.crashes >= 1 and 0 < policy.window_s < float("inf")):
+                raise cfg.ConfigError(f"HARNESS_UP_GIVE_UP={text!r}: expected CRASHES/SECONDS, CRASHES >= 1 and "
+                                      f"SECONDS > 0 (default {cls.crashes}/{cls.window_s:g})")
+        return policy
+
+
+class GaveUp(RuntimeError):
+    """A service crashed too often (`RestartPolicy`): `supervise` restarts it no more."""
+
+    def __init__(self, proc: ServiceProcess, crashes: int, window_s: float) -> None:
+        super().__init__(f"{proc.name} crashed {crashes} times within {window_s:g} s "
+                         f"(last: {exit_text(proc.proc.returncode)})")
+        self.proc = proc
+
+
+def exit_text(code: int | None) -> str:
+    """A process's exit status as `harness up` reports it: "1", "-9, SIGKILL"."""
+    if code is not None and code < 0:
+        try:
+            return f"{code}, {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return str(code)
+
+
+def supervise(procs: Suite, cancel: threading.Event, policy: RestartPolicy | None = None,
+              say: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
+    """Watch the services of `procs` until `cancel` is set: one that exits (a crash, the OOM killer, a kill)
+    is started again as it was (`restart`) after its back-off, each service on its own; returns once `cancel`
+    is set (also in a back-off wait or while a service starts again: the caller then stops them all); GaveUp
+    when one crashed too often. `say`: one line per event."""
+    policy = policy or RestartPolicy()
+    crashes: dict[str, deque[float]] = {p.name: deque() for p in procs}
+    delay = {p.name: policy.first_s for p in procs}
+    serving_since: dict[str, float | None] = {p.name: clock() for p in procs}
+    due: dict[str, float] = {}             # service -> when to start it again
+
+    def crashed(proc: ServiceProcess, what: str) -> None:
+        now = clock()
+        since = serving_since[proc.name]
+        if since is not None and now - since >= policy.stable_s:
+            delay[proc.name] = policy.first_s          # it served a good while: this is a fresh start
+        serving_since[proc.name] = None
+        times = crashes[proc.name]
+        times.append(now)
+        while times and now - times[0] > policy.window_s:
+            times.popleft()
+        if len(times) >= policy.crashes:
+            raise GaveUp(proc, len(times), policy.window_s)
+        wait = delay[proc.name]
+        delay[proc.name] = min(wait * 2, policy.max_s)
+        due[proc.name] = now + wait
+        say(f"{what}; restarting in {wait:g} s")
+
+    while not cancel.is_set():
+        for proc in list(procs):
+            if proc.name not in due and not proc.alive():
+                crashed(proc, f"{proc.name} exited ({exit_text(proc.proc.returncode)})")
+        now = clock()
+        for name in sorted((n for n, t in due.items() if t <= now), key=due.__getitem__):
+            if cancel.is_set():
+                return
+            del due[name]
+            try:
+                proc = restart(procs, name, cancel)
+            except Cancelled:
+                return
+            except LaunchError:
+                proc = next(p for p in procs if p.name == name)
+                crashed(proc, f"{name} did not start again ({exit_text(proc.proc.returncode)}; its log: "
+                              f"{procs.spawns[name].get('log_path')})")
+                continue
+            serving_since[name] = clock()
+            say(f"{name} restarted (pid {proc.proc.pid}, {proc.address})")
+        wait = min([0.5, *(t - clock() for t in due.values())])
+        cancel.wait(max(0.0, wait))
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -370,8 +522,31 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
     return tidy(f"stopped the services of {state_dir}: {names}")
 
 
-def addresses(state_dir: str) -> dict[str, str]:
-    f = state_file(state_dir)
-    if not f.exists():
-        return {}
-    return json.loads(f.read_text())
+class NoSuite(SystemExit):
+    """No suite runs from the state directory (it has no suite.json): a command that needs the suite's
+    addresses says so and ends with status 1 (a SystemExit: also where it is not caught)."""
+
+    def __init__(self, state_dir: str, hint: str = "") -> None:
+        self.state_dir = state_dir
+        self.message = f"no suite runs from {state_dir}: start one with `harness up`"
+        if _live_services(str(Path(state_dir).expanduser())):
+            self.message = (f"the suite of {state_dir} is not up: it is still starting, or its `harness up` ended "
+                            f"before all its services served (stop them with `harness down --state-dir "
+                            f"{state_dir}`, then `harness up`)")
+        self.hint = hint or ("or give the --state-dir it runs from, or the service's address: --crs, --fpga or "
+                             "--am HOST:PORT")
+        super().__init__(f"harness: {self.message} ({self.hint})")
+
+
+def addresses(state_dir: str, hint: str = "") -> dict[str, str]:
+    """The addresses of the services of the suite running from `state_dir` (its suite.json), NoSuite if
+    none does; `hint`: what else the caller can do, for its message."""
+    try:
+        data = json.loads(state_file(state_dir).read_text())
+    except FileNotFoundError:
+        raise NoSuite(state_dir, hint) from None
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"harness: cannot read {state_file(state_dir)}: {e}") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"harness: {state_file(state_dir)}: expected service -> address")
+    return data
