@@ -76,3 +76,18 @@ class Vm(Base):
     agent_seen: Mapped[bool] = mapped_column(default=False)
 
     reservation: Mapped[Reservation] = relationship(back_populates="vms")
+
+
+class Owner(Base):
+    """The compute IRM (its `name`) whose hosts, reservations and VMs these tables hold: one row (id 1), written
+    by the first IRM that starts on the database. The tables hold one IRM's state (host ids are keys, the
+    inventory sync disables every host not in its own inventory), so another IRM is refused at start-up."""
+
+    __tablename__ = "compute_owner"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    manager: Mapped[str] = mapped_column(String(128))
+    claimed_at: Mapped[float] = mapped_column(Float)
+    # Written by the health probe (services.server.DatabaseHealth) while the database is failing: does it take a
+    # write again?
+    probed_at: Mapped[float] = mapped_column(Float, default=0.0)

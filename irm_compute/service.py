@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from sqlalchemy.engine import make_url
 
 from harness.v1 import (
     agent_pb2,
@@ -31,7 +32,8 @@ from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
 from irm_compute.store import ComputeStore, HostUsage, Outcome, ReservationRecord, ReserveCall
 from services import client, control
 from services.clock import Clock, WallClock
-from services.db import Database, default_url
+from services.config import ConfigError
+from services.db import Database, default_url, unavailable_error
 from services.errors import (
     HarnessError,
     InvalidArgument,
@@ -78,6 +80,32 @@ class ComputeConfig:
     # process die right after committing a reservation, before answering
     # (an IRM killed mid-request). Never set in production.
     fault: str = ""
+
+
+# Execution back-ends (the agents': "local" runs real processes, "replay" answers from a dataset) and test-only
+# faults a compute IRM knows; anything else is refused at start-up.
+BACKENDS = ("local", "replay")
+FAULTS = ("", "crash_after_commit")
+
+
+def check_config(config: ComputeConfig) -> None:
+    """ConfigError (one line, naming the setting) for a configuration the compute IRM cannot run with: a price
+    coefficient below 0 or not finite (a negative price passes any `max_price_per_minute`), a reference frequency
+    not above 0, an unknown back-end or fault."""
+    for name in ("per_core", "per_gb", "base"):
+        value = getattr(config, name)
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"compute configuration: {name} {value!r}: expected a finite price per minute >= 0")
+    ref = config.reference_frequency_ghz
+    if not (isinstance(ref, int | float) and math.isfinite(ref) and ref > 0):
+        raise ConfigError(f"compute configuration: reference_frequency_ghz {ref!r}: expected a finite number of "
+                          "GHz, more than 0")
+    if config.backend not in BACKENDS:
+        raise ConfigError(f"compute configuration: backend {config.backend!r}: expected one of "
+                          f"{', '.join(map(repr, BACKENDS))}")
+    if config.fault not in FAULTS:
+        raise ConfigError(f"compute configuration: fault {config.fault!r}: expected one of "
+                          f"{', '.join(map(repr, FAULTS))} (test-only; leave it empty)")
 
 
 MAX_PER_MESSAGE = 256
@@ -141,6 +169,7 @@ def _validate_request_id(request_id: str) -> None:
 
 class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeControlServicer):
     def __init__(self, config: ComputeConfig, clock: Clock | None = None) -> None:
+        check_config(config)        # before anything is opened or written
         self.config = config
         self.clock = clock or WallClock()
         url = config.database or default_url(config.state_dir, f"compute-{config.name}")
@@ -148,6 +177,15 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         self.db.migrate(MIGRATIONS, "alembic_version_compute")
         self.cost = CostModel(config.per_core, config.per_gb, config.base, config.reference_frequency_ghz)
         self.store = ComputeStore(self.db, self.cost, self.clock)
+        # One compute IRM per database: another's inventory sync would disable this one's hosts and offer its own
+        # as ours. Refused before anything of the owner's is touched.
+        owner = self.store.claim(config.name)
+        if owner != config.name:
+            self.db.dispose()
+            raise ConfigError(
+                f"the database {make_url(url).render_as_string(hide_password=True)} holds the state of compute IRM "
+                f"{owner!r}; this one is {config.name!r}: give each compute IRM its own database (set `database`, "
+                "or leave it empty for a SQLite file of its own in state_dir)")
         self.store.sync_inventory(inv.load(config.inventory or None, config.agent_address))
         # Every host, those that left the inventory too: their VMs still need their agent and location.
         self._hosts: dict[str, Host] = {h.id: h for h in self.store.all_hosts()}
@@ -385,7 +423,12 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 results[i] = irm_pb2.ReserveOutcome(reservation=self._reply(outcome))
             except HarnessError as e:
                 results[i] = _refusal(e)
-            except Exception:
+            except Exception as e:  # noqa: BLE001
+                if (unavailable := unavailable_error(e)) is not None:     # a full disk, a server down: retry later
+                    log.warning("reserve in a batch failed on the database: %s", unavailable.message,
+                                extra={"request_id": request.requests[i].request_id})
+                    results[i] = _refusal(unavailable)
+                    continue
                 log.exception("reserve in a batch failed", extra={"request_id": request.requests[i].request_id})
                 results[i] = irm_pb2.ReserveOutcome(error=irm_pb2.ReserveError(
                     code=grpc.StatusCode.INTERNAL.value[0], message="internal error; see the service log"))
@@ -542,6 +585,7 @@ def component(config: ComputeConfig, clock: Clock | None = None) -> Component:
         quiesce=irm.quiesce,
         stop=irm.stop,
         extra={"irm": irm},
+        probe=irm.store.probe,
     )
     comp.start = lambda: irm.start(comp.extra["port"])
     return comp

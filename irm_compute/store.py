@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from irm_compute import inventory as inv
 from irm_compute.cost import CostModel
-from irm_compute.models import Host, Reservation, Vm
+from irm_compute.models import Host, Owner, Reservation, Vm
 from irm_compute.shapes import VmGroup
 from services import paging
 from services.clock import Clock
@@ -169,6 +169,36 @@ class ComputeStore:
         self.clock = clock
         # Static facts of every host (id, shape, traits), as of the last inventory sync.
         self._static: dict[str, Host] = {}
+
+    # -- ownership -------------------------------------------------------
+    def claim(self, name: str) -> str:
+        """Record the compute IRM `name` as the owner of this database's compute tables, unless one is already:
+        the owner's name (`name` when it is this IRM). The first IRM to start on a database owns it, one made
+        before owners were recorded (hosts and all) included. Atomic: of two IRMs starting at once, one wins."""
+
+        def run(s: Session) -> str:
+            row = s.get(Owner, 1)
+            if row is not None:
+                return row.manager
+            hosts = s.scalar(select(func.count()).select_from(Host)) or 0
+            if hosts:
+                log.info("compute IRM %r adopts this database's compute tables (%d hosts; no owner was recorded)",
+                         name, hosts)
+            s.add(Owner(id=1, manager=name, claimed_at=self.clock.now(), probed_at=0.0))
+            return name
+
+        try:
+            return self.db.transact(run)
+        except IntegrityError:          # PostgreSQL: another IRM inserted the row first; it owns the tables
+            with self.db.read() as s:
+                row = s.get(Owner, 1)
+                assert row is not None
+                return row.manager
+
+    def probe(self) -> None:
+        """A write that commits (the owner row's `probed_at`): raises while the database cannot take one."""
+        self.db.transact(lambda s: s.execute(update(Owner).where(Owner.id == 1).values(probed_at=self.clock.now())),
+                         attempts=1)
 
     # -- inventory -------------------------------------------------------
     def sync_inventory(self, inventory: inv.Inventory) -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from services.errors import DATABASE_UNAVAILABLE, RETRY_LATER_S, Unavailable
 from services.group_commit import GroupCommitter, driver_begin
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,74 @@ def _is_transient(exc: BaseException) -> bool:
         code = getattr(err, "sqlite_errorcode", None)
         return isinstance(code, int) and code & 0xFF in _SQLITE_CONTENTION
     return getattr(err, "sqlstate", None) in _PG_CONTENTION
+
+
+# Failures of the database's environment, not of the request nor of the code: a full disk, a file that cannot be
+# opened or written, a server out of memory or connections, shutting down or unreachable. Waiting (and the operator)
+# helps, so they are UNAVAILABLE (services.server), never INTERNAL. SQLite's primary result codes, by name (lock
+# contention is one too once `_attempt`'s retries are spent); PostgreSQL's SQLSTATEs (and class 08, connection
+# exceptions), by what they mean.
+_SQLITE_UNAVAILABLE = {
+    sqlite3.SQLITE_FULL: "SQLITE_FULL", sqlite3.SQLITE_READONLY: "SQLITE_READONLY",
+    sqlite3.SQLITE_IOERR: "SQLITE_IOERR", sqlite3.SQLITE_CANTOPEN: "SQLITE_CANTOPEN",
+    sqlite3.SQLITE_NOMEM: "SQLITE_NOMEM", sqlite3.SQLITE_BUSY: "SQLITE_BUSY", sqlite3.SQLITE_LOCKED: "SQLITE_LOCKED",
+}
+_PG_UNAVAILABLE = {"53100": "disk full", "53200": "out of memory", "53300": "too many connections",
+                   "57P01": "admin shutdown", "57P02": "crash shutdown", "57P03": "cannot connect now"}
+_SAID_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Unavailability:
+    """Why the database cannot do the work now, as the driver told it (never the statement or its parameters)."""
+
+    database: str   # "sqlite" | "postgresql"
+    code: str       # SQLite's result code name (SQLITE_FULL) or PostgreSQL's SQLSTATE (53100; "" when none came)
+    said: str       # the database's own message, first line
+
+
+def unavailability(exc: BaseException) -> Unavailability | None:
+    """The database's environment failing (see _SQLITE_UNAVAILABLE), told by the driver's error (SQLAlchemy's
+    wraps it as `orig`) by its result code or SQLSTATE, never by words in the message; None for anything else
+    (a constraint, a bad statement, a bug: those stay errors of their own)."""
+    err = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    if isinstance(err, sqlite3.Error):
+        code = getattr(err, "sqlite_errorcode", None)
+        name = _SQLITE_UNAVAILABLE.get(code & 0xFF) if isinstance(code, int) else None
+        return Unavailability("sqlite", name, _first_line(str(err))) if name else None
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - a dependency; without it there is no PostgreSQL error to tell
+        return None
+    if not isinstance(err, psycopg.Error):
+        return None
+    sqlstate = err.sqlstate or ""
+    primary = getattr(err.diag, "message_primary", None) or str(err)
+    if sqlstate in _PG_UNAVAILABLE or sqlstate.startswith("08"):
+        return Unavailability("postgresql", sqlstate, _first_line(primary))
+    if not sqlstate and (isinstance(err, psycopg.OperationalError)
+                         or isinstance(exc, DBAPIError) and exc.connection_invalidated):
+        # No SQLSTATE: the server never answered (connection refused, lost, closed under us).
+        return Unavailability("postgresql", "", _first_line(primary))
+    return None
+
+
+def unavailable_error(exc: BaseException) -> Unavailable | None:
+    """`exc` as the caller's UNAVAILABLE (reason DATABASE_UNAVAILABLE, a RetryInfo, metadata "database" and
+    "code"), saying what the database said, when it is its environment failing (`unavailability`); else None."""
+    why = unavailability(exc)
+    if why is None:
+        return None
+    source = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}[why.database]
+    code = "" if not why.code else f" {why.code}" if why.database == "sqlite" else f" SQLSTATE {why.code}"
+    return Unavailable(f"the service's database is unavailable: {why.said} ({source}{code}); retry later",
+                       reason=DATABASE_UNAVAILABLE, retry_after_s=RETRY_LATER_S,
+                       metadata={"database": why.database, **({"code": why.code} if why.code else {})})
+
+
+def _first_line(text_: str) -> str:
+    line = (text_.strip().splitlines() or [""])[0].strip()
+    return line if len(line) <= _SAID_CHARS else line[:_SAID_CHARS] + "..."
 
 
 def migration_lock_key(version_table: str) -> int:

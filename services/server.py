@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2
+from services.db import unavailable_error
 from services.errors import HarnessError, InvalidArgument, to_status
 
 log = logging.getLogger(__name__)
@@ -82,13 +83,113 @@ class Component:
     # gRPC worker threads it needs (e.g. one per long-lived stream, plus room for other calls); the server
     # takes the largest wish of its components, at least the default.
     max_workers: int | None = None
+    # Raises unless its database takes work again (see DatabaseHealth): run while the server reports NOT_SERVING
+    # for its database, so that it comes back without waiting for a call.
+    probe: Callable[[], None] | None = None
+
+
+# Consecutive calls failing on the database (DATABASE_UNAVAILABLE) that make the server report NOT_SERVING, and how
+# often, meanwhile, the components' probes look whether it takes work again.
+DB_FAILURES_NOT_SERVING = 3
+DB_PROBE_INTERVAL_S = 5.0
+
+
+class DatabaseHealth:
+    """The server's health as its database makes it: NOT_SERVING (every service) once `threshold` calls in a row
+    failed on the database (its environment: a full disk, a server down; services.db.unavailability), SERVING again
+    once the database does the work again: a call of a method that failed so succeeds, or every component's probe
+    passes (tried every `probe_interval_s` meanwhile). Calls that never failed on it (a health check, a read that
+    works on a full disk) neither count nor clear: only the work that failed proves it works again.
+    Never raises into a call."""
+
+    def __init__(self, threshold: int = DB_FAILURES_NOT_SERVING,
+                 probe_interval_s: float = DB_PROBE_INTERVAL_S) -> None:
+        self.threshold = threshold
+        self.probe_interval_s = probe_interval_s
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._failed: set[str] = set()       # methods that failed on the database since it last worked
+        self.down = False                    # NOT_SERVING because of the database
+        self._health: health.HealthServicer | None = None
+        self._names: list[str] = []
+        self._probes: list[Callable[[], None]] = []
+        self._closed = threading.Event()
+        self._prober: threading.Thread | None = None
+
+    def attach(self, health_servicer: health.HealthServicer, names: list[str],
+               probes: list[Callable[[], None]]) -> None:
+        self._health, self._names, self._probes = health_servicer, [*names, ""], probes
+
+    def failed(self, method: str) -> None:
+        with self._lock:
+            self._failures += 1
+            self._failed.add(method)
+            if self.down or self._failures < self.threshold:
+                return
+            self.down = True
+            log.error("%d calls in a row failed on the database: reporting NOT_SERVING until it works again",
+                      self._failures)
+            self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
+            if self._probes and self._prober is None and not self._closed.is_set():
+                self._prober = threading.Thread(target=self._probe_loop, name="db-probe", daemon=True)
+                self._prober.start()
+
+    def succeeded(self, method: str) -> None:
+        if method not in self._failed:       # the usual case: nothing to clear (a set look-up, no lock)
+            return
+        self._recovered(f"{method} succeeded")
+
+    def _recovered(self, how: str) -> None:
+        with self._lock:
+            self._failures = 0
+            self._failed.clear()
+            if self.down:
+                self.down = False
+                log.warning("the database works again (%s): reporting SERVING", how)
+                self._set(health_pb2.HealthCheckResponse.SERVING)
+
+    def _set(self, status: int) -> None:
+        if self._health is None:
+            return
+        for name in self._names:             # after graceful shutdown began, the servicer ignores these
+            self._health.set(name, status)
+
+    def _probe_loop(self) -> None:
+        while not self._closed.wait(self.probe_interval_s):
+            with self._lock:
+                if not self.down:            # a call proved it works: done (the next NOT_SERVING starts another)
+                    self._prober = None
+                    return
+            try:
+                for probe in self._probes:
+                    probe()
+            except Exception as e:  # noqa: BLE001 - still down: try again later
+                if unavailable_error(e) is None:
+                    log.warning("database probe failed", exc_info=True)
+                continue
+            self._recovered("probe")
+
+    def close(self) -> None:
+        self._closed.set()
 
 
 def _abort(context: grpc.ServicerContext, error: HarnessError) -> None:
     context.abort_with_status(rpc_status.to_status(to_status(error)))
 
 
-def _internal(context: grpc.ServicerContext, method: str, exc: BaseException) -> None:
+def _internal(context: grpc.ServicerContext, method: str, exc: BaseException, db_health: DatabaseHealth) -> None:
+    """`exc`, which no handler expected: UNAVAILABLE (DATABASE_UNAVAILABLE) when the database's environment failed
+    (a full disk, a server down: services.db.unavailability), INTERNAL for anything else (a bug)."""
+    try:
+        unavailable = unavailable_error(exc)
+    except Exception:  # noqa: BLE001 - telling it apart must never hide the error itself
+        log.exception("could not classify an error in %s", method)
+        unavailable = None
+    if unavailable is not None:
+        log.warning("the database failed in %s: %s", method, unavailable.message, extra={"method": method})
+        db_health.failed(method)
+        _abort(context, unavailable)
+        return
     log.exception("unexpected error in %s", method, extra={"method": method})
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}; see the service log")
 
@@ -157,10 +258,11 @@ def _reserve_batch(behaviour: Callable[[Any, Any], Any], request: irm_pb2.Reserv
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps domain errors to statuses; nothing escapes as UNKNOWN."""
 
-    def __init__(self) -> None:
+    def __init__(self, db_health: DatabaseHealth | None = None) -> None:
         # method -> (its handler, the guarded handler): wrapping is done once per method,
         # not per call (the server asks for every RPC, on its one polling thread).
         self._guarded: dict[str, tuple[Any, Any]] = {}
+        self.db_health = db_health if db_health is not None else DatabaseHealth()
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = continuation(handler_call_details)
@@ -170,26 +272,30 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         known = self._guarded.get(method)
         if known is not None and known[0] is handler:
             return known[1]
-        guarded = self._guard(handler, method)
+        guarded = self._guard(handler, method, self.db_health)
         self._guarded[method] = (handler, guarded)
         return guarded
 
     @staticmethod
-    def _guard(handler, method):  # type: ignore[no-untyped-def]
+    def _guard(handler, method, db_health: DatabaseHealth):  # type: ignore[no-untyped-def]
 
         def guard_unary(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context):  # type: ignore[no-untyped-def]
                 try:
                     if isinstance(request, irm_pb2.ReserveBatchRequest):
-                        return _reserve_batch(behaviour, request, context)
-                    _refuse_nul(request)
-                    return behaviour(request, context)
+                        reply = _reserve_batch(behaviour, request, context)
+                    else:
+                        _refuse_nul(request)
+                        reply = behaviour(request, context)
                 except HarnessError as e:
                     _abort(context, e)
                 except Exception as e:  # noqa: BLE001
                     if context.code() is not None:  # the handler aborted on purpose
                         raise
-                    _internal(context, method, e)
+                    _internal(context, method, e, db_health)
+                else:
+                    db_health.succeeded(method)
+                    return reply
 
             return wrapped
 
@@ -203,7 +309,9 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 except Exception as e:  # noqa: BLE001
                     if context.code() is not None:
                         raise
-                    _internal(context, method, e)
+                    _internal(context, method, e, db_health)
+                else:
+                    db_health.succeeded(method)
 
             return wrapped
 
@@ -253,12 +361,14 @@ class Running:
     port: int
     health: health.HealthServicer
     components: list[Component]
+    db_health: DatabaseHealth = field(default_factory=DatabaseHealth)
 
     def stop(self, grace: float = 5.0) -> None:
         """Report NOT_SERVING, quiesce every component, stop the server (new calls are refused at once, calls in
         flight have `grace` seconds to finish), then stop every component: a write in flight still finds its
         database open."""
         self.health.enter_graceful_shutdown()
+        self.db_health.close()
         self._each("quiescing", lambda c: c.quiesce())
         self.server.stop(grace).wait()
         self._each("stopping", lambda c: c.stop())
@@ -280,13 +390,16 @@ def create_server(
     *,
     max_workers: int | None = None,
     max_concurrent_rpcs: int | None = None,
+    db_health: DatabaseHealth | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """`db_health`: how the database's failures make the server's health (default: a DatabaseHealth of its own)."""
     components = list(components)
     if max_workers is None:
         max_workers = max([DEFAULT_MAX_WORKERS, *(c.max_workers for c in components if c.max_workers)])
+    db_health = db_health if db_health is not None else DatabaseHealth()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=[ErrorInterceptor()],
+        interceptors=[ErrorInterceptor(db_health)],
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
@@ -310,15 +423,18 @@ def create_server(
     for name in names:
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    db_health.attach(health_servicer, names, [c.probe for c in components if c.probe is not None])
     return server, port, health_servicer
 
 
 def start(address: str, components: Iterable[Component], **kwargs: Any) -> Running:
-    """Create, start, run the components' start hooks, then report SERVING."""
+    """Create, start, run the components' start hooks, then report SERVING. `db_health` (optional): see
+    create_server."""
     components = list(components)
-    server, port, health_servicer = create_server(address, components, **kwargs)
+    db_health = kwargs.pop("db_health", None) or DatabaseHealth()
+    server, port, health_servicer = create_server(address, components, db_health=db_health, **kwargs)
     server.start()
-    running = Running(server, port, health_servicer, components)
+    running = Running(server, port, health_servicer, components, db_health)
     for c in components:
         c.extra["port"] = port
         c.start()
