@@ -44,7 +44,7 @@ from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services import control, paging
 from services.clock import Clock, WallClock
-from services.config import ConfigError, check_address
+from services.config import ConfigError, check_address, check_seconds
 from services.db import Database, Prepared, default_url
 from services.errors import (
     CAPACITY_IN_USE,
@@ -301,11 +301,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def __init__(self, config: CrsConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
-        for name in ("heartbeat_interval_s", "heartbeat_timeout_s"):
+        # Its seconds (heartbeats, irm_timeout_s...) as `harness serve` checks them: zero or less would spin the
+        # monitor and every IRM's heartbeats, or fail every call to a manager at once.
+        check_seconds(config, "crs")
+        for name in ("place_attempts", "max_delegations_per_manager"):
             value = getattr(config, name)
-            if not (math.isfinite(value) and value > 0):
-                # Zero or less: the monitor and every IRM's heartbeats would spin.
-                raise ValueError(f"crs configuration: {name} {value!r}: seconds, more than 0")
+            if not (isinstance(value, int) and value >= 1):
+                # Taken as 1 further on: the setting would be silently another than the one written.
+                raise ConfigError(f"crs.{name} = {value!r}: expected a whole number, 1 or more")
         try:
             self.pipeline = Pipeline.from_names(config.filters, config.weighers, config.sample_size)
         except PipelineError as e:

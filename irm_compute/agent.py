@@ -50,6 +50,7 @@ from irm_compute.sandbox import (
     merge_utilisation,
 )
 from services import control, pidlock
+from services.config import check_seconds
 from services.errors import (
     MANAGER_UNAVAILABLE,
     RETRY_LATER_S,
@@ -209,6 +210,9 @@ class Agent:
             raise ValueError(f"agent backend {config.backend!r}: use 'local' or 'replay'")
         if config.max_execute_streams < 1:
             raise ValueError(f"agent max_execute_streams {config.max_execute_streams}: at least 1")
+        # Its seconds as `harness serve` checks them: a compute_timeout_s of 0 failed every GetVm at once, a
+        # sample_interval_s of 0 spun every execution's sampler (vm_check_interval_s may be 0: documented).
+        check_seconds(config, "agent")
         # Its executions' marks start with this: a digest of the work dir, so a restarted agent (same dir)
         # recognises what its predecessor left running, and agents on other dirs leave each other alone.
         self.hosts = frozenset(h.strip() for h in config.hosts.split(",") if h.strip())

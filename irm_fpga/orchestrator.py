@@ -40,6 +40,7 @@ from irm_fpga.wire import choices
 from services import client as rpc
 from services import control, paging
 from services.clock import Clock, WallClock
+from services.config import check_seconds, check_settings
 from services.db import Database, default_url
 from services.errors import (
     MANAGER_UNAVAILABLE,
@@ -171,10 +172,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         # published late win, and a wall clock stepping back made every event stale until it caught up.
         self._generation = int(self.clock.now() * 1e6)
         self._generation_lock = threading.Lock()
-        for name in ("server_backoff_s", "server_backoff_max_s"):
-            value = getattr(config, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"orchestrator configuration: {name} = {value!r}: expected seconds, 0 or more")
+        # Its seconds as `harness serve` checks them: an autoscaler_interval_s of 0 spun its loop (a core burnt,
+        # SIGTERM waiting behind it), a server_timeout_s of 0 failed every call to the servers at once; the
+        # backoffs and reconcile_interval_s may be 0 (documented: no breaker, no reconcile rounds).
+        check_seconds(config, "orchestrator")
         self.db = Database(config.database or default_url(config.state_dir, f"fpga-{config.name}"))
         self.db.migrate(MIGRATIONS, "alembic_version_fpga")
         self.servers: dict[str, ServerHandle] = {}
@@ -1278,6 +1279,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 def component(config: OrchestratorConfig, clock: Clock | None = None) -> Component:
     from irm_fpga.jobs import job_component_parts
 
+    # A service (`harness serve fpga`) checks what `harness serve` does, whoever built its config: no FPGA-server
+    # at all (`servers` empty) is refused, not an IRM without a device to offer. (An Orchestrator alone, without
+    # servers, is a test's.)
+    check_settings(config, "orchestrator")
     orch = Orchestrator(config, clock)
     jobs_register, jobs_services, jobs_start, jobs_stop = job_component_parts(orch, config)
 

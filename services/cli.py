@@ -6,6 +6,8 @@ import argparse
 import os
 import re
 import sys
+import tempfile
+from pathlib import Path
 
 from services import config as cfg
 
@@ -32,18 +34,113 @@ def _serve(args: argparse.Namespace) -> int:
     logs.setup(args.service)
     if os.environ.get("HARNESS_SWITCH_INTERVAL"):
         sys.setswitchinterval(float(os.environ["HARNESS_SWITCH_INTERVAL"]))
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.exc import DatabaseError
 
+    failed: dict[str, object] = {}        # the URL of the database whose connection or statement failed last
+
+    def note(ctx) -> None:  # noqa: ANN001 - sqlalchemy's ExceptionContext
+        if ctx.engine is not None:
+            failed["url"] = ctx.engine.url
+
+    event.listen(Engine, "handle_error", note)
     try:
         component = factory(conf)
         server.serve(conf.address, [component], port_file=args.port_file)
     except (ValueError, OSError) as e:
         print(f"harness serve {args.service}: cannot start: {e}", file=sys.stderr)
         return 2
-    except OperationalError as e:             # e.g. the database not taking connections (yet)
-        print(f"harness serve {args.service}: cannot start: the database did not answer: {e.orig}", file=sys.stderr)
-        return 3
+    except DatabaseError as e:
+        # Exit 3 (compose's `restart: on-failure` tries again) only for what may pass: the database not taking
+        # connections (yet), a timeout, a lock. A database this configuration cannot use is status 2, as any
+        # setting to fix: restarting would only fail the same way, for ever.
+        setting = "database" if getattr(conf, "database", "") else "state_dir"
+        status, message = database_problem(e, failed.get("url"), setting)
+        if status is None:
+            raise
+        print(f"harness serve {args.service}: cannot start: {message}", file=sys.stderr)
+        return status
+    finally:
+        event.remove(Engine, "handle_error", note)
     return 0
+
+
+# SQLite result codes (the primary code, the low byte) of a database file this configuration cannot use.
+_SQLITE_PERMANENT = {3: "SQLITE_PERM", 8: "SQLITE_READONLY", 11: "SQLITE_CORRUPT", 14: "SQLITE_CANTOPEN",
+                     23: "SQLITE_AUTH", 26: "SQLITE_NOTADB"}
+_SQLITE_PERMANENT_TEXT = ("unable to open database file", "readonly database", "file is not a database",
+                          "database disk image is malformed")
+# PostgreSQL: SQLSTATEs of a refusal that a retry cannot change: class 28 (invalid authorization: wrong password,
+# no such role, no pg_hba.conf entry), 3D000 (no such database), 42501 (insufficient privilege). A refused
+# connection carries none through libpq, only the server's message: those are told by their text.
+_PG_PERMANENT_STATES = ("28", "3D000", "42501")
+_PG_PERMANENT_TEXT = re.compile(
+    r"authentication failed|database \"[^\"]*\" does not exist|role \"[^\"]*\" does not exist|"
+    r"no pg_hba\.conf entry|is not permitted to log in|permission denied for database|no password supplied")
+
+
+def database_problem(e: Exception, url: object, setting: str) -> tuple[int | None, str]:
+    """(exit status, one line) for a database error at start-up: 2 if the database named by `url` (a URL or
+    sqlalchemy URL; None: not known) cannot be used as configured (`setting` says what to fix), 3 if a later try
+    may succeed; (None, "") for an error that is neither (a bug: its traceback is the report)."""
+    from sqlalchemy.engine import URL, make_url
+    from sqlalchemy.exc import ArgumentError, OperationalError
+
+    orig = getattr(e, "orig", None) or e
+    cause = " ".join(str(orig).split()) or type(orig).__name__        # libpq's messages span lines
+    try:
+        parsed = url if isinstance(url, URL) else make_url(str(url)) if url is not None else None
+    except ArgumentError:
+        parsed = None
+    if parsed is not None and parsed.password:
+        # The drivers' messages do not quote it; were a URL or connection string in one, its password goes. (Not
+        # every occurrence of it: a password that is also the user's or the database's name would hide those.)
+        password = str(parsed.password)
+        cause = cause.replace(f":{password}@", ":***@").replace(f"password={password}", "password=***")
+    sqlite = parsed is not None and parsed.get_backend_name() == "sqlite"
+    if sqlite:
+        path = parsed.database or ":memory:"
+        code = getattr(orig, "sqlite_errorcode", None)
+        permanent = (code & 0xFF) in _SQLITE_PERMANENT if isinstance(code, int) else \
+            any(t in cause for t in _SQLITE_PERMANENT_TEXT)
+        where = f"the SQLite database {path}"
+        if permanent:
+            why = _sqlite_cause(path)
+            return 2, f"{where} cannot be used: {cause}{f' ({why})' if why else ''}; fix {setting}"
+    else:
+        where = (f"the database {parsed.render_as_string(hide_password=True)}" if parsed is not None
+                 else "the service's database")
+        state = getattr(orig, "sqlstate", None) or ""
+        permanent = state.startswith(_PG_PERMANENT_STATES) or bool(_PG_PERMANENT_TEXT.search(cause))
+        if permanent:
+            return 2, f"{where} refused: {cause}; fix {setting}"
+    if isinstance(e, OperationalError):
+        return 3, f"the database did not answer: {cause} ({where}); a later start may succeed"
+    return None, ""
+
+
+def _sqlite_cause(path: str) -> str:
+    """Why the SQLite file `path` cannot be opened or written, as far as the file system says; "" if it does not."""
+    if path == ":memory:" or path.startswith("file:"):
+        return ""
+    file = Path(path)
+    if file.is_dir():
+        return f"{file} is a directory"
+    directory = file.parent
+    if not directory.is_dir():
+        return f"directory {directory} does not exist"
+    try:
+        tempfile.TemporaryFile(dir=directory).close()   # SQLite makes its -wal and -shm files there
+    except OSError as err:
+        return f"cannot create files in {directory}: {err.strerror or err}"
+    if file.exists():
+        try:
+            with open(file, "r+b"):
+                pass
+        except OSError as err:
+            return f"cannot write {file}: {err.strerror or err}"
+    return ""
 
 
 def _check_database(url: str) -> None:

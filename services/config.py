@@ -246,26 +246,89 @@ def load(
     return conf
 
 
-# Settings that are seconds between two rounds of a loop, or how long a silence may last: zero or less would
-# spin that loop (a core burnt, the CRS flooded) or take every peer for down at once.
-POSITIVE_SECONDS = ("heartbeat_interval_s", "heartbeat_timeout_s", "heartbeat_s", "sample_interval_s")
+# Seconds. A setting named *_interval_s or *_period_s (or heartbeat_s) is the wait between two rounds of a loop,
+# one named *_timeout_s a call's deadline: 0 or less would spin that loop (a core burnt, SIGTERM waiting behind it,
+# the CRS flooded) or fail every call at once. Every other *_s setting is a length of time: never less than 0.
+WAIT_SUFFIXES = ("_interval_s", "_period_s")
+DEADLINE_SUFFIXES = ("_timeout_s",)
+POSITIVE_SECONDS = ("heartbeat_s",)         # waits named otherwise
+# Waits for which 0 is documented to mean something: 0 is taken (what it means is said when less is refused).
+ZERO_MEANS = {
+    "reconcile_interval_s": "no reconcile rounds, the FPGA-servers reconciled at start and before each placement",
+    "vm_check_interval_s": "the VM confirmed with the compute IRM before every Execute",
+}
+# Lists a service cannot do without: (section, setting) -> what is expected.
+REQUIRED_LISTS = {
+    ("orchestrator", "servers"): "at least one FPGA-server address (HOST:PORT; several comma-separated): "
+                                 "without one the FPGA IRM has no device to offer",
+}
+# Lists of peers' addresses not named *_address.
+ADDRESS_LISTS = ("servers",)
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def seconds_problem(name: str, value: Any) -> str | None:
+    """What setting `name` (a number of seconds, by its name) expects if `value` is not that; None if it is, or if
+    `name` is no setting of seconds."""
+    if not name.endswith("_s") or not _seconds(value):
+        return None
+    if not math.isfinite(value):
+        return "expected seconds, a finite number"
+    wait = name.endswith(WAIT_SUFFIXES) or name in POSITIVE_SECONDS
+    deadline = name.endswith(DEADLINE_SUFFIXES)
+    if (wait or deadline) and name not in ZERO_MEANS:
+        if value > 0:
+            return None
+        why = ("the time between two rounds: 0 or less would run them back to back" if wait else
+               "a deadline: 0 or less would fail every call at once")
+        return f"expected seconds, more than 0 ({why})"
+    if value >= 0:
+        return None
+    meaning = ZERO_MEANS.get(name)
+    return f"expected seconds, 0 or more (0: {meaning})" if meaning else "expected seconds, 0 or more"
+
+
+def check_seconds(conf: Any, section: str) -> None:
+    """ConfigError naming the setting, its value and what is expected if a setting of seconds of `conf` (a
+    dataclass; by its name, see `seconds_problem`) is out of range, or if heartbeat_timeout_s is not more than
+    heartbeat_interval_s. For services built without `load` too (their own start-up checks)."""
+    for f in dataclasses.fields(conf):
+        value = getattr(conf, f.name)
+        problem = seconds_problem(f.name, value)
+        if problem:
+            raise ConfigError(f"{section}.{f.name} = {value!r}: {problem}")
+    interval = getattr(conf, "heartbeat_interval_s", None)
+    timeout = getattr(conf, "heartbeat_timeout_s", None)
+    if _seconds(interval) and _seconds(timeout) and not timeout > interval:
+        raise ConfigError(f"{section}.heartbeat_timeout_s = {timeout!r}: expected more than heartbeat_interval_s "
+                          f"({interval!r}): managers heartbeat every heartbeat_interval_s, so each would be marked "
+                          "down between two of its heartbeats")
 
 
 def check_settings(conf: Any, section: str) -> None:
-    """ConfigError naming the setting if an interval of POSITIVE_SECONDS is not more than 0 seconds, or a peer's
-    address (`*_address`; several comma-separated) is not HOST:PORT."""
-    for name in POSITIVE_SECONDS:
-        value = getattr(conf, name, None)
-        if isinstance(value, int | float) and not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"{section}.{name} = {value!r}: expected seconds, more than 0")
+    """ConfigError naming the setting if one of seconds is out of range (`check_seconds`), a list the service
+    needs is empty (REQUIRED_LISTS), or a peer's address (`*_address`, several comma-separated; `servers`) is not
+    HOST:PORT."""
+    check_seconds(conf, section)
     for f in dataclasses.fields(conf):
         value = getattr(conf, f.name)
+        expected = REQUIRED_LISTS.get((section, f.name))
+        if expected and isinstance(value, list | tuple) and not value:
+            raise ConfigError(f"{section}.{f.name} = {list(value)!r}: expected {expected}")
         if f.name.endswith("_address") and f.name != "address" and isinstance(value, str):
-            for part in (p.strip() for p in value.split(",") if p.strip()):
-                try:
-                    check_address(part)
-                except ConfigError as e:
-                    raise ConfigError(f"{section}.{f.name}: {e}") from None
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+        elif f.name in ADDRESS_LISTS and isinstance(value, list | tuple):
+            parts = [str(p).strip() for p in value]
+        else:
+            continue
+        for part in parts:
+            try:
+                check_address(part)
+            except ConfigError as e:
+                raise ConfigError(f"{section}.{f.name}: {e}") from None
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:
