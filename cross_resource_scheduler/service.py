@@ -514,11 +514,30 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         if state is None or not irm_reservation_id:
             return False
         try:
-            state.stub().ReleaseReservation(irm_pb2.ReleaseReservationRequest(
+            reply = state.stub().ReleaseReservation(irm_pb2.ReleaseReservationRequest(
                 tenant=tenant, reservation_id=irm_reservation_id), timeout=self.config.irm_timeout_s)
-            return True
         except grpc.RpcError:
             return False
+        self._show_released(manager, reply)
+        return True
+
+    def _show_released(self, manager: str, reply: irm_pb2.Reservation) -> None:
+        """What a manager just gave back, free in the view at once: until its event arrives, a Reserve right after
+        the Release was refused "capacity in use". Only where the manager says the generation its release made
+        (an assumption of negative demand, settled when the view reaches it); a node already there shows it."""
+        token = f"release:{manager}:{reply.id}"      # a release gives back once: one token per reservation
+        caught_up: dict[str, int] = {}
+        with self.view.lock:
+            for g in reply.groups:
+                for r in g.resources:
+                    node = self.view.nodes.get(f"{manager}/{r.physical_id}")
+                    if not r.physical_generation or node is None or node.generation >= r.physical_generation:
+                        continue
+                    freed = {k: -v for k, v in r.attributes.items() if k in node.capacity and v > 0}
+                    self.view.assume(token, node, freed)
+                    caught_up[node.key] = max(caught_up.get(node.key, 0), r.physical_generation)
+            if caught_up:
+                self.view.commit(token, caught_up)
 
     def _remember(self, manager: str, tenant: str, irm_request_id: str, in_doubt: bool = False) -> None:
         now = self.clock.now()

@@ -243,7 +243,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     def _reservation(self, r: Reservation | ReservationRecord,
                      generations: dict[str, int] | None = None) -> irm_pb2.Reservation:
-        """`generations`: per host, its generation right after this reservation took its share."""
+        """`generations`: per host, its generation right after this reservation took (or gave back) its share."""
         gens = generations or {}
         groups = []
         for g in r.groups:
@@ -434,7 +434,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                     code=grpc.StatusCode.INTERNAL.value[0], message="internal error; see the service log"))
         return irm_pb2.ReserveBatchResponse(outcomes=results)
 
-    def _release(self, tenant: str, reservation_id: str) -> Reservation | ReservationRecord:
+    def _release(self, tenant: str, reservation_id: str) -> Outcome:
         outcome = self.store.release(tenant, reservation_id)
         if outcome.created:
             self._publish(outcome.touched)
@@ -442,7 +442,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 agent = self._hosts[vm.host_id].agent if vm.host_id in self._hosts else ""
                 if agent and vm.agent_seen:
                     self._release_queue.put((agent, vm.id))
-        return outcome.reservation
+        return outcome
 
     def GetReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -464,7 +464,10 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         tenant = require_tenant(request.tenant)
         if not request.reservation_id:
             raise InvalidArgument.of("reservation_id", "required")
-        return self._reservation(self._release(tenant, request.reservation_id))
+        outcome = self._release(tenant, request.reservation_id)
+        # Each host's generation right after this release gave its share back (none if it was released before):
+        # the CRS shows the capacity free at once, until its view reaches that generation.
+        return self._reservation(outcome.reservation, {u.host_id: u.generation for u in outcome.touched})
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
