@@ -756,11 +756,11 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 raise FailedPrecondition(f"client {client_id!r} was {existing.state} or belongs to another group; "
                                          "attach under a new client id")
             token = existing.token
-        parts = []
         accepted: list[ServerHandle] = []
-        try:
-            for name, n in g.parts.items():
-                if n <= 0:
+
+        def attach_on(parts: dict[str, int]) -> None:
+            for name, n in parts.items():
+                if n <= 0 or any(h.name == name for h in accepted):
                     continue
                 h = self._handle(name)
                 try:
@@ -770,11 +770,22 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 except grpc.RpcError as e:
                     raise _rpc_error(name, e) from None
                 accepted.append(h)
-                parts.append(fpga_pb2.AttachedPart(server=name, address=h.address, devices=n))
-            if new and not self.db.transact(lambda s: s.execute(
-                    update(Client).where(Client.id == client_id, Client.state == ATTACHING)
-                    .values(state="attached")).rowcount):
-                raise Aborted(f"client {client_id!r} was detached or cleared while it was being attached; retry")
+
+        try:
+            attach_on(g.parts)          # outside the lock: the servers' answers must not hold up placements
+            with self.lock:
+                # Resizes and deletes take this lock and attach (or revoke) only clients already "attached": one
+                # that ran while this call attached would leave this client off a part it added (a resize onto a
+                # new server) or attached to a deleted group. So: the group as it is now, the client put on any
+                # part it gained, and marked attached before either can run again.
+                g = self._group(g.id)   # NotFound if deleted meanwhile: taken back below
+                attach_on(g.parts)
+                if new and not self.db.transact(lambda s: s.execute(
+                        update(Client).where(Client.id == client_id, Client.state == ATTACHING)
+                        .values(state="attached")).rowcount):
+                    raise Aborted(f"client {client_id!r} was detached or cleared while it was being attached; retry")
+            parts = [fpga_pb2.AttachedPart(server=name, address=self._handle(name).address, devices=n)
+                     for name, n in g.parts.items() if n > 0]
         except BaseException:
             if new:
                 # Not attached anywhere, then: a retry under the same id starts afresh, and no row is left that
