@@ -331,6 +331,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         for name, reply in self.ask_all(self.servers, "GetServer", fpga_pb2.GetServerRequest()).items():
             if isinstance(reply, ServerNotAnswering):      # its breaker said so once, when it opened
                 log.debug("FPGA-server not asked: it did not answer lately", extra={"server": name})
+            elif isinstance(reply, grpc.RpcError) and reply.code() == grpc.StatusCode.UNAUTHENTICATED:
+                log.warning("FPGA-server refused our control token: set control_token to the same secret on the "
+                            "Orchestrator and the FPGA-server (HARNESS_CONTROL_TOKEN in compose)",
+                            extra={"server": name, "code": reply.code().name})
             elif isinstance(reply, grpc.RpcError):
                 log.warning("FPGA-server unreachable", extra={"server": name, "code": reply.code().name})
             else:

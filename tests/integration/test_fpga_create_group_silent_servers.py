@@ -41,3 +41,24 @@ def test_a_group_larger_than_the_answering_servers_is_unavailable_not_invalid(tm
         running[0].stop(0)
         for a in addresses:
             rpc.drop(a)
+
+
+def test_a_server_refusing_the_control_token_is_logged_with_the_setting_to_fix(tmp_path, caplog) -> None:
+    running = srv.start("127.0.0.1:0", [fsrv.component(fsrv.FpgaServerConfig(
+        name="s0", devices=2, reconfig_mean_s=0.0, reconfig_std_s=0.0, control_token="one"))])
+    address = f"127.0.0.1:{running.port}"
+    orch = Orchestrator(OrchestratorConfig(database=f"sqlite:///{tmp_path}/o.db", servers=[address],
+                                           autoscaler="none", reconcile_interval_s=0, server_backoff_s=0,
+                                           control_token="one"))
+    try:
+        orch._discover_servers(strict=True)
+        running.components[0].extra["server"].config.control_token = "two"     # the server restarted with another
+        caplog.set_level("WARNING", logger="irm_fpga.orchestrator")
+        assert orch._server_infos() == {}
+        (record,) = [r for r in caplog.records if getattr(r, "server", "") == "s0"]
+        assert "refused our control token" in record.getMessage() and "control_token" in record.getMessage()
+        assert record.code == "UNAUTHENTICATED"
+    finally:
+        orch.stop()
+        running.stop(0)
+        rpc.drop(address)
