@@ -11,21 +11,11 @@ import pytest
 
 from cross_resource_scheduler import service as crs_mod
 from cross_resource_scheduler.service import Crs, CrsConfig
-from harness.v1 import common_pb2, irm_pb2
+from harness.v1 import irm_pb2
 from irm_compute import service as comp_mod
 from services import server as srv
 from tests.conftest import eventually
-
-ONE_HOST = """
-hosts:
-  - {id: h1, site: s, rack: r, cores: 4, memory_gb: 8, frequency_ghz: 2.2}
-"""
-
-
-def whole_host(rid: str) -> irm_pb2.ReserveRequest:
-    return irm_pb2.ReserveRequest(tenant="t", request_id=rid, groups=[irm_pb2.ResourceGroup(
-        name="g", resource_type="vm", count=1, attributes={
-            "cores": common_pb2.AttributeRequest(number=4), "memory_gb": common_pb2.AttributeRequest(number=4)})])
+from tests.integration.test_compute_restart_view import ONE_HOST, whole_host
 
 
 @pytest.fixture

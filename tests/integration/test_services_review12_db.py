@@ -83,13 +83,8 @@ def test_the_migration_lock_key_is_stable_and_per_version_table():
 
 # A service process that stops right after its migration's first commit until told to go on (the window in which
 # another process could find the schema half-upgraded), then finishes its migration.
-PAUSING_CHILD = r"""
-import importlib, sys
+PAUSING_CHILD = CHILD.replace('print("ready", flush=True)\nsys.stdin.readline()\n', r"""
 from sqlalchemy.engine import Connection
-from services.db import Database
-module, version_table, url = sys.argv[1:]
-migrations = importlib.import_module(module).MIGRATIONS
-db = Database(url)
 commit = Connection._commit_impl
 commits = []
 def pausing_commit(self):
@@ -99,14 +94,8 @@ def pausing_commit(self):
         print("paused", flush=True)
         sys.stdin.readline()
 Connection._commit_impl = pausing_commit
-try:
-    db.migrate(migrations, version_table)
-    print("ok", flush=True)
-except Exception as e:
-    print(type(e).__name__, str(getattr(e, "orig", e)).splitlines()[0], flush=True)
-finally:
-    db.dispose()
-"""
+""")
+assert "pausing_commit" in PAUSING_CHILD
 
 
 @pytest.mark.parametrize("module, version_table", SERVICES)
