@@ -1121,7 +1121,7 @@ def component(config: AppManagerConfig, clock: Clock | None = None) -> Component
 
     return Component(name="application-manager", register=register,
                      service_names=["harness.v1.ApplicationManager"], quiesce=am.quiesce, stop=am.stop,
-                     extra={"am": am})
+                     probe=am.db.probe, extra={"am": am})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -429,7 +429,18 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         def pause() -> None:
             self._kick.wait(self._interval())
             self._kick.clear()
-        self._keep_running("compensation pass", self._compensate_pending, pause)
+
+        recovered_at = time.monotonic()
+
+        def step() -> None:
+            nonlocal recovered_at
+            # Now and then, reservations left pending longer than a live Reserve can take (a Reserve whose own
+            # clean-up failed, a crash's that a start-up found too young): their parts go back.
+            if time.monotonic() - recovered_at >= self._pending_horizon_s():
+                recovered_at = time.monotonic()
+                self._recover(before=self.clock.now() - self._pending_horizon_s())
+            self._compensate_pending()
+        self._keep_running("compensation pass", step, pause)
 
     def _keep_running(self, what: str, step: Callable[[], None], pause: Callable[[], None]) -> None:
         """`step` then `pause`, until stopped. A failing step (the database away for a moment, any error) is
@@ -467,20 +478,33 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             rows = list(s.scalars(select(Reservation).where(Reservation.state == "pending")))
         pending = [r for r in rows if r.created_at < before]
         for r in pending:
-            with self.db.read() as s:
-                everyone = [m.name for m in s.scalars(select(Manager))]
-
-            def run(s, r=r, everyone=everyone):  # type: ignore[no-untyped-def]
-                # Which managers (and attempts) it reached is unknown: ask each for every derived request id.
-                # In doubt: a Reserve in flight when the CRS stopped may still commit at its manager.
-                for m in everyone:
-                    for rid in part_request_ids(r.id, m, self._attempts()):
-                        s.add(Compensation(manager=m, tenant=r.tenant, irm_request_id=rid,
-                                           created_at=self.clock.now(), in_doubt=True))
-                s.execute(delete(Reservation).where(Reservation.id == r.id))
-            self.db.transact(run)
-            log.warning("recovered a reservation left pending", extra={"reservation": r.id})
+            self._recover_one(r.id, r.tenant)
         return len(rows) - len(pending)
+
+    def _recover_one(self, res_id: str, tenant: str) -> bool:
+        """Give back what any IRM holds for the pending reservation `res_id`, and drop it; False if it is no
+        longer pending (its Reserve activated it, or dropped it, since it was read)."""
+        with self.db.read() as s:
+            everyone = [m.name for m in s.scalars(select(Manager))]
+
+        def run(s):  # type: ignore[no-untyped-def]
+            # Still pending, checked in the transaction that drops it: a Reserve that activated it since it was
+            # read keeps it (and its parts).
+            if not s.execute(delete(Reservation).where(Reservation.id == res_id,
+                                                       Reservation.state == "pending")).rowcount:
+                return False
+            # Which managers (and attempts) it reached is unknown: ask each for every derived request id.
+            # In doubt: a Reserve in flight when the CRS stopped may still commit at its manager.
+            for m in everyone:
+                for rid in part_request_ids(res_id, m, self._attempts()):
+                    s.add(Compensation(manager=m, tenant=tenant, irm_request_id=rid,
+                                       created_at=self.clock.now(), in_doubt=True))
+            return True
+        if not self.db.transact(run):
+            return False
+        log.warning("recovered a reservation left pending", extra={"reservation": res_id})
+        self._kick.set()
+        return True
 
     # -- compensation ----------------------------------------------------
     def _undo(self, manager: str, tenant: str, irm_request_id: str) -> str:
@@ -905,6 +929,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _existing(self, r: ReservationRow) -> irm_pb2.Reservation:
         if r.state == "pending":
+            if r.created_at < self.clock.now() - self._pending_horizon_s() and self._recover_one(r.id, r.tenant):
+                # Pending longer than a live Reserve can take (its own clean-up failed, say, on a database that
+                # failed): a leftover. Its parts go back; the retry after this one places afresh.
+                raise Aborted(f"reservation for request_id {r.request_id!r} was left pending by a Reserve that "
+                              "failed; what it held is being given back: retry", retry_after_s=RETRY_LATER_S)
             raise Aborted(f"reservation for request_id {r.request_id!r} is still being placed; retry shortly")
         return self._to_proto(r)
 
@@ -1300,4 +1329,4 @@ def component(config: CrsConfig, clock: Clock | None = None) -> Component:
 
     return Component(name="crs", register=register,
                      service_names=["harness.v1.ResourceManager", "harness.v1.ManagerRegistry"],
-                     start=crs.start, quiesce=crs.quiesce, stop=crs.stop, extra={"crs": crs})
+                     start=crs.start, quiesce=crs.quiesce, stop=crs.stop, probe=crs.db.probe, extra={"crs": crs})

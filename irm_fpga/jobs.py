@@ -149,8 +149,7 @@ RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
 RETRY_SLACK = 0.1               # of the first delay: a round that comes this much early is not put off a whole period
 MAX_LOGGED_FAILURES = 100       # distinct decision errors whose traceback is logged (then one line each time)
-WAITING_REASON_CHARS = 500      # the most of a decision's error a queued job's waiting_reason quotes
-_JOB_ID = re.compile(r"job-[0-9a-f]{16}")
+FAILURE_LINE_CHARS = 500        # the most of a failed decision's error a repeated log line quotes
 
 
 @dataclass
@@ -747,13 +746,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         else:
             log.warning("scheduling decision failed again; the queue waits (%d in a row; next attempt in %g s at "
                         "the earliest; traceback logged at its first occurrence): %s", self._failures, delay,
-                        plugins.clip(first, WAITING_REASON_CHARS), extra=extra)
-        # Tenants see the error's first line (other jobs' ids left out), not the traceback the log has; times are
-        # the manager's clock's, as the Job's registered_at.
+                        plugins.clip(first, FAILURE_LINE_CHARS), extra=extra)
+        # Tenants see the kind of error only: its text may quote the queue (a plug-in's answer or exception naming
+        # other tenants' jobs, their designs and deadlines); the operator's log has it. Times are the manager's
+        # clock's, as the Job's registered_at.
         nxt = "at the next event or control round" if not delay else f"at {now + delay:.3f} at the earliest"
+        kind = ("the scheduling algorithm failed or its answer was refused" if isinstance(e, plugins.PolicyError)
+                else f"an internal error ({type(e).__name__})")
         self._set_waiting_reason(
             f"the scheduler could not decide: {self._failures} failed decision(s) in a row, the last at {now:.3f}; "
-            f"the next attempt is {nxt}. Error: {plugins.clip(_JOB_ID.sub('(a job)', first), WAITING_REASON_CHARS)}")
+            f"the next attempt is {nxt}. Error: {kind}; the service log has its details")
 
     def _decision_made(self) -> None:
         """A decision succeeded: no more backing off, and the queued jobs' waiting_reason is cleared."""

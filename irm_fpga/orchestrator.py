@@ -521,19 +521,22 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         answering = self._free_total_capacity()
         total = sum(answering.values()) or 0
         silent = max(0, len(self.config.servers) - len(answering))
-        if silent and (size > total or max_size > total):
-            # Not the request's fault: the devices of servers that do not answer (down, partitioned, refusing
-            # our control token) are unknown now. INVALID_ARGUMENT would tell the client never to retry.
-            raise Unavailable(f"{silent} of {len(self.config.servers)} FPGA-servers did not answer: their devices "
-                              f"are unknown now ({total} usable on the others); retry", reason=MANAGER_UNAVAILABLE,
-                              retry_after_s=self.config.server_backoff_s or 1.0)
         if (why := design_lib.unknown_design(design)) is not None:
             v.add(f"{prefix}design", why)
-        mx = max_size or total
         mn = min_size if min_size else min(1, size)
         v.check(size >= 1, f"{prefix}size", "at least 1 device")
         v.check(0 <= mn <= size, f"{prefix}min_size", f"must be between 0 and size ({size})")
-        v.check(size <= mx, f"{prefix}max_size", f"must be >= size ({size})")
+        v.check(not max_size or size <= max_size, f"{prefix}max_size", f"must be >= size ({size})")
+        if silent and not v.items and (size > total or max_size > total):
+            # A request right in itself that only the servers answering cannot hold: the devices of those that do
+            # not answer (down, partitioned, refusing our control token) are unknown now. INVALID_ARGUMENT would
+            # tell the client never to retry.
+            raise Unavailable(f"{silent} of {len(self.config.servers)} FPGA-servers did not answer: their devices "
+                              f"are unknown now ({total} usable on the others); retry", reason=MANAGER_UNAVAILABLE,
+                              retry_after_s=self.config.server_backoff_s or 1.0)
+        mx = max_size or total
+        if not max_size:
+            v.check(size <= total, f"{prefix}size", f"the FPGA-servers have {total} usable devices in all")
         v.check(mx <= total, f"{prefix}max_size", f"the FPGA-servers have {total} usable devices in all")
         return mn, mx
 
@@ -1316,7 +1319,7 @@ def component(config: OrchestratorConfig, clock: Clock | None = None) -> Compone
 
     comp = Component(name=f"fpga:{config.name}", register=register,
                      service_names=["harness.v1.FpgaOrchestrator", "harness.v1.ResourceManager", *jobs_services],
-                     quiesce=quiesce, stop=stop, extra={"orchestrator": orch})
+                     quiesce=quiesce, stop=stop, probe=orch.db.probe, extra={"orchestrator": orch})
 
     def start() -> None:
         host = config.address.rsplit(":", 1)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -115,9 +116,22 @@ def database_problem(e: Exception, url: object, setting: str) -> tuple[int | Non
         permanent = state.startswith(_PG_PERMANENT_STATES) or bool(_PG_PERMANENT_TEXT.search(cause))
         if permanent:
             return 2, f"{where} refused: {cause}; fix {setting}"
-    if isinstance(e, OperationalError):
+    if isinstance(e, OperationalError) and _passing(orig, sqlite):
         return 3, f"the database did not answer: {cause} ({where}); a later start may succeed"
-    return None, ""
+    return None, ""     # e.g. "no such table", "duplicate column": a bug or a broken schema, not the database away
+
+
+def _passing(orig: object, sqlite: bool) -> bool:
+    """Whether a database error may pass by itself: SQLite busy or locked (another process holds it), PostgreSQL
+    not answering (no SQLSTATE: refused, timed out), its connection failing (08xxx), shutting down or starting
+    (57P0x), or out of connections (53300)."""
+    if sqlite:
+        code = getattr(orig, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return "database is locked" in str(orig)
+    state = getattr(orig, "sqlstate", None) or ""
+    return not state or state.startswith(("08", "57P")) or state == "53300"
 
 
 def _sqlite_cause(path: str) -> str:

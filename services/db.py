@@ -201,6 +201,7 @@ class Database:
         if self.is_sqlite:
             self._install_sqlite_hooks(self.engine)
         self._reader = self.engine.execution_options(harness_read=True)
+        self._version_table: str | None = None     # the Alembic version table `migrate` brought up to date
         self._write_lock: threading.Lock | nullcontext = threading.Lock() if self.is_sqlite else nullcontext()
         # SQLite has one writer at a time: batch this process's small writes (see group_commit).
         self._committer = GroupCommitter(self.engine, self._write_lock) if self.is_sqlite else None
@@ -337,8 +338,20 @@ class Database:
         with self._reader.begin() as conn:
             return fn(conn)
 
+    def probe(self) -> None:
+        """A write that commits and changes nothing (the version row set to itself): raises while the database
+        cannot take one (a full disk, a read-only file, a server down). For the server's health
+        (services.server.DatabaseHealth) on services with no probe of their own."""
+        if self._version_table is None:
+            raise RuntimeError("no schema migrated in this process: nothing to probe")
+        table = self._version_table
+        self.run(lambda c: c.execute(text(f"UPDATE {table} SET version_num = version_num")), attempts=1)
+
     def migrate(self, migrations_dir: Path, version_table: str) -> None:
         """Bring the schema to the newest Alembic revision."""
+        if not version_table.isidentifier():
+            raise ValueError(f"version table {version_table!r}: expected an identifier")
+        self._version_table = version_table
         from alembic import command
         from alembic.config import Config
 

@@ -9,8 +9,10 @@ Tests bind port 0 and read the port back.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -92,11 +94,16 @@ class Component:
 # often, meanwhile, the components' probes look whether it takes work again.
 DB_FAILURES_NOT_SERVING = 3
 DB_PROBE_INTERVAL_S = 5.0
+# Failures count "in a row" while each comes within this long of the one before.
+DB_FAILURE_WINDOW_S = 60.0
+# Database errors of contention (left after the retries): answered UNAVAILABLE, never counted against health.
+CONTENTION_CODES = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
 
 
 class DatabaseHealth:
     """The server's health as its database makes it: NOT_SERVING (every service) once `threshold` calls in a row
-    failed on the database (its environment: a full disk, a server down; services.db.unavailability), SERVING again
+    (each within DB_FAILURE_WINDOW_S of the last) failed on the database (its environment: a full disk, a server
+    down; services.db.unavailability; contention is not counted), SERVING again
     once the database does the work again: a call of a method that failed so succeeds, or every component's probe
     passes (tried every `probe_interval_s` meanwhile). Calls that never failed on it (a health check, a read that
     works on a full disk) neither count nor clear: only the work that failed proves it works again.
@@ -108,6 +115,7 @@ class DatabaseHealth:
         self.probe_interval_s = probe_interval_s
         self._lock = threading.Lock()
         self._failures = 0
+        self._last_failure = -math.inf      # monotonic time of the last failure counted
         self._failed: set[str] = set()       # methods that failed on the database since it last worked
         self.down = False                    # NOT_SERVING because of the database
         self._health: health.HealthServicer | None = None
@@ -122,6 +130,10 @@ class DatabaseHealth:
 
     def failed(self, method: str) -> None:
         with self._lock:
+            now = time.monotonic()
+            if now - self._last_failure > DB_FAILURE_WINDOW_S:
+                self._failures = 0           # "in a row" within a while: sporadic failures over hours never add up
+            self._last_failure = now
             self._failures += 1
             self._failed.add(method)
             if self.down or self._failures < self.threshold:
@@ -187,7 +199,10 @@ def _internal(context: grpc.ServicerContext, method: str, exc: BaseException, db
         unavailable = None
     if unavailable is not None:
         log.warning("the database failed in %s: %s", method, unavailable.message, extra={"method": method})
-        db_health.failed(method)
+        # Contention left after the retries (busy, locked) is load, not the database failing: retryable, but it
+        # does not take the server out of service.
+        if unavailable.metadata.get("code") not in CONTENTION_CODES:
+            db_health.failed(method)
         _abort(context, unavailable)
         return
     log.exception("unexpected error in %s", method, extra={"method": method})

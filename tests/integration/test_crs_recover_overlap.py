@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from cross_resource_scheduler import service as crs_mod
+from cross_resource_scheduler.models import Reservation
 from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import common_pb2, irm_pb2
 from irm_compute import service as comp_mod
@@ -108,3 +109,52 @@ def test_a_reserve_whose_pending_row_was_taken_back_is_aborted_and_its_parts_go_
     finally:
         go.set()
         new.db.dispose()
+
+
+def test_a_reserve_activated_after_the_recovery_read_it_keeps_its_row_and_its_parts(old) -> None:
+    crs, irm, url = old
+    t, box, go = reserve_paused_after_delegating(crs)
+    new = Crs(CrsConfig(database=url))
+    transact = new.db.transact
+
+    def old_activates_first(fn, *a, **kw):  # type: ignore[no-untyped-def]
+        go.set()                       # the old process's Reserve activates between the read and the drop
+        t.join(30)
+        return transact(fn, *a, **kw)
+
+    new.db.transact = old_activates_first                      # type: ignore[method-assign]
+    try:
+        new._recover()
+        reply = box["reply"]
+        assert reply.state == irm_pb2.Reservation.STATE_ACTIVE
+        got = new.GetReservation(irm_pb2.GetReservationRequest(tenant="alice", reservation_id=reply.id), None)
+        assert got.state == irm_pb2.Reservation.STATE_ACTIVE    # its row stands ...
+        assert new.pending_compensations() == 0                 # ... and nothing of it is queued for release
+        assert irm.store.get("alice", reply.groups[0].manager_reservation_id).state == "active"
+    finally:
+        go.set()
+        new.db.dispose()
+
+
+def test_a_retry_finds_a_row_left_pending_past_the_horizon_recovered_and_then_places_afresh(old) -> None:
+    crs, irm, url = old
+    # A row a Reserve left pending when even its clean-up failed (a database that failed), long ago.
+    crs.db.transact(lambda s: s.add(Reservation(id="crs-stuck", tenant="alice", request_id="req-1", state="pending",
+                                                priority=0, price_per_minute=0.0, created_at=crs.clock.now() - 3600,
+                                                released_at=0.0, allocation=b"", notes=[])))
+    with pytest.raises(HarnessError) as e:
+        crs.Reserve(REQUEST, None)
+    assert e.value.code == grpc.StatusCode.ABORTED and "left pending by a Reserve that failed" in str(e.value)
+    assert crs.pending_compensations() > 0                       # whatever it may hold goes back
+    assert crs.Reserve(REQUEST, None).state == irm_pb2.Reservation.STATE_ACTIVE
+
+
+def test_a_young_pending_row_is_still_being_placed(old) -> None:
+    crs, irm, url = old
+    crs.db.transact(lambda s: s.add(Reservation(id="crs-young", tenant="alice", request_id="req-1", state="pending",
+                                                priority=0, price_per_minute=0.0, created_at=crs.clock.now(),
+                                                released_at=0.0, allocation=b"", notes=[])))
+    with pytest.raises(HarnessError) as e:
+        crs.Reserve(REQUEST, None)
+    assert e.value.code == grpc.StatusCode.ABORTED and "still being placed" in str(e.value)
+    assert crs.pending_compensations() == 0

@@ -31,11 +31,14 @@ def test_a_group_larger_than_the_answering_servers_is_unavailable_not_invalid(tm
                 assert "1 of 2 FPGA-servers did not answer" in str(e) and "(4 usable on the others)" in str(e)
                 assert e.retry_after_s and e.retry_after_s > 0
         assert orch.create_group("alice", "fits", "sleep", 3).parts == {"s0": 3}   # fits on the one that answers
-        try:                                        # a request wrong whatever answers is still the client's to fix
-            orch.create_group("alice", "bad", "sleep", 0)
-            raise AssertionError("made a group of 0 devices")
-        except InvalidArgument as e:
-            assert "size" in str(e)
+        # A request wrong whatever answers is still the client's to fix, also when it is too big as well.
+        for design, size, field in (("sleep", 0, "size"), ("no-such-design", 6, "design"), ("sleep", 6, "max_size")):
+            try:
+                orch.create_group("alice", f"bad-{design}-{size}", design, size, max_size=5 if field == "max_size"
+                                  else 0)
+                raise AssertionError(f"made a group with a bad {field}")
+            except InvalidArgument as e:
+                assert field in str(e), e
     finally:
         orch.stop()
         running[0].stop(0)

@@ -27,6 +27,7 @@ HERE = "tests.integration.test_fpga_jobs_plugin_review14"
 START = 1000.0
 FIXED_AT = 1040.0           # the clock time from which `broken_for_a_while` decides
 ERROR = "boom: review 14's plug-in is broken for now"
+KIND = "the scheduling algorithm failed or its answer was refused"
 
 
 def first_on_min(queue, available):
@@ -109,14 +110,15 @@ def test_a_failing_plug_in_is_asked_ever_more_rarely_and_queued_jobs_say_why_unt
     m, clock, plugin, published = live(f"{HERE}:broken_for_a_while")
     a = register(m, "a")                                   # its decision fails
     assert m._job("alice", a.id).state == QUEUED and plugin.calls == [START]
-    assert ERROR in reason(m, a.id) and "1 failed decision(s) in a row" in reason(m, a.id)
+    assert KIND in reason(m, a.id) and "1 failed decision(s) in a row" in reason(m, a.id)
+    assert ERROR not in reason(m, a.id)        # its text may quote other tenants' jobs: the log has it
     assert [j.waiting_reason for j in published if j.id == a.id][-1] == reason(m, a.id)    # streamed
     b = None
     for t in range(int(START) + 1, int(START) + 71):       # 70 control rounds
         clock.advance_to(float(t))
         if t == 1005:
             b = register(m, "b")                           # an event while backing off: not asked sooner
-            assert plugin.calls[-1] < t and ERROR in reason(m, b.id)
+            assert plugin.calls[-1] < t and KIND in reason(m, b.id)
         m.control_once()
     # Asked at 1000, 1001, 1002, 1004, 1008, 1016, 1032 (failing) and 1062 (it decides from 1040 on), then once
     # more at 1063 (the round after a dispatch sees the queue changed; as with any policy): 9 times in 71 s, not
@@ -141,7 +143,7 @@ def test_a_failing_plug_in_is_asked_ever_more_rarely_and_queued_jobs_say_why_unt
 def test_a_hanging_plug_ins_worker_is_stopped_ever_more_rarely(live):
     m, clock, plugin, _ = live(f"{HERE}:hangs", plugin_timeout_s=0.2)
     a = register(m, "a")
-    assert "did not answer within 0.2 s" in reason(m, a.id)
+    assert KIND in reason(m, a.id)
     for _ in range(20):
         clock.advance(1.0)
         m.control_once()

@@ -144,3 +144,20 @@ def test_a_locked_sqlite_database_is_retryable_and_a_file_that_is_no_database_is
     status, message = cli.database_problem(notadb, f"sqlite:///{tmp_path / 'other.db'}", "database")
     assert status == 2
     assert message == f"the SQLite database {tmp_path / 'other.db'} cannot be used: file is not a database; fix database"
+
+
+def test_a_broken_schema_at_start_up_is_a_traceback_not_a_database_that_did_not_answer(tmp_path) -> None:
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from services.cli import database_problem
+
+    url = f"sqlite:///{tmp_path}/x.db"
+    broken = sqlite3.OperationalError("duplicate column name: request_hash")
+    broken.sqlite_errorcode = sqlite3.SQLITE_ERROR                # type: ignore[attr-defined]
+    assert database_problem(OperationalError("ALTER TABLE", {}, broken), url, "database") == (None, "")
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorcode = sqlite3.SQLITE_BUSY                   # type: ignore[attr-defined]
+    status, line = database_problem(OperationalError("BEGIN", {}, busy), url, "database")
+    assert status == 3 and "a later start may succeed" in line

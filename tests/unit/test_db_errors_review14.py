@@ -306,3 +306,76 @@ def test_database_unavailable_is_a_documented_reason() -> None:
     assert errors.DATABASE_UNAVAILABLE in errors.REASONS
     header = (Path(__file__).resolve().parents[2] / "protos/harness/v1/common.proto").read_text().split("syntax =")[0]
     assert "//   DATABASE_UNAVAILABLE UNAVAILABLE" in header
+
+
+# -- what counts towards NOT_SERVING, and the probe every database-backed service has -------------------------------
+
+def test_failures_spread_over_more_than_the_window_never_add_up(monkeypatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(server.time, "monotonic", lambda: clock[0])
+    h = server.DatabaseHealth(threshold=3)
+    for _ in range(5):                               # one failure every two minutes, for ten minutes
+        h.failed("/x/Write")
+        clock[0] += 2 * server.DB_FAILURE_WINDOW_S
+    assert not h.down
+    for _ in range(3):                               # three within the window: a database that fails
+        h.failed("/x/Write")
+        clock[0] += 1.0
+    assert h.down
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.aborted: list = []
+
+    def abort_with_status(self, status) -> None:  # type: ignore[no-untyped-def]
+        self.aborted.append(status)
+
+
+def test_contention_left_after_the_retries_is_unavailable_but_not_counted() -> None:
+    h = server.DatabaseHealth(threshold=1)
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorcode = sqlite3.SQLITE_BUSY                   # type: ignore[attr-defined]
+    ctx = _Context()
+    server._internal(ctx, "/x/Write", OperationalError("UPDATE t", {}, busy), h)
+    (status,) = ctx.aborted
+    assert status.code == grpc.StatusCode.UNAVAILABLE             # retryable, as before
+    assert not h.down                                             # but load is no reason to leave service
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = sqlite3.SQLITE_FULL                   # type: ignore[attr-defined]
+    server._internal(_Context(), "/x/Write", OperationalError("INSERT", {}, full), h)
+    assert h.down
+
+
+def test_every_migrated_database_has_a_probe_write_that_fails_while_it_cannot_take_one(tmp_path: Path) -> None:
+    from cross_resource_scheduler.service import MIGRATIONS
+
+    url = f"sqlite:///{tmp_path}/crs.db"
+    db = Database(url)
+    with pytest.raises(RuntimeError, match="nothing to probe"):
+        db.probe()
+    db.migrate(MIGRATIONS, "alembic_version_crs")
+    db.probe()                                                    # a healthy database takes it
+    db.dispose()
+    # The same file, every connection read-only (as a read-only mount makes it).
+    ro = Database(url)
+    event.listen(ro.engine, "connect", lambda conn, _: conn.execute("PRAGMA query_only = ON"))
+    ro._version_table = "alembic_version_crs"                     # what its migrate() recorded
+    try:
+        with pytest.raises(OperationalError) as e:
+            ro.probe()
+        assert unavailability(e.value).code == "SQLITE_READONLY"
+    finally:
+        ro.dispose()
+
+
+def test_the_crs_gives_the_server_a_probe_of_its_database(tmp_path: Path) -> None:
+    from cross_resource_scheduler.service import CrsConfig
+    from cross_resource_scheduler.service import component as crs_component
+
+    comp = crs_component(CrsConfig(database=f"sqlite:///{tmp_path}/crs.db"))
+    try:
+        assert comp.probe is not None
+        comp.probe()                                              # a write its database takes
+    finally:
+        comp.extra["crs"].db.dispose()
