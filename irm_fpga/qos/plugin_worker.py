@@ -95,7 +95,9 @@ def _reply(alg: Any, seq: int, queue: list, available: int, window: int, cost: h
         answer = alg(queue, available, window, cost, now=now)
         try:
             pairs = plugins.allocation_pairs(answer)
-        except (TypeError, ValueError):
+        except plugins.NotPairs as e:       # what is wrong with it, as the simulator says it
+            return _encode(["not-pairs", f"{plugins.describe(answer)} ({plugins.clip(str(e))})"], seq)
+        except (TypeError, ValueError):     # the answer's own code failed (its iteration, __index__)
             return _encode(["not-pairs", plugins.describe(answer)], seq)
         data = _encode(["ok", [[job_id, n] for job_id, n in pairs]], seq)
         if len(data) > reply_limit(queue, window):
@@ -283,6 +285,7 @@ class PluginRunner:
         except _Timeout:
             kind, detail = "timeout", f"no answer within {self.start_timeout_s:g} s"
         except (EOFError, OSError):
+            proc.join(5.0)      # its pipe closed: it is ending; its exit code says how (None until it is reaped)
             kind, detail = "error", f"it ended with exit code {proc.exitcode}"
         except _TooLong as e:
             kind, detail = "error", f"it announced a reply of {_size(e.size)}, more than {TEXT_REPLY_LIMIT}"

@@ -165,7 +165,8 @@ def test_an_answer_whose_unpickling_sleeps_is_refused_at_once_and_the_worker_goe
     r = runner("answers_sleeping_when_unpickled")
     pid = r.pid
     took = timed_refusal(r, r"failed: its answer cannot be sent back: it returned \[\('short', "
-                            r"<.*SleepsWhenUnpickled object .*>\)\]; expected a list of \(job id, devices\)")
+                            r"<.*SleepsWhenUnpickled object .*>\)\] \('short' got <.*> devices: a "
+                            r"SleepsWhenUnpickled, not an integer\); expected a list of \(job id, devices\)")
     assert took < TIMEOUT_S + MARGIN_S
     assert decide(r, 2) == [("short", 1)] and r.pid == pid       # a fault reported as data: same worker
 

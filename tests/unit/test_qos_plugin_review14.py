@@ -180,7 +180,7 @@ def test_a_plug_in_in_its_worker_gives_the_same_figures_as_in_process():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("name", "match"), [
     ("raises", "failed: RuntimeError: boom in review 14's plug-in"),
-    ("garbage", r"returned 'garbage'; expected a list of \(job id, devices\)"),
+    ("garbage", r"returned 'garbage' \('g' is not a \(job id, devices\) pair\); expected a list of \(job id, devices\)"),
     ("hangs", r"did not answer within 0.5 s"),
 ])
 def test_the_simulator_ends_a_run_with_the_plug_ins_policy_error_within_its_time_limit(name, match):
@@ -307,7 +307,7 @@ def test_a_float_device_count_is_refused_in_process_and_in_the_worker():
     r = PluginRunner(s.algorithm, timeout_s=5.0)
     try:
         r.start()
-        with pytest.raises(PolicyError, match=r"it returned \[\('short', 1.9\)\]; expected a list of"):
+        with pytest.raises(PolicyError, match=r"it returned \[\('short', 1.9\)\] \('short' got 1.9 devices: a float, not an integer\); expected a list of"):
             dispatch.decide(s, QUEUE, now=0.3, pool=3, pool_max=3, plugin=r)
     finally:
         r.close()
