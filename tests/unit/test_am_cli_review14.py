@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import signal
 
-import grpc
 import pytest
 
 from application_manager import cli as am_cli
 from harness.v1 import application_manager_pb2 as pb
+from tests.unit.test_harness_run_stop import _Call
 
 S = pb.ProfilingSession
 
@@ -29,28 +29,11 @@ def _run(runs: int) -> pb.ProfilingEvent:
     return ev
 
 
-class _Stream:
+class _Stream(_Call):
     """A StartProfiling stream: its events, with a Ctrl-C raised before event `interrupt_at` (-1: none)."""
 
     def __init__(self, events: list[pb.ProfilingEvent], interrupt_at: int = -1) -> None:
-        self.events, self.interrupt_at, self.i, self.cancelled = events, interrupt_at, 0, False
-
-    def __iter__(self):  # noqa: ANN204
-        return self
-
-    def __next__(self) -> pb.ProfilingEvent:
-        if self.cancelled:
-            raise grpc.RpcError()
-        if self.i == self.interrupt_at:
-            self.interrupt_at = -1
-            raise KeyboardInterrupt
-        if self.i >= len(self.events):
-            raise StopIteration
-        self.i += 1
-        return self.events[self.i - 1]
-
-    def cancel(self) -> None:
-        self.cancelled = True
+        super().__init__(events, interrupt_at)
 
 
 class _Am:
