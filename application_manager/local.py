@@ -56,6 +56,10 @@ _POLL_S = 0.2
 _STOP_WAIT_S = 30.0
 
 _TRANSIENT_PREFIXES = ("could not reserve: ", "could not run: ", "the run was lost: ")
+# Why the agent ended a run that say nothing of its configuration: its VM was released (by the tenant, say), the
+# agent was stopped (a restart, a deploy), or someone stopped the execution (irm_compute.agent.RELEASED,
+# AGENT_STOPPED; irm_compute.sandbox.STOPPED).
+ENDED_FROM_OUTSIDE = frozenset({"vm released", "agent stopped", "stopped"})
 
 
 def transient_error(error: str) -> bool:
@@ -67,7 +71,7 @@ def transient_error(error: str) -> bool:
             code = error[len(prefix):].split(":", 1)[0].strip()
             known = {c.name for c in grpc.StatusCode}
             return code in {c.name for c in TRANSIENT_CODES} or (prefix == _TRANSIENT_PREFIXES[2] and code not in known)
-    return error.startswith("cancelled: ") or error.startswith("stopped: ")
+    return error.startswith("cancelled: ") or error.startswith("stopped: ") or error in ENDED_FROM_OUTSIDE
 
 
 @dataclass
@@ -285,7 +289,8 @@ class LocalBackend:
             if exited.reason and "memory" in exited.reason:
                 mem = max(mem or 0.0, 100.0)
             cpu = exited.mean_cpu_percent if samples else None
-            return RunDetail(Observation(proposal.config, ok, exited.wall_time_s, cost, proposal.input, cpu, mem, error),
+            return RunDetail(Observation(proposal.config, ok, exited.wall_time_s, cost, proposal.input, cpu, mem, error,
+                                         transient=not ok and exited.reason in ENDED_FROM_OUTSIDE),
                              res.id, tail[-2000:], main.notes)
         except grpc.RpcError as e:
             # The agent out of reach is the cloud's trouble, not the configuration's; a refusal of the request is.

@@ -60,8 +60,19 @@ class SimulatedAnnealing(Profiler):
         self.alpha = self.t_cool ** (1.0 / self.max_runs)
         self.current: Observation | None = None
         self._seen = 0
+        self._began = False
 
     def _absorb(self, observed: list[Observation]) -> None:
+        if not self._began:
+            # What earlier sessions ran is where this walk starts (their best point), not steps of it: cooled by
+            # them, a second session began frozen -- a greedy walk that never takes a worse point.
+            self._began = True
+            self._seen = len(observed)
+            earlier = [o for o in observed if o.input == "production" and not o.transient
+                       and math.isfinite(utility(o))]
+            if earlier:
+                self.current = min(earlier, key=utility)
+            return
         for o in observed[self._seen:]:
             self._seen += 1
             if o.input != "production" or o.transient:

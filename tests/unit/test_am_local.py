@@ -158,3 +158,40 @@ def test_a_run_cancelled_before_it_starts_reserves_nothing(held_agent):
     detail = b.run(Proposal(0))
     assert detail.cancelled and detail.observation.error == local.CANCELLED
     assert detail.reservation_id == "" and held_agent.released == [] and not _HeldAgent.held
+
+
+class _EndedFromOutsideAgent:
+    """Ends the run with the reason the test sets: the agent stopped, the VM released, or a program that failed."""
+
+    reason = ""
+    exit_code = -15
+
+    def __init__(self, channel) -> None:  # noqa: ANN001
+        pass
+
+    def Execute(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+        yield agent_pb2.ExecuteEvent(started=agent_pb2.ExecutionStarted(execution_id="e1"))
+        yield agent_pb2.ExecuteEvent(exited=agent_pb2.ExecutionExited(exit_code=self.exit_code, reason=self.reason,
+                                                                      wall_time_s=1.0))
+
+
+@pytest.mark.parametrize("reason,exit_code,transient", [
+    ("agent stopped", -15, True),           # a restart or deploy of the agent: not the configuration's doing
+    ("vm released", -9, True),              # its reservation released under it
+    ("stopped", -15, True),                 # someone stopped the execution
+    ("memory limit exceeded", -9, False),   # the configuration's own failures stay so
+    ("", 1, False),
+])
+def test_a_run_ended_from_outside_is_recorded_but_says_nothing_of_its_configuration(
+        monkeypatch, reason: str, exit_code: int, transient: bool) -> None:
+    from irm_compute import agent, sandbox
+
+    assert {agent.AGENT_STOPPED, agent.RELEASED, sandbox.STOPPED} == local.ENDED_FROM_OUTSIDE
+    monkeypatch.setattr(local.irm_pb2_grpc, "ResourceManagerStub", lambda ch: _Crs())
+    monkeypatch.setattr(_EndedFromOutsideAgent, "reason", reason)
+    monkeypatch.setattr(_EndedFromOutsideAgent, "exit_code", exit_code)
+    monkeypatch.setattr(local.agent_pb2_grpc, "ExecutionAgentStub", _EndedFromOutsideAgent)
+    o = backend("rtm", rows=800, steps=40).run(Proposal(0)).observation
+    assert not o.ok and o.transient is transient and o.measured is not transient
+    # The stored error tells it too, for runs read back (a restart, another back-end's observations).
+    assert local.transient_error(o.error) is transient

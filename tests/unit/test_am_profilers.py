@@ -260,3 +260,16 @@ def test_extrapolated_learns_no_bound_from_a_refused_production_run():
 
     profile(p, run, StopRules(max_runs=9))
     assert p.constraints == [] and not [r for r in reasons if r.startswith("no bottleneck seen")], reasons
+
+
+@pytest.mark.parametrize("name", ["sa", "directed-sa"])
+def test_an_annealing_session_after_earlier_ones_starts_warm_from_their_best_point(name: str) -> None:
+    # 30 runs of earlier sessions cooled the new one to ~1e-6 (a greedy walk that never takes a worse point).
+    s = grid_space()
+    earlier = [synthetic(s, i) for i in range(len(s))][:12]
+    p = PROFILERS[name](s, np.random.default_rng(0), max_runs=10)
+    proposal = p.propose(list(earlier))
+    assert proposal is not None and proposal.config not in {o.config for o in earlier}
+    assert p.temperature == 1.0                                   # this session's cooling starts now
+    best = min((o for o in earlier if o.ok), key=lambda o: o.time_s * o.cost)
+    assert p.current is not None and p.current.config == best.config
