@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import grpc
@@ -165,23 +166,32 @@ class Cloud:
             irm_pb2.DiscoverResourcesRequest(), timeout=5).resources)
 
 
-@pytest.fixture
-def cloud(tmp_path) -> Iterator[Cloud]:
-    comp = crs_service.component(crs_service.CrsConfig(
-        address="127.0.0.1:0", database=f"sqlite:///{tmp_path / 'crs.db'}", heartbeat_interval_s=0.1,
-        heartbeat_timeout_s=1.0, irm_timeout_s=5.0, seed=1))
+@contextmanager
+def serving_crs(tmp_path, **settings) -> Iterator[Cloud]:  # type: ignore[no-untyped-def]
+    """A CRS on loopback (fast heartbeats; `settings` override its config), and what the test adds to it stopped."""
+    config = {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 1.0, "irm_timeout_s": 5.0, "seed": 1, **settings}
+    comp = crs_service.component(crs_service.CrsConfig(address="127.0.0.1:0",
+                                                       database=f"sqlite:///{tmp_path / 'crs.db'}", **config))
     r = srv.start("127.0.0.1:0", [comp])
     address = f"127.0.0.1:{r.port}"
     ch = grpc.insecure_channel(address)
     c = Cloud(comp.extra["crs"], address, irm_pb2_grpc.ResourceManagerStub(ch),
               registry_pb2_grpc.ManagerRegistryStub(ch))
-    yield c
-    for m in c.memberships:
-        m.stop()
-    for s in c.servers:
-        s.stop(0)
-    r.stop(0.5)
-    ch.close()
+    try:
+        yield c
+    finally:
+        for m in c.memberships:
+            m.stop()
+        for s in c.servers:
+            s.stop(0)
+        r.stop(0.5)
+        ch.close()
+
+
+@pytest.fixture
+def cloud(tmp_path) -> Iterator[Cloud]:
+    with serving_crs(tmp_path) as c:
+        yield c
 
 
 def gadget(name: str, count: int = 1, **attrs: float) -> irm_pb2.ResourceGroup:
@@ -371,14 +381,8 @@ def test_an_over_long_group_name_is_invalid_argument_over_grpc(cloud: Cloud) -> 
 
 
 def test_a_crs_with_a_control_token_registers_only_managers_that_send_it(tmp_path, caplog) -> None:
-    comp = crs_service.component(crs_service.CrsConfig(
-        address="127.0.0.1:0", database=f"sqlite:///{tmp_path / 'crs.db'}", heartbeat_interval_s=0.1,
-        heartbeat_timeout_s=1.0, control_token="s3cret"))
-    r = srv.start("127.0.0.1:0", [comp])
-    address = f"127.0.0.1:{r.port}"
-    ch = grpc.insecure_channel(address)
-    c = Cloud(comp.extra["crs"], address, irm_pb2_grpc.ResourceManagerStub(ch), registry_pb2_grpc.ManagerRegistryStub(ch))
-    try:
+    with serving_crs(tmp_path, control_token="s3cret") as c:
+        address = c.address
         _, a1 = c.serve(FakeIrm("intruder", {"h1": 10}))
         with pytest.raises(grpc.RpcError) as e:
             c.reg.RegisterManager(registry_pb2.RegisterManagerRequest(name="intruder", address=a1,
@@ -404,10 +408,3 @@ def test_a_crs_with_a_control_token_registers_only_managers_that_send_it(tmp_pat
         with pytest.raises(grpc.RpcError) as e:
             c.reg.Heartbeat(registry_pb2.HeartbeatRequest(name="member", address=a2), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    finally:
-        for m in c.memberships:
-            m.stop()
-        for s in c.servers:
-            s.stop(0)
-        r.stop(0.5)
-        ch.close()

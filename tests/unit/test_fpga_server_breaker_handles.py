@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import grpc
 import pytest
@@ -184,15 +185,29 @@ def test_a_handle_without_back_off_has_no_breaker(hanging):
         assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and took >= TIMEOUT_S * 0.9
 
 
-def test_the_orchestrator_asks_its_servers_at_once_so_two_hung_servers_cost_one_timeout(tmp_path):
+@contextmanager
+def three_servers(tmp_path) -> Iterator[tuple[list[HangingServer], Orchestrator]]:  # type: ignore[no-untyped-def]
+    """Servers a, b, c mapped by an Orchestrator without a breaker: only asking in parallel keeps a round that meets
+    hung servers at one timeout."""
     fakes = [HangingServer(name) for name in ("a", "b", "c")]
     running = [_serve(f) for f in fakes]
     addresses = [f"127.0.0.1:{r.port}" for r in running]
-    # No breaker here: only asking in parallel keeps the cost at one timeout.
     o = Orchestrator(OrchestratorConfig(servers=addresses, database=f"sqlite:///{tmp_path}/orch.db", autoscaler="none",
                                         reconcile_interval_s=0, server_timeout_s=1.0, server_backoff_s=0))
     try:
         o._discover_servers(strict=True)
+        yield fakes, o
+    finally:
+        for f in fakes:
+            f.released.set()
+        o.stop()
+        for r, a in zip(running, addresses, strict=True):
+            r.stop(0)
+            rpc.drop(a)
+
+
+def test_the_orchestrator_asks_its_servers_at_once_so_two_hung_servers_cost_one_timeout(tmp_path):
+    with three_servers(tmp_path) as (fakes, o):
         assert list(o._server_infos()) == ["a", "b", "c"]           # in the order of its servers
         fakes[1].hang.set()
         fakes[2].hang.set()
@@ -201,38 +216,20 @@ def test_the_orchestrator_asks_its_servers_at_once_so_two_hung_servers_cost_one_
         assert 0.9 <= took < 1.8                                    # one timeout, not one per hung server
         _, took = _timed(lambda: o._free_total_capacity())
         assert took < 1.8
-    finally:
-        for f in fakes:
-            f.released.set()
-        o.stop()
-        for r, a in zip(running, addresses, strict=True):
-            r.stop(0)
-            rpc.drop(a)
 
 
 def test_the_job_manager_reads_progress_from_its_servers_at_once(tmp_path):
-    fakes = [HangingServer(name) for name in ("a", "b", "c")]
-    running = [_serve(f) for f in fakes]
-    addresses = [f"127.0.0.1:{r.port}" for r in running]
-    o = Orchestrator(OrchestratorConfig(servers=addresses, database=f"sqlite:///{tmp_path}/orch.db", autoscaler="none",
-                                        reconcile_interval_s=0, server_timeout_s=1.0, server_backoff_s=0))
-    manager = JobManager(o, JobsConfig())
-    try:
-        o._discover_servers(strict=True)
-        fakes[1].hang.set()
-        fakes[2].hang.set()
-        calls = [f.calls for f in fakes]
-        _, took = _timed(lambda: manager._observe([]))
-        assert [f.calls - c for f, c in zip(fakes, calls, strict=True)] == [1, 1, 1]   # every server was asked
-        assert 0.9 <= took < 1.8                                    # one timeout, not one per hung server
-    finally:
-        for f in fakes:
-            f.released.set()
-        manager.stop()
-        o.stop()
-        for r, a in zip(running, addresses, strict=True):
-            r.stop(0)
-            rpc.drop(a)
+    with three_servers(tmp_path) as (fakes, o):
+        manager = JobManager(o, JobsConfig())
+        try:
+            fakes[1].hang.set()
+            fakes[2].hang.set()
+            calls = [f.calls for f in fakes]
+            _, took = _timed(lambda: manager._observe([]))
+            assert [f.calls - c for f, c in zip(fakes, calls, strict=True)] == [1, 1, 1]   # every server was asked
+            assert 0.9 <= took < 1.8                                # one timeout, not one per hung server
+        finally:
+            manager.stop()
 
 
 def test_the_orchestrator_s_handles_have_the_breaker_and_a_bad_setting_is_refused(tmp_path, hanging):
