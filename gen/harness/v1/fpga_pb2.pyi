@@ -165,20 +165,24 @@ class GroupPart(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., design: _Optional[str] = ..., target: _Optional[int] = ..., active: _Optional[int] = ..., min_size: _Optional[int] = ..., max_size: _Optional[int] = ..., clients: _Optional[_Iterable[str]] = ..., server: _Optional[str] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("name", "devices", "groups", "designs", "reconfiguration_s", "events")
+    __slots__ = ("name", "devices", "groups", "designs", "reconfiguration_s", "events", "boot_id", "read_seq")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     DESIGNS_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURATION_S_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    READ_SEQ_FIELD_NUMBER: _ClassVar[int]
     name: str
     devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
     groups: _containers.RepeatedCompositeFieldContainer[GroupPart]
     designs: _containers.RepeatedScalarFieldContainer[str]
     reconfiguration_s: float
     events: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupPart, _Mapping]]] = ..., designs: _Optional[_Iterable[str]] = ..., reconfiguration_s: _Optional[float] = ..., events: _Optional[_Iterable[str]] = ...) -> None: ...
+    boot_id: str
+    read_seq: int
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupPart, _Mapping]]] = ..., designs: _Optional[_Iterable[str]] = ..., reconfiguration_s: _Optional[float] = ..., events: _Optional[_Iterable[str]] = ..., boot_id: _Optional[str] = ..., read_seq: _Optional[int] = ...) -> None: ...
 
 class CreateGroupPartRequest(_message.Message):
     __slots__ = ("group_id", "design", "size", "min_size", "max_size")
