@@ -387,6 +387,7 @@ class Engine:
         self._events: list[DeviceEvent] = []
         self._reconfigs = 0
         self._reconfig_failures = 0
+        self._snapshots = 0
 
     # -- time ---------------------------------------------------------------------------------------
 
@@ -969,6 +970,19 @@ class Engine:
         with self._lock:
             self._sync()
             return [self._info(g) for g in self._groups.values()]
+
+    def snapshot(self) -> tuple[int, list[DeviceState], list[GroupInfo]]:
+        """The devices and groups read at one instant, and that read's place among this engine's snapshots.
+
+        One lock for both, and the number taken under it: of two snapshots, the one with the larger number
+        saw the later state, however late its answer reaches whoever asked (concurrent readers are answered
+        in any order).
+        """
+        with self._lock:
+            self._sync()
+            self._snapshots += 1
+            return (self._snapshots, [self._state(d) for d in self._devices],
+                    [self._info(g) for g in self._groups.values()])
 
     def _check_limits(self, size: int, mn: int, mx: int) -> None:
         for name, v in (("size", size), ("min_size", mn), ("max_size", mx)):

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,13 +166,17 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def __init__(self, config: OrchestratorConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
-        # Capacity events' generations: stamped when the servers are asked, strictly increasing, so an answer
-        # read earlier but published later (publishing is not under one lock) is older to the CRS's view and
-        # ignored there. A count from this process's start time: a restarted one starts above the last (and a
-        # reconnect's snapshot resets the view anyway). Not the clock at publish time: that made a stale read
-        # published late win, and a wall clock stepping back made every event stale until it caught up.
+        # Capacity events' generations, strictly increasing, one per server state first seen: the CRS's view keeps
+        # the highest, so a higher one must never carry an older state. Concurrent reads are answered and
+        # published in any order; each server numbers its reads as it takes them (ServerInfo.read_seq), and an
+        # answer older than one already stamped stands for that newer one (`_newest`). Stamping at ask time was
+        # not enough: the read asked later could be the one the server answered first. A count from this
+        # process's start time: a restarted one starts above the last (and a reconnect's snapshot resets the
+        # view anyway). Not the clock at publish time: a wall clock stepping back made every event stale.
         self._generation = int(self.clock.now() * 1e6)
         self._generation_lock = threading.Lock()
+        self._newest_read: dict[str, tuple[str, int, fpga_pb2.ServerInfo, int]] = {}   # server -> boot, seq, info, gen
+        self._old_boots: dict[str, deque[str]] = {}     # server -> its earlier runs' boot ids (answers still in flight)
         # Its seconds as `harness serve` checks them: an autoscaler_interval_s of 0 spun its loop (a core burnt,
         # SIGTERM waiting behind it), a server_timeout_s of 0 failed every call to the servers at once; the
         # backoffs and reconcile_interval_s may be 0 (documented: no breaker, no reconcile rounds).
@@ -319,15 +324,12 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _server_infos(self) -> dict[str, fpga_pb2.ServerInfo]:
         return self._stamped_infos()[0]
 
-    def _stamped_infos(self) -> tuple[dict[str, fpga_pb2.ServerInfo], int]:
-        """The servers' states and the generation of this read (taken before asking them)."""
-        with self._generation_lock:
-            self._generation += 1
-            generation = self._generation
+    def _stamped_infos(self) -> tuple[dict[str, fpga_pb2.ServerInfo], dict[str, int]]:
+        """The servers' states, each the newest known (`_newest`), and each one's generation."""
         if self.config.reconcile_interval_s <= 0 and len(self.servers) < len(self.config.servers):
             # No reconcile rounds to map a server that was down at start: each placement (and listing) tries.
             self._discover_servers()
-        out = {}
+        out, generations = {}, {}
         for name, reply in self.ask_all(self.servers, "GetServer", fpga_pb2.GetServerRequest()).items():
             if isinstance(reply, ServerNotAnswering):      # its breaker said so once, when it opened
                 log.debug("FPGA-server not asked: it did not answer lately", extra={"server": name})
@@ -338,8 +340,26 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             elif isinstance(reply, grpc.RpcError):
                 log.warning("FPGA-server unreachable", extra={"server": name, "code": reply.code().name})
             else:
-                out[name] = reply
-        return out, generation
+                out[name], generations[name] = self._newest(name, reply)     # type: ignore[arg-type]
+        return out, generations
+
+    def _newest(self, server: str, info: fpga_pb2.ServerInfo) -> tuple[fpga_pb2.ServerInfo, int]:
+        """`info`, stamped with the next generation if it is the newest state of `server` seen yet; else the
+        newest seen and its generation (an answer that took longer to reach us than a later read's).
+
+        A server that does not number its reads (no boot_id) is taken as newest, as before read_seq existed.
+        """
+        with self._generation_lock:
+            known = self._newest_read.get(server)
+            if known is not None and info.boot_id:
+                boot, seq, newest, generation = known
+                if (info.boot_id == boot and info.read_seq <= seq) or info.boot_id in self._old_boots.get(server, ()):
+                    return newest, generation
+                if info.boot_id != boot:        # the server restarted: answers of its last run are older now
+                    self._old_boots.setdefault(server, deque(maxlen=8)).append(boot)
+            self._generation += 1
+            self._newest_read[server] = (info.boot_id, info.read_seq, info, self._generation)
+            return info, self._generation
 
     def ask_all(self, handles: dict[str, ServerHandle], method: str, request: object) -> dict[str, object]:
         """`ask_servers` with this Orchestrator's server timeout."""
@@ -483,9 +503,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                             extra={"group": g.id, "server": name, "code": e.code().name})
 
     def _publish(self) -> None:
-        infos, generation = self._stamped_infos()
+        infos, generations = self._stamped_infos()
         self.watchers.publish(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
-                                                    resource=self._physical(i, generation)) for i in infos.values())
+                                                    resource=self._physical(i, generations[n])) for n, i in infos.items())
 
     # -- groups ----------------------------------------------------------
     def _to_proto(self, g: Group, clients: list[str] | None = None) -> fpga_pb2.FpgaGroup:
@@ -922,8 +942,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def DiscoverResources(self, request, context):  # noqa: N802
         if request.resource_type and request.resource_type != VFPGA:
             return irm_pb2.DiscoverResourcesResponse()
-        infos, generation = self._stamped_infos()
-        return irm_pb2.DiscoverResourcesResponse(resources=[self._physical(i, generation) for i in infos.values()])
+        infos, generations = self._stamped_infos()
+        return irm_pb2.DiscoverResourcesResponse(resources=[self._physical(i, generations[n]) for n, i in infos.items()])
 
     def _parse(self, groups: list[irm_pb2.ResourceGroup],
                violations: Violations | None = None) -> list[tuple[irm_pb2.ResourceGroup, str, int]]:
@@ -1151,10 +1171,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def WatchCapacity(self, request, context):  # noqa: N802
         def snapshot():
             if request.resource_type in ("", VFPGA):
-                infos, generation = self._stamped_infos()
-                for info in infos.values():
+                infos, generations = self._stamped_infos()
+                for name, info in infos.items():
                     yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT,
-                                                resource=self._physical(info, generation))
+                                                resource=self._physical(info, generations[name]))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
         yield from self.watchers.stream(snapshot, context.is_active, request.tenant)

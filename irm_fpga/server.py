@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -268,6 +269,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         self.streams_waiting: set[_Stream] = set()
         self.events: deque[str] = deque(maxlen=EVENTS_KEPT)
         self._events_lock = threading.Lock()
+        self.boot_id = uuid.uuid4().hex     # which run answered a GetServer (ServerInfo.boot_id)
         self._stop = threading.Event()
         self._dispatcher = threading.Thread(target=self._dispatch, name="fpga-dispatch", daemon=True)
         # One RunDirect at a time per device (a second waits for the first); different devices run at once.
@@ -395,17 +397,17 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
 
     def GetServer(self, request, context):  # noqa: N802
         control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
+        seq, states, groups = self.engine.snapshot()
         devices = [fpga_pb2.DeviceInfo(index=d.index, state=STATE.get("blacklisted" if d.blacklisted else d.state,
                                                                       fpga_pb2.DeviceInfo.STATE_UNSPECIFIED),
                                        design=d.design or "", group_id=d.group_id or "", failures=d.failures)
-                   for d in self.engine.device_states()]
+                   for d in states]
         self._advance()  # log the events of the states just read (and hand out what is due)
         with self._events_lock:
             events = list(self.events)
-        return fpga_pb2.ServerInfo(name=self.config.name, devices=devices,
-                                   groups=[self._part(g) for g in self.engine.groups()],
+        return fpga_pb2.ServerInfo(name=self.config.name, devices=devices, groups=[self._part(g) for g in groups],
                                    designs=sorted(design_lib.DESIGNS), reconfiguration_s=self.config.reconfig_mean_s,
-                                   events=events)
+                                   events=events, boot_id=self.boot_id, read_seq=seq)
 
     def _engine_call(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
         try:
