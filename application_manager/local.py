@@ -43,6 +43,7 @@ from application_manager.profilers.base import BENCHMARK, Observation, Proposal
 from application_manager.space import IMPLEMENTATION, Space
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
 from services import client
+from services.errors import retry_delay_s
 
 log = logging.getLogger(__name__)
 CANCELLED = "cancelled: the client cancelled or its deadline passed"
@@ -50,6 +51,8 @@ CANCELLED = "cancelled: the client cancelled or its deadline passed"
 # FAILED_PRECONDITION ("never fits", proven) and INVALID_ARGUMENT are the configuration's own and stay failures.
 TRANSIENT_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
                              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
+# Quote refusals that hold for as long as the datacenter's make-up does: the configuration is priced out.
+PERMANENT_QUOTE_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION})
 # How often a wait looks at the cancellation flag: how late, at most, a cancelled run starts stopping.
 _POLL_S = 0.2
 # After StopExecution (which waits for the kill itself), how long the exit status may take to arrive.
@@ -60,6 +63,19 @@ _TRANSIENT_PREFIXES = ("could not reserve: ", "could not run: ", "the run was lo
 # agent was stopped (a restart, a deploy), or someone stopped the execution (irm_compute.agent.RELEASED,
 # AGENT_STOPPED; irm_compute.sandbox.STOPPED).
 ENDED_FROM_OUTSIDE = frozenset({"vm released", "agent stopped", "stopped"})
+
+
+def never_quoted(e: grpc.RpcError) -> bool:
+    """Whether a refused quote is the configuration's own for good: the request is invalid or it never fits (the
+    CRS's NEVER_FITS), and the CRS did not say that waiting helps. Run, it would fail the same way (not
+    transient, as TRANSIENT_CODES has it)."""
+    return e.code() in PERMANENT_QUOTE_CODES and retry_delay_s(e) is None
+
+
+def run_cost(exited: agent_pb2.ExecutionExited, live_cost: float) -> float:
+    """What a run cost: a replaying agent knows what the measured run cost (0 included: a free run), a live run
+    costs its reservation (`live_cost`). An agent from before `replayed` says a replay only by a cost above 0."""
+    return exited.replayed_cost if exited.replayed or exited.replayed_cost else live_cost
 
 
 def transient_error(error: str) -> bool:
@@ -171,7 +187,8 @@ class LocalBackend:
                                                              constraints=constraints), timeout=10).price_per_minute
 
     def prices(self) -> np.ndarray:
-        """Price per second of every configuration, from CRS quotes (NaN where the CRS cannot quote)."""
+        """Price per second of every configuration, from CRS quotes: +inf where the CRS refuses it for good (it
+        never fits: priced out), NaN where it cannot quote it now (capacity in use, a manager away, a slow CRS)."""
         out = np.full(len(self.space), math.nan)
         cache: dict[str, float] = {}
         for i, c in enumerate(self.space.configs):
@@ -181,8 +198,11 @@ class LocalBackend:
                 try:
                     cache[key] = self.quote_per_minute(c) / 60.0
                 except grpc.RpcError as e:
-                    log.warning("no quote", extra={"config": self.space.describe(i), "code": str(e.code())})
-                    cache[key] = math.nan
+                    never = never_quoted(e)
+                    log.warning("no quote", extra={"config": self.space.describe(i), "code": str(e.code()),
+                                                   "permanent": never})
+                    # A refusal for good is an answer (the caller keeps it); only a momentary one is asked again.
+                    cache[key] = math.inf if never else math.nan
             out[i] = cache[key]
         return out
 
@@ -269,8 +289,7 @@ class LocalBackend:
                                              transient=main.error_code is None or main.error_code in TRANSIENT_CODES),
                                  res.id, main.tail())
             minutes = (exited.wall_time_s + startup_s) / 60.0
-            # A replaying agent knows what the measured run cost; a live run costs its reservation.
-            cost = exited.replayed_cost or res.price_per_minute * minutes
+            cost = run_cost(exited, res.price_per_minute * minutes)
             ok = exited.exit_code == 0 and not exited.reason
             tail = main.tail()
             error = ""

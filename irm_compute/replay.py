@@ -11,22 +11,35 @@ execution names the measured run through its environment:
 
 The dataset is the generic replay CSV of README ("Replay datasets"). The
 execution does not run anything and does not wait: it answers at once with
-the measured wall time, the measured cost (`ExecutionExited.replayed_cost`)
-and the measured status (a failed run exits 1 with its error as the reason).
+the measured wall time, the measured cost (`ExecutionExited.replayed_cost`,
+with `replayed` set) and the measured status (a failed run exits 1 with its
+error as the reason). A measured run longer than the execution's timeout
+ends as a live one would have: killed at the limit (reason "timeout"), its
+time the limit and its cost the measured cost for that much of the run.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from irm_compute.sandbox import Event, Exited, Output, Sample, Started
+from irm_compute.sandbox import TIMEOUT, Event, Exited, Output, Sample, Started
 from services.errors import FailedPrecondition, InvalidArgument
 
 WORKLOAD_ENV = "HARNESS_REPLAY_WORKLOAD"
 INPUT_ENV = "HARNESS_REPLAY_INPUT_SIZE"
+# A live run past its timeout is SIGKILLed (irm_compute.sandbox), and exits with -signal.
+_KILLED = -int(signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ReplayedExited(Exited):
+    """The end of a replayed run: its `replayed_cost` is what the measured run cost, 0 included (a free run), where
+    a live run's 0 means "cost its reservation" (ExecutionExited.replayed)."""
 
 
 class ReplayBackend:
@@ -44,7 +57,7 @@ class ReplayBackend:
         return cls(Dataset.load(path), path)
 
     def execution(self, execution_id: str, argv: list[str], env: dict[str, str],
-                  on_exit: Callable[[Any], None] | None = None) -> ReplayExecution:
+                  on_exit: Callable[[Any], None] | None = None, timeout_s: float = 0.0) -> ReplayExecution:
         from application_manager.replay import parse_value
 
         workload = env.get(WORKLOAD_ENV, "")
@@ -58,17 +71,18 @@ class ReplayBackend:
         if run is None:
             config = ", ".join(f"{p}={v}" for p, v in zip(self.dataset.params, key, strict=True))
             raise FailedPrecondition(f"{self.source} has no measured run of {workload!r} with {config}")
-        return ReplayExecution(execution_id, argv, run, self.source, on_exit)
+        return ReplayExecution(execution_id, argv, run, self.source, on_exit, timeout_s)
 
 
 class ReplayExecution:
     """Duck-types irm_compute.sandbox.LocalExecution for a run that already happened."""
 
     def __init__(self, execution_id: str, argv: list[str], run: Any, source: str,
-                 on_exit: Callable[[Any], None] | None) -> None:
+                 on_exit: Callable[[Any], None] | None, timeout_s: float = 0.0) -> None:
         self.execution_id = execution_id
         self.argv = argv
         self._run = run
+        self.timeout_s = timeout_s   # 0: no limit, as LocalExecution's
         self._source = source
         self._on_exit = on_exit
         self._started: Started | None = None
@@ -83,8 +97,7 @@ class ReplayExecution:
         self.started_at = self.ended_at = time.time()
         self._started = Started(self.execution_id, 0, (), 0.0,
                                 (f"replayed from {self._source}: nothing runs; measured time and cost",))
-        self._exited = Exited(0 if self._run.ok else 1, self._run.time_s,
-                              "" if self._run.ok else (self._run.error or "failed"), 0.0, 0.0, self._run.cost)
+        self._exited = self._end()
         self._done.set()
         if self._on_exit is not None:
             # As LocalExecution's reaper does: off the caller's thread (it may hold the agent's lock).
@@ -92,10 +105,28 @@ class ReplayExecution:
                              daemon=True).start()
         return self._started
 
+    @property
+    def timed_out(self) -> bool:
+        """Whether the measured run outlasts the timeout: a live one would have been killed at the limit, whatever
+        it went on to do (finish, or fail later)."""
+        return self.timeout_s > 0 and self._run.time_s > self.timeout_s
+
+    def _end(self) -> ReplayedExited:
+        run = self._run
+        if self.timed_out:
+            # Billed as the measured run was, for the part of it a live run would have had.
+            cost = run.cost * self.timeout_s / run.time_s
+            return ReplayedExited(_KILLED, self.timeout_s, TIMEOUT, 0.0, 0.0, cost)
+        return ReplayedExited(0 if run.ok else 1, run.time_s, "" if run.ok else (run.error or "failed"), 0.0, 0.0,
+                              run.cost)
+
     def events(self) -> Iterator[Event]:
         assert self._started is not None and self._exited is not None
         yield self._started
-        if not self._run.ok:
+        if self.timed_out:
+            yield Output("stderr", f"replayed run of {self._run.time_s:g} s cut at the timeout of "
+                                   f"{self.timeout_s:g} s\n".encode())
+        elif not self._run.ok:
             yield Output("stderr", f"replayed failure: {self._run.error}\n".encode())
         yield self._exited
 

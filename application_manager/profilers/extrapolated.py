@@ -277,6 +277,8 @@ class Extrapolated(Profiler):
         for c, o in bench.items():
             if c in self._measured(PRODUCTION) or not self.allowed(c):
                 continue
+            if self.prices is not None and self.prices[c] == math.inf:
+                continue    # the CRS says it never fits (now): a frontier point no execution could reserve
             t = apply_curve(self.fit, o.time_s)
             if not (t > 0 and math.isfinite(t)):
                 continue

@@ -13,6 +13,8 @@ warm-started from other workloads' history (in the spirit of CherryPick, Scout a
   only what it ran.
 * Prior mean, cold: a ridge regression on the features; failure probability from a kernel
   over the runs that failed.
+* Prices: a configuration the CRS could not quote (NaN) costs the highest known price; one it
+  priced out (+inf: it never fits) is never proposed.
 * Acquisition: expected improvement of log cost (two runs in three) or log time (one in
   three, so the frontier has fast points for time bounds), times the probability of not
   failing; never a configuration twice.
@@ -46,6 +48,26 @@ def _median_sq_distance(x: np.ndarray) -> float:
     return float(np.median(pos)) if pos.size else 1.0
 
 
+def _log_prices(prices: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(log price per configuration, which ones the CRS priced out: +inf, a configuration that never fits).
+
+    NaN (the CRS could not quote it now) is one configuration's gap, not a reason to drop every other quote: it
+    gets the highest known price, so the cost search neither chases it as if it were cheap nor rules it out
+    (its runtime may still make it worth a run). A price of 0 or less is no quote the CRS gives (a VM's price has
+    a base), so it is a gap too. Without any usable quote, log price 0 everywhere: the search goes by time.
+    """
+    if prices is None:
+        return np.zeros(n), np.zeros(n, dtype=bool)
+    p = np.asarray(prices, dtype=float)
+    priced_out = np.isposinf(p)
+    known = np.isfinite(p) & (p > 0)
+    if not known.any():
+        return np.zeros(n), priced_out
+    logp = np.log(np.where(known, p, 1.0))
+    logp[~known] = logp[known].max()
+    return logp, priced_out
+
+
 class ModelBased(Profiler):
     name = "bo"
     uses_history = True
@@ -56,11 +78,7 @@ class ModelBased(Profiler):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         n = len(self.space)
-        p = self.prices
-        if p is not None and np.all(np.isfinite(p)) and np.all(p > 0):
-            self.logp = np.log(p)
-        else:
-            self.logp = np.zeros(n)
+        self.logp, self.priced_out = _log_prices(self.prices, n)
         x = self.space.features
         self.x = x
         self.u = self.space.units
@@ -187,8 +205,17 @@ class ModelBased(Profiler):
             score = -(f + 2.0 * pf)  # nothing measured yet: best predicted, failures avoided
         score = score.astype(float)
         score[list(seen)] = -np.inf
+        # The CRS said these never fit: a run would only be refused.
+        score[self.priced_out] = -np.inf
         i = int(np.argmax(score))
         if not np.isfinite(score[i]):
+            unrun = self.priced_out.copy()
+            unrun[list(seen)] = False
+            left = int(unrun.sum())
+            if left:
+                which = "the configuration not run never fits" if left == 1 else \
+                    f"the {left} configurations not run never fit"
+                self.ended = f"{which} in the datacenter (the CRS refused to quote them)"
             return None
         what = "time" if by_time else "cost"
         return Proposal(i, why=f"expected improvement of {what}")

@@ -20,9 +20,9 @@ sort,30.0,0.20,out of memory,gcp,2
 """
 
 
-def execute(agent, vm, env):  # type: ignore[no-untyped-def]
-    events = list(agent.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm.id, argv=["app"], env=env),
-                                timeout=30))
+def execute(agent, vm, env, timeout_s=0.0):  # type: ignore[no-untyped-def]
+    events = list(agent.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm.id, argv=["app"], env=env,
+                                                         timeout_s=timeout_s), timeout=30))
     return events[0].started, [e.exited for e in events if e.WhichOneof("event") == "exited"][0], events
 
 
@@ -44,6 +44,11 @@ def test_replay_agent_answers_with_measured_runs(suite, tmp_path):
     started, exited, _ = execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "aws", "vcpus": "8"})
     assert "replayed" in started.notes[0]
     assert (exited.exit_code, exited.wall_time_s, exited.replayed_cost) == (0, 60.0, pytest.approx(0.40))
+    assert exited.replayed
+    # A measured run longer than the execution's limit ends as a live one would: killed at the limit.
+    _, cut, _ = execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "aws", "vcpus": "8"}, timeout_s=30)
+    assert (cut.exit_code, cut.wall_time_s, cut.reason) == (-9, 30.0, "timeout")
+    assert cut.replayed and cut.replayed_cost == pytest.approx(0.20)
 
     _, failed, events = execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "gcp", "vcpus": "2"})
     assert failed.exit_code == 1 and failed.reason == "out of memory" and failed.replayed_cost == pytest.approx(0.2)

@@ -58,20 +58,22 @@ class ExecutionStarted(_message.Message):
     def __init__(self, execution_id: _Optional[str] = ..., pid: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., memory_limit_mb: _Optional[float] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecutionExited(_message.Message):
-    __slots__ = ("exit_code", "wall_time_s", "reason", "peak_memory_mb", "mean_cpu_percent", "replayed_cost")
+    __slots__ = ("exit_code", "wall_time_s", "reason", "peak_memory_mb", "mean_cpu_percent", "replayed_cost", "replayed")
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     MEAN_CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_COST_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
     wall_time_s: float
     reason: str
     peak_memory_mb: float
     mean_cpu_percent: float
     replayed_cost: float
-    def __init__(self, exit_code: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., reason: _Optional[str] = ..., peak_memory_mb: _Optional[float] = ..., mean_cpu_percent: _Optional[float] = ..., replayed_cost: _Optional[float] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, exit_code: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., reason: _Optional[str] = ..., peak_memory_mb: _Optional[float] = ..., mean_cpu_percent: _Optional[float] = ..., replayed_cost: _Optional[float] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class ExecuteEvent(_message.Message):
     __slots__ = ("started", "stdout", "stderr", "sample", "exited")
