@@ -35,7 +35,7 @@ import grpc
 import psutil
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, compute_pb2, compute_pb2_grpc
-from irm_compute.replay import ReplayBackend
+from irm_compute.replay import ReplayBackend, ReplayedExited
 from irm_compute.sandbox import (
     CpuAllocator,
     Event,
@@ -119,6 +119,10 @@ class AgentConfig:
     # Execute streams open at once; one more is RESOURCE_EXHAUSTED. Each holds a gRPC worker thread while it
     # streams; the server gets this many plus a reserve for the other calls, which therefore never wait.
     max_execute_streams: int = 64
+    # Memory (MB) of this machine no VM may have: a VM's memory limit is at most the machine's memory (its RAM,
+    # or its cgroup's limit) less this; a larger VM runs confined to that, and its executions say so. Negative:
+    # automatic, a tenth of the machine, at least 512 MB and at most half.
+    memory_reserve_mb: float = -1.0
 
 
 class ComputeClient:
@@ -194,7 +198,8 @@ class Agent:
     ) -> None:
         self.config = config
         self.compute = compute
-        self.allocator = allocator or CpuAllocator()
+        # The machine's memory is read here, at start-up: a reserve leaving nothing for VMs is refused now.
+        self.allocator = allocator or CpuAllocator(reserve_mb=config.memory_reserve_mb)
         self._lock = threading.Lock()
         self._vms: dict[str, _Vm] = {}
         self._released: OrderedDict[str, str] = OrderedDict()  # vm_id -> tenant
@@ -251,6 +256,7 @@ class Agent:
             raise FailedPrecondition(
                 f"VM {vm_id} has no usable shape ({vm.cores:g} cores, {vm.memory_gb:g} GB)"
             )
+        slot = None
         with self._lock:
             if vm_id in self._released:  # released while we were asking
                 raise FailedPrecondition(f"VM {vm_id} was released", reason=VM_RELEASED)
@@ -258,6 +264,11 @@ class Agent:
             if cached is None:
                 slot = self.allocator.slot(vm_id, vm.cores, vm.memory_gb * 1024)
                 cached = self._vms[vm_id] = _Vm(vm.tenant, slot, VmMemory(slot.memory_mb), time.monotonic())
+        if slot is not None and slot.memory_mb < slot.vm_memory_mb:
+            # The compute IRM promised more than is here: its inventory describes a host larger than this machine.
+            log.warning("VM larger than this machine: its memory confined to what the machine can give",
+                        extra={"vm": vm_id, "host": vm.host, "vm_memory_mb": round(slot.vm_memory_mb),
+                               "limit_mb": round(slot.memory_mb)})
         return cached
 
     def _released_at_compute(self, vm_id: str) -> bool:
@@ -371,7 +382,7 @@ class Agent:
         if self.replay is not None:
             # Nothing runs, so no scratch directory; a refused replay (no measured run) leaves nothing.
             execution = self.replay.execution(execution_id, list(request.argv), dict(request.env),
-                                              on_exit=self._finished_one)
+                                              on_exit=self._finished_one, timeout_s=request.timeout_s)
             scratch = None
         else:
             scratch = None if request.working_dir else Path(self.config.work_dir).expanduser() / execution_id
@@ -489,6 +500,12 @@ class Agent:
         work.mkdir(parents=True, exist_ok=True)
         self._work_lock = _lock_work_dir(work)
         self._reap_leftovers(work)
+        # Once, at start-up: an operator whose inventory describes hosts larger than this machine learns here
+        # what their VMs really get (each VM larger than this is confined, and says so when it runs).
+        a = self.allocator
+        log.info("VM memory limited to what this machine can give",
+                 extra={"machine_memory_mb": round(a.machine_memory_mb),
+                        "memory_reserve_mb": round(a.memory_reserve_mb), "vm_memory_cap_mb": round(a.vm_memory_cap_mb)})
         if self._checker is None:
             self._checker = threading.Thread(target=self._check_vms, name="vm-check", daemon=True)
             self._checker.start()
@@ -583,6 +600,7 @@ def _exited_pb(x: Exited) -> agent_pb2.ExecutionExited:
         peak_memory_mb=x.peak_memory_mb,
         mean_cpu_percent=x.mean_cpu_percent,
         replayed_cost=x.replayed_cost,
+        replayed=isinstance(x, ReplayedExited),
     )
 
 

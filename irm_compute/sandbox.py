@@ -5,7 +5,9 @@ A VM of `cores` cores and `memory_mb` MB becomes, on this machine:
 * CPU affinity to at most `cores` of the CPUs the agent may use, handed out so
   that VMs spread over the machine (`CpuAllocator`), and thread-pool variables
   (OMP_NUM_THREADS, ...) telling numeric libraries how many CPUs they have;
-* a memory allowance, enforced twice: RLIMIT_DATA on the child, so a growing
+* a memory allowance -- the VM's memory, but never more than this machine can
+  give it (`CpuAllocator`: its RAM or its cgroup's limit, less a reserve) --
+  enforced twice: RLIMIT_DATA on the child, so a growing
   allocation fails inside the program like it would in a full VM, and a
   watchdog over the whole process tree, which catches what a per-process,
   address-space limit cannot (several processes, small VMs; see
@@ -95,16 +97,86 @@ _READ_CHUNK = 64 * 1024
 _STDERR_TAIL = 8 * 1024
 _MEMORY_ERROR_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
 
+# The share of the machine's memory no VM may take, at least _RESERVE_MIN_MB and at most half the machine:
+# the kernel, the agent itself and whatever runs beside the VMs on one machine (the suite's other services, a
+# database) need it, and a VM allowed all of it is stopped by the kernel's OOM killer, not by its limit.
+MEMORY_RESERVE_SHARE = 0.1
+_RESERVE_MIN_MB = 512.0
+_MB = 1024 * 1024
+
+
+def _cgroup_memory_limit_files(proc_cgroup: str = "/proc/self/cgroup") -> list[str]:
+    """The memory limit files of this process's cgroup and its ancestors (v2 `memory.max`, v1
+    `memory.limit_in_bytes`): the tightest one binds, and a container's limit may sit on an ancestor."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":
+            base, name = "/sys/fs/cgroup", "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        # Under a cgroup namespace the path may not exist below the mount: its ancestors (the mount's root) do.
+        parts = [p for p in path.split("/") if p]
+        out += [os.path.join(base, *parts[:n], name) for n in range(len(parts), -1, -1)]
+    return out
+
+
+def machine_memory_mb() -> float:
+    """The memory this agent and the VMs it starts may use, in MB: the machine's RAM, or less where a cgroup
+    (a container's memory limit) caps it, since the VMs' processes are the agent's children, in its cgroup."""
+    limit = psutil.virtual_memory().total
+    for path in _cgroup_memory_limit_files():
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) is no limit; v1 writes a huge number for none, which the RAM undercuts
+            limit = min(limit, int(text))
+    return limit / _MB
+
+
+def default_memory_reserve_mb(machine_mb: float) -> float:
+    return min(max(_RESERVE_MIN_MB, MEMORY_RESERVE_SHARE * machine_mb), machine_mb / 2)
+
+
+def _oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat, Linux >= 4.13; a
+    cgroup's OOM killer counts too), or None where it cannot be read."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
 
 @dataclass(frozen=True)
 class VmSlot:
-    """A VM as this machine confines it: its shape and the CPUs it was given."""
+    """A VM as this machine confines it: its shape and the CPUs it was given.
+
+    `memory_mb` is the memory limit its executions get; `vm_memory_mb` the VM's memory as reserved, more than
+    `memory_mb` when this machine has less to give (0: not known, taken to be `memory_mb`).
+    """
 
     vm_id: str
     cores: float
     memory_mb: float
     cpus: tuple[int, ...]
     notes: tuple[str, ...] = ()
+    vm_memory_mb: float = 0.0
 
 
 def data_rlimit_bytes(memory_mb: float, ncpus: int) -> int | None:
@@ -115,16 +187,36 @@ def data_rlimit_bytes(memory_mb: float, ncpus: int) -> int | None:
 
 
 class CpuAllocator:
-    """Hands out CPUs to VMs: fewest VMs per CPU first, round-robin among equals.
+    """Hands out CPUs to VMs: fewest VMs per CPU first, round-robin among equals; and bounds their memory.
 
     Two 1-core VMs on a 2-CPU machine get different CPUs; a third shares with
     the first. CPUs are not exclusive (a host may be oversubscribed), only spread.
+
+    A VM's memory limit is at most `vm_memory_cap_mb`: the machine's memory (`machine_mb`, read from the
+    machine when not given) less `reserve_mb` (negative or None: `default_memory_reserve_mb`). A larger VM
+    is confined to that, as one with more cores than the machine has CPUs is, rather than refused: its
+    reservation is the compute IRM's (an inventory may describe hosts larger than the machine the agent
+    stands in for), and a run that fits in what exists should still run. But unconfined, its limits would
+    never bind: the run would grow until the kernel's OOM killer ended it with a bare SIGKILL, or killed
+    another process instead. So it runs under what the machine can give, its start notes say so, and a run
+    that outgrows that dies of "memory limit exceeded", saying it was confined.
     """
 
-    def __init__(self, cpus: Sequence[int] | None = None) -> None:
+    def __init__(self, cpus: Sequence[int] | None = None, machine_mb: float | None = None,
+                 reserve_mb: float | None = None) -> None:
         self._cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         if not self._cpus:
             raise ValueError("no CPUs to allocate")
+        self.machine_memory_mb = machine_memory_mb() if machine_mb is None else float(machine_mb)
+        if reserve_mb is None or reserve_mb < 0:
+            reserve_mb = default_memory_reserve_mb(self.machine_memory_mb)
+        if not (math.isfinite(reserve_mb) and reserve_mb < self.machine_memory_mb):
+            raise ValueError(
+                f"agent memory_reserve_mb {reserve_mb:g}: this machine has {self.machine_memory_mb:.0f} MB, so "
+                f"nothing would be left for VMs; give less (negative: automatic, "
+                f"{default_memory_reserve_mb(self.machine_memory_mb):.0f} MB here)")
+        self.memory_reserve_mb = float(reserve_mb)
+        self.vm_memory_cap_mb = float(math.floor(self.machine_memory_mb - self.memory_reserve_mb))
         self._load = dict.fromkeys(self._cpus, 0)
         self._next = 0
         self._lock = threading.Lock()
@@ -146,12 +238,17 @@ class CpuAllocator:
             for c in chosen:
                 self._load[c] += 1
             self._next = (self._cpus.index(chosen[-1]) + 1) % have
-        if data_rlimit_bytes(memory_mb, n) is None:
+        limit_mb = min(memory_mb, self.vm_memory_cap_mb)
+        if limit_mb < memory_mb:
             notes.append(
-                f"memory allowance of {memory_mb:g} MB enforced by the memory watchdog only "
+                f"VM has {memory_mb:.0f} MB of memory; this machine has {self.machine_memory_mb:.0f} MB, "
+                f"{self.memory_reserve_mb:.0f} MB of it kept from VMs: confined to {limit_mb:.0f} MB")
+        if data_rlimit_bytes(limit_mb, n) is None:
+            notes.append(
+                f"memory allowance of {limit_mb:g} MB enforced by the memory watchdog only "
                 f"(RLIMIT_DATA needs at least {max(RLIMIT_FLOOR_MB, RLIMIT_PER_CPU_MB * n):g} MB on {n} CPUs)"
             )
-        return VmSlot(vm_id, cores, memory_mb, tuple(sorted(chosen)), tuple(notes))
+        return VmSlot(vm_id, cores, limit_mb, tuple(sorted(chosen)), tuple(notes), memory_mb)
 
     def free(self, slot: VmSlot) -> None:
         with self._lock:
@@ -200,7 +297,8 @@ Event = Started | Output | Sample | Exited
 
 
 def exit_reason(
-    killed_for: str | None, exit_code: int, peak_mb: float, limit_mb: float, stderr_tail: bytes
+    killed_for: str | None, exit_code: int, peak_mb: float, limit_mb: float, stderr_tail: bytes, *,
+    oom_killed: bool = False, vm_memory_mb: float = 0.0,
 ) -> str:
     """Why an execution ended: the agent's own reason, else a guess at a memory failure, else ''.
 
@@ -210,13 +308,29 @@ def exit_reason(
     went over the allowance outgrew its VM even if it finished: a real VM that
     small would have stopped it, and only the watchdog's sampling (late on a
     loaded machine) let it through.
+
+    `oom_killed`: it died of a SIGKILL nobody in the agent sent while the kernel's OOM killer was at work.
+    Below its own limit, that is the machine running out of memory first (other VMs or processes on it): the
+    reason says so, with its peak and limit (the evidence that the VM did not outgrow itself), since
+    "exit code -9" alone explains nothing. A VM confined below its reserved memory (`vm_memory_mb`) says so
+    in its "memory limit exceeded": at 20 GB of a VM reserved with 64 GB, the bare words would read as a
+    bug. That one names the VM's sizes, not the run's peak (`Exited.peak_memory_mb` has it): runs of one
+    shape fail alike, and whoever counts failures by their reason should count them as one.
     """
+    over = MEMORY_LIMIT_EXCEEDED
+    if vm_memory_mb > limit_mb:
+        over += f" (the VM's {vm_memory_mb:.0f} MB confined to the {limit_mb:.0f} MB this machine can give it)"
     if killed_for:
-        return killed_for
+        return over if killed_for == MEMORY_LIMIT_EXCEEDED else killed_for
     if peak_mb > limit_mb:
-        return MEMORY_LIMIT_EXCEEDED
+        return over
     if exit_code != 0 and (peak_mb >= 0.9 * limit_mb or any(m in stderr_tail for m in _MEMORY_ERROR_MARKERS)):
-        return MEMORY_LIMIT_EXCEEDED
+        return over
+    if oom_killed:
+        at = (f"at a peak of {peak_mb:.0f} MB of its {limit_mb:.0f} MB limit" if peak_mb > 0 else
+              f"before its first memory sample, under a {limit_mb:.0f} MB limit")
+        return (f"out of memory: the kernel's OOM killer killed it (SIGKILL) {at}: this machine ran out of memory "
+                "first (other VMs or processes on it)")
     return ""
 
 
@@ -473,6 +587,7 @@ class LocalExecution:
         self._since_pss = 0
         self._pss_pids: frozenset[int] = frozenset()    # the tree when PSS was last read
         self._spawner_hwm_mb = math.inf  # the agent's high-water mark just after the spawn (see _reap)
+        self._oom_kills_at_start: int | None = None  # the kernel's OOM kill count before the spawn
         self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
         self._sampled_at = 0.0  # monotonic time of the last sample
         self._popen: subprocess.Popen[bytes] | None = None
@@ -491,6 +606,7 @@ class LocalExecution:
         # util-linux's prlimit sets the limit on itself, then execs the program: the limit
         # holds from the program's first instruction (no preexec_fn: unsafe beside gRPC threads).
         wrapper = [_PRLIMIT, f"--data={_capped(limit)}", "--"] if limit is not None and _PRLIMIT else []
+        self._oom_kills_at_start = _oom_kills()
         with _SPAWN_LOCK:
             _reset_own_hwm()
             try:
@@ -775,6 +891,13 @@ class LocalExecution:
             self._samples.append(sample)
         self._push(sample)
 
+    def _oom_killer_struck(self) -> bool:
+        """Whether the kernel's OOM killer killed any process since this run began. Only the machine's count
+        is readable (the kernel names its victim only in its log), so a SIGKILL sent by someone else while
+        the OOM killer took another process would be put down to it too: rare, and said as what it is."""
+        before, now = self._oom_kills_at_start, _oom_kills()
+        return before is not None and now is not None and now > before
+
     def _reap(self, readers: list[threading.Thread], monitor: threading.Thread) -> None:
         assert self._popen is not None
         pid = self._popen.pid
@@ -801,9 +924,11 @@ class LocalExecution:
         maxrss_mb = usage.ru_maxrss / 1024
         peak = max(self._peak_mb, self._root_pss_mb(maxrss_mb)) if maxrss_mb > self._spawner_hwm_mb else self._peak_mb
         cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
-        reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail)
+        reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail,
+                             oom_killed=exit_code == -signal.SIGKILL and self._oom_killer_struck(),
+                             vm_memory_mb=self.slot.vm_memory_mb)
         # A run killed for the VM's total did not itself reach the allowance: its samples say what it used.
-        if reason == MEMORY_LIMIT_EXCEEDED and not self._killed_for_vm:
+        if reason.startswith(MEMORY_LIMIT_EXCEEDED) and not self._killed_for_vm:
             self._record_death_at_peak(peak, cpu_seconds, self._t0 + wall)
         exited = Exited(
             exit_code=exit_code,
