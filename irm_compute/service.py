@@ -26,6 +26,7 @@ from harness.v1 import (
     irm_pb2_grpc,
 )
 from irm_compute import inventory as inv
+from irm_compute import sandbox
 from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
 from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
@@ -283,11 +284,20 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         if self.config.backend != "local":
             return []
         cpus = len(os.sched_getaffinity(0))
-        return [
+        notes = [
             f"group {g.name!r}: {g.cores} cores per VM, this machine has {cpus} CPUs; "
             f"the local back-end confines each VM to {cpus}"
             for g in groups if g.cores > cpus
         ]
+        # The agent's own reserve is its setting (memory_reserve_mb); the default is what a reservation can know.
+        machine = sandbox.machine_memory_mb()
+        cap = math.floor(machine - sandbox.default_memory_reserve_mb(machine))
+        notes += [
+            f"group {g.name!r}: {g.memory_mb} MB per VM, this machine has {machine:.0f} MB; the local back-end "
+            f"confines each VM to its memory less the agent's reserve ({cap} MB with the default reserve)"
+            for g in groups if g.memory_mb > cap
+        ]
+        return notes
 
     # -- IRM API ---------------------------------------------------------
     def DescribeAllocationSpec(self, request, context):  # noqa: N802

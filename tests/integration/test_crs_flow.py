@@ -85,7 +85,7 @@ def test_register_discover_quote_reserve_release(cloud):
     import os
 
     if len(os.sched_getaffinity(0)) < 4:
-        assert any("confines each VM" in n for n in res.notes), res.notes
+        assert any("cores per VM" in n and "confines each VM" in n for n in res.notes), res.notes
     assert res.price_per_minute == pytest.approx(sum(g.price_per_minute for g in res.groups))
 
     # The compute IRM holds exactly the same thing, under the CRS's derived request id (its first attempt's).

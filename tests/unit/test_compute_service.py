@@ -374,3 +374,16 @@ def test_the_spec_says_which_attributes_are_required_and_whole(tmp_path: Path) -
         r.groups[0].attributes["cores"].number = 1.5
         with pytest.raises(InvalidArgument):
             irm.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=r.groups), None)
+
+
+def test_a_reservation_says_a_vm_larger_than_this_machines_memory_is_confined(irm: ComputeIrm, monkeypatch) -> None:
+    # The machine reading is faked at 4 GB (default reserve 512 MB: VMs get at most 3584 MB here).
+    from irm_compute import sandbox
+
+    monkeypatch.setattr(sandbox, "machine_memory_mb", lambda: 4096.0)
+    small, large = req("small", 1, "a"), req("large", 1, "b")
+    large.groups[0].attributes["memory_gb"].number = 6
+    assert not [n for n in irm.Reserve(small, None).notes if "MB per VM" in n]
+    notes = irm.Reserve(large, None).notes
+    assert any("6144 MB per VM, this machine has 4096 MB" in n and "3584 MB with the default reserve" in n
+               for n in notes), notes
