@@ -3,7 +3,7 @@
     harness app submit examples/rtm/manifest.json [--slo examples/rtm/slo.json] [--app-dir DIR]
     harness app profile APP_ID [--profiler bo] [--runs 10] [--budget C] [--duration S] [--seed N] [--warm]
     harness app model APP_ID [--json] [--plot frontier.png]
-    harness app execute APP_ID [--slo FILE] [--online]
+    harness app execute APP_ID [--slo FILE] [--online] [--timeout S]
     harness app executions [APP_ID]
     harness app list
 
@@ -232,7 +232,8 @@ def cmd_execute(args: argparse.Namespace) -> int:
         return 2
     try:
         ex = _stub(args).ExecuteApplication(pb.ExecuteApplicationRequest(
-            tenant=args.tenant, application_id=args.app, slo_json=slo_json, online=args.online), timeout=None)
+            tenant=args.tenant, application_id=args.app, slo_json=slo_json, online=args.online,
+            timeout_s=args.timeout), timeout=None)
     except grpc.RpcError as e:
         return _fail(e)
     _print(ex)
@@ -317,6 +318,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("app")
     p.add_argument("--slo")
     p.add_argument("--online", action="store_true", help="online profiling when nothing meets the SLO yet")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="S",
+                   help="kill the run after S seconds (default: the larger of the AM's run_timeout_s and twice the "
+                        "time the model gives the chosen configuration, at most 7 days); a run killed at this "
+                        "--timeout ends FAILED but the model keeps its configuration; killed at the default limit, "
+                        "the configuration fails (it took more than twice the model's time)")
     p.set_defaults(func=cmd_execute)
 
     p = verbs.add_parser("executions", help="past executions")

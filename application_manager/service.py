@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,10 +52,13 @@ from services.errors import (
     APPLICATION_STALE,
     NO_MODEL,
     PROFILING_IN_PROGRESS,
+    RETRY_LATER_S,
     SLO_UNATTAINABLE,
+    STREAM_CAP,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     Unavailable,
     Violations,
     owned,
@@ -92,6 +95,14 @@ MAX_LIST_BYTES = 3 * 1024 * 1024
 # The longest a run may be given: the agent's stream deadline is the limit plus a margin, and gRPC turns an
 # unbounded one (1e300, inf) into an immediate DEADLINE_EXCEEDED -- every run would fail at once.
 MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
+# An execution given no timeout_s may take this many times the model's time of its configuration (when that is
+# more than run_timeout_s): a run the model expects to take 20 minutes is not killed at the default 10.
+PREDICTED_MARGIN = 2.0
+# The most max_long_calls may be: each is a gRPC worker thread (and a run's threads) held for as long as it lasts.
+MAX_LONG_CALLS = 4096
+# gRPC worker threads beyond the long calls (max_long_calls): StopProfiling, GetModel, the listings and health
+# checks always find one free, however many runs are in progress (irm_compute.agent sizes its pool the same way).
+CONTROL_WORKERS = 16
 # How long StopProfiling waits for the cancelled run to wind down (stop its modules, release its reservation)
 # before answering with the session as it is then (still RUNNING; it ends STOPPED by itself).
 STOP_ANSWER_S = 1.5
@@ -124,6 +135,10 @@ class AppManagerConfig:
     # How often this process marks the sessions and executions it runs as alive. Other AM processes on the same
     # database take them as interrupted once their owner is gone: at once on this host, else after 3 of these.
     heartbeat_s: float = 5.0
+    # ExecuteApplication calls and StartProfiling streams in progress at once; one more is RESOURCE_EXHAUSTED.
+    # Each holds a gRPC worker thread for as long as its run or session lasts (up to days): the server gets this
+    # many plus CONTROL_WORKERS, so that the short calls never queue behind them.
+    max_long_calls: int = 64
 
 
 @dataclass
@@ -213,6 +228,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                              "(the replay back-end is for `harness bench profilers`)")
         if not (math.isfinite(config.heartbeat_s) and 0 < config.heartbeat_s <= 300):
             raise ValueError(f"heartbeat_s {config.heartbeat_s!r}: seconds, more than 0 and at most 300")
+        if not (isinstance(config.max_long_calls, int) and not isinstance(config.max_long_calls, bool)
+                and 1 <= config.max_long_calls <= MAX_LONG_CALLS):
+            raise ValueError(f"max_long_calls {config.max_long_calls!r}: a whole number of calls (ExecuteApplication "
+                             f"and StartProfiling in progress at once), 1 to {MAX_LONG_CALLS}")
         self.config = config
         self.clock = clock or WallClock()
         self.owner = owners.new_owner()
@@ -234,6 +253,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         self._executions: set[threading.Event] = set()
         self._execution_ids: dict[str, threading.Event] = {}    # running execution -> its cancellation
         self._executions_done = threading.Condition(self._lock)
+        self._long_calls = 0        # ExecuteApplication calls and StartProfiling streams holding a worker thread
         self._sweep()
         # Marking rows alive makes no remote call, so nothing slow (a CRS that answers late while a sweep
         # releases what a dead process left) can hold it past `stale_after`; it stops last, once the runs
@@ -385,6 +405,24 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                         extra={"tenant": tenant, "request_ids": request_ids, "code": str(e.code()),
                                "crs": self.config.crs_address})
             return False
+
+    def _take_long_call(self, what: str) -> None:
+        """One of max_long_calls for `what` (which call), or RESOURCE_EXHAUSTED: past the cap a long call would
+        hold one of the worker threads that the short calls (StopProfiling, GetModel, health) are kept."""
+        limit = self.config.max_long_calls
+        with self._lock:
+            if self._long_calls >= limit:
+                raise ResourceExhausted(
+                    f"{what}: {self._long_calls} long calls (ExecuteApplication runs and StartProfiling streams) "
+                    f"are in progress on this Application Manager, its most (max_long_calls={limit}); retry once "
+                    "one ends, or raise max_long_calls in the am section of its configuration (harness serve am "
+                    "--set max_long_calls=N)", reason=STREAM_CAP, retry_after_s=RETRY_LATER_S,
+                    metadata={"max_long_calls": str(limit)})
+            self._long_calls += 1
+
+    def _end_long_call(self) -> None:
+        with self._lock:
+            self._long_calls -= 1
 
     def quiesce(self) -> None:
         """Shutting down, before the server stops: refuse new sessions and executions, cancel what runs (each
@@ -738,6 +776,15 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         v.check(request.seed >= 0, "seed", f"a whole number >= 0 (the same seed, the same choices), got {request.seed}")
         v.raise_if_any()
         loaded = self._load(tenant, request.application_id)
+        # Taken before the session starts: refused, nothing runs; taken, it is given back when the stream ends.
+        self._take_long_call("StartProfiling")
+        try:
+            yield from self._start_and_follow(loaded, request, context, name, max_runs)
+        finally:
+            self._end_long_call()
+
+    def _start_and_follow(self, loaded: Loaded, request, context, name: str,  # type: ignore[no-untyped-def]
+                          max_runs: int) -> Iterator[pb.ProfilingEvent]:
         sid = f"prof-{uuid.uuid4().hex[:12]}"
         with self._lock:
             if self._shutdown.is_set():
@@ -838,16 +885,59 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             reasons: dict[int, str] = {}
 
             made = 0
+            spent = 0.0
+            # The stop rule (duration, budget) that cut a run short: the session ends by it, after that run.
+            ended_by = ""
+            unrun: Observation | None = None
+            started = self.clock.now()
+
+            def limit_for(p: Proposal) -> tuple[float, str]:
+                """The run's time limit and the rule that sets it: run_timeout_s, or, when less, what is left of
+                the session's duration or of its budget at the configuration's price (when quoted). A run is
+                bounded, not only the gap between runs: one would otherwise overrun a duration with seconds left
+                by up to run_timeout_s. Services' start-up and the reservation come on top of the agent's limit,
+                so a session may overrun its rule by that much."""
+                limit, rule = timeout, "run_timeout_s"
+                if request.max_duration_s > 0:
+                    left = request.max_duration_s - (self.clock.now() - started)
+                    if left < limit:
+                        limit, rule = left, "duration"
+                price = float(prices[p.config])     # per second; NaN: the CRS could not quote it
+                if request.max_cost > 0 and math.isfinite(price) and price > 0:
+                    left = (request.max_cost - spent) / price
+                    if left < limit:
+                        limit, rule = left, "budget"
+                return limit, rule
 
             def execute(p: Proposal) -> Observation:
-                nonlocal made
+                nonlocal made, spent, ended_by, unrun
+                limit, rule = limit_for(p)
+                if limit <= 0:
+                    # The duration ran out while the profiler chose (after the runner's check): no run, and the
+                    # session ends by its rule. An agent takes a limit of 0 as none.
+                    ended_by = rule
+                    unrun = Observation(p.config, False, 0.0, 0.0, p.input, transient=True,
+                                        error=f"stopped: the session's {rule} ran out before this run started")
+                    return unrun
                 made += 1
                 reasons[p.config] = p.why
-                o = backend.run(p, request_id=reservation_request_id(sid, made), timeout_s=timeout).observation
+                o = backend.run(p, request_id=reservation_request_id(sid, made), timeout_s=limit).observation
+                spent += o.cost
+                if (rule != "run_timeout_s" and not o.ok and not o.transient
+                        and o.error.split(":")[0].strip() == "timeout"):
+                    # Cut short by the session's own rule, not by run_timeout_s: says nothing of the configuration
+                    # (as a run the agent ended from outside), and the rule ends the session.
+                    ended_by = rule
+                    setting = "max_duration_s" if rule == "duration" else "max_cost"
+                    return replace(o, transient=True, error=(
+                        f"timeout: cut at {limit:.4g} s, what was left of the session's {rule} ({setting}="
+                        f"{getattr(request, setting):g}); not a failure of the configuration"))
                 return o if o.ok or o.transient or not transient_error(o.error) else replace(o, transient=True)
 
             def on_run(p: Proposal, o: Observation, obs: list[Observation]) -> None:
                 nonlocal frontier_size
+                if o is unrun:
+                    return      # nothing ran: nothing to record
                 cfg = loaded.space.configs[o.config]
                 run = m.Run(application_id=loaded.app.id, session_id=sid, ordinal=len(obs), config=cfg, input=o.input,
                             ok=o.ok, error=bounded_error(o.error), time_s=o.time_s, cost=o.cost, cpu_percent=o.cpu_percent,
@@ -866,7 +956,12 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                                  frontier_size=frontier_size))
 
             obs, why = profile(prof, execute, StopRules(row.max_runs, request.max_cost, request.max_duration_s),
-                               clock=self.clock, stopped=runner.stop.is_set, on_run=on_run, observed=before)
+                               clock=self.clock, stopped=lambda: runner.stop.is_set() or bool(ended_by),
+                               on_run=on_run, observed=before)
+            if why == "stopped" and ended_by and not runner.stop.is_set():
+                why = ended_by
+            if unrun is not None:
+                obs = [o for o in obs if o is not unrun]
             preds = [{"config": loaded.space.configs[c], "time_s": t, "cost": k}
                      for c, t, k in prof.predictions(obs)]
             fit = getattr(prof, "fit", None)
@@ -958,6 +1053,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         if request.request_id and (prior := self._prior_execution(tenant, request.request_id)) is not None:
             self._same_request((prior.application_id, prior.slo) == (loaded.app.id, slo.describe()))
             return self._execution_pb(prior)
+        self._take_long_call("ExecuteApplication")
+        try:
+            return self._execute(tenant, loaded, slo, request, context)
+        finally:
+            self._end_long_call()
+
+    def _execute(self, tenant: str, loaded: Loaded, slo: Slo, request,  # type: ignore[no-untyped-def]
+                 context) -> pb.ApplicationExecution:
         with self.db.read() as s:
             model = s.get(m.Model, loaded.app.id)
         front = [Point(p["config"], p["time_s"], p["cost"], True, p["predicted"]) for p in (model.frontier or [])]
@@ -994,10 +1097,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             self._execution_ids[row.id] = cancelled
         if self._shutdown.is_set():
             cancelled.set()
+        limit = request.timeout_s or self._execution_limit(chosen)
         try:
             detail = self._backend(loaded, slo, cancelled).run(
-                Proposal(i), request_id=reservation_request_id(row.id),
-                timeout_s=request.timeout_s or self.config.run_timeout_s)
+                Proposal(i), request_id=reservation_request_id(row.id), timeout_s=limit)
         except Exception as exc:
             # Never an execution left "running" (a retry with its request id would return it so forever).
             why = f"{type(exc).__name__}: {exc}"[:2000]
@@ -1014,10 +1117,18 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 self._execution_ids.pop(row.id, None)
                 self._executions_done.notify_all()
         o = detail.observation
-        if not o.ok and not o.transient and (transient_error(o.error) or (
-                request.timeout_s and o.error.split(":")[0].strip() == "timeout")):
-            # Refused or lost, or killed at the bound this caller chose (the bound was short): says nothing of
-            # the configuration.
+        timed_out = not o.ok and o.error.split(":")[0].strip() == "timeout"
+        if timed_out and not request.timeout_s and chosen.time_s > 0:
+            o = replace(o, error=f"timeout: the run took longer than {limit:g} s, the limit given when the request "
+                        f"names none (the larger of run_timeout_s={self.config.run_timeout_s:g} and "
+                        f"{PREDICTED_MARGIN:g} x the model's {chosen.time_s:.4g} s, at most "
+                        f"{MAX_RUN_TIMEOUT_S / 86400:g} days); give a longer timeout_s if it needs more")
+        if not o.ok and not o.transient and (transient_error(o.error) or (timed_out and request.timeout_s)):
+            # Refused or lost, or killed at the bound this caller chose (the bound was short): says nothing of the
+            # configuration, which stays on the frontier. Killed at the limit drawn from the model, it took more
+            # than twice the model's time (or run_timeout_s): the model's point is wrong, and the configuration
+            # leaves the frontier as a run failing in a profiling session would (kept, the next execution would
+            # choose it again and wait as long again).
             o = replace(o, transient=True)
 
         def finish(s) -> m.Execution:  # type: ignore[no-untyped-def]
@@ -1046,6 +1157,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             return e
         e = self.db.transact(finish)
         return self._execution_pb(e)
+
+    def _execution_limit(self, chosen: Point) -> float:
+        """How long an execution whose request names no timeout_s may run: the service's run_timeout_s, or
+        PREDICTED_MARGIN x the time the model gives the chosen configuration when that is longer (a run the model
+        expects to take longer than run_timeout_s would otherwise be killed before it could end), at most
+        MAX_RUN_TIMEOUT_S."""
+        predicted = chosen.time_s if math.isfinite(chosen.time_s) and chosen.time_s > 0 else 0.0
+        return min(MAX_RUN_TIMEOUT_S, max(self.config.run_timeout_s, PREDICTED_MARGIN * predicted))
 
     def _why_no_model(self, loaded: Loaded) -> None:
         """No frontier: say whether nothing ran, or everything that ran failed (and how, most often)."""
@@ -1095,8 +1214,9 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                max_runs=MAX_RUNS)
         proposal = prof.propose(self._observations(loaded))
         if proposal is None:
-            raise FailedPrecondition("every configuration has been run and none satisfies the SLO",
-                                     reason=SLO_UNATTAINABLE)
+            # The profiler says why when that is not simply "all run" (the rest never fit: priced out).
+            why = getattr(prof, "ended", "") or "every configuration has been run"
+            raise FailedPrecondition(f"{why} and none satisfies the SLO", reason=SLO_UNATTAINABLE)
         return Point(loaded.space.configs[proposal.config], 0.0, 0.0, True)
 
     def ListExecutions(self, request, context):  # noqa: N802
@@ -1119,9 +1239,11 @@ def component(config: AppManagerConfig, clock: Clock | None = None) -> Component
     def register(server: grpc.Server) -> None:
         pb_grpc.add_ApplicationManagerServicer_to_server(am, server)
 
+    # Every long call holds a worker thread while it lasts: the pool has a thread for each (the rest refused,
+    # `_take_long_call`) and CONTROL_WORKERS more, so that the short calls never wait behind them.
     return Component(name="application-manager", register=register,
                      service_names=["harness.v1.ApplicationManager"], quiesce=am.quiesce, stop=am.stop,
-                     probe=am.db.probe, extra={"am": am})
+                     probe=am.db.probe, extra={"am": am}, max_workers=config.max_long_calls + CONTROL_WORKERS)
 
 
 def main(argv: list[str] | None = None) -> int:

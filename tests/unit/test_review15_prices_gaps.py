@@ -4,6 +4,7 @@ with the application's prices, never proposed, never predicted."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import grpc
@@ -20,6 +21,7 @@ from application_manager.profilers import PROFILERS, Observation, Proposal
 from application_manager.slo import parse_slo
 from application_manager.space import from_manifest, from_records
 from harness.v1 import application_manager_pb2 as pb
+from services.errors import FailedPrecondition
 
 
 def grid():  # type: ignore[no-untyped-def]
@@ -166,5 +168,13 @@ def test_prices_with_a_configuration_that_never_fits_are_kept_and_it_is_never_ru
         assert len(asked) == once                                          # not quoted again
         assert tried and all(c["%master_cores"] != 4 for c in tried)
         assert len(tried) == 6                                             # everything else was run
+        # Online exploration with nothing left but what never fits, under an SLO nothing run meets: it says so.
+        unmet = json.loads(examples.slo("rtm", rows=400, steps=20))
+        unmet["Objective"]["Constraints"] = ["%execution_time <= 0.001"]
+        with pytest.raises(FailedPrecondition) as e:
+            am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant="t", application_id=app.id, online=True,
+                                                               slo_json=json.dumps(unmet)),
+                                  _Ctx())
+        assert "the 2 configurations not run never fit" in str(e.value) and "none satisfies" in str(e.value)
     finally:
         am.stop()
