@@ -213,11 +213,13 @@ def test_a_timeout_at_the_limit_drawn_from_the_model_says_so_and_fails_the_confi
         am.stop()
 
 
-def test_a_timeout_at_the_callers_own_limit_keeps_the_configuration_on_the_frontier(tmp_path, monkeypatch):
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
-        return RunDetail(Observation(proposal.config, False, timeout_s, 1.0, proposal.input, error="timeout"))
+def _times_out(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    """A run killed at whatever limit it was given."""
+    return RunDetail(Observation(proposal.config, False, timeout_s, 1.0, proposal.input, error="timeout"))
 
-    am = _am(tmp_path, monkeypatch, run)
+
+def test_a_timeout_at_the_callers_own_limit_keeps_the_configuration_on_the_frontier(tmp_path, monkeypatch):
+    am = _am(tmp_path, monkeypatch, _times_out)
     try:
         app = _submit(am)
         _predicted(am, app.id, 1000.0)
@@ -231,10 +233,7 @@ def test_a_timeout_at_the_callers_own_limit_keeps_the_configuration_on_the_front
 
 
 def test_an_explored_configuration_that_times_out_at_run_timeout_s_fails_as_in_profiling(tmp_path, monkeypatch):
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
-        return RunDetail(Observation(proposal.config, False, timeout_s, 1.0, proposal.input, error="timeout"))
-
-    am = _am(tmp_path, monkeypatch, run)
+    am = _am(tmp_path, monkeypatch, _times_out)
     try:
         app = _submit(am)
         # Online, nothing known of it: no model's time to derive a limit from; run_timeout_s is its bound, as in
