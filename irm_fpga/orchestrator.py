@@ -784,18 +784,29 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                                          "attach under a new client id")
             token = existing.token
         accepted: list[ServerHandle] = []
+        # Parts on servers that did not answer: left out of the answer (the client uses the others, and learns of
+        # them on a later attach), the client put on them by the reconcile rounds once they answer. One silent
+        # server of a group spread over several must not keep every client off the parts that work.
+        silent: dict[str, HarnessError] = {}
 
         def attach_on(parts: dict[str, int]) -> None:
             for name, n in parts.items():
                 if n <= 0 or any(h.name == name for h in accepted):
                     continue
-                h = self._handle(name)
                 try:
+                    h = self._handle(name)
                     h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id=client_id,
                                                                        token=token),
                                           timeout=self.config.server_timeout_s)
+                except Unavailable as e:
+                    silent[name] = e
+                    continue
                 except grpc.RpcError as e:
-                    raise _rpc_error(name, e) from None
+                    if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise _rpc_error(name, e) from None
+                    silent[name] = _rpc_error(name, e)
+                    continue
+                silent.pop(name, None)
                 accepted.append(h)
 
         try:
@@ -807,12 +818,19 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 # part it gained, and marked attached before either can run again.
                 g = self._group(g.id)   # NotFound if deleted meanwhile: taken back below
                 attach_on(g.parts)
+                if not accepted and silent:
+                    raise next(iter(silent.values()))       # no part answered: nothing to use yet
                 if new and not self.db.transact(lambda s: s.execute(
                         update(Client).where(Client.id == client_id, Client.state == ATTACHING)
                         .values(state="attached")).rowcount):
                     raise Aborted(f"client {client_id!r} was detached or cleared while it was being attached; retry")
+            ok = {h.name for h in accepted}
             parts = [fpga_pb2.AttachedPart(server=name, address=self._handle(name).address, devices=n)
-                     for name, n in g.parts.items() if n > 0]
+                     for name, n in g.parts.items() if n > 0 and name in ok]
+            if silent:
+                log.warning("client attached without the parts on FPGA-servers that did not answer; the reconcile "
+                            "rounds attach it there once they do",
+                            extra={"client": client_id, "group": g.id, "servers": sorted(silent)})
         except BaseException:
             if new:
                 # Not attached anywhere, then: a retry under the same id starts afresh, and no row is left that
@@ -856,21 +874,32 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 raise _rpc_error(name, e) from None
         return total
 
+    def _end_client(self, g: Group, c: Client, method: str, state: str) -> int:
+        """`c` marked `state`, then taken off every part of `g` (`method` on its servers): tasks cancelled.
+
+        Marked first, under the lock resizes take: a resize after it puts the client on no new part (resizes
+        attach "attached" clients only), and the parts read with it include any a resize before it gave the
+        client. Taken off the servers after, it was put back on a part a resize added meanwhile, and kept its
+        access there. A server that does not answer now is set right by the reconcile rounds (they take every
+        client the database does not hold attached off the servers); the call fails, and may be retried.
+        """
+        with self.lock:
+            g = self._group(g.id)
+            self.db.transact(lambda s: setattr(s.get(Client, c.id), "state", state))
+        return self._to_servers(g, method, c.id)
+
     def DetachClient(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         g, c = self._client(tenant, request)
         owned(tenant, c.tenant, f"client {c.id!r}")
-        self._to_servers(g, "DetachClient", c.id)
-        self.db.transact(lambda s: setattr(s.get(Client, c.id), "state", "detached"))
+        self._end_client(g, c, "DetachClient", "detached")
         return fpga_pb2.ClientResponse()
 
     def RevokeClient(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         g, c = self._client(tenant, request)
         owned(tenant, g.tenant, f"FPGA group {g.id!r} (only its owner revokes clients)")
-        cancelled = self._to_servers(g, "RevokeClient", c.id)
-        self.db.transact(lambda s: setattr(s.get(Client, c.id), "state", "revoked"))
-        return fpga_pb2.ClientResponse(cancelled=cancelled)
+        return fpga_pb2.ClientResponse(cancelled=self._end_client(g, c, "RevokeClient", "revoked"))
 
     def ListDevices(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -1215,9 +1244,13 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             with self.db.read() as s:
                 live = {g.id: g for g in s.scalars(select(Group).where(Group.deleted.is_(False)))}
                 clients = list(s.scalars(select(Client).where(Client.state == "attached")))
+                # Being attached: its call puts it on the servers before the row says attached (and takes it back
+                # if it fails); the rounds leave it alone.
+                attaching = set(s.scalars(select(Client.id).where(Client.state == ATTACHING)))
             for name, info in infos.items():
                 h = self.servers[name]
                 held = {p.group_id: p.target for p in info.groups}
+                on_part = {p.group_id: set(p.clients) for p in info.groups}
                 try:
                     # Gone from the database, or never recorded on this server (every part is recorded before
                     # a server makes it, and under this lock: nothing here is on its way to being recorded).
@@ -1235,6 +1268,18 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                                 h.stub().ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(
                                     group_id=gid, size=n, hand_back=hand_back), timeout=self.config.server_timeout_s)
                                 made += 1
+                            # The part's clients as the database has them: one an attach left off while this
+                            # server was silent is put on; one revoked or detached while it was is taken off.
+                            want = {c.id: c for c in clients if c.group_id == gid}
+                            for cid in sorted(set(want) - on_part[gid]):
+                                h.stub().AttachClient(fpga_pb2.ServerAttachRequest(group_id=gid, client_id=cid,
+                                                                                   token=want[cid].token),
+                                                      timeout=self.config.server_timeout_s)
+                                made += 1
+                            for cid in sorted(on_part[gid] - set(want) - attaching):
+                                h.stub().RevokeClient(fpga_pb2.ServerClientRequest(client_id=cid),
+                                                      timeout=self.config.server_timeout_s)
+                                dropped += 1
                             continue
                         h.stub().CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=gid, design=g.design,
                                                                                  size=n),

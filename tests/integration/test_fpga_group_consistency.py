@@ -151,6 +151,66 @@ def test_an_attach_no_server_takes_leaves_no_client(orch, servers):
     assert att.client_id == "c1" and [p.server for p in att.parts] == ["A"]
 
 
+
+def clients_on(address: str, group_id: str) -> list[str]:
+    """The clients an FPGA-server holds attached to its part of `group_id` (asked of it directly)."""
+    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(address))
+    return sorted(c for p in stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups
+                  if p.group_id == group_id for c in p.clients)
+
+
+def test_a_revoke_while_a_resize_adds_a_part_leaves_the_client_on_no_part(orch, servers, monkeypatch):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    reached, go = threading.Event(), threading.Event()
+    real = orch._to_servers
+
+    def held_before_the_servers(group, method, client_id):  # noqa: ANN001, ANN202 - a slow revoke
+        if method == "RevokeClient":
+            reached.set()
+            assert go.wait(10)
+        return real(group, method, client_id)
+
+    monkeypatch.setattr(orch, "_to_servers", held_before_the_servers)
+    revoke = threading.Thread(target=orch.RevokeClient, args=(fpga_pb2.ClientRequest(
+        tenant="alice", group_id=g.id, client_id="c1"), None))
+    revoke.start()
+    assert reached.wait(10)
+    assert orch.resize(orch._group(g.id), 6).parts == {"A": 4, "B": 2}       # grows onto B meanwhile
+    go.set()
+    revoke.join(10)
+    assert clients_on(servers["A"].address, g.id) == [] and clients_on(servers["B"].address, g.id) == []
+
+
+def test_the_rounds_take_off_a_client_revoked_while_its_server_was_silent(orch, servers):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    h = orch.servers["A"]
+    real, h.address = h.address, NOWHERE
+    with pytest.raises(Unavailable):
+        orch.RevokeClient(fpga_pb2.ClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    h.address = real
+    assert clients_on(real, g.id) == ["c1"]          # the server never heard of it
+    assert orch._attached([g.id]) == {}               # the database says revoked: the rounds make it so
+    assert orch.reconcile_once() == {"made": 0, "dropped": 1}
+    assert clients_on(real, g.id) == []
+
+
+def test_an_attach_with_one_server_silent_uses_the_others_and_the_rounds_add_it_there(orch, servers):
+    g = orch.create_group("alice", "g", "sleep", 6)
+    assert g.parts == {"A": 4, "B": 2}
+    h = orch.servers["B"]
+    real, h.address = h.address, NOWHERE
+    att = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    assert [p.server for p in att.parts] == ["A"]     # was UNAVAILABLE for everyone while B was silent
+    assert clients_on(servers["A"].address, g.id) == ["c1"]
+    h.address = real
+    assert clients_on(real, g.id) == []
+    assert orch.reconcile_once() == {"made": 1, "dropped": 0}
+    assert clients_on(real, g.id) == ["c1"]
+    again = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    assert sorted(p.server for p in again.parts) == ["A", "B"]
+
 def _race(orch, other, monkeypatch, first: fpga_pb2.AttachClientRequest,  # noqa: ANN001, ANN202
           second: fpga_pb2.AttachClientRequest):
     """`second` is attached by `other`, and `first` by `orch`, whose insert the other call's lands just before
@@ -199,12 +259,13 @@ def test_a_retry_that_comes_while_the_first_attach_fails_is_attached(orch, serve
     waiting = threading.Event()       # the retry is waiting for its turn, or (without turns) has finished
 
     def retry_arrives_then_this_server_fails(name: str):  # noqa: ANN202
-        if retry:
+        if threading.current_thread() is not threading.main_thread():
             return real_handle(name)
-        t = threading.Thread(target=lambda: (retry.append(orch.AttachClient(request, None)), waiting.set()))
-        retry.append(t)
-        t.start()
-        assert waiting.wait(10)
+        if not retry:
+            t = threading.Thread(target=lambda: (retry.append(orch.AttachClient(request, None)), waiting.set()))
+            retry.append(t)
+            t.start()
+            assert waiting.wait(10)
         return type(real_handle(name))(name=name, address=NOWHERE)   # the first call's server does not answer
 
     def turn(client_id: str):  # noqa: ANN202
