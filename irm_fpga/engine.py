@@ -48,6 +48,8 @@ API (all methods thread-safe; times in seconds on the engine's clock)
 ---------------------------------------------------------------------
     Engine(clock, config=EngineConfig(), designs=DESIGNS)
     submit(client_id, tasks: Sequence[Task]) -> int            # all or nothing
+    submit_each(client_id, tasks) -> [(index, error)]           # the good ones; the bad ones left out, with why
+    abandon(client_id, owned) -> int                           # drop queued tasks `owned(task_id)`, and their lock
     submit_next(client_id, tasks) -> float | None               # submit, then next_event_time(), one lock
     next_event_time() -> float | None;  busy() -> bool
     advance(until: float | None = None) -> list[Result]          # until defaults to clock.now()
@@ -325,7 +327,7 @@ class _Queue:
 
 class _Client:
     __slots__ = ("id", "group", "queues", "pinned", "alive", "detaching", "outstanding", "executed", "lock_pending",
-                 "arrivals", "armed")
+                 "arrivals", "armed", "lock_rec")
 
     def __init__(self, client_id: str, group: _Group, queues: int) -> None:
         self.id = client_id
@@ -339,6 +341,9 @@ class _Client:
         self.lock_pending = False       # a LOCK submitted and its UNLOCK not yet submitted
         self.arrivals: deque[tuple] = deque()   # scheduled arrivals (simulations), in time order
         self.armed = False              # an arrival event for this client is in the heap
+        # The LOCK or UNLOCK record that last changed the client's lock while one is pending or held: whoever sent
+        # it answers for the lock (`abandon`), since only they would ever send the UNLOCK that ends it.
+        self.lock_rec: tuple | None = None
 
 
 @dataclass(eq=False)
@@ -478,17 +483,88 @@ class Engine:
                 return self._now
             return self._heap[0][0] if self._heap else None
 
-    def _submit_one(self, c: _Client, tid: Any, p: Mapping[str, Any] | None, t: float) -> None:
+    def submit_each(self, client_id: str, tasks: Sequence[Task]) -> list[tuple[int, Exception]]:
+        """`submit`, except that a bad task (bad parameters, a second LOCK, a stray UNLOCK) is left out and the
+        others are queued, in order: returns each bad task's (index, error), the error's message not naming the
+        index (whoever formed the batch may not be whoever sent the task). Errors about the client itself (not
+        attached, detaching) still raise, nothing queued."""
+        with self._lock:
+            c = self._accepting(client_id)
+            t = self._sync()
+            bad: list[tuple[int, Exception]] = []
+            if len(tasks) == 1 and tasks[0][2] == RUN:
+                tid, p, _ = tasks[0]
+                self._submit_one(c, tid, p, t, bad)
+            else:
+                recs = self._prepare(c, tasks, t, None, bad=bad)
+                if recs:
+                    self._enqueue(c, recs, t)
+            if c.group.hands_back:
+                self._hand_back(c.group)
+            return bad
+
+    def abandon(self, client_id: str, owned: Any) -> int:
+        """Whoever sent some of the client's tasks went away (an Execute stream that broke): drop its tasks still
+        queued (those whose id `owned(task_id)` is true), unanswered, and end the client's lock if its LOCK or
+        UNLOCK was theirs (nobody else would ever unlock it). Running tasks finish. Returns how many were dropped;
+        an unknown client (revoked, detached) is 0."""
+        with self._lock:
+            t = self._sync()
+            c = self._clients.get(client_id)
+            if c is None:
+                return 0
+            dropped = 0
+            for q in c.queues:
+                if q.tasks and any(owned(rec[0]) for rec in q.tasks):
+                    keep = deque(rec for rec in q.tasks if not owned(rec[0]))
+                    n = len(q.tasks) - len(keep)
+                    q.tasks = keep
+                    q.n -= n
+                    c.outstanding -= n
+                    dropped += n
+            rec = c.lock_rec
+            if rec is not None and owned(rec[0]):
+                self._end_lock(c, t)
+            self._check_detached(c)
+            return dropped
+
+    def _end_lock(self, c: _Client, t: float) -> None:
+        """The client's lock ends now, as its UNLOCK would end it (hold the lock): a held device goes back to the
+        group (one running a task stays with it until the task ends); tasks still pinned behind it queue for
+        any device."""
+        c.lock_rec = None
+        c.pinned, c.lock_pending = None, False
+        g = c.group
+        for q in c.queues:
+            dev = q.lock
+            if dev is None:
+                continue
+            q.lock = None
+            dev.locked_by = None
+            if dev.task is not None:
+                continue        # `_done` passes it on as after any task of an unlocked queue
+            q.dev = None
+            if q.tasks and not q.waiting:
+                q.waiting = True
+                g.line.append(q)
+            self._run_device(dev, t)
+
+    def _submit_one(self, c: _Client, tid: Any, p: Mapping[str, Any] | None, t: float,
+                    bad: list[tuple[int, Exception]] | None = None) -> None:
         """One run task (the latency-bound case, thesis Fig. 3.4): what `_prepare` + `_enqueue` do, inline.
 
         Same rules: validated by the design, into the client's pinned queue (a lock is pending or
         held) or else its shortest queue, where `_place` locks a free device of the group and
-        starts it at once, or lines the queue up for one.
+        starts it at once, or lines the queue up for one. A bad task raises, or with `bad` is recorded
+        there as `_prepare` does.
         """
         try:
             inputs, dt = c.group.design.prepare(p if p is not None else {})
         except ValueError as e:
-            raise _bad_params(e, 0, tid) from None
+            if bad is None:
+                raise _bad_params(e, 0, tid) from None
+            bad.append((0, ArgumentError(str(e), "params", index=0, params=getattr(e, "params", ()))))
+            return
         c.outstanding += 1
         q = c.pinned
         self._place(c, q if q is not None else min(c.queues, key=_BY_N), (tid, RUN, inputs, dt, t), t)
@@ -530,10 +606,12 @@ class Engine:
         return c
 
     def _prepare(self, c: _Client, tasks: Sequence[Task], t: float | None,
-                 times: Sequence[float] | None, run_only: bool = False) -> list[tuple]:
+                 times: Sequence[float] | None, run_only: bool = False,
+                 bad: list[tuple[int, Exception]] | None = None) -> list[tuple]:
         """Validate tasks into internal records (task_id, kind, inputs, device_s, submitted_at).
 
-        Consecutive tasks sharing one params object are validated once.
+        Consecutive tasks sharing one params object are validated once. A bad task raises (its index and id in
+        the message), or with `bad` is left out and recorded there as (index, error without that prefix).
         """
         prepare = c.group.design.prepare
         recs: list[tuple] = []
@@ -549,7 +627,12 @@ class Engine:
                     try:
                         inputs, dt = prepare(p if p is not None else {})
                     except ValueError as e:
-                        raise _bad_params(e, i, tid) from None
+                        if bad is None:
+                            raise _bad_params(e, i, tid) from None
+                        # Not remembered as validated: the next task with these params is refused too.
+                        bad.append((i, ArgumentError(str(e), "params", index=i, params=getattr(e, "params", ()))))
+                        last_params = _UNSET
+                        continue
                     last_params = p
                 append((tid, RUN, inputs, dt, at))
             elif run_only:
@@ -557,18 +640,26 @@ class Engine:
                                     "kind", index=i)
             elif kind == LOCK:
                 if pending:
-                    raise PreconditionError(f"task {i} ({tid!r}): client {c.id!r} already holds or "
-                                            "awaits a lock; unlock first")
+                    why = f"client {c.id!r} already holds or awaits a lock; unlock first"
+                    if bad is None:
+                        raise PreconditionError(f"task {i} ({tid!r}): {why}")
+                    bad.append((i, PreconditionError(why)))
+                    continue
                 pending = True
                 append((tid, LOCK, None, 0.0, at))
             elif kind == UNLOCK:
                 if not pending:
-                    raise PreconditionError(f"task {i} ({tid!r}): unlock without a lock")
+                    if bad is None:
+                        raise PreconditionError(f"task {i} ({tid!r}): unlock without a lock")
+                    bad.append((i, PreconditionError("unlock without a lock")))
+                    continue
                 pending = False
                 append((tid, UNLOCK, None, 0.0, at))
             else:
-                raise ArgumentError(f"task {i} ({tid!r}): unknown kind {kind!r}; "
-                                    f"expected {RUN!r}, {LOCK!r} or {UNLOCK!r}", "kind", index=i)
+                why = f"unknown kind {kind!r}; expected {RUN!r}, {LOCK!r} or {UNLOCK!r}"
+                if bad is None:
+                    raise ArgumentError(f"task {i} ({tid!r}): {why}", "kind", index=i)
+                bad.append((i, ArgumentError(why, "kind", index=i)))
         return recs
 
     def _arrive(self, c: _Client, t: float) -> None:
@@ -615,6 +706,7 @@ class Engine:
                     q = min(queues, key=_BY_N)
             if kind is not RUN:
                 heap = None     # pinning changes which queue lengths move
+                c.lock_rec = rec
                 if kind is LOCK:
                     c.pinned = q
                     c.lock_pending = True
@@ -677,6 +769,8 @@ class Engine:
             q.lock = None
             q.dev = None
             dev.locked_by = None
+            if c.lock_rec is rec:
+                c.lock_rec = None
             self._ready.append(Result(rec[0], c.id, g.id, UNLOCK, {"device": dev.index}, None,
                                       rec[4], t, t, 0.0, dev.index))
             if tasks and g.hands_back:      # what queued behind the lock goes to the group's other parts
@@ -946,6 +1040,7 @@ class Engine:
                     c.outstanding -= 1
                     if rec[1] is LOCK and c.pinned is q:      # the lock it asked for is asked elsewhere now
                         c.pinned, c.lock_pending = None, False
+                        c.lock_rec = None
                     self._ready.append(Result(rec[0], c.id, g.id, rec[1], None, MOVED, rec[4], t, t, 0.0, -1))
 
     def delete_group(self, group_id: str) -> None:

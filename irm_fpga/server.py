@@ -22,6 +22,15 @@ lock acquisition, inline for a single task), one `poll` per wake-up (results, de
 event time under one lock acquisition), and routing results to whoever waits
 for them. No thread is woken for it: not the dispatcher (told only when work
 is left for it), and no Event or queue is allocated per call.
+
+Results go back by sink, not only by client: the engine knows each task by its
+client's id and the sink (Execute stream, RunBatch call) it came on (`_Id`), so
+two sinks of one client may use the same task ids at once and each gets its
+own results. An Execute stream that ends while it still owes results (the
+client cancelled, the connection broke) takes its queued tasks out of the
+engine and ends a device lock taken on it: nobody is left to answer them to or
+to unlock it. Each open stream holds a gRPC worker thread, idle or not, so
+their number is capped (`max_execute_streams`) below the server's threads.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from irm_fpga.wire import KIND_TO_ENGINE, KIND_TO_WIRE, WireError, choices, from
 from services import control
 from services.clock import Clock, WallClock
 from services.errors import (
+    STREAM_CAP,
     FailedPrecondition,
     FieldViolation,
     HarnessError,
@@ -83,8 +93,14 @@ class FpgaServerConfig:
     # Control calls (group parts, clients, state) only from a caller sending this token: the Orchestrator's
     # `control_token` (services.control). Empty: anyone who reaches the address (development).
     control_token: str = ""
+    # Execute streams open at once; one more is RESOURCE_EXHAUSTED (reason STREAM_CAP). Each holds one of the
+    # server's gRPC worker threads for as long as it is open, sending or idle: the server gets this many plus a
+    # reserve for every other call (control calls, RunBatch, RunDirect), which so never wait behind idle clients.
+    max_execute_streams: int = 64
 
 
+# gRPC worker threads beyond the Execute streams': control calls, RunBatch and RunDirect.
+_OTHER_WORKERS = 16
 # While handlers drive the engine, the dispatcher looks in this often and hands out what is this late.
 DISPATCH_GRACE_S = 0.02
 # With no work at all, nothing can fall due unseen: new work and state changes notify the
@@ -162,6 +178,24 @@ class _Bell:
             pass  # already rung
 
 
+class _Id(tuple):
+    """A task's id in the engine: (the id its client gave it, the sink it came on).
+
+    Ids are the client's, and one client may have several sinks at once (an Execute stream and a RunBatch
+    call, two processes attached as one client), each numbering its tasks its own way: known by both, a
+    result goes back to the sink that sent its task, never to another one with a task of the same number in
+    flight. Shown as the client's id in the engine's messages.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(self[0])
+
+
+_tnew = tuple.__new__
+
+
 class _Waiter(_Bell):
     """A RunBatch handler waiting for its own tasks' results."""
 
@@ -175,10 +209,11 @@ class _Waiter(_Bell):
     def deliver(self, results: Sequence[eng.Result]) -> None:
         expect = self.expect
         for r in results:
-            if r.task_id in expect:
+            tid = r.task_id[0]
+            if tid in expect:
                 # Keep first, then tick off: the handler reads `results` once `expect` is empty.
                 self.results.append(r)
-                expect.discard(r.task_id)
+                expect.discard(tid)
         if not expect:
             self.wake()
 
@@ -190,14 +225,13 @@ class _Stream(_Bell):
     ring it. `submitted` is written by the reader only (before it submits), `answered` by the
     handler only: their difference is what the stream still owes, without a lock.
 
-    Results are routed by client, and a client may have other sinks (a RunBatch, an earlier
-    stream whose tasks still run): the stream takes only the ids it submitted, `mine` (id -> how
-    many are owed, a client may reuse an id once answered), or it would count others' results as
-    its own and end before its own are answered. The reader adds to `mine` and routing threads
-    take from it, so it has a lock (once per batch and per delivery, not per task).
+    Only results of the tasks this stream sent come here (`_Id`). `gone`: the handler is done, nothing
+    more is submitted for it; set, and read before each submission, under `submitting`, so that what
+    the stream leaves in the engine is all there when the handler takes it out (`_abandon`). `pseudo`:
+    it sent a LOCK or UNLOCK (the lock to end if the stream ends).
     """
 
-    __slots__ = ("out", "submitted", "answered", "closed", "failure", "mine", "mine_lock")
+    __slots__ = ("out", "submitted", "answered", "closed", "failure", "gone", "pseudo", "submitting")
 
     def __init__(self) -> None:
         super().__init__()
@@ -206,40 +240,13 @@ class _Stream(_Bell):
         self.answered = 0
         self.closed = False
         self.failure: list[HarnessError] = []
-        self.mine: dict[Any, int] = {}
-        self.mine_lock = threading.Lock()
-
-    def expect(self, ids: Sequence[Any]) -> None:
-        with self.mine_lock:
-            mine = self.mine
-            for i in ids:
-                mine[i] = mine.get(i, 0) + 1
-
-    def forget(self, ids: Sequence[Any]) -> None:
-        """Ids `expect`ed that will not be answered after all (their batch ended the stream)."""
-        with self.mine_lock:
-            for i in ids:
-                self._untick(i)
-
-    def _untick(self, task_id: Any) -> bool:
-        """One answer of `task_id` fewer owed, if it is owed here (hold `mine_lock`)."""
-        mine = self.mine
-        n = mine.get(task_id)
-        if n is None:
-            return False
-        if n == 1:
-            del mine[task_id]
-        else:
-            mine[task_id] = n - 1
-        return True
+        self.gone = False
+        self.pseudo = False
+        self.submitting = threading.Lock()
 
     def deliver(self, results: Sequence[eng.Result]) -> None:
-        untick = self._untick
-        with self.mine_lock:
-            got = [r for r in results if untick(r.task_id)]
-        if got:
-            self.out.extend(got)
-            self.wake()
+        self.out.extend(results)
+        self.wake()
 
 
 _Sink = _Waiter | _Stream
@@ -247,6 +254,10 @@ _Sink = _Waiter | _Stream
 
 class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
     def __init__(self, config: FpgaServerConfig, clock: Clock | None = None) -> None:
+        if isinstance(config.max_execute_streams, bool) or not isinstance(config.max_execute_streams, int) \
+                or config.max_execute_streams < 1:
+            raise ValueError(f"fpga_server.max_execute_streams = {config.max_execute_streams!r}: expected a whole "
+                             "number, at least 1 (the Execute streams open at once; each holds a worker thread)")
         self.config = config
         self.clock = clock or WallClock()
         self.engine = eng.Engine(self.clock, eng.EngineConfig(
@@ -274,6 +285,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         self._dispatcher = threading.Thread(target=self._dispatch, name="fpga-dispatch", daemon=True)
         # One RunDirect at a time per device (a second waits for the first); different devices run at once.
         self.direct_locks = [threading.Lock() for _ in range(config.devices)]
+        self.streams = 0    # Execute streams open (each holding a worker thread); under `_streams_lock`
+        self._streams_lock = threading.Lock()
 
     # -- driving the engine ---------------------------------------------
     def _advance(self) -> float | None:
@@ -292,17 +305,24 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return nxt
 
     def _route(self, results: Sequence[eng.Result]) -> None:
-        sinks = self.sinks
+        """Each result to the sink its task came on (a task put into the engine otherwise has nobody to go to).
+        A sink that has ended takes it and nobody reads it."""
         if len(results) == 1:
-            for sink in sinks.get(results[0].client_id, ()):
-                sink.deliver(results)
+            tid = results[0].task_id
+            if tid.__class__ is _Id:
+                tid[1].deliver(results)
             return
-        by_client: dict[str, list[eng.Result]] = {}
+        by_sink: dict[_Sink, list[eng.Result]] = {}
         for r in results:
-            by_client.setdefault(r.client_id, []).append(r)
-        for client, rs in by_client.items():
-            for sink in sinks.get(client, ()):
-                sink.deliver(rs)
+            tid = r.task_id
+            if tid.__class__ is _Id:
+                rs = by_sink.get(tid[1])
+                if rs is None:
+                    by_sink[tid[1]] = [r]
+                else:
+                    rs.append(r)
+        for sink, rs in by_sink.items():
+            sink.deliver(rs)
 
     def _kick(self) -> None:
         """New work or a new group state: the next event may be sooner than anyone planned for."""
@@ -529,8 +549,8 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         return client
 
     @staticmethod
-    def _tasks(batch: fpga_pb2.TaskBatch) -> list[tuple[Any, Any, str]]:
-        """The batch's tasks as engine (task_id, params, kind) triples."""
+    def _tasks(batch: fpga_pb2.TaskBatch, sink: _Sink) -> list[tuple[Any, Any, str]]:
+        """The batch's tasks as engine (task_id, params, kind) triples, known in the engine as `sink`'s (`_Id`)."""
         pb = batch.tasks
         kinds = KIND_TO_ENGINE
         try:
@@ -542,9 +562,9 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                     raise _bad_kind("tasks[0].kind", t.kind)
                 params = t.params
                 if not params:
-                    return [(t.id, shared, kind)]
+                    return [(_tnew(_Id, (t.id, sink)), shared, kind)]
                 params = from_map(params, "tasks[0].params")
-                return [(t.id, {**shared, **params} if shared else params, kind)]
+                return [(_tnew(_Id, (t.id, sink)), {**shared, **params} if shared else params, kind)]
             tasks = []
             for i, t in enumerate(pb):
                 kind = kinds.get(t.kind)
@@ -556,14 +576,50 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                     params = {**shared, **from_map(t.params, f"tasks[{i}].params")}
                 else:
                     params = from_map(t.params, f"tasks[{i}].params")
-                tasks.append((t.id, params, kind))
+                tasks.append((_tnew(_Id, (t.id, sink)), params, kind))
         except WireError as e:
             raise _bad_wire(e, "tasks") from None
         return tasks
 
+    @staticmethod
+    def _stream_tasks(batch: fpga_pb2.TaskBatch, sink: _Stream) -> tuple[
+            list[tuple[Any, Any, str]], list[fpga_pb2.Task], list[tuple[fpga_pb2.Task, str]]]:
+        """An Execute batch's tasks: the engine's triples, the task each came from, and the tasks that cannot
+        go with why. A task is named by its id, never by its place in the batch: the client library forms the
+        batches, out of whatever its caller submitted meanwhile, so an index means nothing to the caller."""
+        pb = batch.tasks
+        shared = None
+        if batch.shared_params:
+            try:
+                shared = from_map(batch.shared_params, "shared_params")
+            except WireError as e:
+                why = f"{e.field or 'shared_params'}: {e.reason}"   # every task of the batch takes them
+                return [], [], [(t, why) for t in pb]
+        kinds = KIND_TO_ENGINE
+        tasks: list[tuple[Any, Any, str]] = []
+        sent: list[fpga_pb2.Task] = []
+        bad: list[tuple[fpga_pb2.Task, str]] = []
+        for t in pb:
+            kind = kinds.get(t.kind)
+            if kind is None:
+                bad.append((t, f"kind: unknown task kind {t.kind}; one of {choices(fpga_pb2.Task.Kind)}"))
+                continue
+            if not t.params:
+                params = shared
+            else:
+                try:
+                    own = from_map(t.params, "params")
+                except WireError as e:
+                    bad.append((t, f"{e.field or 'params'}: {e.reason}"))
+                    continue
+                params = {**shared, **own} if shared else own
+            tasks.append((_tnew(_Id, (t.id, sink)), params, kind))
+            sent.append(t)
+        return tasks, sent, bad
+
     def _fill(self, r: eng.Result, out: fpga_pb2.TaskResult) -> fpga_pb2.TaskResult:
         """Encode a result into `out` (a message in place: no copy into its batch)."""
-        out.id = r.task_id
+        out.id = r.task_id[0]    # the client's id (`_Id`: the engine knows it with its sink)
         out.kind = KIND_TO_WIRE.get(r.kind, fpga_pb2.Task.KIND_RUN)
         if r.error:
             out.error = r.error
@@ -633,8 +689,9 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
 
     def RunBatch(self, request, context):  # noqa: N802
         client = self._authorise(request)
-        tasks = self._tasks(request)
-        w = _Waiter({t[0] for t in tasks})
+        w = _Waiter(set())
+        tasks = self._tasks(request, w)
+        w.expect.update([t[0][0] for t in tasks])
         if len(w.expect) != len(tasks):
             raise InvalidArgument.of("tasks", "task ids must be unique within a batch")
         # This handler drives the engine while it waits (for every client), so the dispatcher is
@@ -684,34 +741,44 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             successor.wake()  # it claims driving when it wakes
 
     def _stream_submit(self, client: str, st: _Stream, batch: fpga_pb2.TaskBatch) -> None:
-        """One batch from an Execute stream into the engine; the stream's handler is rung to drive it."""
-        pb = batch.tasks
-        n = len(pb)
-        ids = [t.id for t in pb]
-        # Both before the engine has them: the handler never sees more answered than asked, and
-        # no result of them comes before the stream knows them as its own.
-        st.expect(ids)
-        st.submitted += n
-        try:
-            tasks = self._tasks(batch)
-            try:
-                self.engine.submit(client, tasks)
-            except (eng.EngineError, ValueError) as e:
-                raise domain_error(e, batch) from None
-        except (InvalidArgument, FailedPrecondition) as e:
-            # A bad task (or a stray UNLOCK, a second LOCK) fails its batch's tasks, not the stream
-            # and the client's other tasks on it: answer them with the reason.
+        """One batch from an Execute stream into the engine; the stream's handler is rung to drive it.
+
+        A task that cannot run (bad parameters, an unknown kind, a second LOCK, a stray UNLOCK) is answered
+        alone with why; the batch's other tasks run. The client library puts whatever its caller submitted
+        meanwhile into one batch: one caller's mistake must not fail the others' tasks (nor a LOCK sent with
+        them, which the library would then believe held)."""
+        n = len(batch.tasks)
+        tasks, sent, bad = self._stream_tasks(batch, st)
+        pseudo = False
+        with st.submitting:
+            if st.gone:
+                return  # the handler is done: nobody would answer these
+            # Counted before the engine has them: the handler never sees more answered than asked.
+            st.submitted += n
+            if tasks:
+                try:
+                    refused = self.engine.submit_each(client, tasks)
+                except (eng.EngineError, ValueError) as e:
+                    err = domain_error(e)
+                    if not isinstance(err, FailedPrecondition):
+                        # NotFound (the client was revoked), ...: the stream ends with it.
+                        st.submitted -= n
+                        raise err from None
+                    # The client is detaching: none of the batch runs, and each task says why.
+                    bad = [(t, str(err)) for t in batch.tasks]
+                else:
+                    bad.extend((sent[i], str(e)) for i, e in refused)
+                    pseudo = any(t[2] is not eng.RUN for t in tasks)
+                    if pseudo:
+                        st.pseudo = True
+        if bad:
             now = self.clock.now()
-            st.deliver([eng.Result(t.id, client, "", KIND_TO_ENGINE.get(t.kind, eng.RUN), None, str(e),
-                                   now, now, now, 0.0, -1) for t in pb])
-            return
-        except HarnessError:
-            # NotFound (the client was revoked), ...: the stream ends with it.
-            st.forget(ids)
-            st.submitted -= n
-            raise
-        if any(t[2] is not eng.RUN for t in tasks):
+            st.deliver([eng.Result(_tnew(_Id, (t.id, st)), client, "", KIND_TO_ENGINE.get(t.kind, eng.RUN), None,
+                                   f"task {t.id}: {why}", now, now, now, 0.0, -1) for t, why in bad])
+        if pseudo:
             self._kick()  # a lock or unlock can start other callers' tasks sooner than they planned
+            return
+        if len(bad) == n:
             return
         # New work, maybe due sooner than the driving stream planned to look: its handler (and
         # this stream's, which drives if nobody does) re-plans. Nobody else needs telling.
@@ -720,10 +787,24 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         if driver is not None and driver is not st:
             driver.wake()
 
+    def _abandon(self, client: str, st: _Stream) -> None:
+        """`st`'s handler is done: its tasks still queued leave the engine and a lock taken on it ends, if it
+        ends owing results or having locked (a client that cancelled or lost its connection would otherwise
+        have its abandoned tasks run ahead of its new ones, and its lock held with nobody to unlock it)."""
+        with st.submitting:
+            st.gone = True
+        if st.submitted <= st.answered and not st.pseudo:
+            return
+        dropped = self.engine.abandon(client, lambda tid: tid.__class__ is _Id and tid[1] is st)
+        if dropped:
+            log.info("stream ended with tasks queued: dropped", extra={"client": client, "tasks": dropped})
+        if st.pseudo:
+            self._kick()  # a device the lock held went to others' tasks: events nobody planned for
+
     def _read_stream(self, client: str, st: _Stream, first: fpga_pb2.TaskBatch, requests: Any) -> None:
         try:
             batch = first
-            while batch is not None:
+            while batch is not None and not st.gone:
                 self._stream_submit(client, st, batch)
                 batch = next(requests, None)
         except HarnessError as e:
@@ -737,6 +818,21 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             st.closed = True
             st.wake()
 
+    def _open_stream(self) -> None:
+        limit = self.config.max_execute_streams
+        with self._streams_lock:
+            if self.streams >= limit:
+                raise ResourceExhausted(
+                    f"{self.streams} Execute streams are open on FPGA-server {self.config.name!r}, its most "
+                    f"(max_execute_streams={limit}); close one (the client library opens one per part, for the "
+                    "life of the client: close clients you no longer use), send with RunBatch, or retry later",
+                    reason=STREAM_CAP)
+            self.streams += 1
+
+    def _close_stream(self) -> None:
+        with self._streams_lock:
+            self.streams -= 1
+
     def Execute(self, request_iterator, context):  # noqa: N802
         """Tasks in batches, results as they come, over one stream (the client library's path).
 
@@ -746,14 +842,27 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         one thread hand-off (reader to handler) and no dispatcher, and results for this client
         are written by the thread that produced them.
         """
-        first = next(request_iterator, None)
-        if first is None:
-            return
-        client = self._authorise(first)
-        st = _Stream()
-        self._add_sink(client, st)
-        threading.Thread(target=self._read_stream, args=(client, st, first, request_iterator),
-                         name=f"exec-{client}", daemon=True).start()
+        # Counted before the first message is read: waiting for it already holds a worker thread.
+        self._open_stream()
+        try:
+            first = next(request_iterator, None)
+            if first is None:
+                return
+            client = self._authorise(first)
+            st = _Stream()
+            self._add_sink(client, st)
+            try:
+                threading.Thread(target=self._read_stream, args=(client, st, first, request_iterator),
+                                 name=f"exec-{client}", daemon=True).start()
+                yield from self._answer(client, st, context)
+            finally:
+                self._abandon(client, st)
+                self._drop_sink(client, st)
+        finally:
+            self._close_stream()
+
+    def _answer(self, client: str, st: _Stream, context: Any) -> Iterator[fpga_pb2.ResultBatch]:
+        """Write `st`'s results as they come, driving the engine while it is owed any (see Execute)."""
         out, bell, advance, now, stopping = st.out, st.bell, self._advance, self.clock.now, self._stop
         driving = waiting = False  # driving the engine / owed results while another stream drives
         try:
@@ -771,8 +880,14 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                     raise st.failure[0]
                 if st.closed:  # read first: once it is set, every batch is counted in `submitted`
                     if st.submitted <= st.answered or not context.is_active():
-                        break  # all answered, or the client went away (its tasks run on regardless)
+                        break  # all answered, or the client went away (`_abandon` takes its queued tasks out)
                 if stopping.is_set():
+                    owed = st.submitted - st.answered
+                    if owed > 0:
+                        # Not a normal end: the client must know that what it still waits for will not come.
+                        raise Unavailable(f"the FPGA-server is stopping: {owed} task(s) sent on this stream will "
+                                          "not be answered; send them again (to another part of the group, or "
+                                          "once this server is back)")
                     break
                 if st.submitted > st.answered:
                     if not driving and (not waiting or self.stream_driver is None):
@@ -797,17 +912,23 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         finally:
             if driving or waiting:
                 self._leave_driving(st, driving)
-            self._drop_sink(client, st)
 
     def RunDirect(self, request, context):  # noqa: N802
-        """One task on one free device, no group, no queues: the baseline of thesis Fig. 3.4."""
+        """One task on one free device, no group, no queues: the baseline of thesis Fig. 3.4.
+
+        A control call (it takes a device out of the pool that groups are sold from). The device is held
+        while the caller waits, no longer: a caller that gives up (its deadline, a cancel) or a stopping
+        server ends the wait and gives the device back, as does the end of the task."""
+        control.check(self.config.control_token, context, f"FPGA-server {self.config.name!r}")
         locks = self.direct_locks
         device = request.device
         if not 0 <= device < len(locks):
-            raise NotFound(f"device {device} does not exist (0..{len(locks) - 1})")
+            raise InvalidArgument.of("device", f"FPGA-server {self.config.name!r} has no device {device}: "
+                                               f"its devices are 0..{len(locks) - 1}")
         design = design_lib.DESIGNS.get(request.design)
         if design is None:
-            raise InvalidArgument.of("design", f"unknown design {request.design!r}")
+            raise InvalidArgument.of("design", f"unknown design {request.design!r}; available: "
+                                               f"{', '.join(sorted(design_lib.DESIGNS))}")
         if request.task.kind not in KIND_TO_ENGINE:
             raise _bad_kind("task.kind", request.task.kind)
         try:
@@ -819,7 +940,13 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         except ValueError as e:
             fields = [f"task.params.{p}" for p in getattr(e, "params", ())] or ["task.params"]
             raise InvalidArgument(str(e), [FieldViolation(f, str(e)) for f in fields]) from None
-        with locks[device]:
+        alive = context.is_active if context is not None else _always
+        wanted = self._direct_wanted
+        lock = locks[device]
+        # After a RunDirect on the same device, but not for longer than this caller waits.
+        while not lock.acquire(timeout=0.5):
+            wanted(alive)
+        try:
             # Taken out of the engine's pool for the call: no group's task runs on it meanwhile (a group
             # short of devices gets it when it is given back).
             try:
@@ -835,13 +962,27 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 bell.acquire()
                 now = start
                 while now < end:  # the device is busy until then (slept on as a RunBatch handler sleeps)
-                    _doze(bell, end - now)
+                    wanted(alive)
+                    _doze(bell, min(0.5, end - now))
                     now = self.clock.now()
             finally:
                 if self.engine.return_device(device):
                     self._kick()  # a group took it: its reconfiguration is an event nobody planned for
-        r = eng.Result(request.task.id, "", "", eng.RUN, value, None, start, start, end, seconds, device)
+        finally:
+            lock.release()
+        r = eng.Result((request.task.id,), "", "", eng.RUN, value, None, start, start, end, seconds, device)
         return self._result(r)
+
+    def _direct_wanted(self, alive: Any) -> None:
+        """Raise if a RunDirect's wait is over before its task: the caller gone, or the server stopping."""
+        if self._stop.is_set():
+            raise Unavailable("the FPGA-server is stopping")
+        if not alive():
+            raise FailedPrecondition("the caller went away (its deadline passed, or it cancelled)")
+
+
+def _always() -> bool:
+    return True
 
 
 def component(config: FpgaServerConfig, clock: Clock | None = None) -> Component:
@@ -852,5 +993,4 @@ def component(config: FpgaServerConfig, clock: Clock | None = None) -> Component
 
     return Component(name=f"fpga-server:{config.name}", register=register,
                      service_names=["harness.v1.FpgaServer"], start=svc.start, quiesce=svc.quiesce, stop=svc.stop,
-                     extra={"server": svc})
-
+                     extra={"server": svc}, max_workers=config.max_execute_streams + _OTHER_WORKERS)
