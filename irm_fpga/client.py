@@ -16,6 +16,16 @@ waiting tasks into the freed in-flight slots). Parts get tasks in proportion
 to their devices. `lock()`/`unlock()` send the pseudo-tasks that give this
 client one device exclusively (thesis §3.2.4).
 
+Every future ends, one way or another. A task whose stream ends before its
+result comes fails with TaskFailed (it may not have run: the server cancels
+what a broken stream had queued). When the client can never send again --
+revoked, detached or its group deleted (as the Orchestrator says, asked when
+a server refuses the client), or, with no Orchestrator to ask, no part left to
+send to -- what waits fails with TaskFailed saying why, as does each later
+submit(). close() fails what still waits beyond max_in_flight; submit() after
+close() raises RuntimeError, as a concurrent.futures executor does after
+shutdown().
+
 One task at a time (the latency-bound case, thesis Fig. 3.4) takes no longer
 through this library than a unary call straight to a device:
 `harness bench fpga-overhead` pairs the two (`client_added_ms_per_task`). A
@@ -42,6 +52,10 @@ from irm_fpga.wire import WireError, from_map, to_map
 from services import client as rpc
 
 _STOP = object()
+
+# A server refusing the client these ways no longer takes it: revoked, detached, its group (part) deleted. Whether
+# that is for good is the Orchestrator's to say (a restarted server may not have been given the client back yet).
+_REFUSED = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED)
 
 
 @dataclass(frozen=True)
@@ -98,15 +112,23 @@ class _Part:
 
     def _receive(self) -> None:
         why = f"{self.part.server}: the stream ended"
+        code: grpc.StatusCode | None = None
         try:
             complete = self.owner._complete
             for rb in self.call:
                 complete(rb.results)  # futures are completed here, by the thread that reads the stream
         except grpc.RpcError as e:
-            why = f"{self.part.server}: {e.code().name}: {e.details()}"
+            code = e.code()
+            why = f"{self.part.server}: {code.name}: {e.details()}"
         # However the stream ended, what it still owed will not come: fail those tasks (only
         # those), and stop sending here until a refresh finds the part again.
-        self.owner._part_ended(self, why)
+        self.owner._part_ended(self, why, code)
+
+    def end(self) -> None:
+        """Its stream is over (called from the receiver): the sender, parked on the outbox, must return, or each
+        broken stream would keep a thread (and the channel its sockets) for the life of the client."""
+        self.outbox.put(_STOP)
+        self.channel.close()
 
     def close(self) -> None:
         self.outbox.put(_STOP)
@@ -137,6 +159,9 @@ class VirtualFpga:
         self._where: dict[int, _Part] = {}
         self._parts: list[_Part] = []
         self._cycle: Iterator[_Part] = iter(())
+        self._closed = False               # close() began: nothing is sent any more, submit() raises
+        self._gone: str | None = None      # why this client can never send again (revoked, its group deleted)
+        self._last_loss = ""               # why the last live part went (the reason, with no Orchestrator to ask)
         self._use(attachment)
         self._locked: _Part | None = None
         self._held: _Part | None = None      # where the device of a granted lock is, until its UNLOCK is answered
@@ -147,6 +172,8 @@ class VirtualFpga:
 
     def _use(self, attachment: fpga_pb2.Attachment) -> None:
         """Send to the parts that have devices now (a group may grow onto, or shrink off, servers)."""
+        if self._closed:
+            return  # a refresh that was under way: a part opened now would outlive close()
         for p in attachment.parts:
             if p.server not in self._all and p.devices > 0:
                 self._all[p.server] = _Part(self, p)
@@ -159,16 +186,49 @@ class VirtualFpga:
         self._cycle = itertools.cycle([p for p in live for _ in range(p.part.devices)])
 
     def refresh(self) -> None:
-        """Ask the Orchestrator where the group's devices are now."""
+        """Ask the Orchestrator where the group's devices are now.
+
+        Raises the Orchestrator's grpc.RpcError. When it says this client can never send again (revoked or
+        detached, its group deleted), the tasks waiting fail with TaskFailed saying so first, and so does every
+        later submit()."""
         assert self._orchestrator is not None
-        att = self._orchestrator.AttachClient(fpga_pb2.AttachClientRequest(
-            tenant=self._tenant, group_id=self.group_id, client_id=self.client_id), timeout=10)
+        try:
+            att = self._orchestrator.AttachClient(fpga_pb2.AttachClientRequest(
+                tenant=self._tenant, group_id=self.group_id, client_id=self.client_id), timeout=10)
+        except grpc.RpcError as e:
+            gone = self._for_good(e)
+            if gone is not None:
+                with self._lock:
+                    if self._gone is None:
+                        self._gone = gone
+                self._pump()  # what waits can never go now: it fails
+            raise
         with self._lock:
             self._use(att)
         self._pump()  # tasks may have waited for a part to come (back)
 
+    def _for_good(self, e: grpc.RpcError) -> str | None:
+        """Why the Orchestrator's refusal of an attach means this client can never send again, or None (try later).
+
+        FAILED_PRECONDITION and PERMISSION_DENIED are the Orchestrator's own answers about the client (revoked,
+        detached, another tenant's). NOT_FOUND may be a server's, passed on (a restarted server not yet given
+        its part back), so only the group's own read settles it."""
+        assert self._orchestrator is not None
+        code = e.code()
+        if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
+            return f"client {self.client_id!r} can no longer use FPGA group {self.group_id!r}: {e.details()}"
+        if code != grpc.StatusCode.NOT_FOUND:
+            return None
+        try:
+            self._orchestrator.GetGroup(fpga_pb2.GetGroupRequest(tenant=self._tenant, group_id=self.group_id),
+                                        timeout=10)
+        except grpc.RpcError as g:
+            if g.code() == grpc.StatusCode.NOT_FOUND:
+                return f"FPGA group {self.group_id!r} was deleted ({g.details()})"
+        return None
+
     def _refresh_loop(self, every: float) -> None:
-        while not self._closing.wait(every):
+        while not self._closing.wait(every) and self._gone is None:
             try:
                 self.refresh()
             except (grpc.RpcError, RuntimeError):
@@ -182,31 +242,57 @@ class VirtualFpga:
 
     # -- submitting ------------------------------------------------------
     def submit(self, params: Mapping[str, Any] | None = None, kind: int = fpga_pb2.Task.KIND_RUN) -> Future:
-        """Queue one task; the future resolves to a TaskOutcome (or raises TaskFailed)."""
+        """Queue one task; the future resolves to a TaskOutcome (or raises TaskFailed).
+
+        Once the client can never send again (revoked, its group deleted: see the module's docstring) the
+        future returned has already failed with TaskFailed saying why. After close(), raises RuntimeError (as
+        concurrent.futures executors do after shutdown()): nothing would ever run it."""
         task_id = next(self._ids)
         task = fpga_pb2.Task(id=task_id, kind=kind)
         to_map(params, task.params)
         fut: Future = Future()
         with self._lock:
+            if self._closed:
+                raise RuntimeError(f"cannot submit: the client of FPGA group {self.group_id!r} was closed")
             self._futures[task_id] = fut
             # Kept until answered: a part left without devices hands it back (with where it had to go).
             self._tasks[task_id] = (task, self._locked)
             self._waiting.append((task, fut, self._locked))
-            sends = self._take()
-        if sends:
-            self._send(sends)
+            sends, failed = self._take()
+        self._send(sends, failed)
         return fut
 
     def _pump(self) -> None:
         """Send waiting tasks while fewer than max_in_flight are out (thesis §3.2.3)."""
         with self._lock:
-            sends = self._take() if self._waiting else None
-        if sends:
-            self._send(sends)
+            if not self._waiting:
+                return
+            sends, failed = self._take()
+        self._send(sends, failed)
 
-    def _take(self) -> list[tuple[_Part, fpga_pb2.Task, Future]]:
-        """Waiting tasks that may go now, each to its part (hold the lock)."""
-        sends = []
+    def _unsendable(self) -> str | None:
+        """Why what waits can never be sent, or None (hold the lock)."""
+        if self._closed:
+            return "the client was closed before the task was sent"
+        if self._gone is not None:
+            return self._gone
+        if not self._parts and self._orchestrator is None:
+            return (f"no part of FPGA group {self.group_id!r} is left to send to ({self._last_loss}), "
+                    "and this client has no Orchestrator to ask where the group is now")
+        return None
+
+    def _take(self) -> tuple[list[tuple[_Part, fpga_pb2.Task, Future]], list[tuple[Future, str]]]:
+        """Waiting tasks that may go now, each to its part, and those that never can, with why (hold the lock)."""
+        sends: list[tuple[_Part, fpga_pb2.Task, Future]] = []
+        failed: list[tuple[Future, str]] = []
+        why = self._unsendable()
+        if why is not None:
+            while self._waiting:
+                task, fut, _ = self._waiting.popleft()
+                self._futures.pop(task.id, None)
+                self._tasks.pop(task.id, None)
+                failed.append((fut, why))
+            return sends, failed
         while self._waiting and self._in_flight < self._max_in_flight and self._parts:
             task, fut, pinned = self._waiting.popleft()
             self._in_flight += 1
@@ -223,14 +309,15 @@ class VirtualFpga:
             part.sent.add(task.id)
             self._where[task.id] = part
             sends.append((part, task, fut))
-        return sends
+        return sends, failed
 
     @staticmethod
-    def _send(sends: list[tuple[_Part, fpga_pb2.Task, Future]]) -> None:
+    def _send(sends: list[tuple[_Part, fpga_pb2.Task, Future]], failed: Sequence[tuple[Future, str]] = ()) -> None:
         # Straight to the part's stream: its sender takes whatever has queued up by the time it
         # runs (a lone task goes alone, at once; a burst goes in batches of up to batch_size).
         for part, task, fut in sends:
             part.outbox.put((task, fut))
+        _fail(failed)
 
     def map(self, params_list: list[Mapping[str, Any]]) -> list[TaskOutcome]:
         futures = [self.submit(p) for p in params_list]
@@ -239,14 +326,31 @@ class VirtualFpga:
     def lock(self) -> TaskOutcome:
         """Exclusive use of one device until unlock(); later tasks run on it.
 
-        If the stream to the lock's FPGA-server ends (the server restarts, the network fails), the
-        lock is gone with it: the tasks pinned to it fail, later ones go to the live parts, and
-        unlock() raises TaskFailed saying so."""
-        if self._locked is not None:
-            raise RuntimeError("already locked")
-        self._lock_lost = None
-        self._locked = self._parts[0]
-        return self.submit(None, fpga_pb2.Task.KIND_LOCK).result()
+        If the LOCK fails (TaskFailed), nothing is locked: lock() may be called again. If the stream
+        to the lock's FPGA-server ends (the server restarts, the network fails), the lock is gone
+        with it (the server releases the device of a stream that breaks): the tasks pinned to it
+        fail, later ones go to the live parts, and unlock() raises TaskFailed saying so."""
+        with self._lock:
+            if self._locked is not None:
+                raise RuntimeError("already locked")
+            self._lock_lost = None
+            self._locked = self._parts[0] if self._parts else None  # None: the LOCK goes where the cycle says
+        try:
+            fut = self.submit(None, fpga_pb2.Task.KIND_LOCK)
+        except RuntimeError:
+            with self._lock:
+                self._locked = None
+            raise
+        try:
+            return fut.result()
+        except TaskFailed:
+            with self._lock:
+                # A refused LOCK (a bad task in its batch, say) holds nothing: left set, every later
+                # lock() would be "already locked" and unlock() refused by the server, for good.
+                if self._held is None:
+                    self._locked = None
+                self._lock_lost = None  # this lock() has said why
+            raise
 
     def unlock(self) -> TaskOutcome:
         if self._locked is None:
@@ -275,6 +379,8 @@ class VirtualFpga:
                     if part is not None and part in self._parts:
                         self._parts = [p for p in self._parts if p is not part]
                         self._cycle = itertools.cycle([p for p in self._parts for _ in range(p.part.devices)])
+                        if not self._parts:
+                            self._last_loss = f"{part.part.server} was cut to no devices"
                     task, pinned = self._tasks[r.id]
                     moved.append((task, futures[r.id], pinned))
                     continue
@@ -288,9 +394,8 @@ class VirtualFpga:
                     self._in_flight -= 1
                     done.append((fut, r))
             self._waiting.extendleft(reversed(moved))      # first again, in the order they were sent
-            sends = self._take() if self._waiting else None
-        if sends:
-            self._send(sends)
+            sends, failed = self._take() if self._waiting else ([], [])
+        self._send(sends, failed)
         for fut, r in done:
             try:
                 if r.error:
@@ -306,22 +411,27 @@ class VirtualFpga:
             except InvalidStateError:
                 pass  # the caller cancelled it; the device ran it anyway
 
-    def _part_ended(self, part: _Part, why: str) -> None:
+    def _part_ended(self, part: _Part, why: str, code: grpc.StatusCode | None = None) -> None:
+        server = part.part.server
         with self._lock:
-            failed = []
+            closing = self._closed
+            sent = []
             for task_id in list(part.sent):
                 fut = self._futures.pop(task_id, None)
                 self._tasks.pop(task_id, None)
                 self._where.pop(task_id, None)
                 if fut is not None:
                     self._in_flight -= 1
-                    failed.append((fut, why))
+                    sent.append(fut)
             part.sent.clear()
+            failed: list[tuple[Future, str]] = []
             if self._held is part or self._locked is part:
-                # The server forgets a client's lock with its stream (a restarted one never had it): what
-                # was pinned to the lock cannot run as the caller meant, so it fails rather than waiting
-                # for a part that is gone, and the lock is off (later tasks go to the live parts).
-                lost = f"the lock on {part.part.server} was lost with its stream ({why})"
+                # The server releases the device a client locked when the client's stream ends (a restarted
+                # server never had the lock): what was pinned to the lock cannot run as the caller meant, so it
+                # fails rather than waiting for a part that is gone, and the lock is off (later tasks go to
+                # the live parts; lock() takes a new one).
+                lost = (f"the lock on {server} was lost with its stream ({why}); the server released its device: "
+                        "lock() again for another")
                 self._held = self._locked = None
                 self._lock_lost = lost
                 keep: deque[tuple[fpga_pb2.Task, Future, _Part | None]] = deque()
@@ -333,16 +443,36 @@ class VirtualFpga:
                     else:
                         keep.append((task, fut, pinned))
                 self._waiting = keep
-            if self._all.get(part.part.server) is part:
-                del self._all[part.part.server]
+            if self._all.get(server) is part:
+                del self._all[server]
             if part in self._parts:
                 self._parts = [p for p in self._parts if p is not part]
                 self._cycle = itertools.cycle([p for p in self._parts for _ in range(p.part.devices)])
-        for fut, reason in failed:
-            try:
-                fut.set_exception(TaskFailed(reason))
-            except InvalidStateError:
-                pass  # cancelled by the caller
+                if not self._parts:
+                    self._last_loss = why
+        part.end()
+        if closing:
+            reason = f"the client was closed before {server} answered ({why}); the task may not have run"
+        else:
+            if code in _REFUSED:
+                # The server no longer takes this client. The Orchestrator says whether that is for good (the
+                # reason the tasks fail with) or not (a restarted server is given the client back, and the
+                # part comes back with the refresh).
+                if self._orchestrator is not None:
+                    try:
+                        self.refresh()
+                    except (grpc.RpcError, RuntimeError):
+                        pass
+                else:
+                    why = (f"{why} (client {self.client_id!r} is not attached there: revoked, detached or its "
+                           "group deleted)")
+                    with self._lock:
+                        if not self._parts:
+                            self._last_loss = why
+            gone = self._gone
+            reason = (f"{gone} ({why})" if gone is not None else
+                      f"{why}; the task may not have run (its stream ended before it was answered)")
+        _fail([(fut, reason) for fut in sent] + failed)
         self._pump()
 
     def pending(self) -> int:
@@ -355,9 +485,16 @@ class VirtualFpga:
             return self._in_flight
 
     def close(self, detach: bool = True) -> None:
+        """Wait for the tasks in flight (up to 30 s a part), then end the streams and detach.
+
+        Tasks still waiting for an in-flight slot (beyond max_in_flight) are not sent: they fail with
+        TaskFailed ("the client was closed ..."). submit() afterwards raises RuntimeError."""
         self._closing.set()
         with self._lock:
+            self._closed = True
             parts = list(self._all.values())
+            _, failed = self._take()
+        _fail(failed)
         for p in parts:
             p.close()
         if detach and self._orchestrator is not None:
@@ -372,3 +509,12 @@ class VirtualFpga:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fail(failed: Sequence[tuple[Future, str]]) -> None:
+    """Fail futures, outside the client's lock: their callbacks may submit again."""
+    for fut, why in failed:
+        try:
+            fut.set_exception(TaskFailed(why))
+        except InvalidStateError:
+            pass  # cancelled by the caller
