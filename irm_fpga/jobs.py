@@ -99,7 +99,10 @@ from irm_fpga.qos.throughput import (
 from services import paging
 from services.clock import Clock
 from services.errors import (
+    CAPACITY_IN_USE,
+    MANAGER_UNAVAILABLE,
     QUEUE_FULL,
+    RETRY_LATER_S,
     STREAM_BEHIND,
     FailedPrecondition,
     HarnessError,
@@ -149,6 +152,12 @@ RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
 RETRY_SLACK = 0.1               # of the first delay: a round that comes this much early is not put off a whole period
 MAX_LOGGED_FAILURES = 100       # distinct decision errors whose traceback is logged (then one line each time)
+# Hydrogen: a decision that left jobs queued is made again once the first running job's predicted end has passed
+# (it may have waited for those devices); for a job that has already overrun its prediction, whose end is only
+# estimated, at most this long after the decision.
+OVERDUE_RECHECK_MAX_S = 30.0
+MAX_PREDICTED_S = 1e9           # an overrunning job's predicted time left at most (a rate near 0 would overflow)
+RETRY_LOADING_S = 1.0           # UNAVAILABLE while the manager loads its jobs: try again this much later
 FAILURE_LINE_CHARS = 500        # the most of a failed decision's error a repeated log line quotes
 
 
@@ -229,6 +238,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # Hydrogen (`Scheduler.wakes`): when the last decision held back a job it could have started, the clock
         # time to decide again, before that job's start limit (the simulator's wake, `hy.wake_time`).
         self._wake_at: float | None = None
+        # Hydrogen: the clock time at which the last decision is made again even if nothing it looked at changed
+        # (`_dispatch`): the first predicted end of a running job it may have waited for, when jobs stayed queued.
+        self._recheck_at: float | None = None
         # Hydrogen: failed decisions in a row, the clock time before which no decision is tried again (backing off
         # from a broken plug-in: `_decision_failed`), the errors whose traceback was logged, and what the queued jobs
         # are told meanwhile (their `waiting_reason`; "" once a decision succeeds).
@@ -264,6 +276,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # EDF: the last decision was not (fully) applied -- skipped while a server was silent, or a resize
         # refused. The next control round decides again; otherwise EDF decides only on events.
         self._unapplied = False
+        # Resizes refused, per job: the size and the reason last logged (a refusal repeated every round is
+        # logged once until that job's resize succeeds or is refused otherwise).
+        self._refused: dict[str, tuple[int, str]] = {}
         # EDF: the pool (`_pool`) its last decision shared out. Each control round computes it again: devices
         # another group gave back (or a server that came back) are an event too, or they would stay idle until a
         # job registers or retires.
@@ -297,7 +312,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def _wait_loaded(self) -> None:
         if not self._ready.wait(LOAD_WAIT_S):
-            raise Unavailable("the FPGA job manager is still loading its jobs (the FPGA IRM is starting); retry")
+            raise Unavailable("the FPGA job manager is still loading its jobs (the FPGA IRM is starting); retry",
+                              reason=MANAGER_UNAVAILABLE, retry_after_s=RETRY_LOADING_S)
 
     def _load(self) -> None:
         now = self.clock.now()
@@ -447,6 +463,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         return t if t > now else None
 
     def _job(self, tenant: str, job_id: str) -> FpgaJob:
+        if not job_id:
+            raise InvalidArgument.of("job_id", "required: a job's id as RegisterJob returned it")
         if len(job_id) > MAX_ID_CHARS:        # not echoed: its message would not fit in gRPC's metadata
             raise InvalidArgument.of("job_id", f"at most {MAX_ID_CHARS} characters (got {len(job_id)}): a job's id as "
                                                f"RegisterJob returned it")
@@ -568,46 +586,68 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 else sum(n for server, n in g.parts.items() if server in caps) for r in active}
 
     # -- applying decisions ------------------------------------------------
-    def _resize(self, row: FpgaJob, n: int, now: float, live: int | None = None) -> FpgaJob:
-        """Resize the job's group to `n` devices. `live`: its devices on servers that answer, when some of its
-        parts are on servers taken as gone: the Orchestrator cuts those first (recorded, no call to them), and
-        a job kept at (or grown past) its recorded size is first cut to its live devices, then grown on servers
-        that answer (a resize to the recorded size would keep the gone parts)."""
-        n = max(1, n)
-        gone = 0 if live is None else max(0, row.devices - live)
-        if n == row.devices and not gone:
+    def _resize(self, row: FpgaJob, n: int, now: float, caps: dict[str, int] | None = None) -> FpgaJob:
+        """Resize the job's group to `n` devices. `caps`: the servers that answer (`_answering`), when the
+        decision was made without those taken as gone: the job's parts on the others are given up and its `n`
+        devices put on these, in one step (`Orchestrator.resize(evict=...)`).
+
+        Never below the group's min_size (the job's minimum): EDF gives nothing to a job whose minimum no longer
+        fits, and a group cannot be cut under its min, so the job keeps its minimum (`_edf_allocation` counts it)."""
+        gone: list[str] = []
+        try:
+            g = self.orch._group(row.group_id)
+            gone = sorted(server for server, k in (g.parts or {}).items() if k > 0 and caps is not None
+                          and server not in caps)
+            n = max(1, n, g.min_size)
+            if n == row.devices and not gone:
+                return row
+            # No max of its own: the group's (the devices usable when it was made) must not hold the job back.
+            # `evict` only when there is something to give up: the Orchestrator stand-ins of the tests have none.
+            self.orch.resize(g, n, max_size=None if row.max_devices else n, **({"evict": gone} if gone else {}))
+        except HarnessError as e:
+            self._unapplied = True
+            if self._refused.get(row.id) != (n, str(e)):     # once, not every round that decides it again
+                self._refused[row.id] = (n, str(e))
+                log.warning("job resize refused; decided again every control round until it is applied",
+                            extra={"job": row.id, "devices": n, "gone_servers": gone, "reason": str(e)})
             return row
-        sizes = [n]
-        if gone and n > row.devices - gone:
-            sizes = [max(1, row.min_devices, row.devices - gone), n]
-        done = row.devices
-        for size in sizes:
-            if size == done:
-                continue
-            try:
-                # No max of its own: the group's (the devices usable when it was made) must not hold the job back.
-                self.orch.resize(self.orch._group(row.group_id), size,
-                                 max_size=None if row.max_devices else max(sizes))
-            except HarnessError as e:
-                log.warning("job resize refused", extra={"job": row.id, "devices": size, "reason": str(e)})
-                self._unapplied = True
-                break
-            done = size
-        if done == row.devices:
+        self._refused.pop(row.id, None)
+        if n == row.devices:
             return row
         # The throughput controller's next step reads the history from the start of its period (`mean_devices`).
         st = self._states.get(row.id) if self.config.policy == THROUGHPUT else None
-        history = capped_history([*row.allocations, [now, done]], keep_since=st.last_time if st else None)
-        return self._update(row.id, devices=done, allocations=history)
+        history = capped_history([*row.allocations, [now, n]], keep_since=st.last_time if st else None)
+        return self._update(row.id, devices=n, allocations=history)
 
     def _apply(self, alloc: dict[str, int], rows: list[FpgaJob], now: float,
-               live: dict[str, int] | None = None) -> None:
-        """Shrinks first, so the devices they free are there for the grows. `live`: each job's devices on the
-        servers that answer (`_live_devices`), what it really holds."""
-        have = {r.id: r.devices if live is None else live.get(r.id, r.devices) for r in rows}
+               caps: dict[str, int] | None = None) -> None:
+        """Shrinks first, so the devices they free are there for the grows. `caps`: the servers that answer
+        (a job's devices on the others, taken as gone, are not what it holds: `_live_devices`)."""
+        live = {} if caps is None else self._live_devices(rows, caps)
+        have = {r.id: live.get(r.id, r.devices) for r in rows}
         ordered = sorted((r for r in rows if r.id in alloc), key=lambda r: alloc[r.id] - have[r.id])
         for row in ordered:
-            self._resize(row, alloc[row.id], now, None if live is None else live.get(row.id))
+            self._resize(row, alloc[row.id], now, caps)
+
+    def _edf_allocation(self, rows: list[FpgaJob], pool: int) -> dict[str, int]:
+        """`edf_allocate` of the active jobs on `pool` devices, where the pool no longer holds every minimum (it
+        shrank: devices blacklisted, a server gone): a job EDF leaves without its minimum keeps it (its group
+        cannot go below; `_resize`), and the others share what is left. Allocating as if those devices were free
+        had a grow refused for want of them, and the same refusal come back every round."""
+        jobs = [self._qos(r) for r in rows]
+        kept: dict[str, int] = {}
+        while True:
+            alloc = edf_allocate([j for j in jobs if j.job_id not in kept], max(0, pool - sum(kept.values())))
+            short = {j.job_id: max(1, j.min_devices) for j in jobs
+                     if j.job_id in alloc and alloc[j.job_id] < max(1, j.min_devices)}
+            if not short:
+                break
+            kept.update(short)
+        if kept:
+            log.warning("the job pool no longer holds every job's minimum: jobs keep their minimum and the "
+                        "others share the rest until a job retires or devices come back",
+                        extra={"pool": pool, "kept": dict(sorted(kept.items())[:20])})
+        return {**alloc, **kept}
 
     # -- Hydrogen: the ready queue ---------------------------------------------
     def _hjob(self, row: FpgaJob | Row, hi: int) -> hy.HJob:
@@ -615,7 +655,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         mx = max(row.min_devices, min(row.max_devices or hi, hi))
         return hy.HJob(row.id, row.registered_at, row.size_actions * (row.action_seconds or DEFAULT_ACTION_S),
                        row.min_devices, mx, row.priority, design=row.design, target=row.deadline_s,
-                       actions=row.size_actions)
+                       actions=row.size_actions, tenant=row.tenant)
 
     def _recent_arrivals(self, now: float) -> list:
         """The deadline jobs registered in the last FORECAST_SPAN_S, for the schedulers that draw futures from
@@ -624,7 +664,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         with self.db.read() as s:
             return list(s.execute(select(
                 j.id, j.registered_at, j.size_actions, j.action_seconds, j.min_devices, j.max_devices, j.priority,
-                j.design, j.deadline_s).where(j.goal == DEADLINE, j.registered_at >= now - hy.FORECAST_SPAN_S)))
+                j.design, j.deadline_s, j.tenant).where(j.goal == DEADLINE, j.registered_at >= now - hy.FORECAST_SPAN_S)))
 
     def _hydrogen_max(self, running: list[FpgaJob], pool: int | None = None) -> int:
         """The most the jobs' pool may hold: `pool` (default: `_pool(running)`) within jobs_pool_max."""
@@ -641,6 +681,30 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if not self.scheduler.elasticity:
             return hi
         return max(min(self._pool_size or hi, hi), min(self.scheduler.pool_min, hi))
+
+    def _started_at(self, row: FpgaJob) -> float:
+        return row.allocations[0][0] if row.allocations else row.registered_at
+
+    def _overdue(self, row: FpgaJob, job: hy.HJob, now: float) -> bool:
+        """Whether a running job has run past the cost model's time for it."""
+        return self._started_at(row) + self.cost(job, max(1, row.devices)) <= now
+
+    def _predicted_end(self, row: FpgaJob, job: hy.HJob, now: float) -> float:
+        """When a running job is expected to end: its dispatch plus the cost model's time for it, as the simulator
+        predicts (and its jobs end then). One that has run past that is not taken to end "now" (every decision
+        would then wait on it as about to end, and hold free devices back for as long as it overruns): what is
+        left of it at the rate it has achieved (the lower of its mean since dispatch and its last control
+        period's, so a job that stalled is not expected to end soon), or, with no progress lately, as long again
+        as it has run."""
+        start = self._started_at(row)
+        end = start + self.cost(job, max(1, row.devices))
+        if end > now:
+            return end
+        ran = now - start
+        done = max(row.observed_actions, row.reported_actions)
+        left = max(0, row.size_actions - done)
+        rate = min(done / ran, row.achieved_throughput) if ran > 0 else 0.0    # a cost model near 0 ends it at once
+        return now + (min(left / rate, MAX_PREDICTED_S) if rate > 0 else ran)
 
     def _dispatch(self, now: float) -> None:
         """One scheduling decision over the ready queue (under the lock): start the jobs it picks.
@@ -675,15 +739,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             late = s.scalar(select(func.count()).select_from(FpgaJob).where(
                 FpgaJob.state == QUEUED, FpgaJob.registered_at + self.config.late_after_s < now))
         inputs = (self._queue_changes, queued, tuple((r.id, live[r.id]) for r in running), hi, late)
-        if inputs == self._decided:
+        if inputs == self._decided and not (self._recheck_at is not None and now >= self._recheck_at):
             return
         window = self._window(hi)
         pool = self._provisioned(hi)
-        run = []
-        for r in running:
-            job = self._hjob(r, hi)
-            start = r.allocations[0][0] if r.allocations else r.registered_at
-            run.append(hy.RunningJob(job, max(now, start + self.cost(job, max(1, r.devices))), live[r.id]))
+        run = [hy.RunningJob(job, self._predicted_end(r, job, now), live[r.id])
+               for r in running for job in [self._hjob(r, hi)]]
         recent: list = []
         if self.scheduler.lookahead or (self.scheduler.elasticity and self.scheduler.forecast):
             recent = self._recent_arrivals(now)
@@ -718,6 +779,18 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # the pool needs several in a row, with no event between them).
         grown_for_waiting = d.pool > pool and len(d.allocation) < queued
         self._decided = inputs if all(started) and not grown_for_waiting else None
+        # A job left waiting that the free devices could have started was held back for a running job's
+        # devices: if that job has not ended by its predicted end (seen a control round later: its retirement
+        # is), the decision rested on a wrong prediction; decide again then (no sooner: the simulator's jobs end
+        # when predicted, and an end is an event). An overrunning job's end is an estimate (`_predicted_end`):
+        # looked at again when it passes, and within OVERDUE_RECHECK_MAX_S.
+        chosen = dict(d.allocation)
+        free = hi - sum(rj.devices for rj in run) - sum(chosen.values())
+        held_back = any(r.id not in chosen and r.min_devices <= free for r in window)
+        period = self.config.control_period_s
+        ends = [min(rj.end, now + OVERDUE_RECHECK_MAX_S) if self._overdue(r, rj.job, now) else rj.end + period
+                for r, rj in zip(running, run, strict=True)]
+        self._recheck_at = min(ends) if ends and held_back else None
 
     def _decision_failed(self, e: Exception, now: float) -> None:
         """After a failed decision: back off, log, and tell the queued jobs why they wait.
@@ -900,7 +973,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 return {}
             pool = self._pool(rows, caps)
             # The devices each job has on servers that answer: a server taken as gone took its parts with it
-            # (their devices are out of the pool; the resize below records them cut).
+            # (their devices are out of the pool; the resize below gives them up).
             live = self._live_devices(rows, caps)
             jobs, obs = [], {}
             for r in stepping:
@@ -917,11 +990,16 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                                  pool, alpha=self.config.alpha)
             self._states.update(states)
             self._save_controllers([r.id for r in rows], now)
-            self._apply(alloc, [r for r in rows if r.id in alloc], now, live)
+            self._apply(alloc, [r for r in rows if r.id in alloc], now, caps)
             return alloc
 
     # -- API ---------------------------------------------------------------
-    def _validate(self, request: fpga_jobs_pb2.RegisterJobRequest, usable: int) -> None:
+    def _validate(self, request: fpga_jobs_pb2.RegisterJobRequest) -> None:
+        """The request's fields, all at once (INVALID_ARGUMENT naming each), before the devices are counted: a
+        request wrong in itself is refused as such whatever the servers are doing (a silent one's UNAVAILABLE, or
+        RESOURCE_EXHAUSTED with every device blacklisted, would have the client retry a request that can never
+        succeed). A request asking for more than one device has its device counts among them too, if every
+        server answered."""
         v = Violations()
         v.check(bool(request.request_id) and len(request.request_id) <= 200, "request_id",
                 "required: an idempotency key of at most 200 characters")
@@ -945,8 +1023,6 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         v.check(mn >= 0, "min_devices", "must be >= 0")
         v.check(mx >= 0, "max_devices", "must be >= 0 (0: no limit)")
         v.check(mx == 0 or mx >= max(1, mn), "max_devices", f"must be >= min_devices and >= 1 (got {mx})")
-        v.check(max(1, mn) <= usable, "min_devices", f"the FPGA-servers have {usable} usable devices in all")
-        v.check(mx <= usable, "max_devices", f"the FPGA-servers have {usable} usable devices in all")
         if self.scheduler is not None and self.config.pool_max:
             v.check(max(1, mn) <= self.config.pool_max, "min_devices",
                     f"the job manager's pool holds at most {self.config.pool_max} devices (jobs_pool_max)")
@@ -955,21 +1031,41 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         a = request.action_seconds
         v.check(math.isfinite(a) and (a == 0 or MIN_ACTION_S <= a <= MAX_ACTION_S), "action_seconds",
                 f"seconds per action on one device: 0 (one second) or {MIN_ACTION_S:g} to {MAX_ACTION_S:g}")
+        # Counted only for a request that may ask for more devices than there are: a server that hangs holds
+        # the count for a timeout, and a malformed request asking for one device waits for no server.
+        if v.items and max(request.min_devices, request.max_devices) > 1:
+            caps = self.orch._free_total_capacity()
+            if caps and not set(self.orch.servers) - set(caps):     # else the devices are not all known
+                self._capacity_violations(request, sum(caps.values()), v)
         v.raise_if_any()
+
+    @staticmethod
+    def _capacity_violations(request: fpga_jobs_pb2.RegisterJobRequest, usable: int, v: Violations) -> None:
+        """The request's device counts against the `usable` devices of the servers."""
+        mn, mx = request.min_devices, request.max_devices
+        v.check(max(1, mn) <= usable, "min_devices", f"the FPGA-servers have {usable} usable devices in all")
+        v.check(mx <= usable, "max_devices", f"the FPGA-servers have {usable} usable devices in all")
+
+    def _retry_silent_s(self) -> float:
+        """How long a caller refused for a silent server waits: the Orchestrator tries such a server again then."""
+        return getattr(self.orch.config, "server_backoff_s", None) or RETRY_LATER_S
 
     def _usable_or_unavailable(self, request: fpga_jobs_pb2.RegisterJobRequest) -> int:
         """Usable devices of the servers that answer. A job wider than those while some server does not
         answer may fit once it is back: UNAVAILABLE (retry), not INVALID_ARGUMENT (never ask that again)."""
         caps = self.orch._free_total_capacity()
         if not caps:
-            raise Unavailable("no FPGA-server can be reached: the job manager cannot count devices; retry later")
+            raise Unavailable("no FPGA-server can be reached: the job manager cannot count devices; retry later",
+                              reason=MANAGER_UNAVAILABLE, retry_after_s=self._retry_silent_s())
         usable = sum(caps.values())
         silent = sorted(set(self.orch.servers) - set(caps))
         if silent and max(1, request.min_devices, request.max_devices) > usable:
             raise Unavailable(f"the job asks for more devices than the {usable} of the FPGA-servers that answer; "
-                              f"{', '.join(silent)} did not: retry later")
+                              f"{', '.join(silent)} did not: retry later", reason=MANAGER_UNAVAILABLE,
+                              retry_after_s=self._retry_silent_s())
         if usable == 0:
-            raise ResourceExhausted("every device of the FPGA-servers is blacklisted")
+            raise ResourceExhausted("every device of the FPGA-servers is blacklisted; retry once an operator "
+                                    "brings devices back", retry_after_s=RETRY_LATER_S)
         return usable
 
     def _registered(self, tenant: str, request_id: str) -> FpgaJob | None:
@@ -991,8 +1087,11 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # A retry gets its job whatever the devices are doing now (blacklisted, unreachable).
         if request.request_id and (existing := self._registered(tenant, request.request_id)) is not None:
             return self._replayed(existing, fingerprint)
+        self._validate(request)
         usable = self._usable_or_unavailable(request)
-        self._validate(request, usable)
+        v = Violations()
+        self._capacity_violations(request, usable, v)
+        v.raise_if_any()
         with self.lock:      # check-then-create as one step: a concurrent retry finds the first job
             if (existing := self._registered(tenant, request.request_id)) is not None:
                 return self._replayed(existing, fingerprint)
@@ -1025,7 +1124,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             caps = self._caps_if_known(rows)
             if caps is None:                    # the others' devices cannot be counted: shrinking them would
                 raise Unavailable("an FPGA-server holding job groups did not answer: the job manager cannot "
-                                  "count its devices now; retry later")
+                                  "count its devices now; retry later", reason=MANAGER_UNAVAILABLE,
+                                  retry_after_s=self._retry_silent_s())
             pool = self._pool(rows, caps)
             live = self._live_devices(rows, caps)       # parts on servers taken as gone hold nothing
             if self.config.policy == THROUGHPUT:
@@ -1036,16 +1136,19 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             n = (alloc or {}).get(row.id, 0)
             if n < 1:
                 raise ResourceExhausted(f"no device for the job's minimum ({row.min_devices}) under "
-                                        f"{self.config.policy!r}: {pool} device(s) in the pool")
+                                        f"{self.config.policy!r}: {pool} device(s) in the pool; retry once a "
+                                        f"job retires or ask for fewer devices",
+                                        reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
             # A job's group never goes below one device: refuse before touching the others' groups.
             starved = [r.id for r in rows if alloc.get(r.id, 0) < 1]
             if starved:
                 raise ResourceExhausted(
                     f"the job's minimum ({row.min_devices}) does not fit beside one device for each of the "
                     f"{len(rows)} active job(s) ({pool} device(s) in the pool): {self.config.policy!r} would leave "
-                    f"{', '.join(starved[:5])} without one; ask for fewer devices or wait for a job to retire")
+                    f"{', '.join(starved[:5])} without one; ask for fewer devices or wait for a job to retire",
+                    reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
             self._apply({k: v for k, v in alloc.items() if k != row.id}, [r for r in rows if alloc[r.id] < r.devices],
-                        now, live)
+                        now, caps)
             try:
                 g = self.orch.create_group(tenant, f"job:{row.id}", row.design, n, min_size=row.min_devices,
                                            max_size=row.max_devices or usable)
@@ -1063,7 +1166,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._drop_group(row.group_id)     # never a group without its job
                 self._rebalance(now)
                 raise
-            self._apply(alloc, [r for r in self._active() if r.id != row.id], now, live)
+            self._apply(alloc, [r for r in self._active() if r.id != row.id], now, caps)
             if self.config.policy == "edf":
                 self._edf_pool = pool        # the pool this decision shared out (the new job's group is in it)
             return self._job(tenant, row.id)
@@ -1130,7 +1233,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._unapplied = bool(rows) and caps is None      # a silent server: decided again next round
         if caps is not None:                                # a refusal sets it
             pool = self._pool(rows, caps)
-            self._apply(edf_allocate([self._qos(r) for r in rows], pool), rows, now, self._live_devices(rows, caps))
+            self._apply(self._edf_allocation(rows, pool), rows, now, caps)
             self._edf_pool = pool
 
     def _edf_pool_changed(self, rows: list[FpgaJob]) -> dict[str, int] | None:
@@ -1171,7 +1274,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._observe_run(row, now)        # a run to its size: the cost model learns its time
         end = max(row.observed_actions, row.reported_actions)
         t0, a0 = self._last.get(row.id, (row.registered_at, 0))
-        fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now,
+        # The policy it retires under is the last that managed it (`to_proto` shows the current one until then).
+        fields: dict[str, Any] = {"state": RETIRED, "devices": 0, "retired_at": now, "policy": self.config.policy,
                                   "allocations": capped_history([*row.allocations, [now, 0]])
                                   if row.allocations else []}
         # The rate over the time since the last sample, unless that is a sliver of a period and a period's
@@ -1179,7 +1283,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if now > t0 and (now - t0 >= self.config.control_period_s or not row.achieved_throughput):
             fields["achieved_throughput"] = (end - a0) / (now - t0)
         row = self._update(row.id, **fields)
-        for d in (self._states, self._seen, self._last):
+        for d in (self._states, self._seen, self._last, self._refused):
             d.pop(job_id, None)
 
         def drop(s):  # type: ignore[no-untyped-def]
@@ -1206,6 +1310,9 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             if row.state == ACTIVE and row.goal == DEADLINE and \
                     max(row.observed_actions, row.reported_actions) >= row.size_actions:
                 now = self.clock.now()
+                # The servers' counters read once more, as `retire` does: the tasks done since the last round are
+                # the job's, and a run the servers saw to its size teaches the cost model.
+                self._observe([row])
                 row = self._finish(job_id, now)     # its size is done: retired, devices back to the pool
                 self._rebalance(now)
             return row
@@ -1217,7 +1324,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             id=row.id, tenant=row.tenant, request_id=row.request_id, design=row.design, group_id=row.group_id,
             state=_STATES[row.state], dispatched_at=row.allocations[0][0] if row.allocations else 0.0,
             action_seconds=row.action_seconds,
-            min_devices=row.min_devices, max_devices=row.max_devices, priority=row.priority, policy=row.policy,
+            min_devices=row.min_devices, max_devices=row.max_devices, priority=row.priority,
+            # A job not retired is managed by this manager's policy, whatever it was registered under (the
+            # Orchestrator may have restarted under another since).
+            policy=row.policy if row.state == RETIRED else self.config.policy,
             devices=row.devices, completed_actions=actions, achieved_throughput=row.achieved_throughput,
             mean_throughput=actions / (end - row.registered_at) if end > row.registered_at else 0.0,
             allocations=[fpga_jobs_pb2.AllocationChange(time=t, devices=n)
@@ -1302,7 +1412,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # Not the end the contract promises: say so, so that the client reconnects (its first message is the
         # current state again) instead of taking an OK end for a retired job.
         if self.watchers.closed:
-            raise Unavailable("the FPGA IRM's job manager is stopping; reconnect to go on watching")
+            raise Unavailable("the FPGA IRM's job manager is stopping; reconnect to go on watching",
+                              reason=MANAGER_UNAVAILABLE, retry_after_s=RETRY_LOADING_S)
         raise ResourceExhausted(f"the stream fell behind: more than {MAX_WATCH_BACKLOG} of the jobs it follows "
                                 f"changed while it was not read; reconnect and re-list (a new stream starts with "
                                 f"the jobs' current state)", reason=STREAM_BEHIND)

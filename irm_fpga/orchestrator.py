@@ -21,7 +21,7 @@ import time
 import uuid
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -382,12 +382,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return out
 
     def _spread(self, size: int, current: dict[str, int], pinned: list[str] | None = None,
-                silent: set[str] | None = None) -> dict[str, int]:
+                silent: set[str] | None = None, evict: Iterable[str] = ()) -> dict[str, int]:
         """Devices per server for a group of `size`: keep what it has, grow where room is, shrink the largest.
 
         A shrink cuts the parts on servers that do not answer first (nothing is served there; the caller records
         them cut without a call, and the reconcile rounds set those servers' parts once they answer). `silent`, if
-        given, gets the servers of `current` that did not answer."""
+        given, gets the servers of `current` that did not answer. `evict`: servers the caller has given up on
+        (the job manager's, silent past jobs_silent_server_s); those of them that still do not answer lose their
+        parts whatever the size, and the group is made `size` on the others, in one step: cutting to the live
+        devices first and growing after would go through a size the group's min_size may refuse, and a shrink
+        from the recorded size leaves part of the group on the dead server."""
         infos = self._server_infos()
         # First make them hold what the database says: a restarted server's parts back, stale ones gone.
         changed = self._reconcile(infos)
@@ -398,6 +402,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         recorded = self._recorded()
         free_of = {n: self._free(i, recorded.get(n, 0)) for n, i in infos.items()}
         parts = dict(current)
+        for name in evict:
+            if name in parts and name not in infos:     # one that answers again keeps its part
+                parts[name] = 0
         total = sum(parts.values())
         if size > total:
             need = size - total
@@ -609,16 +616,18 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             raise reused_request_id()
         return existing
 
-    def resize(self, g: Group, size: int, *, max_size: int | None = None, pinned: list[str] | None = None) -> Group:
+    def resize(self, g: Group, size: int, *, max_size: int | None = None, pinned: list[str] | None = None,
+               evict: Iterable[str] = ()) -> Group:
         """`max_size` above the group's raises it first: a job's group (the job manager's) may grow onto devices
-        that were not usable when it was made, which capped its max then."""
+        that were not usable when it was made, which capped its max then. `evict`: servers whose parts go to
+        nothing if they still do not answer, the group being `size` on the others (`_spread`)."""
         mx = max(g.max_size, max_size or 0)
         if not g.min_size <= size <= mx:
             raise FailedPrecondition(f"size {size} is outside the group's [{g.min_size}, {mx}]")
         with self.lock:
             g = self._group(g.id)
             silent: set[str] = set()
-            parts = self._spread(size, g.parts, pinned, silent=silent)
+            parts = self._spread(size, g.parts, pinned, silent=silent, evict=evict)
             self._apply(g, parts, silent)
 
             def save(s):  # type: ignore[no-untyped-def]

@@ -103,6 +103,7 @@ class HJob:
     design: str = "mc_bond_option"
     target: float | None = None  # JLO: target execution time (s)
     actions: int = 0             # the job's size in actions, when known (live jobs): the learned model's unit
+    tenant: str = ""             # whose job, when known (live jobs): the learned model is per tenant and design
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_devices <= self.max_devices:
@@ -122,17 +123,22 @@ def linear_cost(job: HJob, devices: int) -> float:
 
 
 class LearnedCostModel:
-    """t(r) = a + b/r per design, fitted by least squares on observed (r, seconds / size).
+    """t(r) = a + b/r per design (per tenant and design for jobs that name a tenant), fitted by least squares on
+    observed (r, seconds / size).
 
     Observations are normalised by the job's size so jobs of one design but
     different sizes share one fit: its actions when known (live jobs, whose
     defaultTime rests on each tenant's own guess of seconds per action, which
     must not skew the fit once runs are measured), else its defaultTime (the
-    simulator's jobs). A plain object; call it as a `Cost`.
+    simulator's jobs). A live action is whatever task its tenant sends (a
+    `sleep` of any duration, an option priced over any number of paths), so
+    one tenant's seconds per action say nothing of another's: shared, a tenant
+    sending its size in empty tasks made every tenant's jobs of the design look
+    instant to the scheduler. A plain object; call it as a `Cost`.
     """
 
     def __init__(self) -> None:
-        # design -> devices -> [runs, sum of seconds per unit of size]: what the fit needs, and no more (the
+        # fit (`_key`) -> devices -> [runs, sum of seconds per unit of size]: what the fit needs, and no more (the
         # runs themselves grew without bound on a long-lived manager, and each refit went over all of them).
         self._sums: dict[str, dict[int, list[float]]] = {}
         self._fit: dict[str, tuple[float, float]] = {}
@@ -145,19 +151,27 @@ class LearnedCostModel:
         share = seconds / self._size(job)
         if devices < 1 or not math.isfinite(share) or share <= 0:
             return                      # nothing to learn from a run that took no (or no finite) time
-        acc = self._sums.setdefault(job.design, {}).setdefault(devices, [0.0, 0.0])
+        key = self._key(job.design, job.tenant)
+        acc = self._sums.setdefault(key, {}).setdefault(devices, [0.0, 0.0])
         acc[0] += 1.0
         acc[1] += share
-        self._fit.pop(job.design, None)
+        self._fit.pop(key, None)
 
-    def observed(self, design: str) -> dict[int, tuple[int, float]]:
-        """What was learned of `design`: devices -> (runs on that many, mean seconds per unit of size)."""
-        return {r: (int(n), total / n) for r, (n, total) in self._sums.get(design, {}).items()}
+    @staticmethod
+    def _key(design: str, tenant: str) -> str:
+        """The fit of `design`, or of `tenant`'s runs of it (\x00 is in no tenant id)."""
+        return f"{tenant}\x00{design}" if tenant else design
 
-    def coefficients(self, design: str) -> tuple[float, float] | None:
-        if design in self._fit:
-            return self._fit[design]
-        sums = self._sums.get(design, {})
+    def observed(self, design: str, tenant: str = "") -> dict[int, tuple[int, float]]:
+        """What was learned of `design` (`tenant`'s runs of it, for a tenant): devices -> (runs on that many, mean
+        seconds per unit of size)."""
+        return {r: (int(n), total / n) for r, (n, total) in self._sums.get(self._key(design, tenant), {}).items()}
+
+    def coefficients(self, design: str, tenant: str = "") -> tuple[float, float] | None:
+        key = self._key(design, tenant)
+        if key in self._fit:
+            return self._fit[key]
+        sums = self._sums.get(key, {})
         if len(sums) < 2:
             return None
         # Least squares over every run equals least squares over each size's mean weighted by its runs (the
@@ -168,11 +182,11 @@ class LearnedCostModel:
         # Non-negative: live times carry up to a control period of noise, and two noisy points fitted freely
         # can give b < 0 (more devices predicted slower) or a < 0 (a cost below zero on many devices).
         (a, b), _ = nnls(x, y)
-        self._fit[design] = (float(a), float(b))
-        return self._fit[design]
+        self._fit[key] = (float(a), float(b))
+        return self._fit[key]
 
     def __call__(self, job: HJob, devices: int) -> float:
-        c = self.coefficients(job.design)
+        c = self.coefficients(job.design, job.tenant)
         if c is None:
             return linear_cost(job, devices)
         return max(1e-9, self._size(job) * (c[0] + c[1] / devices))

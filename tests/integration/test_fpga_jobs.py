@@ -297,7 +297,7 @@ def test_a_hydrogen_policy_queues_dispatches_and_learns_from_real_tasks(suite):
         assert started.dispatched_at >= done.retired_at and started.devices == 1
         assert group_size(orch, "alice", started.group_id) == 1
         model = register.manager.cost
-        assert list(model.observed("sleep")) == [first.devices]     # learned from the run on its devices
+        assert list(model.observed("sleep", "alice")) == [first.devices]     # learned from the run on its devices
     finally:
         stop_irm(running, register)
 

@@ -104,10 +104,10 @@ def test_managed_deadline_shrinks_an_easy_pool_grows_it_for_a_job_that_would_mis
     irm.manager.control_once()
     assert irm.job(a.id).state == RETIRED and irm.job(b.id).state == ACTIVE
     # The learned cost model saw a's run (7 devices, 2 s for 10 s of work) and sees it again after a restart.
-    seen = irm.manager.cost.observed("sleep")
+    seen = irm.manager.cost.observed("sleep", "alice")
     assert seen == {DEVICES - 1: (1, pytest.approx(0.2))}
     irm.restart()
-    assert irm.manager.cost.observed("sleep") == seen
+    assert irm.manager.cost.observed("sleep", "alice") == seen
 
 
 def test_a_running_hydrogen_job_keeps_its_progress_across_a_restart(irm_factory):
@@ -252,7 +252,7 @@ def test_the_cost_model_learns_only_from_runs_on_one_fixed_size(irm_factory):
     assert irm.job(a.id).state == RETIRED
     irm.policy = "managed_deadline"
     irm.restart()                                             # b (a deadline job under EDF) carries on
-    assert irm.manager.cost.observed("sleep") == {}           # a's run was resized: not one size's time
+    assert irm.manager.cost.observed("sleep", "alice") == {}           # a's run was resized: not one size's time
 
 
 def test_edf_refuses_to_start_over_groups_a_hydrogen_scheduler_fixed(irm_factory):
@@ -354,10 +354,10 @@ def test_measured_runs_outweigh_each_tenants_guess_of_an_actions_time(irm_factor
         irm.complete(irm.job(job.id), 20)
         irm.manager.control_once()
         assert irm.job(job.id).state == RETIRED
-    assert irm.manager.cost.observed("sleep") == {DEVICES: (1, pytest.approx(0.1)), 4: (1, pytest.approx(0.2))}
+    assert irm.manager.cost.observed("sleep", "alice") == {DEVICES: (1, pytest.approx(0.1)), 4: (1, pytest.approx(0.2))}
     # So two 20-action jobs of the design are predicted alike (4 s on 4 devices) however far off their guesses.
     row = SimpleNamespace(id="x", registered_at=0.0, size_actions=20, min_devices=1, max_devices=0, priority=1.0,
-                          design="sleep", deadline_s=100.0)
+                          design="sleep", deadline_s=100.0, tenant="alice")
     low, high = (irm.manager._hjob(SimpleNamespace(**vars(row), action_seconds=g), DEVICES) for g in (1e-3, 1e3))
     assert irm.manager.cost(low, 4) == pytest.approx(4.0) == irm.manager.cost(high, 4)
     with pytest.raises(InvalidArgument, match="action_seconds"):

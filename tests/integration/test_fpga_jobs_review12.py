@@ -191,16 +191,16 @@ def test_a_tenants_reports_do_not_teach_the_shared_cost_model(irm_factory):
         assert irm.manager._job("bob", j.id).state == "active"
         irm.clock.advance(0.001)
         assert irm.manager.report("bob", j.id, 10**9).state == "retired"
-    assert irm.manager.cost.observed("sleep") == {}
+    assert irm.manager.cost.observed("sleep", "alice") == {}
     irm.restart()                                           # nor when it relearns the history
-    assert irm.manager.cost.observed("sleep") == {}
+    assert irm.manager.cost.observed("sleep", "alice") == {}
     # A run the servers counted to its size still teaches it.
     a = irm.register("a", min_devices=2, max_devices=2, action_seconds=1.0, **deadline(100.0, 10))
     irm.clock.advance(4.0)
     irm.complete(irm.job(a.id), 10)
     irm.manager.control_once()
     assert irm.job(a.id).state == "retired"
-    assert irm.manager.cost.observed("sleep") == {2: (1, pytest.approx(0.4))}
+    assert irm.manager.cost.observed("sleep", "alice") == {2: (1, pytest.approx(0.4))}
 
 
 # -- 4. WatchJobs slots per tenant -------------------------------------------------------------------------

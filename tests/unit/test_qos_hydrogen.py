@@ -76,6 +76,21 @@ def test_sjtf_and_priority_stop_at_first_job_that_does_not_fit():
     assert priority(jobs, 2, 30) == []
 
 
+
+def test_the_learned_model_of_one_tenant_is_not_taught_by_another():
+    # A live action is whatever its tenant sends: bob sending his size in empty tasks (runs of ~0 s) must not make
+    # alice's jobs of the design look instant to the scheduler.
+    alice = HJob("a", 0.0, 100.0, 1, 4, actions=100, design="sleep", tenant="alice")
+    bob = HJob("b", 0.0, 100.0, 1, 4, actions=100, design="sleep", tenant="bob")
+    m = LearnedCostModel()
+    for r in (1, 2):
+        m.observe(alice, r, 100.0 * (0.2 + 0.8 / r))
+    before = m(alice, 2)
+    for r in (1, 2):
+        m.observe(bob, r, 1e-6)
+    assert m(alice, 2) == pytest.approx(before) == pytest.approx(60.0)
+    assert m(bob, 2) < 1e-3 and m.observed("sleep", "bob") and not m.observed("sleep")
+
 def test_linear_and_learned_cost():
     j = HJob("a", 0.0, 12.0, 1, 4)
     assert linear_cost(j, 4) == 3.0
