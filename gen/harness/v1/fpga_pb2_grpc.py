@@ -162,7 +162,14 @@ class FpgaServerServicer:
         ResultBatch is at most 1 MiB, under gRPC's default 4 MiB receive limit,
         unless one result alone is larger (it is then sent alone: raise the
         client's max receive message size for such results; the server sends up
-        to 64 MiB).
+        to 64 MiB). A task that cannot run (bad parameters, an unknown kind, a
+        second LOCK, a stray UNLOCK) is answered alone with an error naming its
+        id; the rest of its batch runs. A stream that ends before answering
+        (cancelled, connection lost) takes its not-yet-started tasks out of the
+        server's queues, and a lock taken on a stream lasts as long as the stream.
+        UNAVAILABLE when the server stops while results are owed. At most
+        max_execute_streams streams at once: one more is RESOURCE_EXHAUSTED
+        (reason STREAM_CAP).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -178,8 +185,11 @@ class FpgaServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RunDirect(self, request, context):
-        """Baseline without groups: one task on one unassigned device, configured
-        with `design` (reconfiguring first if needed). Thesis Fig. 3.4's "direct".
+        """CONTROL. Baseline without groups: one task on one unassigned device,
+        configured with `design` (reconfiguring first if needed). Thesis Fig.
+        3.4's "direct". The device is held only while the caller waits (its
+        deadline or cancel gives it back); an out-of-range device or an unknown
+        design is INVALID_ARGUMENT saying what exists.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
