@@ -65,7 +65,7 @@ from services.errors import (
     require_tenant,
 )
 from services.idempotency import reused_request_id
-from services.server import Component
+from services.server import CallCap, Component
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -253,7 +253,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         self._executions: set[threading.Event] = set()
         self._execution_ids: dict[str, threading.Event] = {}    # running execution -> its cancellation
         self._executions_done = threading.Condition(self._lock)
-        self._long_calls = 0        # ExecuteApplication calls and StartProfiling streams holding a worker thread
+        # ExecuteApplication calls and StartProfiling streams, each holding a worker thread while it lasts.
+        self._long_calls = CallCap(config.max_long_calls, self._long_calls_refusal)
         self._sweep()
         # Marking rows alive makes no remote call, so nothing slow (a CRS that answers late while a sweep
         # releases what a dead process left) can hold it past `stale_after`; it stops last, once the runs
@@ -406,23 +407,15 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                                "crs": self.config.crs_address})
             return False
 
-    def _take_long_call(self, what: str) -> None:
-        """One of max_long_calls for `what` (which call), or RESOURCE_EXHAUSTED: past the cap a long call would
-        hold one of the worker threads that the short calls (StopProfiling, GetModel, health) are kept."""
-        limit = self.config.max_long_calls
-        with self._lock:
-            if self._long_calls >= limit:
-                raise ResourceExhausted(
-                    f"{what}: {self._long_calls} long calls (ExecuteApplication runs and StartProfiling streams) "
-                    f"are in progress on this Application Manager, its most (max_long_calls={limit}); retry once "
-                    "one ends, or raise max_long_calls in the am section of its configuration (harness serve am "
-                    "--set max_long_calls=N)", reason=STREAM_CAP, retry_after_s=RETRY_LATER_S,
-                    metadata={"max_long_calls": str(limit)})
-            self._long_calls += 1
-
-    def _end_long_call(self) -> None:
-        with self._lock:
-            self._long_calls -= 1
+    @staticmethod
+    def _long_calls_refusal(n: int, limit: int, what: str) -> ResourceExhausted:
+        """Past max_long_calls a long call would hold one of the worker threads the short calls (StopProfiling,
+        GetModel, health) are kept."""
+        return ResourceExhausted(
+            f"{what}: {n} long calls (ExecuteApplication runs and StartProfiling streams) are in progress on this "
+            f"Application Manager, its most (max_long_calls={limit}); retry once one ends, or raise max_long_calls "
+            "in the am section of its configuration (harness serve am --set max_long_calls=N)", reason=STREAM_CAP,
+            retry_after_s=RETRY_LATER_S, metadata={"max_long_calls": str(limit)})
 
     def quiesce(self) -> None:
         """Shutting down, before the server stops: refuse new sessions and executions, cancel what runs (each
@@ -777,11 +770,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         v.raise_if_any()
         loaded = self._load(tenant, request.application_id)
         # Taken before the session starts: refused, nothing runs; taken, it is given back when the stream ends.
-        self._take_long_call("StartProfiling")
+        self._long_calls.take("StartProfiling")
         try:
             yield from self._start_and_follow(loaded, request, context, name, max_runs)
         finally:
-            self._end_long_call()
+            self._long_calls.give_back()
 
     def _start_and_follow(self, loaded: Loaded, request, context, name: str,  # type: ignore[no-untyped-def]
                           max_runs: int) -> Iterator[pb.ProfilingEvent]:
@@ -1053,11 +1046,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         if request.request_id and (prior := self._prior_execution(tenant, request.request_id)) is not None:
             self._same_request((prior.application_id, prior.slo) == (loaded.app.id, slo.describe()))
             return self._execution_pb(prior)
-        self._take_long_call("ExecuteApplication")
+        self._long_calls.take("ExecuteApplication")
         try:
             return self._execute(tenant, loaded, slo, request, context)
         finally:
-            self._end_long_call()
+            self._long_calls.give_back()
 
     def _execute(self, tenant: str, loaded: Loaded, slo: Slo, request,  # type: ignore[no-untyped-def]
                  context) -> pb.ApplicationExecution:

@@ -66,7 +66,7 @@ from services.errors import (
     owned,
     require_tenant,
 )
-from services.server import Component
+from services.server import CallCap, Component
 
 log = logging.getLogger(__name__)
 
@@ -635,18 +635,12 @@ def _execution_pb(run: _Run) -> agent_pb2.Execution:
 class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self._lock = threading.Lock()
-        self._streams = 0  # Execute streams open, each holding a worker thread
+        self._streams = CallCap(agent.config.max_execute_streams, lambda n, limit: ResourceExhausted(
+            f"{n} executions are streaming from this agent, its most (max_execute_streams={limit}); retry when one "
+            "ends (a client may cancel its stream and follow the run with GetExecution)", reason=STREAM_CAP))
 
     def Execute(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
-        limit = self.agent.config.max_execute_streams
-        with self._lock:
-            if self._streams >= limit:
-                raise ResourceExhausted(
-                    f"{self._streams} executions are streaming from this agent, its most (max_execute_streams="
-                    f"{limit}); retry when one ends (a client may cancel its stream and follow the run with GetExecution)",
-                    reason=STREAM_CAP)
-            self._streams += 1
+        self._streams.take()
         try:
             run = self.agent.execute(request)
             # A client that cancels leaves the command running (GetExecution / StopExecution reach it);
@@ -656,8 +650,7 @@ class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
             for event in run.execution.events():
                 yield _event_pb(event)
         finally:
-            with self._lock:
-                self._streams -= 1
+            self._streams.give_back()
 
     def GetExecution(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
         return _execution_pb(self.agent.get(request.tenant, request.execution_id))

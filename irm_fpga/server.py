@@ -63,7 +63,7 @@ from services.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.server import Component
+from services.server import CallCap, Component
 
 log = logging.getLogger(__name__)
 
@@ -285,8 +285,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         self._dispatcher = threading.Thread(target=self._dispatch, name="fpga-dispatch", daemon=True)
         # One RunDirect at a time per device (a second waits for the first); different devices run at once.
         self.direct_locks = [threading.Lock() for _ in range(config.devices)]
-        self.streams = 0    # Execute streams open (each holding a worker thread); under `_streams_lock`
-        self._streams_lock = threading.Lock()
+        self.streams = CallCap(config.max_execute_streams, self._streams_refusal)    # Execute streams open
 
     # -- driving the engine ---------------------------------------------
     def _advance(self) -> float | None:
@@ -818,20 +817,12 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
             st.closed = True
             st.wake()
 
-    def _open_stream(self) -> None:
-        limit = self.config.max_execute_streams
-        with self._streams_lock:
-            if self.streams >= limit:
-                raise ResourceExhausted(
-                    f"{self.streams} Execute streams are open on FPGA-server {self.config.name!r}, its most "
-                    f"(max_execute_streams={limit}); close one (the client library opens one per part, for the "
-                    "life of the client: close clients you no longer use), send with RunBatch, or retry later",
-                    reason=STREAM_CAP)
-            self.streams += 1
-
-    def _close_stream(self) -> None:
-        with self._streams_lock:
-            self.streams -= 1
+    def _streams_refusal(self, n: int, limit: int) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"{n} Execute streams are open on FPGA-server {self.config.name!r}, its most "
+            f"(max_execute_streams={limit}); close one (the client library opens one per part, for the "
+            "life of the client: close clients you no longer use), send with RunBatch, or retry later",
+            reason=STREAM_CAP)
 
     def Execute(self, request_iterator, context):  # noqa: N802
         """Tasks in batches, results as they come, over one stream (the client library's path).
@@ -843,7 +834,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
         are written by the thread that produced them.
         """
         # Counted before the first message is read: waiting for it already holds a worker thread.
-        self._open_stream()
+        self.streams.take()
         try:
             first = next(request_iterator, None)
             if first is None:
@@ -859,7 +850,7 @@ class FpgaServerService(fpga_pb2_grpc.FpgaServerServicer):
                 self._abandon(client, st)
                 self._drop_sink(client, st)
         finally:
-            self._close_stream()
+            self.streams.give_back()
 
     def _answer(self, client: str, st: _Stream, context: Any) -> Iterator[fpga_pb2.ResultBatch]:
         """Write `st`'s results as they come, driving the engine while it is owed any (see Execute)."""

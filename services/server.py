@@ -100,6 +100,29 @@ DB_FAILURE_WINDOW_S = 60.0
 CONTENTION_CODES = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
 
 
+class CallCap:
+    """At most `limit` long-lived calls of one kind at once (streams, runs), each holding a server worker thread
+    for as long as it lasts. One more is refused with `refuse(open, limit, *context)` (a RESOURCE_EXHAUSTED saying
+    the setting to raise): a service sizes its pool as the cap plus workers of their own for the other calls, so
+    that those never queue behind the long ones (idle streams, runs of days)."""
+
+    def __init__(self, limit: int, refuse: Callable[..., HarnessError]) -> None:
+        self.limit = limit
+        self._refuse = refuse
+        self._lock = threading.Lock()
+        self.open = 0
+
+    def take(self, *context: object) -> None:
+        with self._lock:
+            if self.open >= self.limit:
+                raise self._refuse(self.open, self.limit, *context)
+            self.open += 1
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.open -= 1
+
+
 class DatabaseHealth:
     """The server's health as its database makes it: NOT_SERVING (every service) once `threshold` calls in a row
     (each within DB_FAILURE_WINDOW_S of the last) failed on the database (its environment: a full disk, a server

@@ -137,7 +137,7 @@ def test_with_every_long_call_held_short_calls_answer_and_one_more_long_call_is_
     assert stub.ExecuteApplication(pb.ExecuteApplicationRequest(tenant="t", application_id=apps[0].id,
                                                                 slo_json=LOOSE_SLO), timeout=30).state == \
         pb.ApplicationExecution.STATE_SUCCEEDED
-    assert am._long_calls == 0
+    assert am._long_calls.open == 0
 
 
 def test_a_cancelled_execution_gives_its_slot_back(am_server):
@@ -150,7 +150,7 @@ def test_a_cancelled_execution_gives_its_slot_back(am_server):
         tenant="t", application_id=app.id, slo_json=LOOSE_SLO), timeout=120) for _ in range(CAP)]
     eventually(lambda: held.inside == CAP, timeout=60, what=f"{CAP} runs held at once")
     assert calls[0].cancel()
-    eventually(lambda: am._long_calls == CAP - 1, what="the cancelled execution's slot given back")
+    eventually(lambda: am._long_calls.open == CAP - 1, what="the cancelled execution's slot given back")
     listed = stub.ListExecutions(pb.ListExecutionsRequest(tenant="t", application_id=app.id, page_size=100),
                                  timeout=10).executions
     assert sum(CANCELLED in x.error for x in listed) == 1

@@ -111,14 +111,14 @@ def test_idle_clients_streams_leave_worker_threads_for_every_other_call(server: 
     # GetServer, control calls and RunBatch all waited for one of them to close.
     server.part("g", 2, "c")
     idle = [Call(server.stub, batch("c")) for _ in range(32)]
-    eventually(lambda: server.svc.streams == 32, timeout=10)
+    eventually(lambda: server.svc.streams.open == 32, timeout=10)
     info = server.stub.GetServer(fpga_pb2.GetServerRequest(), timeout=5)
     assert len(info.devices) == 2
     (r,) = server.stub.RunBatch(batch("c", sleep_task(1, 0.01)), timeout=5).results
     assert r.error == ""
     for c in idle:
         c.end()
-    eventually(lambda: server.svc.streams == 0, timeout=10)
+    eventually(lambda: server.svc.streams.open == 0, timeout=10)
 
 
 def test_one_stream_over_the_cap_is_resource_exhausted_stream_cap() -> None:
@@ -126,7 +126,7 @@ def test_one_stream_over_the_cap_is_resource_exhausted_stream_cap() -> None:
     try:
         s.part("g", 1, "c")
         open_ = [Call(s.stub, batch("c")) for _ in range(2)]
-        eventually(lambda: s.svc.streams == 2, timeout=10)
+        eventually(lambda: s.svc.streams.open == 2, timeout=10)
         extra = Call(s.stub, batch("c"))
         extra.reader.join(10)
         assert extra.error is not None and extra.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -24,8 +24,9 @@ from services.errors import (
     Unavailable,
 )
 from tests.conftest import eventually
+from tests.unit.test_fpga_server import batch, group, task
 
-RUN, LOCK, UNLOCK = fpga_pb2.Task.KIND_RUN, fpga_pb2.Task.KIND_LOCK, fpga_pb2.Task.KIND_UNLOCK
+LOCK, UNLOCK = fpga_pb2.Task.KIND_LOCK, fpga_pb2.Task.KIND_UNLOCK
 
 
 class Ctx:
@@ -59,24 +60,6 @@ def svc() -> Iterator[FpgaServerService]:
         yield s
     finally:
         s.stop()
-
-
-def group(s: FpgaServerService, gid: str, size: int, *clients: str) -> None:
-    s.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=gid, design="sleep", size=size), None)
-    for c in clients:
-        s.AttachClient(fpga_pb2.ServerAttachRequest(group_id=gid, client_id=c, token=f"tok-{c}"), None)
-    eventually(lambda: s.engine.group_info(gid).size == size, timeout=5)
-
-
-def task(tid: int, duration: float | None = None, kind: int = RUN) -> fpga_pb2.Task:
-    t = fpga_pb2.Task(id=tid, kind=kind)
-    if duration is not None:
-        t.params["duration"].number = duration
-    return t
-
-
-def batch(client: str, *tasks: fpga_pb2.Task, gid: str = "g") -> fpga_pb2.TaskBatch:
-    return fpga_pb2.TaskBatch(client_id=client, group_id=gid, token=f"tok-{client}", tasks=tasks)
 
 
 def in_thread(fn, *args):  # type: ignore[no-untyped-def]
@@ -310,18 +293,18 @@ def test_execute_streams_beyond_the_cap_are_resource_exhausted_and_the_server_ke
     try:
         group(s, "g", 1, "c")
         a, b = Stream(s, batch("c")), Stream(s, batch("c"))
-        eventually(lambda: s.streams == 2, timeout=5)
+        eventually(lambda: s.streams.open == 2, timeout=5)
         third = Stream(s, batch("c"))
         third.thread.join(5)
         assert isinstance(third.error, ResourceExhausted) and third.error.reason == STREAM_CAP
         assert "max_execute_streams=2" in str(third.error)
         a.end()
-        eventually(lambda: s.streams == 1, timeout=5)
+        eventually(lambda: s.streams.open == 1, timeout=5)
         fourth = Stream(s, batch("c", task(1, 0.01)))
         eventually(lambda: 1 in fourth.by_id(), timeout=5)
         fourth.end()
         b.end()
-        assert s.streams == 0
+        assert s.streams.open == 0
     finally:
         s.stop()
     comp = component(FpgaServerConfig(max_execute_streams=40))
