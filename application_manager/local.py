@@ -63,6 +63,9 @@ _TRANSIENT_PREFIXES = ("could not reserve: ", "could not run: ", "the run was lo
 # agent was stopped (a restart, a deploy), or someone stopped the execution (irm_compute.agent.RELEASED,
 # AGENT_STOPPED; irm_compute.sandbox.STOPPED).
 ENDED_FROM_OUTSIDE = frozenset({"vm released", "agent stopped", "stopped"})
+# How the agent says the kernel's OOM killer ended a run below its own memory limit (irm_compute.sandbox
+# `exit_reason`): the machine ran out of memory first (other VMs, other processes), not the configuration.
+MACHINE_OUT_OF_MEMORY = "out of memory: the kernel's OOM killer"
 
 
 def never_quoted(e: grpc.RpcError) -> bool:
@@ -87,7 +90,8 @@ def transient_error(error: str) -> bool:
             code = error[len(prefix):].split(":", 1)[0].strip()
             known = {c.name for c in grpc.StatusCode}
             return code in {c.name for c in TRANSIENT_CODES} or (prefix == _TRANSIENT_PREFIXES[2] and code not in known)
-    return error.startswith("cancelled: ") or error.startswith("stopped: ") or error in ENDED_FROM_OUTSIDE
+    return (error.startswith("cancelled: ") or error.startswith("stopped: ") or error in ENDED_FROM_OUTSIDE
+            or error.startswith(MACHINE_OUT_OF_MEMORY))
 
 
 @dataclass
@@ -305,11 +309,15 @@ class LocalBackend:
                 # The peak the agent measured (its high-water marks catch what falls between samples): a run
                 # shorter than one sampling interval has no sample at all, and read as using no memory.
                 mem = max(mem or 0.0, exited.peak_memory_mb / main.memory_limit_mb * 100.0)
-            if exited.reason and "memory" in exited.reason:
+            neighbours = exited.reason.startswith(MACHINE_OUT_OF_MEMORY)
+            if exited.reason and "memory" in exited.reason and not neighbours:
                 mem = max(mem or 0.0, 100.0)
             cpu = exited.mean_cpu_percent if samples else None
+            # A run the machine's shortage ended says nothing of its configuration's memory: transient, and no
+            # bottleneck for the profilers to grow memory for.
+            transient = not ok and (exited.reason in ENDED_FROM_OUTSIDE or neighbours)
             return RunDetail(Observation(proposal.config, ok, exited.wall_time_s, cost, proposal.input, cpu, mem, error,
-                                         transient=not ok and exited.reason in ENDED_FROM_OUTSIDE),
+                                         transient=transient),
                              res.id, tail[-2000:], main.notes)
         except grpc.RpcError as e:
             # The agent out of reach is the cloud's trouble, not the configuration's; a refusal of the request is.

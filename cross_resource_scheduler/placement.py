@@ -413,6 +413,12 @@ def _verdict(req: PlacementRequest, order: list[GroupDemand], view: CapacityView
     """For a request no placement was found for now: (hint, unresolvable, down managers that could hold it)."""
     types = {g.resource_type for g in req.groups}
     mine = [n for n in view.nodes.values() if n.resource_type in types]
+    missing = sorted(t for t in types if not any(n.resource_type == t for n in mine))
+    if missing:
+        # Nothing of the type is known, up or down: its managers have not reported capacity yet (this CRS or they
+        # just started, a watch reconnecting). "Never fits" would be read as the request's fault, for good.
+        return (f"no {'/'.join(missing)} resources are known to this CRS yet (their managers have not reported "
+                "capacity: starting or reconnecting); retry later"), False, []
     up = [n for n in mine if not view.is_down(n.manager)]
     fits, reason, _ = _fits_empty(req, order, up, pipeline, topology)
     if fits:

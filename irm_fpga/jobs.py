@@ -785,7 +785,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         # when predicted, and an end is an event). An overrunning job's end is an estimate (`_predicted_end`):
         # looked at again when it passes, and within OVERDUE_RECHECK_MAX_S.
         chosen = dict(d.allocation)
-        free = hi - sum(rj.devices for rj in run) - sum(chosen.values())
+        free = d.pool - sum(rj.devices for rj in run) - sum(chosen.values())     # of the pool it provisioned
         held_back = any(r.id not in chosen and r.min_devices <= free for r in window)
         period = self.config.control_period_s
         ends = [min(rj.end, now + OVERDUE_RECHECK_MAX_S) if self._overdue(r, rj.job, now) else rj.end + period

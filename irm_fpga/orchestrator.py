@@ -46,6 +46,7 @@ from services.db import Database, default_url
 from services.errors import (
     MANAGER_UNAVAILABLE,
     OVER_PRICE,
+    RETRY_LATER_S,
     Aborted,
     FailedPrecondition,
     HarnessError,
@@ -800,7 +801,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
         def attach_on(parts: dict[str, int]) -> None:
             for name, n in parts.items():
-                if n <= 0 or any(h.name == name for h in accepted):
+                # A server silent to this call is not asked again under the lock (with no breaker, each ask would
+                # hold every placement for server_timeout_s); only parts a resize added meanwhile are new.
+                if n <= 0 or name in silent or any(h.name == name for h in accepted):
                     continue
                 try:
                     h = self._handle(name)
@@ -815,7 +818,6 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                         raise _rpc_error(name, e) from None
                     silent[name] = _rpc_error(name, e)
                     continue
-                silent.pop(name, None)
                 accepted.append(h)
 
         try:
@@ -826,6 +828,18 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 # new server) or attached to a deleted group. So: the group as it is now, the client put on any
                 # part it gained, and marked attached before either can run again.
                 g = self._group(g.id)   # NotFound if deleted meanwhile: taken back below
+                if not new:
+                    # Revokes and detaches mark the row under this lock: one that came after this call read the
+                    # row must not be undone by the attach made meanwhile (a client library refreshes every
+                    # second, with its old token).
+                    with self.db.read() as s:
+                        now_row = s.get(Client, client_id)
+                    if now_row is None or now_row.state != "attached":
+                        ended = now_row.state if now_row is not None else "removed"
+                        self._revoke_everywhere(client_id, accepted,
+                                                "DetachClient" if ended == "detached" else "RevokeClient")
+                        raise FailedPrecondition(f"client {client_id!r} was {ended} or belongs to another group; "
+                                                 "attach under a new client id")
                 attach_on(g.parts)
                 if not accepted and silent:
                     raise next(iter(silent.values()))       # no part answered: nothing to use yet
@@ -850,11 +864,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             raise
         return fpga_pb2.Attachment(client_id=client_id, group_id=g.id, token=token, parts=parts, design=g.design)
 
-    def _revoke_everywhere(self, client_id: str, handles: list[ServerHandle]) -> None:
-        """Take an attach that did not complete back from `handles` (best-effort: a server that does not answer
-        is logged; it holds a client no one was given)."""
-        replies = self.ask_all({h.name: h for h in handles}, "RevokeClient",
-                                fpga_pb2.ServerClientRequest(client_id=client_id))
+    def _revoke_everywhere(self, client_id: str, handles: list[ServerHandle], method: str = "RevokeClient") -> None:
+        """Take an attach that did not complete (or should not have) back from `handles` with `method` (best
+        effort: a server that does not answer is logged; it holds a client no one was given, until the rounds)."""
+        replies = self.ask_all({h.name: h for h in handles}, method, fpga_pb2.ServerClientRequest(client_id=client_id))
         for name, reply in replies.items():
             if isinstance(reply, grpc.RpcError):
                 log.warning("could not take back an attach that did not complete",
@@ -870,17 +883,23 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return g, c
 
     def _to_servers(self, g: Group, method: str, client_id: str) -> int:
-        total = 0
-        for name in g.parts:
-            h = self.servers.get(name)
-            if h is None:
-                continue
-            try:
-                reply = getattr(h.stub(), method)(fpga_pb2.ServerClientRequest(client_id=client_id),
-                                                  timeout=self.config.server_timeout_s)
-                total += reply.cancelled
-            except grpc.RpcError as e:
-                raise _rpc_error(name, e) from None
+        """`method` for the client on every server of `g` at once: the tasks cancelled. A server that does not
+        answer is UNAVAILABLE naming it, after the others have done it (the reconcile rounds finish it there)."""
+        handles = {name: h for name in g.parts if (h := self.servers.get(name)) is not None}
+        total, failed = 0, []
+        for name, reply in self.ask_all(handles, method, fpga_pb2.ServerClientRequest(client_id=client_id)).items():
+            if isinstance(reply, grpc.RpcError):
+                failed.append((name, reply))
+            else:
+                total += reply.cancelled           # type: ignore[attr-defined]
+        if failed:
+            name, e = failed[0]
+            done = sorted(set(handles) - {n for n, _ in failed})
+            raise Unavailable(f"{method} of client {client_id!r}: FPGA-server {name!r} did not answer "
+                              f"({e.code().name}); done on {', '.join(done) or 'no other server'} "
+                              f"({total} queued tasks cancelled); it holds there once that server answers "
+                              "(the reconcile rounds), or retry", reason=MANAGER_UNAVAILABLE,
+                              retry_after_s=RETRY_LATER_S)
         return total
 
     def _end_client(self, g: Group, c: Client, method: str, state: str) -> int:
@@ -1256,6 +1275,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 # Being attached: its call puts it on the servers before the row says attached (and takes it back
                 # if it fails); the rounds leave it alone.
                 attaching = set(s.scalars(select(Client.id).where(Client.state == ATTACHING)))
+                # Detached: the server drains them (their queued and running tasks end, then they go); revoking
+                # would cancel that work.
+                detached = set(s.scalars(select(Client.id).where(Client.state == "detached")))
             for name, info in infos.items():
                 h = self.servers[name]
                 held = {p.group_id: p.target for p in info.groups}
@@ -1286,6 +1308,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                                                       timeout=self.config.server_timeout_s)
                                 made += 1
                             for cid in sorted(on_part[gid] - set(want) - attaching):
+                                if cid in detached:     # idempotent; not a change (listed until it has drained)
+                                    h.stub().DetachClient(fpga_pb2.ServerClientRequest(client_id=cid),
+                                                          timeout=self.config.server_timeout_s)
+                                    continue
                                 h.stub().RevokeClient(fpga_pb2.ServerClientRequest(client_id=cid),
                                                       timeout=self.config.server_timeout_s)
                                 dropped += 1

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from harness.v1 import fpga_pb2, fpga_pb2_grpc, irm_pb2
 from irm_fpga.models import Client
 from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig, ServerHandle
-from services.errors import Aborted, InvalidArgument, PermissionDenied, Unavailable
+from services.errors import Aborted, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
 from tests.conftest import eventually
 
 FAST = {"devices": 4, "reconfig_mean_s": 0.01, "reconfig_std_s": 0.0}
@@ -201,8 +201,13 @@ def test_an_attach_with_one_server_silent_uses_the_others_and_the_rounds_add_it_
     assert g.parts == {"A": 4, "B": 2}
     h = orch.servers["B"]
     real, h.address = h.address, NOWHERE
+    asked: list[str] = []
+    real_handle = orch._handle
+    orch._handle = lambda name: (asked.append(name), real_handle(name))[1]    # type: ignore[method-assign]
     att = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    orch._handle = real_handle                                                # type: ignore[method-assign]
     assert [p.server for p in att.parts] == ["A"]     # was UNAVAILABLE for everyone while B was silent
+    assert asked.count("B") == 1                      # not asked again under the lock (it held every placement)
     assert clients_on(servers["A"].address, g.id) == ["c1"]
     h.address = real
     assert clients_on(real, g.id) == []
@@ -210,6 +215,70 @@ def test_an_attach_with_one_server_silent_uses_the_others_and_the_rounds_add_it_
     assert clients_on(real, g.id) == ["c1"]
     again = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
     assert sorted(p.server for p in again.parts) == ["A", "B"]
+
+
+def test_the_rounds_let_a_detached_client_drain(orch, servers):
+    g = orch.create_group("alice", "g", "sleep", 1, pinned=["A"])
+    att = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address))
+    t = fpga_pb2.Task(id=1)
+    t.params["duration"].number = 3.0
+    out: list = []
+    run = threading.Thread(target=lambda: out.append(stub.RunBatch(fpga_pb2.TaskBatch(
+        client_id="c1", group_id=g.id, token=att.token, tasks=[t]), timeout=30)))
+    run.start()
+    eventually(lambda: any(d.state == fpga_pb2.DeviceInfo.STATE_BUSY for d in stub.GetServer(
+        fpga_pb2.GetServerRequest(), timeout=10).devices), what="the task running")
+    orch.DetachClient(fpga_pb2.ClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    assert clients_on(servers["A"].address, g.id) == ["c1"]      # draining: listed until its task ends
+    assert orch.reconcile_once() == {"made": 0, "dropped": 0}
+    run.join(30)
+    assert out and out[0].results[0].error == ""                 # not revoked by the round: it ran to its end
+
+
+def test_a_refresh_that_read_the_client_attached_does_not_undo_a_revoke(orch, servers, monkeypatch):
+    g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+    request = fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1")
+    orch.AttachClient(request, None)
+    reached, go = threading.Event(), threading.Event()
+    real_handle = orch._handle
+
+    def paused(name: str):  # noqa: ANN202 - the refresh has read the row "attached", not yet asked the servers
+        if threading.current_thread().name == "refresh" and not reached.is_set():
+            reached.set()
+            assert go.wait(10)
+        return real_handle(name)
+
+    monkeypatch.setattr(orch, "_handle", paused)
+    out: list = []
+
+    def refresh() -> None:
+        try:
+            out.append(orch.AttachClient(request, None))
+        except Exception as e:  # noqa: BLE001 - asserted below
+            out.append(e)
+
+    t = threading.Thread(target=refresh, name="refresh")
+    t.start()
+    assert reached.wait(10)
+    orch.RevokeClient(fpga_pb2.ClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    go.set()
+    t.join(10)
+    assert isinstance(out[0], FailedPrecondition) and "revoked" in str(out[0])
+    assert clients_on(servers["A"].address, g.id) == []
+
+
+def test_a_revoke_a_silent_server_holds_up_is_done_on_the_others_and_names_it(orch, servers):
+    g = orch.create_group("alice", "g", "sleep", 6)
+    assert g.parts == {"A": 4, "B": 2}
+    orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    h = orch.servers["A"]
+    real, h.address = h.address, NOWHERE
+    with pytest.raises(Unavailable, match="'A'") as e:
+        orch.RevokeClient(fpga_pb2.ClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
+    assert "done on B" in str(e.value)
+    assert clients_on(servers["B"].address, g.id) == []          # not left to the rounds behind a silent server
+    h.address = real
 
 def _race(orch, other, monkeypatch, first: fpga_pb2.AttachClientRequest,  # noqa: ANN001, ANN202
           second: fpga_pb2.AttachClientRequest):

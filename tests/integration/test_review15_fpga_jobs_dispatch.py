@@ -79,3 +79,15 @@ def test_no_decision_is_added_while_no_waiting_job_fits_the_free_devices(irm_fac
     other = register(irm, "other", 1, 1, 10, 0.1)             # nothing free for it: no reason to decide again
     assert irm.job(wide.id).state == ACTIVE and irm.job(other.id).state == QUEUED
     assert irm.manager._recheck_at is None
+
+
+def test_free_devices_are_counted_in_the_pool_the_decision_provisioned(irm_factory):
+    # The elastic pool is 2 of the 8 devices: a job waiting behind an overrunning one that fills those 2 was not
+    # held back for devices the decision had (the other 6 are outside the pool), so nothing is decided again.
+    irm = irm_factory("managed_deadline", **NEVER_LATE)
+    irm.manager._pool_size = 2
+    wide = register(irm, "wide", 2, 2, 10, 0.1)               # the whole pool, overrunning from 0.5 s on
+    other = register(irm, "other", 1, 1, 10, 0.1)
+    assert irm.job(wide.id).state == ACTIVE and irm.job(other.id).state == QUEUED
+    assert irm.manager.pool_devices() <= 2                    # (the elasticity manager may shrink it further)
+    assert irm.manager._recheck_at is None                    # counted against all 8 devices, it was 4600.5

@@ -180,6 +180,9 @@ class _EndedFromOutsideAgent:
     ("vm released", -9, True),              # its reservation released under it
     ("stopped", -15, True),                 # someone stopped the execution
     ("memory limit exceeded", -9, False),   # the configuration's own failures stay so
+    # The kernel's OOM killer, below the run's limit: the machine ran short (neighbours), not the configuration.
+    ("out of memory: the kernel's OOM killer killed it (SIGKILL) at a peak of 84 MB of its 128 MB limit: this "
+     "machine ran out of memory first (other VMs or processes on it)", -9, True),
     ("", 1, False),
 ])
 def test_a_run_ended_from_outside_is_recorded_but_says_nothing_of_its_configuration(
@@ -187,11 +190,13 @@ def test_a_run_ended_from_outside_is_recorded_but_says_nothing_of_its_configurat
     from irm_compute import agent, sandbox
 
     assert {agent.AGENT_STOPPED, agent.RELEASED, sandbox.STOPPED} == local.ENDED_FROM_OUTSIDE
+    assert sandbox.exit_reason(None, -9, 84.0, 128.0, b"", oom_killed=True).startswith(local.MACHINE_OUT_OF_MEMORY)
     monkeypatch.setattr(local.irm_pb2_grpc, "ResourceManagerStub", lambda ch: _Crs())
     monkeypatch.setattr(_EndedFromOutsideAgent, "reason", reason)
     monkeypatch.setattr(_EndedFromOutsideAgent, "exit_code", exit_code)
     monkeypatch.setattr(local.agent_pb2_grpc, "ExecutionAgentStub", _EndedFromOutsideAgent)
     o = backend("rtm", rows=800, steps=40).run(Proposal(0)).observation
     assert not o.ok and o.transient is transient and o.measured is not transient
+    assert o.memory_bottleneck is (reason == "memory limit exceeded")   # a neighbour's shortage grows no memory
     # The stored error tells it too, for runs read back (a restart, another back-end's observations).
     assert local.transient_error(o.error) is transient

@@ -192,6 +192,19 @@ def test_resource_type_is_respected() -> None:
     assert hosts(p, "f") == ["fpga-box"] and hosts(p, "v") == ["vm-host"]
 
 
+
+def test_a_type_none_of_whose_resources_are_known_yet_is_no_never_fits() -> None:
+    # The CRS (or the type's manager) just started: nothing of "fpga" reported yet. Against nothing, anything
+    # "never fits" -- a verdict a tenant (the AM's price cache) takes as final.
+    view = CapacityView()
+    add(view, "vm-host", cores=8)
+    with pytest.raises(Unschedulable) as info:
+        place(view, [group("f", rtype="fpga"), group("v")])
+    assert not info.value.unresolvable and "no fpga resources are known to this CRS yet" in str(info.value)
+    with pytest.raises(Unschedulable) as info:
+        place(view, [group("v", cores=9)])              # known, and too large for every host: never fits
+    assert info.value.unresolvable
+
 def test_down_manager_nodes_are_never_chosen() -> None:
     view = CapacityView()
     add(view, "a", manager="dead", cores=64)
