@@ -18,10 +18,18 @@ from irm_fpga import server as fpga_server
 from irm_fpga.client import TaskFailed, VirtualFpga
 from services import client as rpc
 from services import server as srv
+from tests.conftest import eventually
 
 
 @pytest.fixture
-def orchestrator(tmp_path) -> Iterator[tuple[str, fpga_pb2_grpc.FpgaOrchestratorStub]]:
+def orchestrator(orchestrator_and_server) -> Iterator[tuple[str, fpga_pb2_grpc.FpgaOrchestratorStub]]:  # type: ignore[no-untyped-def]
+    address, stub, _ = orchestrator_and_server
+    yield address, stub
+
+
+@pytest.fixture
+def orchestrator_and_server(tmp_path) -> Iterator[tuple[str, fpga_pb2_grpc.FpgaOrchestratorStub, srv.Running]]:
+    """The Orchestrator's address and a stub, and its one FPGA-server (fpga-a), which a test may stop."""
     server = srv.start("127.0.0.1:0", [fpga_server.component(fpga_server.FpgaServerConfig(
         name="fpga-a", devices=2, reconfig_mean_s=0.0, reconfig_std_s=0.0))])
     server_address = f"127.0.0.1:{server.port}"
@@ -31,7 +39,7 @@ def orchestrator(tmp_path) -> Iterator[tuple[str, fpga_pb2_grpc.FpgaOrchestrator
     address = f"127.0.0.1:{orch.port}"
     channel = grpc.insecure_channel(address)
     try:
-        yield address, fpga_pb2_grpc.FpgaOrchestratorStub(channel)
+        yield address, fpga_pb2_grpc.FpgaOrchestratorStub(channel), server
     finally:
         channel.close()
         orch.stop(0)
@@ -78,6 +86,25 @@ def test_a_client_whose_group_is_deleted_fails_each_later_task_saying_so(orchest
         assert stub.DeleteGroup(fpga_pb2.DeleteGroupRequest(tenant="acme", group_id=g.id), timeout=30).deleted
         said = failures(f, 3)
         assert all(f"FPGA group {g.id!r} was deleted" in s for s in said), said
+        assert f.pending() == 0
+    finally:
+        f.close()
+
+
+def test_without_refresh_rounds_a_server_gone_away_fails_each_later_task_instead_of_leaving_it_waiting(
+        orchestrator_and_server) -> None:  # type: ignore[no-untyped-def]
+    address, stub, server = orchestrator_and_server
+    g = group(stub, "g3")
+    f = VirtualFpga.attach(address, "acme", g.id, refresh_s=0)
+    try:
+        assert f.submit({"duration": 0.001}).result(10).server == "fpga-a"
+        # As a restart begins: the stream ends UNAVAILABLE, not a refusal of the client, and the Orchestrator,
+        # asked where the group is now, cannot reach the server either.
+        server.stop(0)
+        eventually(lambda: not f._parts and not f._asking, timeout=30, what="the part gone and the Orchestrator asked")
+        said = failures(f, 3)
+        assert all(f"no part of FPGA group {g.id!r} is left" in s and "refresh_s=0" in s for s in said), said
+        assert all("may not have run" not in s for s in said), said
         assert f.pending() == 0
     finally:
         f.close()

@@ -311,7 +311,9 @@ def test_a_not_found_a_server_passed_on_is_not_taken_for_a_deleted_group(servers
     # while the group itself is there, tasks wait for the part, and go once the Orchestrator answers again.
     a = servers("fpga-a")
     orch = Orchestrator(attachment("g", "c", part(a, "g", "c", 2)), server=a)
-    f = VirtualFpga(orch.att, orchestrator=orch, refresh_s=0)  # type: ignore[arg-type]
+    # A refresh loop that does not come round during the test: with none (refresh_s=0), no part left after the
+    # one ask fails what waits (see test_review15_fpga_client_cap.py); with one, it waits for the next round.
+    f = VirtualFpga(orch.att, orchestrator=orch, refresh_s=3600)  # type: ignore[arg-type]
     try:
         revoke(a, "c")
         orch.attach_error = Refused(grpc.StatusCode.NOT_FOUND, "FPGA-server 'fpga-a': group 'g' not found")
@@ -346,7 +348,9 @@ def test_close_fails_what_waits_beyond_max_in_flight_and_submit_after_close_rais
 def test_close_fails_what_waits_for_a_part_to_come_back(servers) -> None:  # type: ignore[no-untyped-def]
     a = servers("fpga-a")
     orch = Orchestrator(attachment("g", "c", part(a, "g", "c", 2)))
-    f = VirtualFpga(orch.att, orchestrator=orch, refresh_s=0)  # type: ignore[arg-type]
+    # A refresh loop that does not come round during the test (without one, refresh_s=0, the stream's end asks
+    # the Orchestrator at once, and what waits fails once no part is left).
+    f = VirtualFpga(orch.att, orchestrator=orch, refresh_s=3600)  # type: ignore[arg-type]
     assert f.submit({"duration": 0.001}).result(10).server == "fpga-a"
     a.running.stop(0)                              # the only part's stream breaks: tasks wait for a refresh
     eventually(lambda: f._parts == [], timeout=5, what="the part dropped")
