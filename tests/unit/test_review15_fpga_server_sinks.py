@@ -24,7 +24,7 @@ from services.errors import (
     Unavailable,
 )
 from tests.conftest import eventually
-from tests.unit.test_fpga_server import batch, group, task
+from tests.unit.test_fpga_server import batch, group, in_thread, task
 
 LOCK, UNLOCK = fpga_pb2.Task.KIND_LOCK, fpga_pb2.Task.KIND_UNLOCK
 
@@ -60,20 +60,6 @@ def svc() -> Iterator[FpgaServerService]:
         yield s
     finally:
         s.stop()
-
-
-def in_thread(fn, *args):  # type: ignore[no-untyped-def]
-    out: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn(*args)
-        except Exception as e:  # noqa: BLE001
-            out["error"] = e
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    return th, out
 
 
 class Stream:
