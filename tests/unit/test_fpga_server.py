@@ -309,8 +309,9 @@ class Stream:
         self.results: list[fpga_pb2.TaskResult] = []
         self.messages = 0
         self.error: Exception | None = None
+        self.ctx = ctx or Ctx()
         self.inbox.put(first)
-        out = s.Execute(self._requests(), ctx or Ctx())
+        out = s.Execute(self._requests(), self.ctx)
         self.thread = threading.Thread(target=self._collect, args=(out,), daemon=True)
         self.thread.start()
 

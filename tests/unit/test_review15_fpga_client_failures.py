@@ -8,6 +8,8 @@ FPGA-servers over gRPC, or stand-in parts where the server cannot be made to ans
 are fakes (tests/integration/test_review15_fpga_client_orchestrator.py has the real one).
 """
 
+# ruff: noqa: F811 - the tests take test_fpga_client's `servers` fixture, imported, as their parameter
+
 from __future__ import annotations
 
 import queue
@@ -15,7 +17,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import grpc
 import pytest
@@ -24,52 +25,14 @@ from harness.v1 import fpga_pb2
 from irm_fpga import client as cl
 from irm_fpga.client import TaskFailed, VirtualFpga
 from irm_fpga.engine import MOVED
-from irm_fpga.server import FpgaServerConfig, FpgaServerService, component
-from services.server import Running, start
 from tests.conftest import eventually
+from tests.unit.test_fpga_client import Server, attachment, part, servers  # noqa: F401 - servers: its fixture
 
 LOCK, UNLOCK = fpga_pb2.Task.KIND_LOCK, fpga_pb2.Task.KIND_UNLOCK
 
 
-@dataclass
-class Server:
-    name: str
-    running: Running
-    svc: FpgaServerService
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.running.port}"
-
-
-@pytest.fixture
-def servers() -> Iterator[Callable[..., Server]]:
-    started: list[Server] = []
-
-    def make(name: str, devices: int = 2) -> Server:
-        comp = component(FpgaServerConfig(name=name, devices=devices, reconfig_mean_s=0.0, reconfig_std_s=0.0))
-        s = Server(name, start("127.0.0.1:0", [comp]), comp.extra["server"])
-        started.append(s)
-        return s
-
-    yield make
-    for s in started:
-        s.running.stop(0)
-
-
-def part(s: Server, gid: str, client: str, size: int) -> fpga_pb2.AttachedPart:
-    s.svc.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=gid, design="sleep", size=size), None)
-    attach(s, gid, client)
-    eventually(lambda: s.svc.engine.group_info(gid).size == size, timeout=5)
-    return fpga_pb2.AttachedPart(server=s.name, address=s.address, devices=size)
-
-
 def attach(s: Server, gid: str, client: str) -> None:
     s.svc.AttachClient(fpga_pb2.ServerAttachRequest(group_id=gid, client_id=client, token=f"tok-{client}"), None)
-
-
-def attachment(gid: str, client: str, *parts: fpga_pb2.AttachedPart) -> fpga_pb2.Attachment:
-    return fpga_pb2.Attachment(client_id=client, group_id=gid, token=f"tok-{client}", design="sleep", parts=parts)
 
 
 def revoke(s: Server, client: str) -> None:

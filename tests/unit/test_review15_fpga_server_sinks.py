@@ -6,8 +6,6 @@ only while its caller waits, for control callers only.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +22,7 @@ from services.errors import (
     Unavailable,
 )
 from tests.conftest import eventually
+from tests.unit.test_fpga_server import Stream as BaseStream
 from tests.unit.test_fpga_server import batch, group, in_thread, task
 
 LOCK, UNLOCK = fpga_pb2.Task.KIND_LOCK, fpga_pb2.Task.KIND_UNLOCK
@@ -62,32 +61,11 @@ def svc() -> Iterator[FpgaServerService]:
         s.stop()
 
 
-class Stream:
-    """An Execute stream in-process: batches in through `send`, results collected as they come."""
+class Stream(BaseStream):
+    """test_fpga_server's in-process Execute stream, with this file's context, and a client that goes away."""
 
     def __init__(self, s: FpgaServerService, first: fpga_pb2.TaskBatch, ctx: Ctx | None = None) -> None:
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.results: list[fpga_pb2.TaskResult] = []
-        self.error: Exception | None = None
-        self.ctx = ctx or Ctx()
-        self.inbox.put(first)
-        out = s.Execute(self._requests(), self.ctx)
-        self.thread = threading.Thread(target=self._collect, args=(out,), daemon=True)
-        self.thread.start()
-
-    def _requests(self) -> Iterator[fpga_pb2.TaskBatch]:
-        while (item := self.inbox.get()) is not None:
-            yield item
-
-    def _collect(self, out: Iterator[fpga_pb2.ResultBatch]) -> None:
-        try:
-            for rb in out:
-                self.results.extend(rb.results)
-        except Exception as e:  # noqa: BLE001
-            self.error = e
-
-    def send(self, b: fpga_pb2.TaskBatch) -> None:
-        self.inbox.put(b)
+        super().__init__(s, first, ctx or Ctx())
 
     def by_id(self) -> dict[int, fpga_pb2.TaskResult]:
         return {r.id: r for r in self.results}
@@ -96,11 +74,6 @@ class Stream:
         """The client goes away (a cancel, a broken connection): its requests end and the call is no longer
         active."""
         self.ctx.active = False
-        self.inbox.put(None)
-        self.thread.join(5)
-        assert not self.thread.is_alive()
-
-    def end(self) -> None:
         self.inbox.put(None)
         self.thread.join(5)
         assert not self.thread.is_alive()
