@@ -139,6 +139,10 @@ class AppManagerConfig:
     # Each holds a gRPC worker thread for as long as its run or session lasts (up to days): the server gets this
     # many plus CONTROL_WORKERS, so that the short calls never queue behind them.
     max_long_calls: int = 64
+    # How long the CRS's quotes of an application's configurations are kept before the next session or online
+    # exploration asks for them again: a configuration the CRS refused for good (priced out: it never fits) may
+    # fit once hosts are added, and a price may change with the managers' configuration.
+    price_ttl_s: float = 300.0
 
 
 @dataclass
@@ -147,17 +151,20 @@ class Loaded:
     manifest: Manifest
     slo: Slo
     space: Space
-    # The CRS's quote per configuration of this `space` (index for index), asked once: kept with the space it
-    # belongs to, so a space built otherwise (some resource types away) never reads another's prices.
+    # The CRS's quote per configuration of this `space` (index for index), kept up to `price_ttl_s` from when it
+    # was asked (`prices_at`): kept with the space it belongs to, so a space built otherwise (some resource types
+    # away) never reads another's prices.
     prices: np.ndarray | None = None
+    prices_at: float = 0.0
 
-    def prices_from(self, backend: LocalBackend) -> np.ndarray:
-        if self.prices is not None:
+    def prices_from(self, backend: LocalBackend, now: float, ttl_s: float) -> np.ndarray:
+        """The kept quotes if younger than `ttl_s`, else the CRS's now (kept if complete)."""
+        if self.prices is not None and now - self.prices_at < ttl_s:
             return self.prices
         prices = backend.prices()
-        # NaN is "the CRS could not quote this now": kept, a momentary failure would price the space for good.
+        # NaN is "the CRS could not quote this now": not kept, a momentary failure would price the space for good.
         if not np.isnan(prices).any():
-            self.prices = prices
+            self.prices, self.prices_at = prices, now
         return prices
 
 
@@ -867,7 +874,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         try:
             # The session's stop flag cancels the run in progress (StopProfiling, or the service stopping).
             backend = self._backend(loaded, cancelled=runner.stop, cancel_reason=STOPPED_RUN)
-            prices = loaded.prices_from(backend)
+            prices = loaded.prices_from(backend, self.clock.now(), self.config.price_ttl_s)
             history = self._history(loaded) if request.warm_start else None
             prof = PROFILERS[row.profiler](loaded.space, np.random.default_rng(request.seed), prices=prices,
                                            history=history, max_runs=row.max_runs,
@@ -1203,7 +1210,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
     def _explore(self, loaded: Loaded) -> Point:
         """Online profiling: the next configuration the model-based profiler would try."""
-        prof = PROFILERS["bo"](loaded.space, np.random.default_rng(0), prices=loaded.prices_from(self._backend(loaded)),
+        prices = loaded.prices_from(self._backend(loaded), self.clock.now(), self.config.price_ttl_s)
+        prof = PROFILERS["bo"](loaded.space, np.random.default_rng(0), prices=prices,
                                max_runs=MAX_RUNS)
         proposal = prof.propose(self._observations(loaded))
         if proposal is None:

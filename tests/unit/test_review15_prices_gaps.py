@@ -21,6 +21,7 @@ from application_manager.profilers import PROFILERS, Observation, Proposal
 from application_manager.slo import parse_slo
 from application_manager.space import from_manifest, from_records
 from harness.v1 import application_manager_pb2 as pb
+from services.clock import VirtualClock
 from services.errors import FailedPrecondition
 
 
@@ -176,5 +177,55 @@ def test_prices_with_a_configuration_that_never_fits_are_kept_and_it_is_never_ru
                                                                slo_json=json.dumps(unmet)),
                                   _Ctx())
         assert "the 2 configurations not run never fit" in str(e.value) and "none satisfies" in str(e.value)
+    finally:
+        am.stop()
+
+
+def test_quotes_are_asked_again_after_price_ttl_s_so_a_configuration_priced_out_comes_back(tmp_path, monkeypatch):
+    """A configuration that never fit (+inf) fits once hosts are added: after price_ttl_s the quotes are asked
+    again, and the next session runs it (before, its +inf was kept until the AM restarted)."""
+    small = {"cloud": True}
+    asked: list[int] = []
+    tried: list[int] = []
+
+    def quote(self, config):  # noqa: ANN001, ANN202
+        asked.append(1)
+        if small["cloud"] and config["%master_cores"] == 4:
+            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION)
+        return 60.0 * (config["%master_cores"] * 0.01 + config["%master_mem"] / 1024 * 0.01)
+
+    def run(self, proposal: Proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+        c = self.space.configs[proposal.config]
+        tried.append(c["%master_cores"])
+        t = 10.0 * (1.0 / c["%master_cores"] + 25.6 / c["%master_mem"])
+        return RunDetail(Observation(proposal.config, True, t, t * 0.01, proposal.input, 50.0, 50.0))
+
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
+    monkeypatch.setattr(LocalBackend, "quote_per_minute", quote)
+    monkeypatch.setattr(LocalBackend, "run", run)
+    clock = VirtualClock(1000.0)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1",
+                                                     price_ttl_s=300.0), clock=clock)
+    try:
+        app = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=400, steps=20),
+            app_dir="/x"), _Ctx())
+
+        def session() -> None:
+            list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="bo",
+                                                            max_runs=20), _Ctx()))
+
+        session()
+        assert 4 not in tried and np.isposinf(am._loaded[app.id].prices).sum() == 2
+        small["cloud"] = False              # hosts with 4 cores were added
+        once = len(asked)
+        clock.advance(299.0)
+        session()
+        assert len(asked) == once and 4 not in tried        # within price_ttl_s: the kept quotes
+        clock.advance(2.0)
+        session()
+        assert len(asked) > once                            # older than price_ttl_s: asked again
+        assert np.isfinite(am._loaded[app.id].prices).all()
+        assert 4 in tried                                   # and what fits now is run
     finally:
         am.stop()
