@@ -38,12 +38,9 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _fail(e: grpc.RpcError) -> int:
-    from services.errors import field_violations
+    from services.commands import _fail as fail
 
-    print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
-    for f, d in field_violations(e):
-        print(f"  {f}: {d}", file=sys.stderr)
-    return 1
+    return fail(e, "--am")
 
 
 class InputError(Exception):
@@ -80,10 +77,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # What %app_dir names must hold on the agents' machines, where runs start in scratch directories: a relative
+    # --app-dir is taken from here. One that is no directory here is said (the agents may be elsewhere).
+    app_dir = Path(args.app_dir).expanduser().resolve() if args.app_dir else manifest.resolve().parent
+    if not app_dir.is_dir():
+        print(f"warning: --app-dir {app_dir} is no directory on this machine; runs will fail unless it is one on "
+              "the agents' machines", file=sys.stderr)
     try:
         app = _stub(args).SubmitApplication(pb.SubmitApplicationRequest(
-            tenant=args.tenant, manifest_json=manifest_json, slo_json=slo_json,
-            app_dir=args.app_dir or str(manifest.resolve().parent)), timeout=60)
+            tenant=args.tenant, manifest_json=manifest_json, slo_json=slo_json, app_dir=str(app_dir)), timeout=60)
     except grpc.RpcError as e:
         return _fail(e)
     _print(app)
@@ -118,6 +120,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                    max_runs=args.runs, max_cost=args.budget, max_duration_s=args.duration,
                                    seed=args.seed, warm_start=args.warm)
     final = call = stub = None
+    succeeded, failed = 0, []
     try:
         stub = _stub(args)
         with Progress(TextColumn("[bold]profiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
@@ -127,6 +130,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
             for ev in call:
                 if ev.HasField("run"):
                     r = ev.run
+                    if r.ok:
+                        succeeded += 1
+                    else:
+                        failed.append(r.error)
                     progress.update(task, advance=1, last=f"{r.configuration.summary}: "
                                     f"{r.execution_time_s:.2f} s, {r.cost:.5f}" + ("" if r.ok else f" ({r.error})"))
                 final = ev.session
@@ -154,6 +161,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
         state = pb.ProfilingSession.State.Name(final.state)
         print(f"harness app profile: session {final.id} ended {state}: {final.message or 'no reason given'}"
               + ("; its runs so far are in the model" if final.runs else ""), file=sys.stderr)
+    elif failed and not succeeded:
+        # Done by its rule, but nothing was measured: a wrong %app_dir, a command that cannot start, a CRS that
+        # has no room. Exit 0 would read as a profiled application.
+        print(f"harness app profile: session {final.id} ended with every run failed ({len(failed)}), nothing was "
+              f"measured; the first: {failed[0][:500]} (`harness app model {args.app} --json` shows each)",
+              file=sys.stderr)
+        return PROFILE_FAILED
     return status
 
 
@@ -206,7 +220,11 @@ def cmd_model(args: argparse.Namespace) -> int:
     if args.plot:
         from application_manager.demo import plot
 
-        print(f"plot written to {plot(model, args.plot, args.app)}", file=sys.stderr)
+        try:
+            print(f"plot written to {plot(model, args.plot, args.app)}", file=sys.stderr)
+        except OSError as e:
+            print(f"error: cannot write the plot to {args.plot}: {e.strerror or e}", file=sys.stderr)
+            return 2
     if args.json:
         _print(model)
         return 0
@@ -230,12 +248,22 @@ def cmd_execute(args: argparse.Namespace) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    call = None
     try:
-        ex = _stub(args).ExecuteApplication(pb.ExecuteApplicationRequest(
+        call = _stub(args).ExecuteApplication.future(pb.ExecuteApplicationRequest(
             tenant=args.tenant, application_id=args.app, slo_json=slo_json, online=args.online,
             timeout_s=args.timeout), timeout=None)
+        ex = call.result()
     except grpc.RpcError as e:
         return _fail(e)
+    except KeyboardInterrupt:
+        # The call's cancel is the stop (README: a client that cancels stops the run): the AM kills the program,
+        # releases the reservation and records the execution FAILED.
+        if call is not None:
+            call.cancel()
+        print("harness app execute: interrupted; the AM stops the run, releases its reservation and records the "
+              "execution FAILED (`harness app executions` shows it)", file=sys.stderr)
+        return PROFILE_INTERRUPTED
     _print(ex)
     return 0 if ex.state == pb.ApplicationExecution.STATE_SUCCEEDED else 1
 

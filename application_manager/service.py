@@ -580,6 +580,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         slo = parse_slo(request.slo_json or "{}", manifest, "slo_json")
         v = Violations()
         v.check(len(request.app_dir) <= 1024, "app_dir", "at most 1024 characters")
+        # Runs start in a scratch directory of the agent's: a relative %app_dir would name nothing there, and every
+        # run would fail as if the configuration did.
+        v.check(not request.app_dir or request.app_dir.startswith("/"), "app_dir",
+                f"an absolute path on the agents' machines (or empty), got {request.app_dir[:200]!r}")
         v.check(len(request.request_id) <= 128, "request_id", "at most 128 characters")
         v.raise_if_any()
         space = from_manifest(manifest, slo.parameters, self._offered_types())

@@ -36,11 +36,13 @@ def _print(msg) -> None:  # type: ignore[no-untyped-def]
                                                   always_print_fields_with_no_presence=True), indent=2))
 
 
-def _fail(e: grpc.RpcError) -> int:
+def _fail(e: grpc.RpcError, option: str = "--crs") -> int:
+    """The error and its field violations on stderr, status 1; `option` is the command's address option (the
+    hint when nothing answers there)."""
     print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
     if e.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (e.details() or ""):
         print("  is a suite running there? The CLI finds the one `harness up` started through --state-dir (default "
-              "$HARNESS_HOME or ~/.harness), or give --crs HOST:PORT", file=sys.stderr)
+              f"$HARNESS_HOME or ~/.harness), or give {option} HOST:PORT", file=sys.stderr)
     from services.errors import field_violations
 
     for f, d in field_violations(e):
@@ -364,12 +366,13 @@ def _group(text: str):  # type: ignore[no-untyped-def]
     return g
 
 
-def _show(call) -> int:  # type: ignore[no-untyped-def]
-    """Make one call to the CRS and print its reply as JSON, or the error and its field violations."""
+def _show(call, option: str = "--crs") -> int:  # type: ignore[no-untyped-def]
+    """Make one call (to the CRS, or the service `option` addresses) and print its reply as JSON, or the error and
+    its field violations."""
     try:
         _print(call())
     except grpc.RpcError as e:
-        return _fail(e)
+        return _fail(e, option)
     return 0
 
 
@@ -566,6 +569,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from harness.v1 import fpga_jobs_pb2 as jp
 
     t = args.tenant
+
+    def show(call) -> int:  # type: ignore[no-untyped-def]
+        return show(call, "--fpga")
+
     if args.verb == "register":
         if (args.deadline is None) == (args.throughput is None):
             print("harness jobs register: give one goal: --deadline SECONDS with --size ACTIONS, or --throughput "
@@ -578,12 +585,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             req.deadline.CopyFrom(jp.DeadlineGoal(deadline_s=args.deadline, size_actions=args.size))
         else:
             req.throughput.CopyFrom(jp.ThroughputGoal(actions_per_s=args.throughput))
-        return _show(lambda: _jobs(args).RegisterJob(req, timeout=30))
+        return show(lambda: _jobs(args).RegisterJob(req, timeout=30))
     if args.verb == "list":
-        return _show(lambda: all_pages(_jobs(args).ListJobs, jp.ListJobsRequest(tenant=t, active_only=not args.all),
+        return show(lambda: all_pages(_jobs(args).ListJobs, jp.ListJobsRequest(tenant=t, active_only=not args.all),
                                        "jobs"))
     if args.verb == "get":
-        return _show(lambda: _jobs(args).GetJob(jp.GetJobRequest(tenant=t, job_id=args.job), timeout=30))
+        return show(lambda: _jobs(args).GetJob(jp.GetJobRequest(tenant=t, job_id=args.job), timeout=30))
     if args.verb == "watch":
         last = None
         try:
@@ -592,7 +599,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                                                 always_print_fields_with_no_presence=True)
                 print(json.dumps(out), flush=True)
         except grpc.RpcError as e:
-            return _fail(e)
+            return _fail(e, "--fpga")
         except KeyboardInterrupt:
             return 130
         # One job's stream ends when it retires; any other end is not that, whatever the status said.
@@ -601,8 +608,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             return 1
         return 0
     if args.verb == "retire":
-        return _show(lambda: _jobs(args).RetireJob(jp.RetireJobRequest(tenant=t, job_id=args.job), timeout=30))
-    return _show(lambda: _jobs(args).ReportProgress(jp.ReportProgressRequest(
+        return show(lambda: _jobs(args).RetireJob(jp.RetireJobRequest(tenant=t, job_id=args.job), timeout=30))
+    return show(lambda: _jobs(args).ReportProgress(jp.ReportProgressRequest(
         tenant=t, job_id=args.job, completed_actions=args.completed), timeout=30))
 
 

@@ -104,3 +104,20 @@ def test_ctrl_c_stops_the_session_and_exits_130(monkeypatch, capsys, interrupt_a
 def test_ctrl_c_before_the_first_event_waits_for_the_session_id_to_stop_it(monkeypatch, capsys):
     rc, am = profile(monkeypatch, [_session(S.STATE_RUNNING), _run(1)], interrupt_at=0)
     assert rc == 130 and am.stopped == [("t", "prof-1")]
+
+
+def test_a_session_done_with_every_run_failed_exits_1_and_says_what_failed(monkeypatch, capsys):
+    # A relative --app-dir made every run fail ("can't open file") while the session ended DONE and exit 0.
+    bad = _run(1)
+    bad.run.ok, bad.run.error = False, "exit code 2: python: can't open file '/scratch/examples/rtm/app.py'"
+    rc, _ = profile(monkeypatch, [_session(S.STATE_RUNNING), bad, _session(S.STATE_DONE, 1, "iterations")])
+    err = capsys.readouterr().err
+    assert rc == am_cli.PROFILE_FAILED == 1
+    assert "every run failed (1), nothing was measured; the first: exit code 2: python: can't open file" in err
+
+
+def test_a_session_done_with_one_run_measured_exits_0(monkeypatch):
+    bad = _run(1)
+    bad.run.ok, bad.run.error = False, "exit code 1"
+    rc, _ = profile(monkeypatch, [_session(S.STATE_RUNNING), bad, _run(2), _session(S.STATE_DONE, 2, "iterations")])
+    assert rc == 0
