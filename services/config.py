@@ -200,6 +200,13 @@ def load(
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
+    # HARNESS_HOME is where the CLI looks for a suite's state: a service started by hand keeps its own there too
+    # (its databases would otherwise join the default suite's in ~/.harness). Any other source overrides it.
+    home = environ.get("HARNESS_HOME")
+    if home:
+        for name, sub in (("state_dir", ""), ("work_dir", "agent")):
+            if name in names:
+                values[name] = os.path.join(home, sub) if sub else home
 
     what = "config file"
     if not config_file and environ.get("HARNESS_CONFIG"):
