@@ -888,7 +888,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
     def _observe(self, rows: list[FpgaJob]) -> dict[str, int]:
         """Completed actions per job: the servers' group counters (monotone) or the reports, the larger."""
         by_group = {r.group_id: r for r in rows}
-        changed: set[str] = set()
+        changed: set[str] = set()       # counters to save (a baseline taken included)
+        moved: set[str] = set()         # jobs whose observed progress grew: what watchers see changed
         # Every server at once: one that hangs costs one timeout per round, not one per server in turn.
         for name, m in ask_servers(dict(self.orch.servers), "GetMeasurements", fpga_pb2.GetMeasurementsRequest(),
                                    self.orch.config.server_timeout_s).items():
@@ -907,6 +908,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 delta = _progress(seen.get(name), *now_seen)
                 if seen.get(name) != now_seen:
                     changed.add(row.id)
+                if delta:
+                    moved.add(row.id)
                 seen[name] = now_seen
                 row.observed_actions += delta
             for r in rows:                             # this server answered: its baselines are taken
@@ -926,7 +929,10 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                     if c is not None:
                         c.seen = {k: list(v) for k, v in self._seen[r.id].items()}
             self.db.transact(save)
-            self._publish([r for r in rows if r.id in changed])
+            # A baseline or a counter that moved without adding progress changes nothing a Job shows: published, it
+            # was a second identical line on every watch of a job just started.
+            if moved:
+                self._publish([r for r in rows if r.id in moved])
         return {r.id: max(r.observed_actions, r.reported_actions) for r in rows}
 
     def control_once(self) -> dict[str, int]:
@@ -1011,7 +1017,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         elif goal == "deadline":
             d = request.deadline
             v.check(math.isfinite(d.deadline_s) and d.deadline_s > 0, "deadline.deadline_s",
-                    "must be > 0 seconds from registration")
+                    f"must be a finite number of seconds > 0 from registration (got {d.deadline_s!r})")
             v.check(d.size_actions >= 1, "deadline.size_actions", "the job's size: at least 1 action")
         else:
             g = request.throughput.actions_per_s
