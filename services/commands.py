@@ -293,6 +293,17 @@ def _crs_column(s: dict) -> str:
     return "crs: unknown"
 
 
+def _service_problem(s: dict, state_dir: str | None) -> str:
+    """What to do about a service that does not serve (`state_dir`: the suite's; None: not one `harness up` runs)."""
+    if s["status"] == "UNREACHABLE":
+        head = f"{s['name']} at {s['address']} does not answer ({s.get('error', 'no answer')})"
+        if state_dir is None:
+            return f"{head}: start it (under compose, `docker compose logs {s['name']}` says why it stopped)"
+        return (f"{head}: `harness up` restarts a service that exits (see {state_dir}/logs/{s['name']}.log); if it "
+                "gave up on it, or the suite was killed, `harness down` then `harness up`")
+    return f"{s['name']} at {s['address']} answers {s['status']}: it is starting or stopping; check again shortly"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from services import suite
 
@@ -311,6 +322,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     services = health_of(addresses)
     registry = registrations_of(services, addresses)
     problems, warnings = registry.pop("problems"), registry.pop("warnings")
+    # A service down is the first thing to fix: said before what its absence does to the registrations.
+    state_dir = None if getattr(args, "default_ports", False) else args.state_dir
+    problems[:0] = [_service_problem(s, state_dir) for s in services if s["status"] != "SERVING"]
     checked = any(s["name"] in IRMS for s in services)
     ok = all(s["status"] == "SERVING" for s in services) and not problems
     if args.json:

@@ -44,3 +44,24 @@ def test_an_irm_whose_name_could_not_be_read_is_a_warning_not_a_problem(crs_addr
 
 def test_the_name_read_fails_quietly_on_an_address_nobody_serves():
     assert commands._manager_name("127.0.0.1:9", 0.5) == ""
+
+
+def test_a_service_that_does_not_answer_is_a_problem_saying_what_to_do(crs_address, monkeypatch, capsys, tmp_path):
+    # What the reviewer saw: a killed service, "ok": false and "problems": [] -- nothing said what to fix.
+    import argparse
+    import json
+
+    from services import suite
+
+    monkeypatch.setattr(suite, "addresses", lambda state_dir, hint="": {"crs": crs_address, "am": "127.0.0.1:9"})
+    args = argparse.Namespace(state_dir=str(tmp_path), json=True, default_ports=False)
+    assert commands.cmd_status(args) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert not out["ok"]
+    assert len(out["problems"]) == 1
+    assert out["problems"][0].startswith("am at 127.0.0.1:9 does not answer (UNAVAILABLE)")
+    assert f"{tmp_path}/logs/am.log" in out["problems"][0]
+    args.default_ports = True
+    monkeypatch.setattr(suite, "DEFAULT_PORTS", {"crs": int(crs_address.rsplit(":", 1)[1]), "am": 9})
+    assert commands.cmd_status(args) == 1
+    assert "docker compose logs am" in json.loads(capsys.readouterr().out)["problems"][0]
