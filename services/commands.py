@@ -585,7 +585,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     t = args.tenant
 
     def show(call) -> int:  # type: ignore[no-untyped-def]
-        return show(call, "--fpga")
+        return _show(call, "--fpga")
 
     if args.verb == "register":
         if (args.deadline is None) == (args.throughput is None):

@@ -135,3 +135,12 @@ def test_an_am_that_does_not_answer_is_hinted_at_with_am():
     with contextlib.redirect_stderr(buf):
         assert am_cli._fail(err) == 1
     assert "--am HOST:PORT" in buf.getvalue() and "--crs" not in buf.getvalue()
+
+
+def test_jobs_verbs_hint_at_fpga_when_nothing_answers(capsys):
+    from services import commands
+
+    args = argparse.Namespace(tenant="t", fpga="127.0.0.1:1", state_dir=None, verb="get", job="job-1")
+    assert commands.cmd_jobs(args) == 1
+    err = capsys.readouterr().err
+    assert "error: UNAVAILABLE" in err and "--fpga HOST:PORT" in err and "--crs" not in err
