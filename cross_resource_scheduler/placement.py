@@ -35,6 +35,9 @@ from services.errors import CAPACITY_IN_USE, MANAGER_DOWN, NEVER_FITS, SEARCH_GA
 class PlacementRequest:
     groups: list[GroupDemand]
     constraints: list[Constraint] = field(default_factory=list)
+    # What the placement's RNG starts from (the CRS derives it from the request's content): the same request on
+    # the same view places alike, so that a quote prices the hosts a Reserve then takes.
+    seed: int = 0
 
 
 @dataclass

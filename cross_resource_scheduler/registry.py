@@ -18,7 +18,7 @@ import grpc
 from cross_resource_scheduler.delegation import Delegator
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import irm_pb2, irm_pb2_grpc
-from services import client
+from services import client, control
 from services.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -60,11 +60,12 @@ class Registry:
     def __init__(self, view: CapacityView, clock: Clock, heartbeat_timeout_s: float,
                  on_change: Callable[[str, irm_pb2.CapacityEvent], None],
                  on_up: Callable[[str], None], max_delegations: int = DEFAULT_MAX_DELEGATIONS,
-                 on_down: Callable[[str], None] | None = None) -> None:
+                 on_down: Callable[[str], None] | None = None, control_token: str = "") -> None:
         """`on_change(manager, event)`: each event of a manager's stream, after the view applied it, and the
         changes a (re)connect's snapshot made that no event of the manager's says: resources it added or changed
         (KIND_UPDATED) and resources it no longer has (KIND_REMOVED). `on_up(manager)`: a manager registered or
-        came back; `on_down(manager)`: it was marked down (each after the view knows)."""
+        came back; `on_down(manager)`: it was marked down (each after the view knows). `control_token`: sent with
+        each manager's WatchCapacity, which takes a stream without a tenant from the control plane only."""
         self.view = view
         self.clock = clock
         self.timeout = heartbeat_timeout_s
@@ -72,6 +73,7 @@ class Registry:
         self.on_up = on_up
         self.on_down = on_down
         self.max_delegations = max_delegations
+        self.control_token = control_token
         self.lock = threading.Lock()
         self.managers: dict[str, ManagerState] = {}
 
@@ -164,6 +166,8 @@ class Registry:
                 state.call.cancel()
 
         threading.Thread(target=cancel_on_stop, name=f"unwatch-{state.name}", daemon=True).start()
+        # Its stream has no tenant: the manager keeps it a control-plane slot when the token comes with it.
+        watch = irm_pb2_grpc.ResourceManagerStub(control.channel(client.channel(state.address), self.control_token))
         backoff = 0.1
         while not state.stop.is_set():
             call = None
@@ -171,7 +175,7 @@ class Registry:
                 stub = state.stub()
                 state.specs = list(stub.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(),
                                                                timeout=5).resource_types)
-                call = state.call = stub.WatchCapacity(irm_pb2.WatchCapacityRequest())
+                call = state.call = watch.WatchCapacity(irm_pb2.WatchCapacityRequest())
                 seen: set[str] = set()
                 for ev in call:
                     if state.stop.is_set():
@@ -212,7 +216,8 @@ class Registry:
                             kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=changed[0], more=changed[1:]))
             except grpc.RpcError as e:
                 if not state.stop.is_set():
-                    log.info("watch of manager interrupted", extra={"manager": state.name, "code": str(e.code())})
+                    log.info("watch of manager interrupted", extra={"manager": state.name, "code": str(e.code()),
+                                                                    "details": e.details() or ""})
             finally:
                 if call is not None:
                     call.cancel()

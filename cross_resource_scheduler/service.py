@@ -77,7 +77,11 @@ _CLAIM = Prepared(insert(_R), columns=_COLUMNS)
 _BY_ID = Prepared(select(_R).where(_R.c.id == bindparam("rid")))
 _BY_REQUEST = Prepared(select(_R).where(_R.c.tenant == bindparam("tenant"), _R.c.request_id == bindparam("req")))
 _ACTIVATE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending").values(
-    state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"), notes=bindparam("said")))
+    state="active", price_per_minute=bindparam("price"), allocation=bindparam("alloc"), notes=bindparam("said"),
+    created_at=bindparam("created")))
+# A pending row's time, while its Reserve works on (see Crs._stamp); activation puts the creation time back.
+_STAMP_PENDING = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending").values(
+    created_at=bindparam("at")))
 _RELEASE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
     state="released", released_at=bindparam("at")))
 _DROP_PENDING = Prepared(delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending"))
@@ -115,6 +119,12 @@ STEP_RETRY_MAX_S = 5.0
 # Beyond a Reserve's own timeouts, how long its pending row may still be in a live process's hands (the
 # placement search, the database) before a starting CRS takes it for a crash's leftover.
 PENDING_SLACK_S = 10.0
+# Rounds of price quotes one placement attempt may add under max_price_per_minute (Crs._within_price: the
+# placement's quote, the unit prices of each kind of node, the cheaper placement's quote), each up to irm_timeout_s.
+QUOTE_ROUNDS = 3
+# A Reserve stamps its pending row afresh at an attempt once the stamp is older than this: the common Reserve,
+# placed and delegated within a second, writes nothing more.
+PENDING_STAMP_S = 1.0
 # A compensation row not done is tried again after 0.5 s x 2^attempts, at most this long after: a manager that
 # hangs is not asked for each of its rows every pass.
 COMPENSATION_BACKOFF_MAX_S = 60.0
@@ -327,11 +337,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self._publishing = threading.Lock()
         self.registry = Registry(self.view, self.clock, config.heartbeat_timeout_s,
                                  on_change=self._forward, on_up=self._manager_up, on_down=self._manager_down,
-                                 max_delegations=config.max_delegations_per_manager)
+                                 max_delegations=config.max_delegations_per_manager,
+                                 control_token=config.control_token)
         self.gate = PriorityGate()
         self._specs_cache: tuple[list, dict[str, dict[str, irm_pb2.AttributeSpec]]] | None = None
         self._parsed: tuple[object, dict[tuple[tuple[bytes, ...], tuple[bytes, ...]], PlacementRequest]] = (None, {})
-        self.rng = random.Random(config.seed or None)
         self._stop = threading.Event()
         self._kick = threading.Event()
         # Liveness and compensation on threads of their own: a compensation pass waits on managers (up to
@@ -460,8 +470,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _pending_horizon_s(self) -> float:
         """How long a Reserve can stay pending in a live process, with room to spare: its placement attempts,
-        each waiting for a delegation slot and an IRM's answer (and a price quote's)."""
-        per_attempt = self.config.delegation_wait_s + 2 * self.config.irm_timeout_s
+        each waiting for a delegation slot and an IRM's answer (after the call in flight to it), and under a price
+        cap for QUOTE_ROUNDS of quotes. A live Reserve's row is stamped afresh at each attempt (_stamp), so time
+        queued at the placement gate over several attempts does not add up against it."""
+        per_attempt = self.config.delegation_wait_s + (2 + QUOTE_ROUNDS) * self.config.irm_timeout_s
         return self._attempts() * per_attempt + PENDING_SLACK_S
 
     def _recover_later(self, started: float) -> None:
@@ -735,6 +747,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             names.add(g.name)
             v.check(1 <= g.count <= MAX_COUNT, f"{p}.count", f"must be between 1 and {MAX_COUNT}")
             v.check(not g.placement, f"{p}.placement", "leave empty: the CRS chooses placements")
+            # No resource has a trait and lacks it: said as the managers say it, not as "never fits".
+            clash = set(g.required_traits) & set(g.forbidden_traits)
+            v.check(not clash, f"{p}.forbidden_traits", f"traits both required and forbidden: {sorted(clash)}")
             attrs = specs.get(g.resource_type)
             if attrs is None:
                 providers = self.registry.providing(g.resource_type)
@@ -817,7 +832,16 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                               reason=MANAGER_DOWN if down else MANAGER_UNAVAILABLE, retry_after_s=RETRY_LATER_S,
                               metadata={"manager": ",".join(down or sorted(
                                   {m.name for providers in waiting.values() for m in providers}))})
-        return PlacementRequest(demands, parsed)
+        return PlacementRequest(demands, parsed, self._seed_of(demands, parsed))
+
+    def _seed_of(self, demands: list[GroupDemand], constraints: list[cons.Constraint]) -> int:
+        """The placement seed of a parsed request: its content's digest (with the configured seed), so QuotePrice
+        and Reserve of one request scan the same hosts from the same offsets. (Its groups' bytes would not do: a
+        map's serialization order is not fixed.)"""
+        content = repr((self.config.seed, [
+            (g.name, g.resource_type, g.count, sorted(g.demand.items()), sorted(g.properties.items()),
+             sorted(g.required_traits), sorted(g.forbidden_traits)) for g in demands], constraints))
+        return int.from_bytes(hashlib.blake2b(content.encode(), digest_size=8).digest(), "big")
 
     @staticmethod
     def _pinned(groups: list[irm_pb2.ResourceGroup], placement: Placement) -> dict[str, list[irm_pb2.ResourceGroup]]:
@@ -868,10 +892,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _place(self, req: PlacementRequest, priority: int, assume_token: str | None,
                pipeline: Pipeline | None = None) -> Placement:
+        # An RNG of the request's own: with a shared one, a quote and a Reserve of one request on one view landed
+        # on hosts of different prices. Identical requests placed at once still spread, by what each assumes.
+        rng = random.Random(req.seed)
         # The view's lock from placing to assuming: a watch thread must not remove a placed node in between.
         with self.gate.hold(priority), self.view.lock:
             try:
-                placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, self.rng)
+                placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, rng)
             except Unschedulable as e:
                 log.info("unschedulable", extra={"reason": str(e), "removed_by": e.removed_by})
                 # A manager down that could hold it: it is the manager the client waits for (README's contract).
@@ -942,12 +969,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         groups = list(request.groups)
         by_name = {g.name: i for i, g in enumerate(groups)}
         last_error: HarnessError | None = None
+        stamped = created_at
         for attempt in range(self._attempts()):
             token = f"{res_id}#{attempt}"
             placed = False
             try:
                 placement = self._place(req, request.priority, token)
                 placed = True
+                stamped = self._stamp(res_id, stamped, request.request_id)
                 pinned = self._pinned(groups, placement)
                 if request.HasField("max_price_per_minute"):
                     placement = self._within_price(tenant, groups, req, request, token, placement)
@@ -971,7 +1000,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             out = irm_pb2.Reservation(groups=allocated)
             alloc = out.SerializeToString()
             try:
-                activated = self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes})
+                activated = self.db.execute(_ACTIVATE, {"rid": res_id, "price": price, "alloc": alloc, "said": notes,
+                                                        "created": created_at})
             except BaseException:
                 self._give_back_unrecorded(tenant, res_id, attempt, list(pinned))
                 raise
@@ -990,6 +1020,19 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             # A manager refused what the view showed free without saying why (an older manager): in use.
             last_error.with_reason(CAPACITY_IN_USE, RETRY_LATER_S)
         raise last_error
+
+    def _stamp(self, res_id: str, stamped: float, request_id: str) -> float:
+        """The pending row `res_id`'s stamp: `stamped`, or now once that is PENDING_STAMP_S old (the row is stamped
+        again). A Reserve past the placement gate is then never taken for a crash's leftover (rows older than the
+        horizon are), however long it queued there or how many attempts it made. ABORTED if the row was taken
+        already."""
+        now = self.clock.now()
+        if now - stamped < PENDING_STAMP_S:
+            return stamped
+        if not self.db.execute(_STAMP_PENDING, {"rid": res_id, "at": now}):
+            raise Aborted(f"reservation for request_id {request_id!r} was taken back while it was being placed "
+                          "(another CRS process recovered it); nothing is reserved: retry")
+        return now
 
     def _within_price(self, tenant: str, groups: list[irm_pb2.ResourceGroup], req: PlacementRequest,
                       request: irm_pb2.ReserveRequest, token: str, placement: Placement) -> Placement:
@@ -1194,6 +1237,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
+        if not request.reservation_id:
+            raise InvalidArgument.of("reservation_id", "required: the id Reserve answered")
         r = self._get(tenant, request.reservation_id)
         series: list[common_pb2.Series] = []
         done: set[tuple[str, str]] = set()
@@ -1214,6 +1259,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return irm_pb2.GetMetricsResponse(series=series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
+        if not request.tenant and not control.sent(self.config.control_token, context):
+            # A stream without a tenant takes one of the control plane's slots (services.watch), which are not
+            # anyone's who leaves the tenant out.
+            raise InvalidArgument.of("tenant", "required: give your tenant (a stream without one is the control "
+                                               "plane's, which sends its control token)")
+
         def snapshot():
             for n in self.view.up_nodes():
                 if not request.resource_type or n.resource_type == request.resource_type:

@@ -25,6 +25,7 @@ YAML shape:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,8 @@ HOST_KEYS = ("id", "site", "rack", "cores", "memory_gb", "frequency_ghz", "trait
 GENERATE_KEYS = ("count", "sites", "racks_per_site", "prefix", "site_prefix", "cores", "memory_gb", "frequency_ghz",
                  "traits", "agent")
 TOP_KEYS = ("hosts", "generate")
+# Cores and MiB are stored as the database's integers (32-bit on PostgreSQL).
+MAX_UNITS = 2**31 - 1
 
 
 def _known(entry: dict, keys: tuple[str, ...], where: str) -> None:
@@ -67,15 +70,26 @@ def _host(entry: dict, where: str, default_agent: str) -> HostSpec:
     if not isinstance(traits, list | tuple):
         raise InventoryError(f"{where}: traits must be a list (e.g. traits: [ssd, avx512]), got {traits!r}")
     try:
-        cores = int(entry["cores"])
-        memory_mb = int(round(float(entry["memory_gb"]) * 1024))
-        freq = float(entry.get("frequency_ghz", 2.2))
+        given = {"cores": entry["cores"], "memory_gb": entry["memory_gb"],
+                 "frequency_ghz": entry.get("frequency_ghz", 2.2)}
+        for key, value in given.items():
+            # YAML's .inf and .nan: an infinite size has no whole number of MiB, and a host of NaN or infinite
+            # frequency would price its VMs so.
+            if not math.isfinite(float(value)):
+                raise InventoryError(f"{where}: {key} must be a finite number, got {value!r}")
+        cores = int(given["cores"])
+        memory_mb = int(round(float(given["memory_gb"]) * 1024))
+        freq = float(given["frequency_ghz"])
     except KeyError as e:
         raise InventoryError(f"{where}: missing {e.args[0]}") from None
+    except InventoryError:
+        raise
     except (TypeError, ValueError) as e:
         raise InventoryError(f"{where}: {e}") from None
     if cores < 1 or memory_mb < 1 or freq <= 0:
         raise InventoryError(f"{where}: cores, memory_gb and frequency_ghz must be positive")
+    if cores > MAX_UNITS or memory_mb > MAX_UNITS:
+        raise InventoryError(f"{where}: at most {MAX_UNITS} cores and {MAX_UNITS // 1024} GB of memory a host")
     return HostSpec(
         id=str(entry.get("id") or ""),
         site=str(entry.get("site", "site-a")),
@@ -98,7 +112,7 @@ def _generated(gen: dict, i: int, where: str, default_agent: str) -> list[HostSp
         count = int(gen.get("count", 1))
         sites = max(1, int(gen.get("sites", 1)))
         racks = max(1, int(gen.get("racks_per_site", 1)))
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:     # OverflowError: .inf
         raise InventoryError(f"{where}: generate[{i}]: count, sites and racks_per_site must be integers ({e})") \
             from None
     prefix = str(gen.get("prefix", f"g{i}-h"))

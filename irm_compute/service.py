@@ -110,6 +110,9 @@ def check_config(config: ComputeConfig) -> None:
 
 
 MAX_PER_MESSAGE = 256
+# A WatchCapacity without a tenant and without the control token, refused on `tenant`.
+CONTROL_PLANE_WATCH = ("required: give your tenant (a stream without one is the control plane's: the CRS following "
+                       "this manager, which sends its control token)")
 # GetMetrics: at most this long per agent call (less when the caller's deadline is nearer), and this many
 # agents asked at once.
 METRICS_TIMEOUT_S = 5.0
@@ -336,9 +339,11 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         v = Violations()
         groups = self._parse_groups(request, v)
         v.raise_if_any()
-        for g in groups:                # what Reserve refuses about pinned hosts, refused here the same way
+        for g in groups:                # what Reserve refuses about a group's hosts, refused here the same way
             for host_id in dict.fromkeys(g.placement):
                 self.store.pinned_host(g, host_id)
+            if not g.placement:
+                self.store.never_holds(g)
         quotes = []
         # Unpinned instances are priced where Reserve would put them now (the store's order: fullest host with
         # room first, then by id), not on the cheapest matching host: a Reserve capped at the quote must pass.
@@ -533,6 +538,10 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             answers[vm_id] = list(reply.series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
+        if not request.tenant and not control.sent(self.config.control_token, context):
+            # A stream without a tenant takes one of the control plane's slots (services.watch): anyone leaving the
+            # tenant out could take them all and lock the CRS out of this IRM's capacity.
+            raise InvalidArgument.of("tenant", CONTROL_PLANE_WATCH)
         wanted = request.resource_type in ("", VM_TYPE)
 
         def snapshot():
@@ -556,7 +565,9 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         if not request.vm_id:
             raise InvalidArgument.of("vm_id", "required")
         vm = self.store.vm(request.vm_id)
-        active = vm.state == "active" and self.store.mark_seen(vm.id)
+        # Marked once: agents re-confirm each VM every few seconds, and a write each time was all that GetVm
+        # cost. A VM seen already needs no atomic check: its release tells the agent.
+        active = vm.state == "active" and (vm.agent_seen or self.store.mark_seen(vm.id))
         return compute_pb2.Vm(
             id=vm.id, tenant=vm.reservation.tenant, reservation_id=vm.reservation_id, host=vm.host_id,
             cores=vm.cores, memory_gb=vm.memory_mb / 1024, frequency_ghz=vm.frequency_ghz,

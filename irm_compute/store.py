@@ -363,7 +363,10 @@ class ComputeStore:
                     f"{g.memory_mb / 1024:g} GB any more (it changed since it was chosen); retry placement",
                     reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
             return host, usage
-        # Not pinned: first fit among the fullest hosts that still have room (packing).
+        # Not pinned: first fit among the fullest hosts that still have room (packing), then by id in code point
+        # order, as QuotePrice orders them in Python: PostgreSQL's default collation may be a locale's (another
+        # order), SQLite's is that one already.
+        by_id = Host.id.collate("C") if conn.dialect.name == "postgresql" else Host.id
         # Traits live in JSON, so they are matched here, a page of candidates at a time.
         query = select(_H).where(
             Host.enabled,
@@ -371,7 +374,7 @@ class ComputeStore:
             Host.memory_mb - Host.used_memory_mb >= g.memory_mb,
             Host.frequency_ghz >= g.freq_min - 1e-9,
             Host.frequency_ghz <= (g.freq_max + 1e-9 if g.freq_max != float("inf") else 1e9),
-        ).order_by(Host.used_cores.desc(), Host.id)
+        ).order_by(Host.used_cores.desc(), by_id)
         page, offset = 32, 0
         while True:
             candidates = [Host(**row) for row in conn.execute(query.offset(offset).limit(page)).mappings()]
@@ -442,21 +445,27 @@ class ComputeStore:
         row = _P_TAKE.first(conn, {"hid": host.id, "c": g.cores, "m": g.memory_mb})
         return None if row is None else HostUsage(host.id, *row)
 
-    @staticmethod
-    def _explain_no_room(conn: Connection, g: VmGroup) -> None:
-        hosts = [Host(**row) for row in conn.execute(select(_H).where(_H.c.enabled)).mappings()]
+    def never_holds(self, g: VmGroup, hosts: list[Host] | None = None) -> None:
+        """FAILED_PRECONDITION (NEVER_FITS) if no host could ever hold one VM of the unpinned group `g`: none has
+        its frequency and traits, or none of those is that large. `hosts`: the enabled hosts (None: as of the
+        inventory sync)."""
+        if hosts is None:
+            hosts = [h for h in self._static.values() if h.enabled]
         fitting = [h for h in hosts if g.host_matches(h.frequency_ghz, set(h.traits))]
-        shape = f"{g.cores} cores / {g.memory_mb / 1024:g} GB"
         if not fitting:
             raise FailedPrecondition(f"group {g.name!r}: no host has the requested frequency and traits",
                                      reason=NEVER_FITS)
         if not any(h.cores >= g.cores and h.memory_mb >= g.memory_mb for h in fitting):
             biggest = max(fitting, key=lambda h: (h.cores, h.memory_mb))
             raise FailedPrecondition(
-                f"group {g.name!r}: no host can ever hold {shape}; the largest matching host has "
-                f"{biggest.cores} cores / {biggest.memory_mb / 1024:g} GB", reason=NEVER_FITS)
-        raise ResourceExhausted(f"group {g.name!r}: every matching host is too full for {shape} right now",
-                                reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
+                f"group {g.name!r}: no host can ever hold {g.cores} cores / {g.memory_mb / 1024:g} GB; the largest "
+                f"matching host has {biggest.cores} cores / {biggest.memory_mb / 1024:g} GB", reason=NEVER_FITS)
+
+    def _explain_no_room(self, conn: Connection, g: VmGroup) -> None:
+        self.never_holds(g, [Host(**row) for row in conn.execute(select(_H).where(_H.c.enabled)).mappings()])
+        raise ResourceExhausted(f"group {g.name!r}: every matching host is too full for {g.cores} cores / "
+                                f"{g.memory_mb / 1024:g} GB right now", reason=CAPACITY_IN_USE,
+                                retry_after_s=RETRY_LATER_S)
 
     # -- release ---------------------------------------------------------
     def release(self, tenant: str, reservation_id: str) -> Outcome:

@@ -20,12 +20,17 @@ from services.errors import Unauthenticated
 METADATA_KEY = "x-harness-control-token"
 
 
+def sent(token: str, context: Any) -> bool:
+    """Whether the call carries `token` (True when it is empty: nothing to check)."""
+    if not token:
+        return True
+    given = dict(context.invocation_metadata() or ()).get(METADATA_KEY, "")
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
 def check(token: str, context: Any, what: str) -> None:
     """UNAUTHENTICATED unless the call carries `token` (nothing to check when it is empty)."""
-    if not token:
-        return
-    sent = dict(context.invocation_metadata() or ()).get(METADATA_KEY, "")
-    if not hmac.compare_digest(sent.encode(), token.encode()):
+    if not sent(token, context):
         raise Unauthenticated(f"{what} takes control calls from its control plane only (a control token)")
 
 

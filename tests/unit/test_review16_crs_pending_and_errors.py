@@ -1,0 +1,146 @@
+"""The CRS in-process (review 16): a slow Reserve's pending row is not taken for a crash's leftover, and its
+refusals of bad requests say what the compute IRM says (managers stood in for where they would answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from cross_resource_scheduler.service import Crs, CrsConfig
+from harness.v1 import common_pb2, irm_pb2
+from irm_compute.service import ComputeConfig, ComputeIrm
+from services.clock import VirtualClock
+from services.errors import InvalidArgument, ResourceExhausted
+from tests.unit.test_crs_service_parse import _group, _specs
+
+START = 1000.0
+
+
+def _crs(tmp_path: Path, clock: VirtualClock | None = None, **config: object) -> Crs:
+    c = Crs(CrsConfig(state_dir=str(tmp_path), **config), clock)  # type: ignore[arg-type]
+    specs = _specs()
+    c._specs = lambda: specs  # type: ignore[method-assign]
+    c.view.upsert("m", common_pb2.PhysicalResource(
+        id="h0", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+        location=common_pb2.Location(site="s", rack="r", host="h0"), generation=1))
+    return c
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(START)
+
+
+def _allocated() -> tuple[list[irm_pb2.AllocatedGroup], list[str], dict[str, int]]:
+    return [irm_pb2.AllocatedGroup(name="g", manager="m", manager_reservation_id="irm-1", price_per_minute=0.5)], [], {}
+
+
+def _recovery_pass(crs: Crs) -> None:
+    """What the compensator's periodic pass (or a CRS starting on the same database) does meanwhile."""
+    crs._recover(before=crs.clock.now() - crs._pending_horizon_s())
+
+
+# -- item 3: the pending horizon ---------------------------------------------------------------------------------
+
+def test_a_reserve_whose_attempts_together_outlast_the_horizon_is_not_taken_for_a_leftover(
+        tmp_path: Path, clock: VirtualClock) -> None:
+    crs = _crs(tmp_path, clock, place_attempts=2, irm_timeout_s=1.0, delegation_wait_s=0.5)
+    horizon = crs._pending_horizon_s()
+    hold = crs.gate.hold
+
+    @contextmanager
+    def queued(priority: int = 0) -> Iterator[None]:
+        clock.advance(horizon * 0.4)        # behind other tenants' placements at the gate
+        with hold(priority):
+            yield
+
+    crs.gate.hold = queued  # type: ignore[method-assign]
+    attempts: list[int] = []
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        attempts.append(attempt)
+        clock.advance(horizon * 0.3)        # the manager's answer, well within one attempt's bound
+        if attempt == 0:
+            raise ResourceExhausted("the manager's host filled up (the view had not caught up)")
+        _recovery_pass(crs)                 # both attempts together are older than the horizon by now
+        return _allocated()
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+    try:
+        reply = crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+        assert attempts == [0, 1] and clock.now() - START > horizon
+        assert reply.state == irm_pb2.Reservation.STATE_ACTIVE
+        # Stamped while it worked; recorded with the time it was asked for.
+        got = crs.GetReservation(irm_pb2.GetReservationRequest(tenant="t", reservation_id=reply.id), None)
+        assert reply.created_at == got.created_at == START
+        assert crs.pending_compensations() == 0
+    finally:
+        crs.db.dispose()
+
+
+def test_the_horizon_counts_the_quote_rounds_of_a_reserve_under_a_price_cap(
+        tmp_path: Path, clock: VirtualClock) -> None:
+    timeout = 10.0
+    crs = _crs(tmp_path, clock, place_attempts=1, irm_timeout_s=timeout, delegation_wait_s=0.5)
+    quotes = iter([2.0, 0.5])               # the first placement is over the cap, the cheaper one within it
+
+    def quote(tenant, groups, placement):  # type: ignore[no-untyped-def]
+        clock.advance(timeout)              # a slow manager answers a quote just in time
+        return irm_pb2.QuotePriceResponse(price_per_minute=next(quotes))
+
+    def unit_prices(tenant, groups, req):  # type: ignore[no-untyped-def]
+        clock.advance(timeout)
+        return {("g", ()): 0.5}
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        clock.advance(1.5 * timeout)        # queued behind a call in flight to the manager, then its own
+        _recovery_pass(crs)
+        return _allocated()
+
+    crs._quote = quote  # type: ignore[method-assign]
+    crs._unit_prices = unit_prices  # type: ignore[method-assign]
+    crs._delegate = delegate  # type: ignore[method-assign]
+    try:
+        reply = crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)],
+                                                   max_price_per_minute=1.0), None)
+        assert reply.state == irm_pb2.Reservation.STATE_ACTIVE and reply.price_per_minute == 0.5
+        assert crs.pending_compensations() == 0
+    finally:
+        crs.db.dispose()
+
+
+# -- item 4: the same refusals as the compute IRM's ----------------------------------------------------------------
+
+@pytest.fixture
+def both(tmp_path: Path) -> Iterator[tuple[Crs, ComputeIrm]]:
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {id: h0, site: s, rack: r, cores: 8, memory_gb: 32}\n")
+    (tmp_path / "crs").mkdir()
+    crs = _crs(tmp_path / "crs")
+    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
+    yield crs, irm
+    irm.watchers.close()
+    irm.db.dispose()
+    crs.db.dispose()
+
+
+def test_get_metrics_with_an_empty_reservation_id_is_invalid_at_the_crs_as_at_the_compute_irm(both) -> None:
+    for service in both:
+        with pytest.raises(InvalidArgument) as e:
+            service.GetMetrics(irm_pb2.GetMetricsRequest(tenant="t"), None)
+        assert [v.field for v in e.value.violations] == ["reservation_id"], service
+
+
+def test_a_trait_both_required_and_forbidden_is_invalid_naming_it_at_the_crs_as_at_the_compute_irm(both) -> None:
+    g = _group(2)
+    g.required_traits[:] = ["ssd", "gpu"]
+    g.forbidden_traits[:] = ["ssd"]
+    for service in both:
+        for call, request in ((service.QuotePrice, irm_pb2.QuotePriceRequest(tenant="t", groups=[g])),
+                              (service.Reserve, irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[g]))):
+            with pytest.raises(InvalidArgument) as e:
+                call(request, None)
+            assert [(v.field, v.description) for v in e.value.violations] == [
+                ("groups[0].forbidden_traits", "traits both required and forbidden: ['ssd']")], (service, call)
