@@ -1259,11 +1259,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return irm_pb2.GetMetricsResponse(series=series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
-        if not request.tenant and not control.sent(self.config.control_token, context):
-            # A stream without a tenant takes one of the control plane's slots (services.watch), which are not
-            # anyone's who leaves the tenant out.
-            raise InvalidArgument.of("tenant", "required: give your tenant (a stream without one is the control "
-                                               "plane's, which sends its control token)")
+        control.watch_caller(request.tenant, self.config.control_token, context)
 
         def snapshot():
             for n in self.view.up_nodes():

@@ -110,9 +110,6 @@ def check_config(config: ComputeConfig) -> None:
 
 
 MAX_PER_MESSAGE = 256
-# A WatchCapacity without a tenant and without the control token, refused on `tenant`.
-CONTROL_PLANE_WATCH = ("required: give your tenant (a stream without one is the control plane's: the CRS following "
-                       "this manager, which sends its control token)")
 # GetMetrics: at most this long per agent call (less when the caller's deadline is nearer), and this many
 # agents asked at once.
 METRICS_TIMEOUT_S = 5.0
@@ -538,10 +535,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             answers[vm_id] = list(reply.series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
-        if not request.tenant and not control.sent(self.config.control_token, context):
-            # A stream without a tenant takes one of the control plane's slots (services.watch): anyone leaving the
-            # tenant out could take them all and lock the CRS out of this IRM's capacity.
-            raise InvalidArgument.of("tenant", CONTROL_PLANE_WATCH)
+        control.watch_caller(request.tenant, self.config.control_token, context)
         wanted = request.resource_type in ("", VM_TYPE)
 
         def snapshot():

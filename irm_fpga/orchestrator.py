@@ -1226,6 +1226,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return irm_pb2.GetMetricsResponse(series=series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
+        control.watch_caller(request.tenant, self.config.control_token, context)
+
         def snapshot():
             if request.resource_type in ("", VFPGA):
                 infos, generations = self._stamped_infos()

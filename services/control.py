@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from services.errors import Unauthenticated
+from services.errors import InvalidArgument, Unauthenticated
 
 METADATA_KEY = "x-harness-control-token"
 
@@ -26,6 +26,18 @@ def sent(token: str, context: Any) -> bool:
         return True
     given = dict(context.invocation_metadata() or ()).get(METADATA_KEY, "")
     return hmac.compare_digest(given.encode(), token.encode())
+
+
+CONTROL_PLANE_WATCH = ("required: give your tenant (a stream without one is the control plane's: the CRS following "
+                       "this manager, which sends its control token)")
+
+
+def watch_caller(tenant: str, token: str, context: Any) -> None:
+    """A WatchCapacity caller names its tenant, or is the control plane and sends `token`: a stream without a
+    tenant takes one of the control plane's slots (services.watch), and anyone leaving the tenant out could take
+    them all and lock the CRS out of a manager's capacity. INVALID_ARGUMENT on `tenant` otherwise."""
+    if not tenant and not sent(token, context):
+        raise InvalidArgument.of("tenant", CONTROL_PLANE_WATCH)
 
 
 def check(token: str, context: Any, what: str) -> None:

@@ -94,3 +94,15 @@ def test_with_a_control_token_the_crs_follows_the_compute_irm_and_a_caller_witho
                 watch.cancel()
     finally:
         s.stop_all()
+
+
+def test_the_fpga_orchestrator_takes_a_stream_without_a_tenant_from_the_control_plane_only(tmp_path) -> None:
+    from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
+
+    # No FPGA-server answers at this address: the snapshot is empty, the admission is what is checked.
+    orch = Orchestrator(OrchestratorConfig(state_dir=str(tmp_path), servers=["127.0.0.1:1"], control_token=TOKEN,
+                                           autoscaler="none", server_timeout_s=0.5))
+    try:
+        _refused_without_a_tenant(orch)
+    finally:
+        orch.stop()
