@@ -173,6 +173,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         check_config(config)        # before anything is opened or written
         self.config = config
         self.clock = clock or WallClock()
+        # The inventory first: one this IRM cannot use is refused before a database is made or claimed for it.
+        hosts = inv.load(config.inventory or None, config.agent_address)
         url = config.database or default_url(config.state_dir, f"compute-{config.name}")
         self.db = Database(url)
         self.db.migrate(MIGRATIONS, "alembic_version_compute")
@@ -187,7 +189,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 f"the database {make_url(url).render_as_string(hide_password=True)} holds the state of compute IRM "
                 f"{owner!r}; this one is {config.name!r}: give each compute IRM its own database (set `database`, "
                 "or leave it empty for a SQLite file of its own in state_dir)")
-        self.store.sync_inventory(inv.load(config.inventory or None, config.agent_address))
+        self.store.sync_inventory(hosts)
         # Every host, those that left the inventory too: their VMs still need their agent and location.
         self._hosts: dict[str, Host] = {h.id: h for h in self.store.all_hosts()}
         # Per host in the inventory, an UPDATED event with its static facts, serialised once: a change

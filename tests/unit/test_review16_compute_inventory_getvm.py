@@ -44,6 +44,15 @@ def test_serve_compute_with_an_infinite_memory_host_exits_with_one_line(tmp_path
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert "hosts[0]: memory_gb must be a finite number, got inf" in out.stderr
+    assert not list(tmp_path.glob("*.db")), "a database was made for an inventory that was refused"
+
+
+def test_serve_compute_with_a_missing_inventory_makes_no_database(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "services.cli", "serve", "compute", "--address", "127.0.0.1:0",
+                          "--set", f"state_dir={tmp_path}", "--set", f"inventory={tmp_path / 'nope.yaml'}"],
+                         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert out.returncode == 2 and "nope.yaml" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not list(tmp_path.glob("*.db"))
 
 
 # -- item 7: GetVm writes once ---------------------------------------------------------------------------------
