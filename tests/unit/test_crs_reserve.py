@@ -16,14 +16,20 @@ from services.errors import Unavailable
 from tests.unit.test_crs_service_parse import _group, _specs
 
 
-@pytest.fixture
-def crs(tmp_path) -> Iterator[Crs]:
-    c = Crs(CrsConfig(state_dir=str(tmp_path)))
+def make_crs(tmp_path, clock=None, **config) -> Crs:  # type: ignore[no-untyped-def]
+    """A CRS whose view holds one 8-core, 32 GB host `h0` of manager `m` (the specs stood in)."""
+    c = Crs(CrsConfig(state_dir=str(tmp_path), **config), clock)
     specs = _specs()
     c._specs = lambda: specs  # type: ignore[method-assign]
     c.view.upsert("m", common_pb2.PhysicalResource(
         id="h0", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
         location=common_pb2.Location(site="s", rack="r", host="h0"), generation=1))
+    return c
+
+
+@pytest.fixture
+def crs(tmp_path) -> Iterator[Crs]:
+    c = make_crs(tmp_path)
     yield c
     c.db.dispose()
 

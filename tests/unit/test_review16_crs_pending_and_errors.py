@@ -9,24 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from cross_resource_scheduler.service import Crs, CrsConfig
-from harness.v1 import common_pb2, irm_pb2
+from cross_resource_scheduler.service import Crs
+from harness.v1 import irm_pb2
 from irm_compute.service import ComputeConfig, ComputeIrm
 from services.clock import VirtualClock
 from services.errors import InvalidArgument, ResourceExhausted
-from tests.unit.test_crs_service_parse import _group, _specs
+from tests.unit.test_crs_reserve import make_crs
+from tests.unit.test_crs_service_parse import _group
 
 START = 1000.0
 
 
 def _crs(tmp_path: Path, clock: VirtualClock | None = None, **config: object) -> Crs:
-    c = Crs(CrsConfig(state_dir=str(tmp_path), **config), clock)  # type: ignore[arg-type]
-    specs = _specs()
-    c._specs = lambda: specs  # type: ignore[method-assign]
-    c.view.upsert("m", common_pb2.PhysicalResource(
-        id="h0", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
-        location=common_pb2.Location(site="s", rack="r", host="h0"), generation=1))
-    return c
+    return make_crs(tmp_path, clock, **config)
 
 
 @pytest.fixture
