@@ -18,7 +18,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -305,6 +305,11 @@ def serving_at(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _attempt_seed(seed: int, attempt: int) -> int:
+    """Placement attempt `attempt`'s seed (> 0) of a request seeded `seed`: another, the same on every run."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}#{attempt}".encode(), digest_size=8).digest(), "big")
 
 
 class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistryServicer):
@@ -974,7 +979,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             token = f"{res_id}#{attempt}"
             placed = False
             try:
-                placement = self._place(req, request.priority, token)
+                # The first attempt places as QuotePrice does (the request's seed); one after a manager refused
+                # what the view showed free has a seed of its own, or it would land on the same host again.
+                placement = self._place(req if not attempt else replace(req, seed=_attempt_seed(req.seed, attempt)),
+                                        request.priority, token)
                 placed = True
                 stamped = self._stamp(res_id, stamped, request.request_id)
                 pinned = self._pinned(groups, placement)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cross_resource_scheduler.service import Crs
-from harness.v1 import irm_pb2
+from harness.v1 import common_pb2, irm_pb2
 from irm_compute.service import ComputeConfig, ComputeIrm
 from services.clock import VirtualClock
 from services.errors import InvalidArgument, ResourceExhausted
@@ -139,3 +139,35 @@ def test_a_trait_both_required_and_forbidden_is_invalid_naming_it_at_the_crs_as_
                 call(request, None)
             assert [(v.field, v.description) for v in e.value.violations] == [
                 ("groups[0].forbidden_traits", "traits both required and forbidden: ['ssd']")], (service, call)
+
+
+def test_a_place_again_after_a_managers_refusal_may_land_elsewhere(tmp_path: Path) -> None:
+    """The placement seed is the request's (QuotePrice places as Reserve does), but each attempt after a manager's
+    refusal has its own: with one seed per request, every attempt landed on the host the view wrongly showed free
+    and the Reserve failed although seven equal hosts had room."""
+    crs = make_crs(tmp_path, place_attempts=4)
+    try:
+        for i in range(1, 8):
+            crs.view.upsert(f"m{i}", common_pb2.PhysicalResource(
+                id=f"h{i}", resource_type="vm", capacity={"cores": 8, "memory_gb": 32},
+                used={"cores": 0, "memory_gb": 0}, location=common_pb2.Location(site="s", rack="r", host=f"h{i}"),
+                generation=1))
+        tried: list[str] = []
+        stale: list[str] = []
+
+        def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+            (manager,) = pinned
+            tried.append(manager)
+            if not stale:
+                stale.append(manager)           # the first host tried is full at its manager
+            if manager in stale:
+                raise ResourceExhausted(f"{manager}: no room on its host")
+            return [irm_pb2.AllocatedGroup(name=g.name, manager=manager, manager_reservation_id=f"irm-{manager}")
+                    for g in pinned[manager]], [], {}
+
+        crs._delegate = delegate  # type: ignore[method-assign]
+        r = crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+        assert r.state == irm_pb2.Reservation.STATE_ACTIVE
+        assert tried[-1] != stale[0] and len(tried) <= 4
+    finally:
+        crs.db.dispose()
