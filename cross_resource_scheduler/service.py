@@ -18,7 +18,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -305,11 +305,6 @@ def serving_at(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def _attempt_seed(seed: int, attempt: int) -> int:
-    """Placement attempt `attempt`'s seed (> 0) of a request seeded `seed`: another, the same on every run."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}#{attempt}".encode(), digest_size=8).digest(), "big")
 
 
 class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistryServicer):
@@ -897,11 +892,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _place(self, req: PlacementRequest, priority: int, assume_token: str | None,
                pipeline: Pipeline | None = None) -> Placement:
-        # An RNG of the request's own: with a shared one, a quote and a Reserve of one request on one view landed
-        # on hosts of different prices. Identical requests placed at once still spread, by what each assumes.
-        rng = random.Random(req.seed)
         # The view's lock from placing to assuming: a watch thread must not remove a placed node in between.
         with self.gate.hold(priority), self.view.lock:
+            # An RNG of the request and the view as they are: with one shared RNG, a quote and a Reserve of one
+            # request on an unchanged view landed on hosts of different prices; with the request's alone, every
+            # identical request scanned from one offset past the hosts the earlier ones had filled (placement
+            # cost growing with the cloud), and a place again after a manager's refusal chose the same host.
+            rng = random.Random(f"{req.seed}:{self.view.version}:{self.view.assumptions_made}")
             try:
                 placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, rng)
             except Unschedulable as e:
@@ -979,10 +976,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             token = f"{res_id}#{attempt}"
             placed = False
             try:
-                # The first attempt places as QuotePrice does (the request's seed); one after a manager refused
-                # what the view showed free has a seed of its own, or it would land on the same host again.
-                placement = self._place(req if not attempt else replace(req, seed=_attempt_seed(req.seed, attempt)),
-                                        request.priority, token)
+                placement = self._place(req, request.priority, token)
                 placed = True
                 stamped = self._stamp(res_id, stamped, request.request_id)
                 pinned = self._pinned(groups, placement)

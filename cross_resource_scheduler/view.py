@@ -80,7 +80,8 @@ class CapacityView:
         self._down: set[str] = set()
         self._assumptions: dict[str, list[Assumption]] = defaultdict(list)  # node key -> assumptions
         self._tokens: dict[str, set[str]] = defaultdict(set)  # token -> node keys it assumed on
-        self.version = 0  # bumped on every change; watchers of the CRS follow it
+        self.version = 0  # bumped on every change a manager reports
+        self.assumptions_made = 0  # bumped on every assume and forget: what the CRS's own placements change
 
     # -- feeding ---------------------------------------------------------
     def upsert(self, manager: str, r: common_pb2.PhysicalResource, snapshot: bool = False) -> Node:
@@ -191,6 +192,7 @@ class CapacityView:
             for k, v in demand.items():
                 node.assumed[k] = node.assumed.get(k, 0.0) + v
             node.refresh()
+            self.assumptions_made += 1
 
     def commit(self, token: str, caught_up: Mapping[str, int] | None = None) -> None:
         """The IRM committed: keep the assumption until the watch stream shows the change.
@@ -213,6 +215,7 @@ class CapacityView:
     def forget(self, token: str) -> None:
         """The delegation failed: the assumed demand was never taken."""
         with self.lock:
+            self.assumptions_made += 1
             for key in self._tokens.pop(token, ()):
                 items = self._assumptions.get(key, [])
                 keep = [a for a in items if a.token != token]
