@@ -37,6 +37,9 @@ class ManagerState:
     synced: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     call: grpc.Future | None = None  # the open WatchCapacity stream, cancelled on stop
+    # Why its capacity is not followed now (the last failure of its WatchCapacity stream; "" once a snapshot
+    # arrived): `harness status` shows it, as a token mismatch otherwise shows only as an empty view.
+    follow_error: str = ""
     _stub: irm_pb2_grpc.ResourceManagerStub | None = field(default=None, repr=False)
     # Its Reserve calls, batched when they overlap (see delegation.py).
     delegator: Delegator = field(init=False, repr=False)
@@ -191,6 +194,7 @@ class Registry:
                             self.on_change(state.name, irm_pb2.CapacityEvent(
                                 kind=irm_pb2.CapacityEvent.KIND_REMOVED, resource=pruned[0], more=pruned[1:]))
                         state.synced.set()
+                        state.follow_error = ""
                         continue
                     changed = []
                     # One message may carry several resources (`more`: the IRM coalesced them).
@@ -216,6 +220,7 @@ class Registry:
                             kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=changed[0], more=changed[1:]))
             except grpc.RpcError as e:
                 if not state.stop.is_set():
+                    state.follow_error = f"{e.code().name}: {e.details() or ''}"[:500]
                     log.info("watch of manager interrupted", extra={"manager": state.name, "code": str(e.code()),
                                                                     "details": e.details() or ""})
             finally:

@@ -1361,7 +1361,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             count = sum(1 for n in list(self.view.nodes.values()) if n.manager == m.name)
             out.append(registry_pb2.ManagerInfo(name=m.name, address=m.address, resource_types=m.resource_types,
                                                 up=m.up, last_heartbeat=max(m.last_heartbeat, 0.0),
-                                                resources=count))
+                                                resources=count, follow_error=m.follow_error))
         return registry_pb2.ListManagersResponse(managers=out)
 
 

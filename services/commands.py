@@ -170,7 +170,7 @@ def _registration(entry: dict, managers: list) -> None:  # type: ignore[type-arg
     else:
         m = next((m for m in managers if m.address == address), None) or \
             next((m for m in managers if m.name == entry["name"]), None)
-    for key in ("crs_registered_address", "crs_up"):
+    for key in ("crs_registered_address", "crs_up", "crs_follow_error"):
         entry.pop(key, None)
     if m is None:
         entry["crs_registration"] = "not_registered"
@@ -178,6 +178,7 @@ def _registration(entry: dict, managers: list) -> None:  # type: ignore[type-arg
     entry["manager"] = m.name
     entry["crs_registered_address"] = m.address
     entry["crs_up"] = m.up
+    entry["crs_follow_error"] = m.follow_error
     if m.address != address:
         entry["crs_registration"] = "registered_elsewhere"
     else:
@@ -230,14 +231,15 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
                     f"the CRS at {crs} did not list its managers ({e.code().name}: {e.details() or ''}): cannot "
                     f"tell whether the IRMs ({', '.join(s['name'] for s in irms)}) are registered with it")
                 for s in irms:
-                    for key in ("crs_registered_address", "crs_up"):
+                    for key in ("crs_registered_address", "crs_up", "crs_follow_error"):
                         s.pop(key, None)
                     s["crs_registration"] = "unknown"
                 return report
             report["reachable"] = True
             for s in irms:
                 _registration(s, managers)
-            waiting = [s for s in irms if s["status"] == "SERVING" and not _live(s)]
+            # Registering right now (`harness up` just returned), or reconnecting its capacity stream.
+            waiting = [s for s in irms if s["status"] == "SERVING" and (not _live(s) or s.get("crs_follow_error"))]
             if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)     # it may be registering right now (`harness up` just returned)
@@ -265,6 +267,13 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
             report["problems"].append(f"{who} is registered with the CRS at {crs} as {manager!r} but marked down "
                                       f"(its heartbeats do not arrive there): the CRS places no reservation on "
                                       f"it; {fix}")
+        elif _live(s) and s.get("crs_follow_error"):
+            err = s["crs_follow_error"]
+            hint = (" (the CRS's control_token is not the one the manager takes: give both the same, as `harness up` "
+                    "and compose's HARNESS_CONTROL_TOKEN do)" if err.startswith(("INVALID_ARGUMENT", "UNAUTHENTICATED"))
+                    and "token" in err else "")
+            report["problems"].append(f"{who} is registered with the CRS at {crs} as {manager!r}, but the CRS cannot "
+                                      f"follow its capacity ({err}): it places nothing there{hint}")
         elif state == "registered_elsewhere" and not s["crs_up"]:
             report["problems"].append(
                 f"{who} is not registered with the CRS at {crs}: it has {manager!r} at "

@@ -106,3 +106,34 @@ def test_the_fpga_orchestrator_takes_a_stream_without_a_tenant_from_the_control_
         _refused_without_a_tenant(orch)
     finally:
         orch.stop()
+
+
+def test_harness_status_says_when_the_crs_cannot_follow_a_managers_capacity(tmp_path) -> None:
+    """A CRS without the token of a manager that has one registers it (RegisterManager is the CRS's to check)
+    but cannot follow its capacity: ListManagers says why (`follow_error`) and `harness status` makes it a
+    problem naming the token, where before the suite looked healthy with an empty view."""
+    from harness.v1 import registry_pb2, registry_pb2_grpc
+    from services import commands
+
+    s = Suite(str(tmp_path))
+    try:
+        crs = s.start("crs", heartbeat_interval_s=0.3)                       # no token
+        compute = s.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, control_token=TOKEN)
+        with grpc.insecure_channel(crs.address) as ch:
+            registry = registry_pb2_grpc.ManagerRegistryStub(ch)
+
+            def follow_error() -> str:
+                ms = [m for m in registry.ListManagers(registry_pb2.ListManagersRequest()).managers
+                      if m.name == "compute"]
+                return ms[0].follow_error if ms else ""
+
+            eventually(lambda: follow_error().startswith("INVALID_ARGUMENT"), what="the CRS's failed follow")
+        services = [{"name": "crs", "address": crs.address, "status": "SERVING"},
+                    {"name": "compute", "address": compute.address, "status": "SERVING"}]
+        report = commands.registrations_of(services, {"crs": crs.address}, grace=0.0)
+        assert services[1]["crs_registration"] == "registered"
+        (problem,) = report["problems"]
+        assert "the CRS cannot follow its capacity (INVALID_ARGUMENT" in problem
+        assert "control_token is not the one the manager takes" in problem
+    finally:
+        s.stop_all()

@@ -41,20 +41,22 @@ class ListManagersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ManagerInfo(_message.Message):
-    __slots__ = ("name", "address", "resource_types", "up", "last_heartbeat", "resources")
+    __slots__ = ("name", "address", "resource_types", "up", "last_heartbeat", "resources", "follow_error")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPES_FIELD_NUMBER: _ClassVar[int]
     UP_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_ERROR_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     resource_types: _containers.RepeatedScalarFieldContainer[str]
     up: bool
     last_heartbeat: float
     resources: int
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ..., up: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., resources: _Optional[int] = ...) -> None: ...
+    follow_error: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ..., up: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., resources: _Optional[int] = ..., follow_error: _Optional[str] = ...) -> None: ...
 
 class ListManagersResponse(_message.Message):
     __slots__ = ("managers",)
