@@ -8,6 +8,7 @@ FAILED_PRECONDITION says what the best achievable is.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,10 @@ class Point:
 
 
 def pareto(points: list[Point]) -> list[Point]:
-    """Non-dominated ok points, fastest first (so cost falls along the list)."""
-    ok = sorted((p for p in points if p.ok), key=lambda p: (p.time_s, p.cost, p.predicted))
+    """Non-dominated ok points with a finite time and cost, fastest first (so cost falls along the list)."""
+    # NaN compares false both ways: in the sort it left the order, and the result, to the input's order.
+    ok = sorted((p for p in points if p.ok and math.isfinite(p.time_s) and math.isfinite(p.cost)),
+                key=lambda p: (p.time_s, p.cost, p.predicted))
     front: list[Point] = []
     best_cost = float("inf")
     for p in ok:

@@ -59,6 +59,20 @@ def parse_value(text: str) -> Any:
         return text
 
 
+_UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+_AMOUNT = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:([KMGT])I?B?|B)", re.IGNORECASE)
+
+
+def _amount(size: Any) -> float | None:
+    """A size with a unit (`2GB`, `512 MiB`, `10G`, `64KB`) in bytes; None for anything else."""
+    if not isinstance(size, str):
+        return None
+    m = _AMOUNT.fullmatch(size.strip())
+    if m is None:
+        return None
+    return float(m.group(1)) * (_UNITS[m.group(2).upper()] if m.group(2) else 1)
+
+
 class Dataset:
     def __init__(self, params: list[str], rows: list[dict[str, Any]], source: str = "") -> None:
         if not rows:
@@ -106,6 +120,10 @@ class Dataset:
                 t, c = float(r["runtime_s"]), float(r["cost"])
             except (TypeError, ValueError):
                 raise DatasetError(f"{source}:{n}: runtime_s and cost must be numbers") from None
+            if not (math.isfinite(t) and math.isfinite(c)):
+                # A NaN runtime would be replayed as a measurement and priced as NaN (an infinite one as price 0).
+                raise DatasetError(f"{source}:{n}: runtime_s and cost must be finite numbers, got runtime_s="
+                                   f"{str(r['runtime_s']).strip()!r}, cost={str(r['cost']).strip()!r}")
             status = (r.get("status") or "ok").strip()
             row = {"workload": str(r["workload"]).strip(), "runtime_s": t, "cost": c,
                    "ok": status.lower() == "ok", "error": "" if status.lower() == "ok" else status,
@@ -116,8 +134,29 @@ class Dataset:
         return cls(params, rows, source)
 
     def input_sizes(self, workload: str) -> list[Any]:
-        sizes = {r.get("input_size") for r in self.rows if r["workload"] == workload}
-        return sorted((s for s in sizes if s is not None), key=sp._sort_key) or [None]
+        """The workload's input sizes, smallest (the benchmark input) first, largest (production) last: numbers by
+        value, sizes with a unit (`512MB`, `2 GB`, `10G`) by what they amount to, other text (`small`, `large`) by
+        the mean runtime of its ok runs on the configurations measured at every size (all its runs if none is ok or
+        no configuration was measured at every size).
+        Alphabetically, `small`/`medium`/`large` made `small` production and `2GB`/`5GB`/`10GB` made `5GB` it."""
+        rows = [r for r in self.rows if r["workload"] == workload and r.get("input_size") is not None]
+        sizes = sorted({r["input_size"] for r in rows}, key=sp._sort_key)
+        if not sizes:
+            return [None]
+        if all(isinstance(x, int | float) for x in sizes):
+            return sizes
+        amounts = [_amount(x) for x in sizes]
+        if all(a is not None for a in amounts):
+            return [x for _, x in sorted(zip(amounts, sizes, strict=True), key=lambda ax: ax[0])]
+        keys = {x: {self.key(r) for r in rows if r["input_size"] == x} for x in sizes}
+        common = set.intersection(*keys.values())
+
+        def mean_runtime(x: Any) -> float:
+            use = [r for r in rows if r["input_size"] == x and (not common or self.key(r) in common)]
+            ok = [r for r in use if r["ok"]]    # a failed run's time (a crash in seconds) says little of the size
+            return statistics.fmean(r["runtime_s"] for r in ok or use)
+
+        return sorted(sizes, key=lambda x: (mean_runtime(x), sp._sort_key(x)))
 
     def run(self, workload: str, key: tuple, input_size: Any = None) -> Run | None:
         rows = self._runs.get((workload, input_size, key))
@@ -141,7 +180,8 @@ class Dataset:
         return [self.run(workload, space.key(c), input_size) for c in space.configs]
 
     def history(self, space: sp.Space, workloads: list[str]) -> History:
-        """Other workloads' production runs aligned to `space` (their largest input)."""
+        """Other workloads' production runs aligned to `space` (their largest input), failed ones with their
+        times (a timeout's is a lower bound on a slow configuration's) and `failed` set."""
         lt = np.full((len(workloads), len(space)), np.nan)
         fl = np.full((len(workloads), len(space)), np.nan)
         for w, name in enumerate(workloads):

@@ -100,7 +100,11 @@ class Space:
         return None if not np.isfinite(d2[i]) else i
 
     def step(self, i: int, dim: str, direction: int, exclude: Iterable[int] = ()) -> int | None:
-        """The configuration with the next (direction=+1) or previous value of `dim`, others as close as can be."""
+        """The configuration with the next (direction=+1) or previous value of `dim` and the others unchanged; when
+        the constraints leave that one out of the space, the nearest with that value. None if it is in `exclude`:
+        substituting another configuration with the value moved the others arbitrarily, so a utilisation-driven
+        walk went against its hints and ran most of the space (thesis §4.4.2, Algorithm 5, enqueues exactly the
+        neighbour)."""
         d = self.dim(dim)
         j = self.dims.index(d)
         cur = self.configs[i].get(dim)
@@ -112,13 +116,16 @@ class Space:
             k += direction
             if not 0 <= k < len(d.values) or d.values[k] is None:
                 return None
-            target = self.units[i].copy()
-            target[j] = d.position(d.values[k])
-            cands = [c for c in range(len(self.configs))
-                     if self.configs[c].get(dim) == d.values[k] and c not in ex]
-            if cands:
+            nxt = self.index({**self.configs[i], dim: d.values[k]})
+            if nxt is None:
+                target = self.units[i].copy()
+                target[j] = d.position(d.values[k])
+                cands = [c for c in range(len(self.configs)) if self.configs[c].get(dim) == d.values[k]]
+                if not cands:
+                    continue
                 dist = ((self.units[cands] - target) ** 2).sum(axis=1)
-                return cands[int(np.argmin(dist))]
+                nxt = cands[int(np.argmin(dist))]
+            return None if nxt in ex else nxt
 
     def describe(self, i: int) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.configs[i].items() if v is not None)

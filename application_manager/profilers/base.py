@@ -117,6 +117,8 @@ class Profiler:
         # Why `propose` returned None when it is not that every configuration was tried (e.g. extrapolated
         # profiling with no benchmark run to extrapolate from): the session's message says it. Empty otherwise.
         self.ended = ""
+        # Said at the end of the session however it ends (e.g. a budget too small for the profiler's method).
+        self.note = ""
 
     def propose(self, observed: list[Observation]) -> Proposal | None:
         raise NotImplementedError

@@ -9,9 +9,12 @@ then on (a learned constraint `%mem >= value`); a failure with no bottleneck ret
 each parameter at its maximum in turn. Production-run configurations never benchmarked
 are benchmarked too, then curve families (linear, proportional, power, exponential,
 quadratic) are fitted to (benchmark time -> production time) and the one with the
-smallest AICc (thesis §4.4.3 names no criterion) predicts the production time of every benchmarked configuration.
+smallest AICc (thesis §4.4.3 names no criterion; another than proportional only when at least 2 lower) predicts the
+production time of every benchmarked configuration, proportionally beyond the benchmark times fitted. The memory
+bounds are derived again from every production run observed, earlier sessions' included.
 
-Without a benchmarking input (e.g. a dataset of one input size) it is directed SA.
+Without a benchmarking input (e.g. a dataset of one input size), or with fewer than 3 runs, it is directed SA on
+the production input.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ def _fit_family(family: str, xa: np.ndarray, ya: np.ndarray) -> list[float] | No
 
 # Parameters counted by AICc besides the curve's own: 1 for the noise variance (the textbook count).
 AICC_EXTRA = 1
+# How much lower another family's AICc must be than the proportional curve's to be chosen instead (the usual
+# threshold of "substantially better" for information criteria).
+PROPORTIONAL_MARGIN = 2.0
 
 
 def _aicc(family: str, xa: np.ndarray, ya: np.ndarray, scale: np.ndarray) -> tuple[float, list[float]] | None:
@@ -100,7 +106,12 @@ def fit_curve(x: list[float], y: list[float]) -> dict | None:
         if len(xa) < npar + AICC_EXTRA + 2:
             continue
         scored = _aicc(fam, xa, ya, scale)
-        if scored is not None and (best is None or scored[0] < best[0] - 1e-9):
+        if scored is None:
+            continue
+        # Within 2 of each other AICc cannot tell two families apart: on less, noise on proportional data made an
+        # exponential or a power curve win, bending where nothing says the timings bend.
+        margin = PROPORTIONAL_MARGIN if best is not None and best[1] == "proportional" else 1e-9
+        if best is None or scored[0] < best[0] - margin:
             best = (scored[0], fam, scored[1])
     if best is None:
         # Too few points to compare families: production time proportional to benchmark time, the one-parameter
@@ -112,10 +123,23 @@ def fit_curve(x: list[float], y: list[float]) -> dict | None:
         best = (0.0, fam, params)
     _, family, params = best
     pred = np.array([apply_curve({"family": family, "params": params}, float(v)) for v in xa])
-    return {"family": family, "params": params, "r2": _r2(ya, pred), "points": len(xa)}
+    return {"family": family, "params": params, "r2": _r2(ya, pred), "points": len(xa),
+            "range": [float(xa.min()), float(xa.max())]}
 
 
 def apply_curve(fit: dict, x: float) -> float:
+    """The curve at benchmark time `x`. Outside the benchmark times it was fitted on (`range`), a curved family
+    goes on proportionally from the nearer end: the points say nothing of its bend there, and an exponential or a
+    power curve fitted to a narrow range predicted up to 26x the production time at 4x the range's end."""
+    lo, hi = fit.get("range") or (-math.inf, math.inf)
+    if fit["family"] not in ("proportional", "linear") and not lo <= x <= hi:
+        end = lo if x < lo else hi
+        if end > 0:
+            return _curve(fit, end) * x / end
+    return _curve(fit, x)
+
+
+def _curve(fit: dict, x: float) -> float:
     p = fit["params"]
     fam = fit["family"]
     if fam == "linear":
@@ -135,10 +159,19 @@ class Extrapolated(Profiler):
                   "(thesis §4.4.3, Algorithm 7)"
     tests = 7
 
+    # The fewest runs that extrapolate anything: two configurations benchmarked, one of them run on the production
+    # input, so the curve through it predicts the other.
+    min_runs = 3
+
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self.n_test = min(self.tests, max(2, self.max_runs // 3)) if self.has_benchmark else 0
-        self.n_bench = self.max_runs - self.n_test if self.has_benchmark else self.max_runs
+        self.extrapolate = self.has_benchmark and self.max_runs >= self.min_runs
+        if self.has_benchmark and not self.extrapolate:
+            # Benchmark runs alone would leave no point of the production model: these runs go to it directly.
+            self.note = (f"{self.max_runs} run(s) are too few to extrapolate (at least {self.min_runs}: two on the "
+                         "benchmark input, one on the production input); profiled on the production input only")
+        self.n_test = min(self.tests, max(1, self.max_runs // 3)) if self.extrapolate else 0
+        self.n_bench = self.max_runs - self.n_test
         self.discovery = DirectedAnnealing(self.space, self.rng, prices=self.prices,
                                            max_runs=max(1, self.n_bench))
         self.constraints: list[tuple[str, float]] = []  # (dimension, minimum value)
@@ -152,6 +185,30 @@ class Extrapolated(Profiler):
                             transient=o.transient)
                 for o in self.observed if o.input == input]
 
+    def _constrain(self, dim: str, minimum: float) -> None:
+        if (dim, minimum) not in self.constraints:
+            self.constraints.append((dim, minimum))
+
+    def _relearn(self) -> None:
+        """The memory bounds the production runs observed show, earlier sessions' included: a run that failed with
+        memory at its limit and an ok one with more memory, the rest of the configuration the same. Learned only on
+        the instance, a later session started with none, never retried what had failed (it had run) and predicted,
+        for the frontier, configurations known to fail (thesis §4.4.3: avoid configurations that may trigger the
+        same problem)."""
+        mem = next((d.name for d in self.space.dims if d.kind == "memory"), None)
+        if mem is None:
+            return
+        prod = [o for o in self.observed if o.input == PRODUCTION and not o.transient]
+        ok = [self.space.configs[o.config] for o in prod if o.ok]
+        for o in prod:
+            if not o.memory_bottleneck or self.space.configs[o.config].get(mem) is None:
+                continue
+            failed = self.space.configs[o.config]
+            more = [c[mem] for c in ok if c.get(mem) is not None and c[mem] > failed[mem]
+                    and all(c.get(k) == v for k, v in failed.items() if k != mem)]
+            if more:
+                self._constrain(mem, min(more))
+
     def allowed(self, i: int) -> bool:
         cfg = self.space.configs[i]
         return all(cfg.get(d) is None or cfg[d] >= v for d, v in self.constraints)
@@ -164,13 +221,13 @@ class Extrapolated(Profiler):
 
     # -- the plan (a coroutine: each yield is one run) -------------------------
     def _steps(self) -> Iterator[Proposal]:
-        discovery_input = BENCHMARK if self.has_benchmark else PRODUCTION
+        discovery_input = BENCHMARK if self.extrapolate else PRODUCTION
         for _ in range(self.n_bench):
             p = self.discovery.propose(self._as_production(discovery_input))
             if p is None:
                 break
             yield Proposal(p.config, discovery_input, f"discovery: {p.why}")
-        if not self.has_benchmark:
+        if not self.extrapolate:
             return
         bench = {c: o for c, o in self._measured(BENCHMARK).items() if o.ok}
         if not bench:
@@ -199,7 +256,7 @@ class Extrapolated(Profiler):
                         seen = self._last()
                     cur = nxt
                     if seen.ok:
-                        self.constraints.append((mem_dims[0], self.space.configs[nxt][mem_dims[0]]))
+                        self._constrain(mem_dims[0], self.space.configs[nxt][mem_dims[0]])
                         break
             else:
                 for d in self.space.dims:
@@ -259,6 +316,7 @@ class Extrapolated(Profiler):
 
     def propose(self, observed: list[Observation]) -> Proposal | None:
         self.observed = observed
+        self._relearn()
         try:
             return next(self._plan)
         except StopIteration:
@@ -266,6 +324,7 @@ class Extrapolated(Profiler):
 
     def predictions(self, observed: list[Observation]) -> list[tuple[int, float, float]]:
         self.observed = observed
+        self._relearn()
         bench = {c: o for c, o in self._measured(BENCHMARK).items() if o.ok}
         prod = {c: o for c, o in self._measured(PRODUCTION).items() if o.ok}
         pairs = [(bench[c].time_s, prod[c].time_s) for c in prod if c in bench]

@@ -115,7 +115,9 @@ class ModelBased(Profiler):
             offsets = np.zeros(h.shape[0])
             for w in range(h.shape[0]):
                 row = h[w]
-                if len(obs):
+                if np.isnan(row).all():
+                    pass    # only failures known (failed runs' times are no runtimes): nothing to shift
+                elif len(obs):
                     common = ~np.isnan(row[obs])
                     if common.any():
                         diff = y[common] - row[obs][common]

@@ -24,8 +24,11 @@ class UtilisationDriven(Profiler):
         super().__init__(*args, **kwargs)
         self.queue: deque[int] = deque()
         self._seen = 0
+        self._began: int | None = None     # how many runs were observed before this session's first
 
     def propose(self, observed: list[Observation]) -> Proposal | None:
+        if self._began is None:
+            self._began = len(observed)
         seen = self.visited(observed)
         for o in observed[self._seen:]:
             self._seen += 1
@@ -41,6 +44,11 @@ class UtilisationDriven(Profiler):
             i = self.queue.popleft()
             if i not in seen:
                 return Proposal(i, why="whitebox hint")
+        if len(observed) == self._began:
+            # Earlier sessions' runs left no hint: this session starts where Algorithm 5 does (line 1), at random,
+            # instead of ending with no run.
+            i = self.random_unvisited(observed)
+            return None if i is None else Proposal(i, why="random start")
         if observed[-1].transient:
             # The walk's last step was refused or lost, not measured: no hint is not "no bottleneck left".
             i = self.random_unvisited(observed)

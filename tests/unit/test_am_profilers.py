@@ -120,7 +120,8 @@ def test_curve_families_pick_the_right_shape():
     assert lin["family"] == "linear" and lin["r2"] == pytest.approx(1.0)
     assert apply_curve(lin, 10) == pytest.approx(21)
     pw = fit_curve(x, [3 * v ** 1.5 for v in x])
-    assert pw["family"] == "power" and apply_curve(pw, 9) == pytest.approx(81, rel=1e-6)
+    # Within the benchmark times fitted (outside them a curve goes on proportionally: test_review16_am_fixes).
+    assert pw["family"] == "power" and apply_curve(pw, 4.5) == pytest.approx(3 * 4.5 ** 1.5, rel=1e-6)
     assert fit_curve([2.0], [10.0])["params"] == [5.0]
 
 
