@@ -1261,7 +1261,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return irm_pb2.GetMetricsResponse(series=series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
-        control.watch_caller(request.tenant, self.config.control_token, context)
+        # Its caps: a tenant's, or the control plane's for a caller with the control token (services.control).
+        who = control.watch_tenant(request.tenant, self.config.control_token, context)
 
         def snapshot():
             for n in self.view.up_nodes():
@@ -1270,7 +1271,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
         # A stream over the Broadcaster's caps is refused there (RESOURCE_EXHAUSTED, STREAM_CAP).
-        for ev in self.watchers.stream(snapshot, context.is_active, request.tenant):
+        for ev in self.watchers.stream(snapshot, context.is_active, who):
             # The snapshot's end names no resource: it passes every filter (a client waits for it).
             if (not request.resource_type or ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
                     or ev.resource.resource_type == request.resource_type):

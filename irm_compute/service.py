@@ -537,7 +537,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             answers[vm_id] = list(reply.series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
-        control.watch_caller(request.tenant, self.config.control_token, context)
+        # Its caps: a tenant's, or the control plane's for a caller with the control token (services.control).
+        who = control.watch_tenant(request.tenant, self.config.control_token, context)
         wanted = request.resource_type in ("", VM_TYPE)
 
         def snapshot():
@@ -547,7 +548,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
         # A stream over the Broadcaster's caps is refused there (RESOURCE_EXHAUSTED, STREAM_CAP).
-        for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=request.tenant):
+        for batch in self.watchers.stream_batches(snapshot, context.is_active, tenant=who):
             if not wanted:
                 # Another type's watch: the snapshot's end, then nothing (every event here is a vm host's).
                 batch = [ev for ev in batch if not ev.HasField("resource")]

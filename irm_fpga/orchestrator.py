@@ -88,7 +88,8 @@ class OrchestratorConfig:
     state_dir: str = "~/.harness"
     # FPGA-server addresses (comma-separated in env/--set).
     servers: list[str] = field(default_factory=lambda: ["127.0.0.1:50081"])
-    # Sent with every call to the FPGA-servers, whose `control_token` must match (services.control).
+    # Sent with every call to the FPGA-servers, whose `control_token` must match (services.control); a
+    # WatchCapacity without a tenant that sends it (the CRS's) takes a control-plane slot.
     control_token: str = ""
     site: str = "site-a"
     rack: str = "rack-fpga"
@@ -1226,7 +1227,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return irm_pb2.GetMetricsResponse(series=series)
 
     def WatchCapacity(self, request, context):  # noqa: N802
-        control.watch_caller(request.tenant, self.config.control_token, context)
+        # Its caps: a tenant's, or the control plane's for a caller with the control token (services.control).
+        who = control.watch_tenant(request.tenant, self.config.control_token, context)
 
         def snapshot():
             if request.resource_type in ("", VFPGA):
@@ -1236,7 +1238,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                                                 resource=self._physical(info, generations[name]))
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
-        yield from self.watchers.stream(snapshot, context.is_active, request.tenant)
+        yield from self.watchers.stream(snapshot, context.is_active, who)
 
     # -- background rounds -----------------------------------------------
     def _every(self, interval_s: float, round_: Callable[[], object], what: str) -> None:

@@ -268,12 +268,9 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
                                       f"(its heartbeats do not arrive there): the CRS places no reservation on "
                                       f"it; {fix}")
         elif _live(s) and s.get("crs_follow_error"):
-            err = s["crs_follow_error"]
-            hint = (" (the CRS's control_token is not the one the manager takes: give both the same, as `harness up` "
-                    "and compose's HARNESS_CONTROL_TOKEN do)" if err.startswith(("INVALID_ARGUMENT", "UNAUTHENTICATED"))
-                    and "token" in err else "")
             report["problems"].append(f"{who} is registered with the CRS at {crs} as {manager!r}, but the CRS cannot "
-                                      f"follow its capacity ({err}): it places nothing there{hint}")
+                                      f"follow its capacity ({s['crs_follow_error']}): it places nothing there until "
+                                      "it can (its log says more)")
         elif state == "registered_elsewhere" and not s["crs_up"]:
             report["problems"].append(
                 f"{who} is not registered with the CRS at {crs}: it has {manager!r} at "
@@ -511,7 +508,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 1
         return run_exit_status(exited.exit_code)
     except grpc.RpcError as e:
-        return _fail(e)
+        status = _fail(e)
+        if stub is not None and execution:
+            # The stream broke after the run started (connection lost, agent restarting): the command runs on at
+            # the agent, with no limit unless --timeout was given. Try to stop it, briefly (5 s): the agent may be
+            # gone.
+            try:
+                stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=args.tenant, execution_id=execution),
+                                   timeout=5)
+                _say(f"[stopped execution {execution}]")
+            except grpc.RpcError as err:
+                _say(f"harness run: could not stop execution {execution} ({err.code().name}): it may still run; "
+                     "releasing the reservation stops it")
+        return status
     except (KeyboardInterrupt, _Stopped, BrokenPipeError) as e:
         # Stopping is not interrupted by a second Ctrl-C or signal (it would leave the command running).
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

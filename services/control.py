@@ -11,13 +11,16 @@ empty token checks nothing (a development setup); `harness up` makes one for eve
 from __future__ import annotations
 
 import hmac
+import logging
+import threading
 from typing import Any
 
 import grpc
 
-from services.errors import InvalidArgument, Unauthenticated
+from services.errors import Unauthenticated
 
 METADATA_KEY = "x-harness-control-token"
+log = logging.getLogger(__name__)
 
 
 def sent(token: str, context: Any) -> bool:
@@ -28,16 +31,31 @@ def sent(token: str, context: Any) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-CONTROL_PLANE_WATCH = ("required: give your tenant (a stream without one is the control plane's: the CRS following "
-                       "this manager, which sends its control token)")
+# The tenant key of a WatchCapacity stream that names no tenant and does not send the control token (no tenant id
+# holds a NUL): counted among the tenants' streams, under the per-tenant cap, never in the control plane's slots.
+ANONYMOUS_WATCHER = "\x00anonymous"
+_warned_anonymous = threading.Event()
 
 
-def watch_caller(tenant: str, token: str, context: Any) -> None:
-    """A WatchCapacity caller names its tenant, or is the control plane and sends `token`: a stream without a
-    tenant takes one of the control plane's slots (services.watch), and anyone leaving the tenant out could take
-    them all and lock the CRS out of a manager's capacity. INVALID_ARGUMENT on `tenant` otherwise."""
-    if not tenant and not sent(token, context):
-        raise InvalidArgument.of("tenant", CONTROL_PLANE_WATCH)
+def watch_tenant(tenant: str, token: str, context: Any) -> str:
+    """Whose WatchCapacity stream this is, for the stream caps (services.watch): `tenant`; with none, the control
+    plane ("") if the call sends `token` (or none is configured), else `ANONYMOUS_WATCHER`.
+
+    The control plane's slots are kept for callers that prove they are it: anyone leaving the tenant out took
+    them and locked the CRS out of a manager's capacity. A stream without either is still served, as a tenant's:
+    a CRS configured without the manager's token (an older CRS, a suite whose CRS has none) follows it as before,
+    within the tenants' caps. The first such stream is logged once, to say how to give it a slot of its own.
+    """
+    if tenant:
+        return tenant
+    if sent(token, context):
+        return ""
+    if not _warned_anonymous.is_set():
+        _warned_anonymous.set()
+        log.warning("a WatchCapacity stream without a tenant did not send this service's control token: served as "
+                    "a tenant's stream (within the tenants' caps), not in the control plane's reserved slots; give "
+                    "the CRS that follows this manager the same control_token")
+    return ANONYMOUS_WATCHER
 
 
 def check(token: str, context: Any, what: str) -> None:

@@ -16,9 +16,9 @@ log = logging.getLogger(__name__)
 # Streams one Broadcaster serves at once, by default: each holds one of the server's 32 worker threads
 # (services.server), which every other call and the health checks share; 32 idle watches froze a server.
 # The control plane's streams (no tenant: the CRS following an IRM) have slots of their own, so tenants'
-# watches never lock the CRS out of a manager's capacity. A server should take a stream without a tenant only from
-# a caller with its control token (services.control.sent; the CRS and the compute IRM do): else anyone leaving the
-# tenant out could take those slots.
+# watches never lock the CRS out of a manager's capacity. A server counts a stream as the control plane's ("") only
+# for a caller with its control token (services.control.watch_tenant; the CRS, the compute IRM and the FPGA
+# Orchestrator do): else anyone leaving the tenant out could take those slots.
 MAX_STREAMS = 8
 CONTROL_STREAMS = 4
 

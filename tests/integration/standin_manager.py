@@ -4,7 +4,7 @@ It stands for a manager that hangs or is slow, which a real one cannot be made t
 name, crs (address), port_file (written with its address once serving), type, units (the host's capacity),
 hb (heartbeat interval), reserve_delay (s Reserve sleeps before committing, ignoring the deadline: it commits
 after the caller gave up), get_delay (s GetReservation sleeps), release_unavailable (ReleaseReservation
-answers UNAVAILABLE). It has no ReserveBatch (UNIMPLEMENTED): the CRS sends it one Reserve per request.
+answers UNAVAILABLE), watch_error (WatchCapacity fails FAILED_PRECONDITION with this message). It has no ReserveBatch (UNIMPLEMENTED): the CRS sends it one Reserve per request.
 
 `Standin` starts one as its own process and kills it.
 """
@@ -97,6 +97,8 @@ class Rm(irm_pb2_grpc.ResourceManagerServicer):
         return irm_pb2.DiscoverResourcesResponse(resources=[self.host()])
 
     def WatchCapacity(self, request, context):  # noqa: N802
+        if self.cfg.get("watch_error"):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(self.cfg["watch_error"]))
         q: list = []
         ev = threading.Event()
         self.subscribers.append((q, ev))

@@ -1,17 +1,17 @@
-"""WatchCapacity streams without a tenant are the control plane's (review 16): with a control token, the compute
-IRM and the CRS take one only from a caller that sends the token, so tenants leaving the tenant out cannot take the
-control-plane slots and lock the CRS out of a manager; the CRS sends its token when it follows a manager."""
+"""WatchCapacity streams without a tenant (review 16): the control plane's reserved slots are taken only by a
+caller that sends the control token (the CRS does when it follows a manager), so tenants leaving the tenant out
+cannot lock the CRS out of a manager; a tenant-less stream without the token is still served, as a tenant's (a
+CRS without the manager's token follows it as before). And `harness status` says when the CRS cannot follow a
+manager's capacity."""
 
 from __future__ import annotations
 
 import grpc
-import pytest
 
 from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from irm_compute.service import ComputeConfig, ComputeIrm
 from services import control
-from services.errors import InvalidArgument, field_violations
 from services.watch import CONTROL_STREAMS
 from tests.conftest import Suite, eventually
 
@@ -29,23 +29,25 @@ class Ctx:
         return True
 
 
-def _refused_without_a_tenant(service: Crs | ComputeIrm) -> None:
+def _control_slots_kept_for_the_token(service: Crs | ComputeIrm) -> None:
+    """Streams without a tenant that do not send the token are served, as an anonymous tenant's: none of them
+    takes one of the control plane's slots, which a caller with the token still finds all free."""
     streams = []
     try:
         for token in ("", "guess"):
-            for _ in range(CONTROL_STREAMS):
-                with pytest.raises(InvalidArgument) as e:
-                    next(service.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx(token)))
-                assert [v.field for v in e.value.violations] == ["tenant"]
-                assert "give your tenant" in e.value.message
+            for _ in range(CONTROL_STREAMS // 2):
+                s = service.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx(token))
+                next(s)                                     # served: a CRS without the token still follows
+                streams.append(s)
+        assert service.watchers._open[control.ANONYMOUS_WATCHER] == CONTROL_STREAMS
         tenant = service.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="alice"), Ctx())
         next(tenant)                                        # a tenant's stream needs no token
         streams.append(tenant)
-        # None of the refused ones took a control-plane slot: the control plane still has them all.
         for _ in range(CONTROL_STREAMS):
             s = service.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx(TOKEN))
             next(s)
             streams.append(s)
+        assert service.watchers._open[""] == CONTROL_STREAMS
     finally:
         for s in streams:
             s.close()
@@ -56,7 +58,7 @@ def test_the_compute_irm_takes_a_stream_without_a_tenant_from_the_control_plane_
     irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml"),
                                    control_token=TOKEN))
     try:
-        _refused_without_a_tenant(irm)
+        _control_slots_kept_for_the_token(irm)
     finally:
         irm.watchers.close()
         irm.db.dispose()
@@ -65,13 +67,13 @@ def test_the_compute_irm_takes_a_stream_without_a_tenant_from_the_control_plane_
 def test_the_crs_takes_a_stream_without_a_tenant_from_the_control_plane_only(tmp_path) -> None:
     crs = Crs(CrsConfig(state_dir=str(tmp_path), control_token=TOKEN))
     try:
-        _refused_without_a_tenant(crs)
+        _control_slots_kept_for_the_token(crs)
     finally:
         crs.watchers.close()
         crs.db.dispose()
 
 
-def test_with_a_control_token_the_crs_follows_the_compute_irm_and_a_caller_without_it_needs_a_tenant(
+def test_with_a_control_token_the_crs_follows_the_compute_irm_and_a_caller_without_it_is_a_tenant(
         tmp_path) -> None:
     s = Suite(str(tmp_path))
     try:
@@ -84,14 +86,27 @@ def test_with_a_control_token_the_crs_follows_the_compute_irm_and_a_caller_witho
             eventually(lambda: {r.id for r in at_crs.DiscoverResources(
                 irm_pb2.DiscoverResourcesRequest()).resources} == hosts, what="the compute IRM's hosts in the CRS")
             for stub in (at_compute, at_crs):
-                with pytest.raises(grpc.RpcError) as e:
-                    next(stub.WatchCapacity(irm_pb2.WatchCapacityRequest(), timeout=10))
-                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert [f for f, _ in field_violations(e.value)] == ["tenant"]
-                watch = stub.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="alice"), timeout=10)
-                assert next(watch).kind in (irm_pb2.CapacityEvent.KIND_SNAPSHOT,
-                                            irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
-                watch.cancel()
+                for request in (irm_pb2.WatchCapacityRequest(), irm_pb2.WatchCapacityRequest(tenant="alice")):
+                    watch = stub.WatchCapacity(request, timeout=10)
+                    assert next(watch).kind in (irm_pb2.CapacityEvent.KIND_SNAPSHOT,
+                                                irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
+                    watch.cancel()
+    finally:
+        s.stop_all()
+
+
+def test_a_crs_without_the_managers_token_still_follows_it(tmp_path) -> None:
+    """What the first cut of this change broke: a CRS with no control token (an older CRS, a suite whose CRS has
+    none) registered a compute IRM with one but could not follow its capacity, and placed nothing there."""
+    s = Suite(str(tmp_path))
+    try:
+        crs = s.start("crs", heartbeat_interval_s=0.3)                       # no token
+        compute = s.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, control_token=TOKEN)
+        with grpc.insecure_channel(crs.address) as c1, grpc.insecure_channel(compute.address) as c2:
+            at_crs, at_compute = irm_pb2_grpc.ResourceManagerStub(c1), irm_pb2_grpc.ResourceManagerStub(c2)
+            hosts = {r.id for r in at_compute.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
+            eventually(lambda: {r.id for r in at_crs.DiscoverResources(
+                irm_pb2.DiscoverResourcesRequest()).resources} == hosts, what="the compute IRM's hosts in the CRS")
     finally:
         s.stop_all()
 
@@ -103,37 +118,41 @@ def test_the_fpga_orchestrator_takes_a_stream_without_a_tenant_from_the_control_
     orch = Orchestrator(OrchestratorConfig(state_dir=str(tmp_path), servers=["127.0.0.1:1"], control_token=TOKEN,
                                            autoscaler="none", server_timeout_s=0.5))
     try:
-        _refused_without_a_tenant(orch)
+        _control_slots_kept_for_the_token(orch)
     finally:
         orch.stop()
 
 
 def test_harness_status_says_when_the_crs_cannot_follow_a_managers_capacity(tmp_path) -> None:
-    """A CRS without the token of a manager that has one registers it (RegisterManager is the CRS's to check)
-    but cannot follow its capacity: ListManagers says why (`follow_error`) and `harness status` makes it a
-    problem naming the token, where before the suite looked healthy with an empty view."""
+    """A manager whose WatchCapacity fails is registered and up, but the CRS places nothing there: ListManagers
+    says why (`follow_error`) and `harness status` makes it a problem, where before the suite looked healthy."""
     from harness.v1 import registry_pb2, registry_pb2_grpc
     from services import commands
+    from tests.integration.standin_manager import Standin
 
     s = Suite(str(tmp_path))
+    standin = None
     try:
-        crs = s.start("crs", heartbeat_interval_s=0.3)                       # no token
-        compute = s.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, control_token=TOKEN)
+        crs = s.start("crs", heartbeat_interval_s=0.3)
+        standin = Standin(str(tmp_path), crs.address, "gadgets", watch_error="capacity feed is down")
         with grpc.insecure_channel(crs.address) as ch:
             registry = registry_pb2_grpc.ManagerRegistryStub(ch)
 
             def follow_error() -> str:
                 ms = [m for m in registry.ListManagers(registry_pb2.ListManagersRequest()).managers
-                      if m.name == "compute"]
+                      if m.name == "gadgets"]
                 return ms[0].follow_error if ms else ""
 
-            eventually(lambda: follow_error().startswith("INVALID_ARGUMENT"), what="the CRS's failed follow")
+            eventually(lambda: follow_error() == "FAILED_PRECONDITION: capacity feed is down",
+                       what="the CRS's failed follow")
         services = [{"name": "crs", "address": crs.address, "status": "SERVING"},
-                    {"name": "compute", "address": compute.address, "status": "SERVING"}]
+                    {"name": "compute", "address": standin.address, "status": "SERVING"}]
         report = commands.registrations_of(services, {"crs": crs.address}, grace=0.0)
         assert services[1]["crs_registration"] == "registered"
         (problem,) = report["problems"]
-        assert "the CRS cannot follow its capacity (INVALID_ARGUMENT" in problem
-        assert "control_token is not the one the manager takes" in problem
+        assert f"compute at {standin.address} is registered with the CRS at {crs.address} as 'gadgets', but the " \
+               "CRS cannot follow its capacity (FAILED_PRECONDITION: capacity feed is down)" in problem
     finally:
+        if standin is not None:
+            standin.kill()
         s.stop_all()
