@@ -78,8 +78,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     # What %app_dir names must hold on the agents' machines, where runs start in scratch directories: a relative
-    # --app-dir is taken from here. One that is no directory here is said (the agents may be elsewhere).
-    app_dir = Path(args.app_dir).expanduser().resolve() if args.app_dir else manifest.resolve().parent
+    # --app-dir is taken from here; an absolute one is sent as given (under compose it is the containers' path:
+    # this machine's `~` or symlinks must not rewrite it). One that is no directory here is said (the agents may
+    # be elsewhere).
+    app_dir = Path(os.path.abspath(args.app_dir)) if args.app_dir else manifest.resolve().parent
     if not app_dir.is_dir():
         print(f"warning: --app-dir {app_dir} is no directory on this machine; runs will fail unless it is one on "
               "the agents' machines", file=sys.stderr)

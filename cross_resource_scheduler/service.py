@@ -342,6 +342,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.gate = PriorityGate()
         self._specs_cache: tuple[list, dict[str, dict[str, irm_pb2.AttributeSpec]]] | None = None
         self._parsed: tuple[object, dict[tuple[tuple[bytes, ...], tuple[bytes, ...]], PlacementRequest]] = (None, {})
+        # Placements differ from one CRS process to another (several on one database follow the same managers, and
+        # an identical request sent to each would pick the same host and one be refused), unless `seed` makes them
+        # repeat.
+        self._salt = config.seed or random.SystemRandom().getrandbits(64)
         self._stop = threading.Event()
         self._kick = threading.Event()
         # Liveness and compensation on threads of their own: a compensation pass waits on managers (up to
@@ -898,7 +902,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             # request on an unchanged view landed on hosts of different prices; with the request's alone, every
             # identical request scanned from one offset past the hosts the earlier ones had filled (placement
             # cost growing with the cloud), and a place again after a manager's refusal chose the same host.
-            rng = random.Random(f"{req.seed}:{self.view.version}:{self.view.assumptions_made}")
+            rng = random.Random(f"{self._salt}:{req.seed}:{self.view.version}:{self.view.assumptions_made}")
             try:
                 placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, rng)
             except Unschedulable as e:

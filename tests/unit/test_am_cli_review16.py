@@ -55,6 +55,11 @@ def test_submit_makes_a_relative_app_dir_absolute_and_warns_of_one_that_is_no_di
     assert am_cli.cmd_submit(_args(manifest=str(manifest), slo=None, app_dir="nowhere")) == 0
     assert am.requests[-1].app_dir == os.path.join(str(tmp_path.resolve()), "nowhere")
     assert "is no directory on this machine" in capsys.readouterr().err
+    # An absolute one is sent as given: the agents' path (compose's containers), not this machine's reading of it.
+    (tmp_path / "link").symlink_to(tmp_path / "app")
+    for given in (str(tmp_path / "link"), "/srv/apps/rtm"):
+        assert am_cli.cmd_submit(_args(manifest=str(manifest), slo=None, app_dir=given)) == 0
+        assert am.requests[-1].app_dir == given
 
 
 def test_the_am_refuses_a_relative_app_dir(tmp_path, monkeypatch):

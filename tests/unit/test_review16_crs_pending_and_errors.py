@@ -171,3 +171,32 @@ def test_a_place_again_after_a_managers_refusal_may_land_elsewhere(tmp_path: Pat
         assert tried[-1] != stale[0] and len(tried) <= 4
     finally:
         crs.db.dispose()
+
+
+def _with_hosts(crs: Crs, n: int) -> Crs:
+    for i in range(1, n):
+        crs.view.upsert("m", common_pb2.PhysicalResource(
+            id=f"h{i}", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+            location=common_pb2.Location(site="s", rack="r", host=f"h{i}"), generation=1))
+    return crs
+
+
+def test_two_crs_processes_place_an_identical_request_apart_unless_a_seed_makes_them_repeat(tmp_path: Path) -> None:
+    """Several CRSs on one database follow the same managers with equal views: seeded by the request and the view
+    alone, an identical request sent to each picked the same host, and one of them was refused."""
+    def hosts(seed: int) -> set[str]:
+        picked = set()
+        for k in range(2):
+            crs = _with_hosts(make_crs(tmp_path / f"{seed}-{k}", seed=seed), 16)
+            try:
+                req = crs._parse([_group(2)], [])
+                placement = crs._place(req, 0, None)
+                picked.add(placement.nodes["g"][0].physical_id)
+            finally:
+                crs.db.dispose()
+        return picked
+
+    assert len(hosts(7)) == 1                           # a configured seed: the same placement in each
+    # With none, each process has its own: over five pairs of processes, 16 equal hosts, not all pairs agree
+    # (that all would has a chance of 1 in 16^5).
+    assert any(len(hosts(0)) == 2 for _ in range(5))
