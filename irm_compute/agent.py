@@ -14,10 +14,16 @@ An agent that died without its shutdown (SIGKILL, the OOM killer, a crash)
 could not kill what it ran: its successor on the same `work_dir` does, at
 start-up, finding the processes by their execution mark (whose prefix names
 the work dir), and removes the scratch directories no execution owns any more.
+
+While it serves, the agent is a child subreaper (irm_compute.processes): what its
+executions' processes orphan becomes its child, not init's, so a daemon that
+leaves an execution's tree is still that execution's. Its process must
+therefore start nothing but executions (`harness serve agent` starts nothing else).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import math
@@ -35,6 +41,7 @@ import grpc
 import psutil
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, compute_pb2, compute_pb2_grpc
+from irm_compute.processes import PROCESSES
 from irm_compute.replay import ReplayBackend, ReplayedExited
 from irm_compute.sandbox import (
     CpuAllocator,
@@ -46,12 +53,14 @@ from irm_compute.sandbox import (
     Started,
     VmMemory,
     VmSlot,
+    decimate,
     find_marked,
     merge_utilisation,
 )
 from services import control, pidlock
 from services.config import check_seconds
 from services.errors import (
+    CAPACITY_IN_USE,
     MANAGER_UNAVAILABLE,
     RETRY_LATER_S,
     STREAM_CAP,
@@ -83,6 +92,12 @@ _SCRATCH_NAME = re.compile(r"ex-[0-9a-f]{32}")
 # gRPC worker threads beyond the Execute streams: unary calls (StopExecution, GetExecution, ReleaseVm,
 # GetVmMetrics, health) always find one free.
 _CONTROL_WORKERS = 16
+# The points of each series GetVmMetrics answers with, at most (older ones merged: mean CPU, peak memory): a VM's
+# executions' samples together, unbounded, would pass gRPC's 4 MiB message limit.
+MAX_VM_METRICS_SAMPLES = 4096
+# The most bytes the kernel passes to a program as one argument or environment variable (MAX_ARG_STRLEN,
+# 32 pages, with its terminating NUL); a larger one fails the exec with E2BIG.
+_MAX_ARG_STRLEN = 32 * 4096
 
 
 @dataclass
@@ -119,6 +134,10 @@ class AgentConfig:
     # Execute streams open at once; one more is RESOURCE_EXHAUSTED. Each holds a gRPC worker thread while it
     # streams; the server gets this many plus a reserve for the other calls, which therefore never wait.
     max_execute_streams: int = 64
+    # Executions running at once; one more Execute is RESOURCE_EXHAUSTED (CAPACITY_IN_USE). A client that cancels
+    # its stream leaves its run going (GetExecution follows it), so max_execute_streams does not bound the runs:
+    # this does, and with them the processes and threads (four per run) the agent keeps.
+    max_executions: int = 256
     # Memory (MB) of this machine no VM may have: a VM's memory limit is at most the machine's memory (its RAM,
     # or its cgroup's limit) less this; a larger VM runs confined to that, and its executions say so. Negative:
     # automatic, a tenth of the machine, at least 512 MB and at most half.
@@ -209,12 +228,15 @@ class Agent:
         self._stop = threading.Event()
         self._checker: threading.Thread | None = None
         self._work_lock: int | None = None     # see `_lock_work_dir`
+        self._adopting = False                 # a child subreaper (see `open`)
         if config.backend == "replay":
             self.replay = ReplayBackend.load(config.dataset)
         elif config.backend != "local":
             raise ValueError(f"agent backend {config.backend!r}: use 'local' or 'replay'")
         if config.max_execute_streams < 1:
             raise ValueError(f"agent max_execute_streams {config.max_execute_streams}: at least 1")
+        if config.max_executions < 1:
+            raise ValueError(f"agent max_executions {config.max_executions}: at least 1")
         # Its seconds as `harness serve` checks them: a compute_timeout_s of 0 failed every GetVm at once, a
         # sample_interval_s of 0 spun every execution's sampler (vm_check_interval_s may be 0: documented).
         check_seconds(config, "agent")
@@ -363,11 +385,20 @@ class Agent:
             "seconds >= 0 (0: no limit)",
         )
         for key, value in request.env.items():
-            v.check(
+            if v.check(
                 bool(key) and "=" not in key and "\0" not in key + value,
                 f"env[{key!r}]",
                 "not a valid variable",
-            )
+            ):
+                size = len(f"{key}={value}".encode()) + 1
+                v.check(size <= _MAX_ARG_STRLEN, f"env[{key!r}]",
+                        f"{size} bytes as a variable; the kernel passes at most {_MAX_ARG_STRLEN} bytes per variable "
+                        "to a program: pass it in a file instead")
+        for i, arg in enumerate(request.argv):
+            size = len(arg.encode()) + 1
+            v.check(size <= _MAX_ARG_STRLEN, "argv",
+                    f"argument {i} is {size} bytes; the kernel passes at most {_MAX_ARG_STRLEN} bytes per argument to "
+                    "a program: pass it in a file instead")
         if request.working_dir:
             v.check(
                 os.path.isabs(request.working_dir) and os.path.isdir(request.working_dir),
@@ -399,8 +430,10 @@ class Agent:
                 vm_memory=vm.memory,
                 mark_prefix=self.mark_prefix,
             )
+        with self._lock:
+            self._check_running_cap()     # before making anything; checked again, for sure, at the spawn
         if scratch is not None:
-            scratch.mkdir(parents=True)
+            self._make_scratch(scratch)
         run = _Run(execution, request.tenant, request.vm_id, scratch)
         try:
             # Spawn under the lock: ReleaseVm then either sees this execution and kills it, or
@@ -408,6 +441,7 @@ class Agent:
             with self._lock:
                 if request.vm_id in self._released:
                     raise FailedPrecondition(f"VM {request.vm_id} was released", reason=VM_RELEASED)
+                self._check_running_cap()
                 execution.start()
                 self._runs[execution_id] = run
         except FileNotFoundError:
@@ -420,7 +454,16 @@ class Agent:
             raise InvalidArgument.of(
                 "argv", f"program {request.argv[0]!r} is not an executable file (a directory, or no execute "
                 "permission)") from None
-        except (OSError, ValueError) as e:  # ValueError: e.g. NUL in env
+        except OSError as e:
+            self._remove_scratch(scratch)
+            if e.errno == errno.E2BIG:
+                # Each argument and variable passed the per-string check: together they are over the exec's limit.
+                raise InvalidArgument.of(
+                    "env", f"{request.argv[0]!r} cannot start with this environment and these arguments: together "
+                    f"they are larger than the kernel passes to a program (E2BIG, {e.strerror}); pass large "
+                    "values in files instead") from None
+            raise FailedPrecondition(f"could not start {request.argv[0]!r}: {e}") from None
+        except ValueError as e:  # e.g. NUL in env
             self._remove_scratch(scratch)
             raise FailedPrecondition(f"could not start {request.argv[0]!r}: {e}") from None
         except BaseException:
@@ -431,6 +474,27 @@ class Agent:
             extra={"execution_id": execution_id, "vm_id": request.vm_id, "cpus": vm.slot.cpus},
         )
         return run
+
+    def _check_running_cap(self) -> None:
+        """(Under the lock.) RESOURCE_EXHAUSTED if `max_executions` run already."""
+        running = sum(1 for r in self._runs.values() if r.execution.running)
+        if running >= self.config.max_executions:
+            raise ResourceExhausted(
+                f"{running} executions are running on this agent, its most (max_executions="
+                f"{self.config.max_executions}); retry when one ends", reason=CAPACITY_IN_USE,
+                retry_after_s=RETRY_LATER_S)
+
+    def _make_scratch(self, scratch: Path) -> None:
+        try:
+            scratch.mkdir(parents=True)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhausted(
+                    f"no space on this agent's host for the execution's scratch directory ({scratch}: {e.strerror});"
+                    " retry later, or name a working_dir", retry_after_s=RETRY_LATER_S) from None
+            raise FailedPrecondition(
+                f"this agent cannot create the execution's scratch directory {scratch} ({e.strerror}): its work_dir "
+                "must be writable (an operator's fix); or name a working_dir") from None
 
     def _finished_one(self, execution: LocalExecution) -> None:
         """Keep at most `max_history` finished executions; the oldest go, with their scratch dirs."""
@@ -480,6 +544,7 @@ class Agent:
             owned(tenant, who, f"VM {vm_id}")
         runs = [r.execution for r in runs]
         merged = [s for s in merge_utilisation([(e.samples, e.ended_at) for e in runs]) if s.time >= since]
+        merged = decimate(merged, MAX_VM_METRICS_SAMPLES)
         return [
             common_pb2.Series(
                 name="cpu_percent",
@@ -500,6 +565,11 @@ class Agent:
         work.mkdir(parents=True, exist_ok=True)
         self._work_lock = _lock_work_dir(work)
         self._reap_leftovers(work)
+        if self.replay is None and not self._adopting:
+            self._adopting = PROCESSES.adopt_orphans()
+            if not self._adopting:
+                log.warning("could not make the agent a child subreaper (prctl refused): a daemon that leaves an "
+                            "execution's tree and rewrites its environment may escape its execution's end")
         # Once, at start-up: an operator whose inventory describes hosts larger than this machine learns here
         # what their VMs really get (each VM larger than this is confined, and says so when it runs).
         a = self.allocator
@@ -553,6 +623,9 @@ class Agent:
         `quiesce` too), then let go of the compute IRM and the work dir."""
         self.quiesce()
         self.compute.close()
+        if self._adopting:
+            PROCESSES.release_orphans()
+            self._adopting = False
         if self._work_lock is not None:
             os.close(self._work_lock)
             self._work_lock = None

@@ -17,17 +17,22 @@ A VM of `cores` cores and `memory_mb` MB becomes, on this machine:
   VM's, shared by all the executions running in it (`VmMemory`);
 * utilisation samples (CPU as a percentage of the pinned CPUs, memory as a
   percentage of the allowance) every `sample_interval_s`;
-* every process of the execution carries a mark in its environment, so one
-  that leaves the tree (a double fork into a new session) is still watched
-  and killed with it, and a process that widens its own CPU affinity is
-  pinned back at the next sample. This confines honest programs so their
-  measurements mean something; it is not a security boundary (cgroups are).
+* an execution's processes are found by one scan of the machine shared by all
+  executions (irm_compute.processes): by lineage, by a mark in their
+  environment, by session, and -- the agent being a child subreaper -- as
+  orphans it adopts; so one that leaves the tree (a double fork into a new
+  session) is still watched and killed with it, and a thread that widens its
+  CPU affinity is pinned back at the next sample. This confines honest
+  programs so their measurements mean something; it is not a security
+  boundary (cgroups are).
 
 `LocalExecution` runs one command and reports through a queue of events
 (`Started`, `Output`, `Sample`, `Exited`) that one consumer drains, while the
 execution itself never depends on that consumer: output is always read (a full
 pipe would stall the program) and the process outlives a consumer that leaves.
-Nothing here knows about gRPC.
+What waits in the queue is bounded by bytes (consecutive output merges) and
+dropped when the consumer detaches; the samples an execution keeps are bounded
+too (`MAX_SAMPLES`). Nothing here knows about gRPC.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ import errno
 import logging
 import math
 import os
-import queue
 import resource
 import shutil
 import signal
@@ -44,6 +48,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,11 +56,11 @@ from typing import IO, Literal
 
 import psutil
 
+from irm_compute.processes import EXECUTION_MARK, PROCESSES, ProcessTable, pin_threads
+
 log = logging.getLogger(__name__)
 
 MEMORY_LIMIT_EXCEEDED = "memory limit exceeded"
-# The environment variable marking an execution's processes (see LocalExecution).
-EXECUTION_MARK = "HARNESS_EXECUTION_MARK"
 TIMEOUT = "timeout"
 STOPPED = "stopped"
 
@@ -94,6 +99,13 @@ RLIMIT_PER_CPU_MB = 64.0
 # the process tree is gone (a daemon that escaped the tree may hold them open).
 _PIPE_DRAIN_S = 2.0
 _READ_CHUNK = 64 * 1024
+# Output waiting for the consumer merges into events of up to this many bytes: a program writing 2 bytes at a
+# time made one event (~170 bytes of objects) per write, 23 MB of them for 2 MB of output nobody read.
+_MERGED_OUTPUT = 64 * 1024
+# The samples an execution keeps (for GetExecution and GetVmMetrics): beyond, the older half is merged in pairs
+# (mean CPU, peak memory), so a run of any length keeps at most this many, the recent ones at full resolution
+# (at 0.5 s an unbounded series passed gRPC's 4 MiB message limit after ~14.5 h).
+MAX_SAMPLES = 1024
 _STDERR_TAIL = 8 * 1024
 _MEMORY_ERROR_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
 
@@ -517,6 +529,91 @@ def find_marked(prefix: str) -> list[psutil.Process]:
 _DETACHED = object()
 
 
+class _PendingOutput:
+    """Output queued for the consumer, grown in place while it is the newest event (see `_EventQueue`)."""
+
+    __slots__ = ("stream", "data")
+
+    def __init__(self, stream: Literal["stdout", "stderr"], data: bytes) -> None:
+        self.stream = stream
+        self.data = bytearray(data)
+
+
+class _EventQueue:
+    """The events one consumer has not read yet.
+
+    Output of one stream following output of the same stream merges into one event (up to `_MERGED_OUTPUT`
+    bytes), so what waits is bounded by bytes (output beyond `max_output_bytes` is never queued) rather than by
+    how many writes made it. `close` (the consumer left) drops what waits and queues nothing more.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._items: deque[object] = deque()
+        self._closed = False
+
+    def put(self, event: Event) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            if isinstance(event, Output):
+                last = self._items[-1] if self._items else None
+                if (isinstance(last, _PendingOutput) and last.stream == event.stream
+                        and len(last.data) + len(event.data) <= _MERGED_OUTPUT):
+                    last.data += event.data
+                    return
+                self._items.append(_PendingOutput(event.stream, event.data))
+            else:
+                self._items.append(event)
+            self._cond.notify()
+
+    def get(self) -> object:
+        """The oldest event, waiting for one; `_DETACHED` once closed."""
+        with self._cond:
+            while not self._items and not self._closed:
+                self._cond.wait()
+            if not self._items:
+                return _DETACHED
+            item = self._items.popleft()
+        # Popped, it is no longer the newest: nothing grows it any more.
+        return Output(item.stream, bytes(item.data)) if isinstance(item, _PendingOutput) else item
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+
+def _merge_pair(a: Sample, b: Sample) -> Sample:
+    """One sample for two consecutive ones: the later time, the mean CPU, the peak memory."""
+    return Sample(b.time, (a.cpu_percent + b.cpu_percent) / 2, max(a.memory_percent, b.memory_percent),
+                  max(a.memory_mb, b.memory_mb))
+
+
+def keep_sample(samples: list[Sample], sample: Sample, limit: int | None = None) -> None:
+    """Append `sample`; past `limit` (MAX_SAMPLES), merge the older half in pairs (the newer half keeps full
+    resolution)."""
+    limit = MAX_SAMPLES if limit is None else limit
+    samples.append(sample)
+    if len(samples) > limit:
+        half = limit // 2
+        samples[:half] = [_merge_pair(samples[i], samples[i + 1]) if i + 1 < half else samples[i]
+                          for i in range(0, half, 2)]
+
+
+def decimate(samples: Sequence[Sample], limit: int) -> list[Sample]:
+    """At most `limit` samples (>= 1): consecutive pairs merged (mean CPU, peak memory) as often as needed."""
+    out = list(samples)
+    while len(out) > limit:
+        out = [_merge_pair(out[i], out[i + 1]) if i + 1 < len(out) else out[i] for i in range(0, len(out), 2)]
+    return out
+
+
 class LocalExecution:
     """One command running in a VM slot: spawn, stream, sample, enforce, reap.
 
@@ -540,6 +637,7 @@ class LocalExecution:
         on_exit: Callable[[LocalExecution], None] | None = None,
         vm_memory: VmMemory | None = None,
         mark_prefix: str = "",
+        processes: ProcessTable | None = None,
     ) -> None:
         if not argv:
             raise ValueError("argv is empty")
@@ -547,10 +645,9 @@ class LocalExecution:
         self.slot = slot
         self.argv = list(argv)
         self.working_dir = working_dir
-        # A mark every descendant inherits: one that leaves the tree (a double fork into a new session) is
-        # still found, watched and killed with the execution (unless it scrubs its environment: the sandbox
-        # confines honest programs for measurement; it is not a security boundary).
-        # The prefix names the owner (an agent), so a successor can find what a crashed one left running.
+        # A mark every descendant inherits: one whose parent exits before a scan sees it is still found (see
+        # irm_compute.processes). The prefix names the owner (an agent), so a successor can find what a crashed
+        # one left running.
         self._mark = f"{mark_prefix}{uuid.uuid4().hex}"
         self.env = {**child_env(slot, env or {}), EXECUTION_MARK: self._mark}
         self.timeout_s = timeout_s
@@ -558,11 +655,11 @@ class LocalExecution:
         self.max_output_bytes = max_output_bytes
         self._on_exit = on_exit
         self._memory = vm_memory if vm_memory is not None else VmMemory(slot.memory_mb)
+        self._processes = processes if processes is not None else PROCESSES
         self._killed_for_vm = False  # killed because the VM's executions together outgrew it
 
         self._lock = threading.Lock()
-        self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._attached = True
+        self._events = _EventQueue()
         self._samples: list[Sample] = []
         self._started: Started | None = None
         self._exited: Exited | None = None
@@ -573,7 +670,6 @@ class LocalExecution:
         self._output_bytes = 0
         self._truncated = False
         self._stderr_tail = b""
-        self._known: dict[int, psutil.Process] = {}  # every process of the tree seen, to kill escapees
         self._peak_mb = 0.0
         # RSS - PSS (bytes) of the tree and of its root at the last PSS read: what RSS-only readings (the
         # root's VmHWM, ru_maxrss, samples between PSS reads) count beyond PSS, so the verdict judges by the
@@ -583,6 +679,10 @@ class LocalExecution:
         # at 512 MB of data look like 450 MB. 0 until read.
         self._tree_shared = 0.0
         self._root_shared = 0.0
+        # The largest RSS - PSS of any one process at any PSS read, and the most processes a sample saw: ru_maxrss
+        # is the largest RSS of any one process of the tree, not necessarily the root's (see _reap).
+        self._proc_shared = 0.0
+        self._most_processes = 0
         self._pss_every = 1      # PSS read every this many samples (see PSS_BUDGET)
         self._since_pss = 0
         self._pss_pids: frozenset[int] = frozenset()    # the tree when PSS was last read
@@ -598,7 +698,11 @@ class LocalExecution:
     # --- public -----------------------------------------------------------
 
     def start(self) -> Started:
-        """Spawn the command. OSError (e.g. FileNotFoundError for a missing program) propagates."""
+        """Spawn the command. OSError (e.g. FileNotFoundError for a missing program) propagates.
+
+        Whatever fails once the command runs (a thread that cannot start) kills its tree and reaps it before
+        propagating: nobody would watch, time out or stop it otherwise.
+        """
         cpus = self.slot.cpus
         self._t0, self.started_at = time.monotonic(), time.time()
         limit = data_rlimit_bytes(self.slot.memory_mb, len(cpus))
@@ -607,50 +711,56 @@ class LocalExecution:
         # holds from the program's first instruction (no preexec_fn: unsafe beside gRPC threads).
         wrapper = [_PRLIMIT, f"--data={_capped(limit)}", "--"] if limit is not None and _PRLIMIT else []
         self._oom_kills_at_start = _oom_kills()
-        with _SPAWN_LOCK:
-            _reset_own_hwm()
+
+        def spawn() -> subprocess.Popen[bytes]:
             try:
-                popen = self._spawn([*wrapper, *self.argv])
+                return self._spawn([*wrapper, *self.argv])
             except OSError as e:
                 if e.errno != errno.ENOEXEC:
                     raise
                 # A file the kernel cannot execute (a script without "#!"): run it with /bin/sh, as execvp
                 # (so prlimit, in large VMs) and shells do; one answer whatever the VM's size.
-                popen = self._spawn([*wrapper, "/bin/sh", program, *self.argv[1:]])
+                return self._spawn([*wrapper, "/bin/sh", program, *self.argv[1:]])
+
+        with _SPAWN_LOCK:
+            _reset_own_hwm()
+            popen = self._processes.spawn(self, self._mark, spawn)
             # Read after the exec: the child's ru_maxrss starts from at most this (see _reap).
             self._spawner_hwm_mb = _vm_hwm_mb("self")
-        # Without prlimit: set it right after the exec, microseconds into the program's start-up;
-        # whatever slips through before that, the watchdog sees.
-        if limit is not None and not _PRLIMIT:
-            _limit_data(popen.pid, limit)
         self._popen = popen
-        self._started = Started(self.execution_id, popen.pid, cpus, self.slot.memory_mb, self.slot.notes)
-        self._push(self._started)
+        started: list[threading.Thread] = []
         try:
-            self._known[popen.pid] = psutil.Process(popen.pid)
-        except psutil.Error:
-            pass  # already gone; the reaper still reports it
-        assert popen.stdout is not None and popen.stderr is not None
-        readers = [
-            threading.Thread(
-                target=self._read,
-                args=(popen.stdout, "stdout"),
-                name=f"{self.execution_id}-stdout",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=self._read,
-                args=(popen.stderr, "stderr"),
-                name=f"{self.execution_id}-stderr",
-                daemon=True,
-            ),
-        ]
-        monitor = threading.Thread(target=self._monitor, name=f"{self.execution_id}-monitor", daemon=True)
-        reaper = threading.Thread(
-            target=self._reap, args=(readers, monitor), name=f"{self.execution_id}-reaper", daemon=True
-        )
-        for t in (*readers, monitor, reaper):
-            t.start()
+            # Without prlimit: set it right after the exec, microseconds into the program's start-up;
+            # whatever slips through before that, the watchdog sees.
+            if limit is not None and not _PRLIMIT:
+                _limit_data(popen.pid, limit)
+            self._started = Started(self.execution_id, popen.pid, cpus, self.slot.memory_mb, self.slot.notes)
+            self._push(self._started)
+            assert popen.stdout is not None and popen.stderr is not None
+            readers = [
+                threading.Thread(
+                    target=self._read,
+                    args=(popen.stdout, "stdout"),
+                    name=f"{self.execution_id}-stdout",
+                    daemon=True,
+                ),
+                threading.Thread(
+                    target=self._read,
+                    args=(popen.stderr, "stderr"),
+                    name=f"{self.execution_id}-stderr",
+                    daemon=True,
+                ),
+            ]
+            monitor = threading.Thread(target=self._monitor, name=f"{self.execution_id}-monitor", daemon=True)
+            reaper = threading.Thread(
+                target=self._reap, args=(readers, monitor), name=f"{self.execution_id}-reaper", daemon=True
+            )
+            for t in (*readers, monitor, reaper):
+                t.start()
+                started.append(t)
+        except BaseException:
+            self._abort_start(popen, started)
+            raise
         return self._started
 
     def events(self) -> Iterator[Event]:
@@ -664,10 +774,8 @@ class LocalExecution:
                 return
 
     def detach(self) -> None:
-        """The consumer left: stop queueing events (the command keeps running)."""
-        with self._lock:
-            self._attached = False
-        self._events.put(_DETACHED)
+        """The consumer left: drop what it did not read and queue nothing more (the command keeps running)."""
+        self._events.close()
 
     def kill(self, reason: str = STOPPED) -> bool:
         """SIGKILL the process tree; False if it had already exited. The first reason given is kept."""
@@ -678,7 +786,7 @@ class LocalExecution:
                 self._killed_for = reason
             # Safe from pid reuse: the leader is not reaped while `_leader_exited` is False.
             _killpg(self._popen.pid)
-        self._kill_known()
+        self._processes.kill(self)
         return True
 
     def wait(self, timeout: float | None = None) -> Exited | None:
@@ -715,6 +823,23 @@ class LocalExecution:
                 bufsize=0,
             )
 
+    def _abort_start(self, popen: subprocess.Popen[bytes], started: list[threading.Thread]) -> None:
+        """`start` failed with the command running: kill its tree and reap it (no reaper thread runs)."""
+        with self._lock:
+            _killpg(popen.pid)
+            self._leader_exited = True
+        self._stop_monitor.set()
+        try:
+            self._processes.kill(self)
+        finally:
+            popen.wait()
+            self._processes.unregister(self)
+            self._memory.leave(self)
+            self._events.close()
+            for pipe, reader in ((popen.stdout, 0), (popen.stderr, 1)):
+                if pipe is not None and len(started) <= reader:
+                    pipe.close()  # a reader that started closes its own at the end of the output
+
     def _kill_for_vm(self) -> None:
         """Killed because the VM's executions together outgrew it (VmMemory picked this one)."""
         with self._lock:
@@ -725,9 +850,7 @@ class LocalExecution:
     # --- threads ----------------------------------------------------------
 
     def _push(self, event: Event) -> None:
-        with self._lock:
-            if self._attached:
-                self._events.put(event)
+        self._events.put(event)
 
     def _read(self, pipe: IO[bytes], stream: Literal["stdout", "stderr"]) -> None:
         # Popen(bufsize=0) gives unbuffered pipes: read(n) returns whatever is there, at once.
@@ -767,7 +890,7 @@ class LocalExecution:
             last_t, last_cpu = now, cpu_seconds
             sample = Sample(time.time(), cpu_percent, mem_mb / self.slot.memory_mb * 100, mem_mb)
             with self._lock:
-                self._samples.append(sample)
+                keep_sample(self._samples, sample)
                 # The root's own high-water mark catches a spike of it between two samples.
                 self._peak_mb = max(self._peak_mb, mem_mb, self._root_pss_mb(root_hwm_mb))
                 self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
@@ -791,50 +914,56 @@ class LocalExecution:
 
         PSS is read every `_pss_every` samples (RSS less the last shared excess in between)."""
         assert self._popen is not None
-        root = self._known.get(self._popen.pid)
-        if root is None:
-            return None
+        # From a scan at most half an interval old: all executions' monitors share one.
+        procs = self._processes.members(self, self.sample_interval_s / 2)
+        root = procs[0] if procs and procs[0].pid == self._popen.pid else None
         try:
-            if root.status() == psutil.STATUS_ZOMBIE:
+            if root is None or root.status() == psutil.STATUS_ZOMBIE:
                 return None  # the command has ended; a sample now would read an empty tree
-            procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return None
-        seen = {p.pid for p in procs}
-        procs += [p for p in self._marked() if p.pid not in seen]
-        allowed = set(self.slot.cpus)
+        allowed = frozenset(self.slot.cpus)
         cpu = rss = 0.0
         alive: list[psutil.Process] = []
+        rss_of: dict[int, int] = {}
         for p in procs:
             try:
                 with p.oneshot():
                     t = p.cpu_times()
-                    rss += p.memory_info().rss
-                    # A process may widen its own affinity (sched_setaffinity): pinned back at every sample.
-                    if allowed and not set(p.cpu_affinity()) <= allowed:
-                        p.cpu_affinity(sorted(allowed))
+                    rss_of[p.pid] = p.memory_info().rss
             except psutil.Error:
                 continue  # exited between listing and reading
+            rss += rss_of[p.pid]
+            # A thread may widen its own affinity (sched_setaffinity): every thread pinned back at every sample.
+            if allowed:
+                pin_threads(p.pid, allowed)
             # children_* hold descendants already reaped, so the total does not drop when one exits.
             cpu += t.user + t.system + t.children_user + t.children_system
-            self._known.setdefault(p.pid, p)
             alive.append(p)
         if rss <= 0:
             return None  # the tree is exiting (its memory already torn down): no sample, not "0 MB"
+        self._most_processes = max(self._most_processes, len(alive))
         # PSS when due, when the tree changed (a new process: the last ratio says nothing of its pages), and
         # whenever the RSS estimate nears the allowance: no run is ever judged over it on an estimate.
         self._since_pss += 1
         pids = frozenset(p.pid for p in alive)
+        mem = max(0.0, rss - self._tree_shared)
         if (self._since_pss >= self._pss_every or pids != self._pss_pids
-                or rss - self._tree_shared >= 0.8 * self.slot.memory_mb * 1024 * 1024):
+                or mem >= 0.8 * self.slot.memory_mb * 1024 * 1024):
             began = time.perf_counter()
             read_rss = pss = 0.0
+            # The sample is the PSS read now: a process exiting since its RSS was read (its memory torn down)
+            # would otherwise count in full against a shared excess read without it.
+            mem = 0.0
             for p in alive:
                 try:
                     p_rss, p_pss = _rss_pss_bytes(p)
                 except psutil.Error:
+                    mem += rss_of[p.pid]
                     continue
+                mem += p_pss
                 read_rss, pss = read_rss + p_rss, pss + p_pss
+                self._proc_shared = max(self._proc_shared, p_rss - p_pss)
                 if p.pid == root.pid:
                     self._root_shared = max(0.0, p_rss - p_pss)
             spent = time.perf_counter() - began
@@ -842,34 +971,11 @@ class LocalExecution:
             self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
             if pss > 0:
                 self._tree_shared = max(0.0, read_rss - pss)
-        mem = max(0.0, rss - self._tree_shared)
         return cpu, mem / (1024 * 1024), _vm_hwm_mb(root.pid)
 
     def _root_pss_mb(self, root_rss_mb: float) -> float:
         """The PSS an RSS reading of the root (its VmHWM, ru_maxrss) stands for."""
         return max(0.0, root_rss_mb - self._root_shared / (1024 * 1024))
-
-    def _kill_known(self) -> None:
-        """Kill descendants that left the process group (setsid); psutil refuses reused pids."""
-        for p in [*self._known.values(), *self._marked()]:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-
-    def _marked(self) -> list[psutil.Process]:
-        """This execution's processes wherever they went: started since it began, carrying its mark."""
-        out = []
-        since = self.started_at - 1.0
-        for p in psutil.process_iter(["create_time"]):
-            try:
-                if (p.info["create_time"] or 0.0) < since or p.pid == os.getpid():
-                    continue
-                if p.environ().get(EXECUTION_MARK) == self._mark:
-                    out.append(p)
-            except psutil.Error:
-                continue      # gone, or not ours to read
-        return out
 
     def _record_death_at_peak(self, peak_mb: float, cpu_seconds: float, end: float) -> None:
         """A last sample at the exit of a command that ran out of memory.
@@ -888,7 +994,7 @@ class LocalExecution:
         at = max(peak_mb, self.slot.memory_mb)
         sample = Sample(time.time(), cpu, at / self.slot.memory_mb * 100, at)
         with self._lock:
-            self._samples.append(sample)
+            keep_sample(self._samples, sample)
         self._push(sample)
 
     def _oom_killer_struck(self) -> bool:
@@ -899,6 +1005,15 @@ class LocalExecution:
         return before is not None and now is not None and now > before
 
     def _reap(self, readers: list[threading.Thread], monitor: threading.Thread) -> None:
+        try:
+            self._end(readers, monitor)
+        except BaseException as e:
+            # The end must come anyway: a command left unreaped stays a zombie, and whoever waits for it
+            # (StopExecution, ReleaseVm, the Execute stream) would wait forever.
+            log.exception("ending execution %s failed", self.execution_id)
+            self._end_after_failure(e)
+
+    def _end(self, readers: list[threading.Thread], monitor: threading.Thread) -> None:
         assert self._popen is not None
         pid = self._popen.pid
         # Wait without reaping, so the group can still be killed by its id without racing pid reuse:
@@ -907,37 +1022,94 @@ class LocalExecution:
         with self._lock:
             _killpg(pid)
             self._leader_exited = True
-        self._kill_known()
+        self._processes.kill(self)
         _, status, usage = os.wait4(pid, 0)
         wall = time.monotonic() - self._t0
         exit_code = os.waitstatus_to_exitcode(status)
         self._popen.returncode = exit_code  # keep the Popen object consistent; we reaped it ourselves
+        self._processes.unregister(self)
         self._stop_monitor.set()
         monitor.join()
         self._memory.leave(self)  # at once: a dead tree's last use must not count against its VM's others
         for t in readers:
             t.join(_PIPE_DRAIN_S)
 
+        died = exit_code != 0 or self._killed_for is not None
         # ru_maxrss (KiB) is the peak RSS of the command and the descendants it waited for, and catches a
         # spike between two samples; but Linux carries the spawning process's high-water mark across exec,
-        # so it is at least the agent's size at the spawn. Above that it can only be the command's own.
+        # so it is at least the agent's size at the spawn. Above that it can only be the command's own. It is
+        # the largest of any one process, not necessarily the root's: in a tree of several, what it counts
+        # beyond PSS is at most the largest shared excess seen of any process (a child mapping a file other
+        # processes map too), and a short-lived one no sample saw may count more -- too uncertain to call a run
+        # that finished well "over its limit", so there it only counts for a run that failed.
         maxrss_mb = usage.ru_maxrss / 1024
-        peak = max(self._peak_mb, self._root_pss_mb(maxrss_mb)) if maxrss_mb > self._spawner_hwm_mb else self._peak_mb
+        peak = self._peak_mb
+        if maxrss_mb > self._spawner_hwm_mb:
+            if self._most_processes <= 1:
+                peak = max(peak, self._root_pss_mb(maxrss_mb))
+            elif died:
+                shared = max(self._root_shared, self._proc_shared)
+                peak = max(peak, maxrss_mb - shared / (1024 * 1024))
         cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
         reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail,
                              oom_killed=exit_code == -signal.SIGKILL and self._oom_killer_struck(),
                              vm_memory_mb=self.slot.vm_memory_mb)
-        # A run killed for the VM's total did not itself reach the allowance: its samples say what it used.
-        if reason.startswith(MEMORY_LIMIT_EXCEEDED) and not self._killed_for_vm:
+        # A run killed for the VM's total did not itself reach the allowance: its samples say what it used. A run
+        # that finished well did not die at its peak.
+        if reason.startswith(MEMORY_LIMIT_EXCEEDED) and not self._killed_for_vm and died:
             self._record_death_at_peak(peak, cpu_seconds, self._t0 + wall)
-        exited = Exited(
+        self._finish(Exited(
             exit_code=exit_code,
             wall_time_s=wall,
             reason=reason,
             peak_memory_mb=peak,
             mean_cpu_percent=_cpu_percent(cpu_seconds, wall, len(self.slot.cpus)),
-        )
+        ), wall)
+
+    def _end_after_failure(self, error: BaseException) -> None:
+        """What `_end` owes, after it raised: the tree killed, the command reaped, an `Exited` saying why."""
+        assert self._popen is not None
+        pid = self._popen.pid
+        exit_code = -signal.SIGKILL
         with self._lock:
+            if not self._leader_exited:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self._leader_exited = True
+        try:
+            self._processes.kill(self)
+        except Exception:  # noqa: BLE001 - reaping comes first
+            log.exception("killing the processes of execution %s failed", self.execution_id)
+        if self._popen.returncode is None:
+            try:
+                _, status = os.waitpid(pid, 0)
+                exit_code = os.waitstatus_to_exitcode(status)
+                self._popen.returncode = exit_code
+            except ChildProcessError:
+                pass
+        else:
+            exit_code = self._popen.returncode
+        try:
+            self._processes.unregister(self)
+        except Exception:  # noqa: BLE001 - the end must still be reported
+            log.exception("forgetting the processes of execution %s failed", self.execution_id)
+        self._stop_monitor.set()
+        self._memory.leave(self)
+        wall = time.monotonic() - self._t0
+        self._finish(Exited(
+            exit_code=exit_code,
+            wall_time_s=wall,
+            reason=f"agent error: ending the execution failed ({type(error).__name__}: {error}); see the agent's log",
+            peak_memory_mb=self._peak_mb,
+            mean_cpu_percent=_cpu_percent(self._cpu_seconds, wall, len(self.slot.cpus)),
+        ), wall)
+
+    def _finish(self, exited: Exited, wall: float) -> None:
+        with self._lock:
+            if self._exited is not None:
+                return
             self._exited = exited
             self.ended_at = self.started_at + wall
         # Owner's bookkeeping first, so whoever sees `exited` sees its effects too.
