@@ -268,9 +268,10 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
                                       f"(its heartbeats do not arrive there): the CRS places no reservation on "
                                       f"it; {fix}")
         elif _live(s) and s.get("crs_follow_error"):
-            report["problems"].append(f"{who} is registered with the CRS at {crs} as {manager!r}, but the CRS cannot "
-                                      f"follow its capacity ({s['crs_follow_error']}): it places nothing there until "
-                                      "it can (its log says more)")
+            report["problems"].append(f"{who} is registered with the CRS at {crs} as {manager!r} at "
+                                      f"{s['crs_registered_address']}, but the CRS cannot follow its capacity "
+                                      f"({s['crs_follow_error']}): it places nothing there until it can (its log "
+                                      "says more)")
         elif state == "registered_elsewhere" and not s["crs_up"]:
             report["problems"].append(
                 f"{who} is not registered with the CRS at {crs}: it has {manager!r} at "
@@ -513,13 +514,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # The stream broke after the run started (connection lost, agent restarting): the command runs on at
             # the agent, with no limit unless --timeout was given. Try to stop it, briefly (5 s): the agent may be
             # gone.
-            try:
-                stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=args.tenant, execution_id=execution),
-                                   timeout=5)
-                _say(f"[stopped execution {execution}]")
-            except grpc.RpcError as err:
-                _say(f"harness run: could not stop execution {execution} ({err.code().name}): it may still run; "
-                     "releasing the reservation stops it")
+            _stop_execution(stub, args.tenant, execution, 5.0)
         return status
     except (KeyboardInterrupt, _Stopped, BrokenPipeError) as e:
         # Stopping is not interrupted by a second Ctrl-C or signal (it would leave the command running).
@@ -536,14 +531,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             # can come before that event reaches us), so wait a little for its id rather than leave it running.
             execution = _started_id(call, STARTED_WAIT_S)
         if stub is not None and execution:
-            try:
-                stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=args.tenant, execution_id=execution),
-                                   timeout=10)
-                _say(f"[stopped execution {execution}]")
-            except grpc.RpcError as err:
-                _say(f"harness run: could not stop execution {execution} ({err.code().name}): it may still run; "
-                     "releasing the reservation stops it")
+            _stop_execution(stub, args.tenant, execution, 10.0)
         return status
+
+
+def _stop_execution(stub, tenant: str, execution: str, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    """StopExecution, saying whether the remote run was stopped."""
+    from harness.v1 import agent_pb2
+
+    try:
+        stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=tenant, execution_id=execution), timeout=timeout)
+        _say(f"[stopped execution {execution}]")
+    except grpc.RpcError as err:
+        _say(f"harness run: could not stop execution {execution} ({err.code().name}): it may still run; "
+             "releasing the reservation stops it")
 
 
 STARTED_WAIT_S = 10.0     # `harness run` stopped early: how long it waits for the execution's id to stop it

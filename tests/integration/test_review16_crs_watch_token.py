@@ -6,6 +6,9 @@ manager's capacity."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import grpc
 
 from cross_resource_scheduler.service import Crs, CrsConfig
@@ -73,42 +76,40 @@ def test_the_crs_takes_a_stream_without_a_tenant_from_the_control_plane_only(tmp
         crs.db.dispose()
 
 
-def test_with_a_control_token_the_crs_follows_the_compute_irm_and_a_caller_without_it_is_a_tenant(
-        tmp_path) -> None:
+@contextmanager
+def _followed(tmp_path, crs_token: str) -> Iterator[tuple]:  # type: ignore[no-untyped-def]
+    """A CRS (with `crs_token`) and a compute IRM with TOKEN as processes, once the IRM's hosts reached the CRS's
+    view through its watch: the two ResourceManager stubs (CRS, compute IRM)."""
     s = Suite(str(tmp_path))
     try:
-        crs = s.start("crs", heartbeat_interval_s=0.3, control_token=TOKEN)
+        crs = s.start("crs", heartbeat_interval_s=0.3, control_token=crs_token)
         compute = s.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, control_token=TOKEN)
         with grpc.insecure_channel(crs.address) as c1, grpc.insecure_channel(compute.address) as c2:
             at_crs, at_compute = irm_pb2_grpc.ResourceManagerStub(c1), irm_pb2_grpc.ResourceManagerStub(c2)
             hosts = {r.id for r in at_compute.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
-            # Followed: the compute IRM's hosts reach the CRS's view through its watch.
             eventually(lambda: {r.id for r in at_crs.DiscoverResources(
                 irm_pb2.DiscoverResourcesRequest()).resources} == hosts, what="the compute IRM's hosts in the CRS")
-            for stub in (at_compute, at_crs):
-                for request in (irm_pb2.WatchCapacityRequest(), irm_pb2.WatchCapacityRequest(tenant="alice")):
-                    watch = stub.WatchCapacity(request, timeout=10)
-                    assert next(watch).kind in (irm_pb2.CapacityEvent.KIND_SNAPSHOT,
-                                                irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
-                    watch.cancel()
+            yield at_crs, at_compute
     finally:
         s.stop_all()
+
+
+def test_with_a_control_token_the_crs_follows_the_compute_irm_and_a_caller_without_it_is_a_tenant(
+        tmp_path) -> None:
+    with _followed(tmp_path, TOKEN) as (at_crs, at_compute):
+        for stub in (at_compute, at_crs):
+            for request in (irm_pb2.WatchCapacityRequest(), irm_pb2.WatchCapacityRequest(tenant="alice")):
+                watch = stub.WatchCapacity(request, timeout=10)
+                assert next(watch).kind in (irm_pb2.CapacityEvent.KIND_SNAPSHOT,
+                                            irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
+                watch.cancel()
 
 
 def test_a_crs_without_the_managers_token_still_follows_it(tmp_path) -> None:
     """What the first cut of this change broke: a CRS with no control token (an older CRS, a suite whose CRS has
     none) registered a compute IRM with one but could not follow its capacity, and placed nothing there."""
-    s = Suite(str(tmp_path))
-    try:
-        crs = s.start("crs", heartbeat_interval_s=0.3)                       # no token
-        compute = s.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, control_token=TOKEN)
-        with grpc.insecure_channel(crs.address) as c1, grpc.insecure_channel(compute.address) as c2:
-            at_crs, at_compute = irm_pb2_grpc.ResourceManagerStub(c1), irm_pb2_grpc.ResourceManagerStub(c2)
-            hosts = {r.id for r in at_compute.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
-            eventually(lambda: {r.id for r in at_crs.DiscoverResources(
-                irm_pb2.DiscoverResourcesRequest()).resources} == hosts, what="the compute IRM's hosts in the CRS")
-    finally:
-        s.stop_all()
+    with _followed(tmp_path, ""):
+        pass                                            # followed: the IRM's hosts reached the CRS's view
 
 
 def test_the_fpga_orchestrator_takes_a_stream_without_a_tenant_from_the_control_plane_only(tmp_path) -> None:
@@ -150,8 +151,9 @@ def test_harness_status_says_when_the_crs_cannot_follow_a_managers_capacity(tmp_
         report = commands.registrations_of(services, {"crs": crs.address}, grace=0.0)
         assert services[1]["crs_registration"] == "registered"
         (problem,) = report["problems"]
-        assert f"compute at {standin.address} is registered with the CRS at {crs.address} as 'gadgets', but the " \
-               "CRS cannot follow its capacity (FAILED_PRECONDITION: capacity feed is down)" in problem
+        assert f"compute at {standin.address} is registered with the CRS at {crs.address} as 'gadgets' at " \
+               f"{standin.address}, but the CRS cannot follow its capacity (FAILED_PRECONDITION: capacity feed is " \
+               "down)" in problem
     finally:
         if standin is not None:
             standin.kill()

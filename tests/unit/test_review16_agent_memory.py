@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.v1 import compute_pb2
 from irm_compute import sandbox
 from irm_compute.agent import Agent, AgentConfig, _Run
 from irm_compute.sandbox import CpuAllocator, Exited, LocalExecution, Sample
 from tests.unit.test_agent_memory import MAPS
+from tests.unit.test_review16_agent_start import _Compute
 
 PY = sys.executable
 
@@ -88,15 +88,6 @@ def test_merging_keeps_the_peak_memory_and_the_mean_cpu() -> None:
     assert max(s.memory_mb for s in samples) == 1000.0
     assert all(abs(s.cpu_percent - 50.0) < 1e-9 for s in samples[: sandbox.MAX_SAMPLES // 4])   # pairs' means
     assert samples[-1].time == 4999.0
-
-
-class _Compute:
-    def get_vm(self, vm_id: str) -> compute_pb2.Vm:
-        return compute_pb2.Vm(id=vm_id, tenant="alice", reservation_id="r", host="h", cores=1, memory_gb=1,
-                              state=compute_pb2.Vm.STATE_ACTIVE)
-
-    def close(self) -> None:
-        pass
 
 
 def test_get_vm_metrics_answers_with_a_bounded_series_keeping_the_peak(tmp_path: Path) -> None:

@@ -18,12 +18,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.v1 import agent_pb2, compute_pb2
+from harness.v1 import agent_pb2
 from irm_compute import processes
 from irm_compute.agent import Agent, AgentConfig
 from irm_compute.sandbox import EXECUTION_MARK, STOPPED, TIMEOUT, CpuAllocator, LocalExecution
 from tests.conftest import eventually
 from tests.unit.test_agent_sandbox import first_line, wait_dead
+from tests.unit.test_review16_agent_start import _Compute
 
 PY = sys.executable
 
@@ -159,15 +160,6 @@ if os.fork() == 0:
     os._exit(0)
 time.sleep(60)
 """
-
-
-class _Compute:
-    def get_vm(self, vm_id: str) -> compute_pb2.Vm:
-        return compute_pb2.Vm(id=vm_id, tenant="alice", reservation_id="r", host="h", cores=1, memory_gb=1,
-                              state=compute_pb2.Vm.STATE_ACTIVE)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture

@@ -15,22 +15,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from harness.v1 import agent_pb2, compute_pb2
+from harness.v1 import agent_pb2
 from irm_compute.agent import Agent, AgentConfig
 from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from tests.unit import test_harness_run_stop as helpers
 from tests.unit.test_harness_run_stop import _Call, run, started
+from tests.unit.test_review16_agent_start import _Compute
 
 PY = sys.executable
-
-
-class _Compute:
-    def get_vm(self, vm_id: str) -> compute_pb2.Vm:
-        return compute_pb2.Vm(id=vm_id, tenant="alice", reservation_id="r", host="h", cores=1, memory_gb=1,
-                              state=compute_pb2.Vm.STATE_ACTIVE)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture

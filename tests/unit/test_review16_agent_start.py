@@ -88,6 +88,8 @@ def test_a_reaper_that_fails_still_reaps_the_command_and_reports_its_end(
 
 
 class _Compute:
+    """The compute IRM as the agent asks it: every VM is alice's, active, of 1 core and 1 GB."""
+
     def get_vm(self, vm_id: str) -> compute_pb2.Vm:
         return compute_pb2.Vm(id=vm_id, tenant="alice", reservation_id="r", host="h", cores=1, memory_gb=1,
                               state=compute_pb2.Vm.STATE_ACTIVE)

@@ -12,9 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import examples
 from application_manager import service as svc
-from application_manager.local import LocalBackend, RunDetail
+from application_manager.local import RunDetail
 from application_manager.model import Point, pareto, select
 from application_manager.profilers import PROFILERS, History, Observation, Proposal
 from application_manager.profilers.base import BENCHMARK, PRODUCTION
@@ -24,6 +23,7 @@ from application_manager.runner import StopRules, profile
 from application_manager.slo import parse_slo
 from application_manager.space import from_records
 from harness.v1 import application_manager_pb2 as pb
+from tests.unit.test_am_transient import _am, _submit
 
 
 class _Ctx:
@@ -87,20 +87,6 @@ def _measured_rtm(backend, proposal):  # noqa: ANN001, ANN202
     t = (1.0 if proposal.input == BENCHMARK else 10.0) * (1.0 / c["%master_cores"] + 25.6 / c["%master_mem"])
     price = c["%master_cores"] * 0.01 + c["%master_mem"] / 1024 * 0.01
     return RunDetail(Observation(proposal.config, True, t, t * price, proposal.input, 75.0, 75.0))
-
-
-def _am(tmp_path, monkeypatch, run) -> svc.ApplicationManager:  # noqa: ANN001
-    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
-    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.array(
-        [c["%master_cores"] * 0.01 + c["%master_mem"] / 1024 * 0.01 for c in self.space.configs]))
-    monkeypatch.setattr(LocalBackend, "run", run)
-    return svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
-
-
-def _submit(am: svc.ApplicationManager) -> pb.Application:
-    return am.SubmitApplication(pb.SubmitApplicationRequest(
-        tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=400, steps=20),
-        app_dir="/x"), _Ctx())
 
 
 def test_an_execution_killed_at_the_limit_drawn_from_the_model_takes_its_configuration_off_the_frontier(
