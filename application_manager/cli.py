@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from services.client import all_pages
+from services.tenants import tenant_channel
 
 DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
 
@@ -34,7 +35,7 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     addr = args.am or os.environ.get("HARNESS_AM_ADDRESS") or suite.addresses(
         args.state_dir, hint="or give the --state-dir it runs from, or --am HOST:PORT").get("am") \
         or f"127.0.0.1:{suite.DEFAULT_PORTS['am']}"
-    return pb_grpc.ApplicationManagerStub(grpc.insecure_channel(addr))
+    return pb_grpc.ApplicationManagerStub(tenant_channel(addr))
 
 
 def _fail(e: grpc.RpcError) -> int:

@@ -23,6 +23,7 @@ from rich.table import Table
 import examples
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
+from services.tenants import tenant_channel
 
 TENANT = "demo-tenant"
 RUNS = 6
@@ -60,8 +61,9 @@ def plot(model: pb.PerformanceModel, path: str, title: str) -> str:
 
 
 def run(console: Console, crs_address: str, am_address: str, out_dir: str | None = None,
-        profiler: str = "bo") -> pb.ApplicationExecution:
-    am = pb_grpc.ApplicationManagerStub(grpc.insecure_channel(am_address))
+        profiler: str = "bo", token: str = "") -> pb.ApplicationExecution:
+    """`token`: the tenant's (services.tenants), for an AM that checks them."""
+    am = pb_grpc.ApplicationManagerStub(tenant_channel(am_address, token))
     console.rule("[bold]Application Manager: profile, model, execute under an SLO")
     app = am.SubmitApplication(pb.SubmitApplicationRequest(
         tenant=TENANT, manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", **PARAMS),
@@ -120,13 +122,14 @@ def main() -> int:
     import shutil
 
     from services import suite
+    from services.demo import private_environ
     from services.launcher import spawn
 
     console = Console()
     state = tempfile.mkdtemp(prefix="harness-am-demo-")
     procs = []
     try:
-        procs = suite.start(state, auto_ports=True,
+        procs = suite.start(state, auto_ports=True, environ=private_environ(),
                             on_started=lambda p: console.print(f"  [green]started[/] {p.name:8} {p.address}"))
         addr = {p.name: p.address for p in procs}
         if "am" not in addr:

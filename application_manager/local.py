@@ -42,7 +42,7 @@ from application_manager.manifest import READY_LINE, Implementation, Manifest, V
 from application_manager.profilers.base import BENCHMARK, Observation, Proposal
 from application_manager.space import IMPLEMENTATION, Space
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
-from services import client
+from services import client, tenants
 from services.errors import retry_delay_s
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,15 @@ def _attr_value(name: str, value: Any) -> tuple[str, float]:
 class LocalBackend:
     def __init__(self, crs_address: str, tenant: str, manifest: Manifest, space: Space,
                  parameters: dict[str, Any], app_dir: str, python: str, timeout_s: float,
-                 cancelled: threading.Event | None = None, cancel_reason: str = CANCELLED) -> None:
-        self.crs = irm_pb2_grpc.ResourceManagerStub(client.channel(crs_address))
+                 cancelled: threading.Event | None = None, cancel_reason: str = CANCELLED,
+                 delegation_token: str = "", tenant_token: str = "") -> None:
+        # The delegation token goes with every call to the CRS and the agents: they take the AM's calls for its
+        # tenants (services.tenants), whatever tenant tokens they check. The tenant's own
+        # token (of the call that asked for the runs, if it sent one) goes to the application, which acts as its
+        # tenant where the AM is not in between (a virtual FPGA's Orchestrator); it is never stored.
+        self.delegation_token = delegation_token
+        self.tenant_token = tenant_token
+        self.crs = irm_pb2_grpc.ResourceManagerStub(tenants.delegating(client.channel(crs_address), delegation_token))
         self.tenant = tenant
         self.manifest = manifest
         self.space = space
@@ -257,7 +264,7 @@ class LocalBackend:
         try:
             if self._is_cancelled():
                 return self._cancelled_detail(proposal, res, t0)
-            env_common = resource_env(self.tenant, res)
+            env_common = resource_env(self.tenant, res, self.tenant_token)
             addresses = {f"%{g.name}_address": g.resources[0].address for g in res.groups if g.resources}
             limit = timeout_s or self.timeout_s
             # Services first, in manifest order, each ready before the next starts (it may need them).
@@ -339,7 +346,8 @@ class LocalBackend:
         vm = next(r for g in res.groups if g.name == part.master().id for r in g.resources)
         argv, env = self.argv_env(config, input, part, addresses)
         env.update(env_common)
-        stub = agent_pb2_grpc.ExecutionAgentStub(client.channel(vm.address))
+        stub = agent_pb2_grpc.ExecutionAgentStub(tenants.delegating(client.channel(vm.address),
+                                                                    self.delegation_token))
         run = _ModuleRun(part, stub, self.tenant, vm.id)
         run.start(argv, env, limit)
         return run
@@ -457,14 +465,17 @@ class _ModuleRun:
                                                                   "code": str(e.code())})
 
 
-def resource_env(tenant: str, res: irm_pb2.Reservation) -> dict[str, str]:
+def resource_env(tenant: str, res: irm_pb2.Reservation, token: str = "") -> dict[str, str]:
     """What the application learns of its reservation: per group, the resource ids and addresses.
 
     HARNESS_TENANT, HARNESS_GROUP_<GROUPID>_IDS (comma-separated) and
     HARNESS_GROUP_<GROUPID>_ADDRESSES; for a virtual FPGA the id is the FPGA
-    group to attach to and the address the Orchestrator.
+    group to attach to and the address the Orchestrator. HARNESS_TENANT_TOKEN: the tenant's token, when the
+    call that asked for the run sent one (the client library sends it, e.g. VirtualFpga.attach).
     """
     env = {"HARNESS_TENANT": tenant}
+    if token:
+        env[tenants.ENV_TOKEN] = token
     for g in res.groups:
         key = _env_key(g.name)
         ids = [r.id for r in g.resources]

@@ -45,7 +45,7 @@ from application_manager.space import Space, from_manifest
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import irm_pb2, irm_pb2_grpc
-from services import client, paging
+from services import client, paging, tenants
 from services.clock import Clock, WallClock
 from services.db import Database, default_url
 from services.errors import (
@@ -143,6 +143,12 @@ class AppManagerConfig:
     # exploration asks for them again: a configuration the CRS refused for good (priced out: it never fits) may
     # fit once hosts are added, and a price may change with the managers' configuration.
     price_ttl_s: float = 300.0
+    # Tenants and their tokens' digests (services.tenants): a call naming a tenant must carry its token. Empty:
+    # any caller may name any tenant (development).
+    tenants_file: str = ""
+    # Sent with the calls the AM makes at the CRS and the agents for its tenants (services.tenants), whose
+    # delegation_sha256 is its digest; only with a tenants_file.
+    delegation_token: str = ""
 
 
 @dataclass
@@ -245,7 +251,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         self._stale_after = owners.STALE_BEATS * config.heartbeat_s
         self.db = Database(config.database or default_url(config.state_dir, "application-manager"))
         self.db.migrate(MIGRATIONS, "alembic_version_am")
-        self.crs = irm_pb2_grpc.ResourceManagerStub(client.channel(config.crs_address))
+        self.crs = irm_pb2_grpc.ResourceManagerStub(tenants.delegating(client.channel(config.crs_address),
+                                                                       config.delegation_token))
         self.python = config.python or sys.executable
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()     # LRU of at most MAX_LOADED (`_remember`)
         self._lock = threading.Lock()
@@ -506,10 +513,12 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 self._loaded.popitem(last=False)
 
     def _backend(self, loaded: Loaded, slo: Slo | None = None, cancelled: threading.Event | None = None,
-                 cancel_reason: str = "") -> LocalBackend:
+                 cancel_reason: str = "", tenant_token: str = "") -> LocalBackend:
+        """`tenant_token`: the token the tenant's call sent (services.tenants.bearer), for its application."""
         slo = slo or loaded.slo
         b = LocalBackend(self.config.crs_address, loaded.app.tenant, loaded.manifest, loaded.space, slo.parameters,
-                         loaded.app.app_dir, self.python, self.config.run_timeout_s, cancelled)
+                         loaded.app.app_dir, self.python, self.config.run_timeout_s, cancelled,
+                         delegation_token=self.config.delegation_token, tenant_token=tenant_token)
         if cancel_reason:
             b.cancel_reason = cancel_reason
         return b
@@ -825,7 +834,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 if not stopping:
                     self._sessions[sid] = runner
                     runner.thread = threading.Thread(target=self._profile, name=f"profile-{sid}", daemon=True,
-                                                     args=(loaded, row, request, runner))
+                                                     args=(loaded, row, request, runner, tenants.bearer(context)))
                     runner.thread.start()
             if stopping:
                 self._end_unstarted(sid)
@@ -882,12 +891,14 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         if ended:
             self._release_pending(ended)
 
-    def _profile(self, loaded: Loaded, row: m.Session, request, runner: SessionRunner) -> None:  # type: ignore[no-untyped-def]
+    def _profile(self, loaded: Loaded, row: m.Session, request, runner: SessionRunner,  # type: ignore[no-untyped-def]
+                 tenant_token: str = "") -> None:
         sid = row.id
         state, message, frontier_size = "failed", "", 0
         try:
             # The session's stop flag cancels the run in progress (StopProfiling, or the service stopping).
-            backend = self._backend(loaded, cancelled=runner.stop, cancel_reason=STOPPED_RUN)
+            backend = self._backend(loaded, cancelled=runner.stop, cancel_reason=STOPPED_RUN,
+                                    tenant_token=tenant_token)
             prices = loaded.prices_from(backend, self.clock.now(), self.config.price_ttl_s)
             history = self._history(loaded) if request.warm_start else None
             prof = PROFILERS[row.profiler](loaded.space, np.random.default_rng(request.seed), prices=prices,
@@ -1115,7 +1126,7 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             cancelled.set()
         limit = request.timeout_s or self._execution_limit(chosen)
         try:
-            detail = self._backend(loaded, slo, cancelled).run(
+            detail = self._backend(loaded, slo, cancelled, tenant_token=tenants.bearer(context)).run(
                 Proposal(i), request_id=reservation_request_id(row.id), timeout_s=limit)
         except Exception as exc:
             # Never an execution left "running" (a retry with its request id would return it so forever).
@@ -1251,6 +1262,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
 
 def component(config: AppManagerConfig, clock: Clock | None = None) -> Component:
+    tenants.delegation(config.tenants_file, config.delegation_token, "am")
+    auth = tenants.auth(config.tenants_file, "am", takes_delegation=False)
     am = ApplicationManager(config, clock)
 
     def register(server: grpc.Server) -> None:
@@ -1260,7 +1273,8 @@ def component(config: AppManagerConfig, clock: Clock | None = None) -> Component
     # `_take_long_call`) and CONTROL_WORKERS more, so that the short calls never wait behind them.
     return Component(name="application-manager", register=register,
                      service_names=["harness.v1.ApplicationManager"], quiesce=am.quiesce, stop=am.stop,
-                     probe=am.db.probe, extra={"am": am}, max_workers=config.max_long_calls + CONTROL_WORKERS)
+                     probe=am.db.probe, extra={"am": am}, max_workers=config.max_long_calls + CONTROL_WORKERS,
+                     auth=auth)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import grpc
 from cross_resource_scheduler.delegation import Delegator
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import irm_pb2, irm_pb2_grpc
-from services import client, control
+from services import client, control, tenants
 from services.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class ManagerState:
     # queued on a worker thread; see CrsConfig.max_delegations_per_manager).
     max_delegations: int = DEFAULT_MAX_DELEGATIONS
     slots: threading.BoundedSemaphore = field(init=False, repr=False)
+    # Sent with every call to it: the CRS acts for tenants there (services.tenants).
+    delegation_token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         self.delegator = Delegator(self.stub)
@@ -55,7 +57,8 @@ class ManagerState:
     def stub(self) -> irm_pb2_grpc.ResourceManagerStub:
         # Built once: a stub makes a callable per method (~0.15 ms), on the shared channel.
         if self._stub is None:
-            self._stub = irm_pb2_grpc.ResourceManagerStub(client.channel(self.address))
+            self._stub = irm_pb2_grpc.ResourceManagerStub(tenants.delegating(client.channel(self.address),
+                                                                             self.delegation_token))
         return self._stub
 
 
@@ -63,12 +66,14 @@ class Registry:
     def __init__(self, view: CapacityView, clock: Clock, heartbeat_timeout_s: float,
                  on_change: Callable[[str, irm_pb2.CapacityEvent], None],
                  on_up: Callable[[str], None], max_delegations: int = DEFAULT_MAX_DELEGATIONS,
-                 on_down: Callable[[str], None] | None = None, control_token: str = "") -> None:
+                 on_down: Callable[[str], None] | None = None, control_token: str = "",
+                 delegation_token: str = "") -> None:
         """`on_change(manager, event)`: each event of a manager's stream, after the view applied it, and the
         changes a (re)connect's snapshot made that no event of the manager's says: resources it added or changed
         (KIND_UPDATED) and resources it no longer has (KIND_REMOVED). `on_up(manager)`: a manager registered or
         came back; `on_down(manager)`: it was marked down (each after the view knows). `control_token`: sent with
-        each manager's WatchCapacity, which takes a stream without a tenant from the control plane only."""
+        each manager's WatchCapacity, which takes a stream without a tenant from the control plane only;
+        `delegation_token`: with every other call, made for a tenant (services.tenants)."""
         self.view = view
         self.clock = clock
         self.timeout = heartbeat_timeout_s
@@ -77,6 +82,7 @@ class Registry:
         self.on_down = on_down
         self.max_delegations = max_delegations
         self.control_token = control_token
+        self.delegation_token = delegation_token
         self.lock = threading.Lock()
         self.managers: dict[str, ManagerState] = {}
 
@@ -91,7 +97,7 @@ class Registry:
             if old is not None:
                 old.stop.set()
             state = ManagerState(name, address, list(resource_types), self.clock.now(),
-                                 max_delegations=self.max_delegations)
+                                 max_delegations=self.max_delegations, delegation_token=self.delegation_token)
             self.managers[name] = state
         self.view.set_down(name, False)
         state.thread = threading.Thread(target=self._follow, args=(state,), name=f"watch-{name}", daemon=True)

@@ -42,7 +42,7 @@ from cross_resource_scheduler.registry import ManagerState, Registry
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
-from services import control, paging
+from services import control, paging, tenants
 from services.clock import Clock, WallClock
 from services.config import ConfigError, check_address, check_seconds
 from services.db import Database, Prepared, default_url
@@ -186,6 +186,16 @@ class CrsConfig:
     # Managers register and heartbeat sending this (services.control); empty: any caller who reaches the CRS can
     # add a manager (development). `harness up` makes one per suite; compose takes HARNESS_CONTROL_TOKEN.
     control_token: str = ""
+    # Tenants and their tokens' digests (services.tenants): a call naming a tenant must carry its token, or the
+    # delegation token of the services acting for tenants (the CRS, the AM), checked against `delegation_sha256`.
+    # Empty: any caller may name any tenant (development).
+    tenants_file: str = ""
+    # The SHA-256 of the CRS's and the AM's delegation_token ("sha256:<hex>"; `harness tenant delegation`): never
+    # the token itself, which would let whoever reads this service's settings act for every tenant.
+    delegation_sha256: str = ""
+    # Sent with the calls the CRS makes at its managers for tenants (services.tenants); only with a tenants_file.
+    # Its digest is taken from the AM when `delegation_sha256` is empty.
+    delegation_token: str = ""
 
 
 def irm_request_id(res_id: str, attempt: int, manager: str) -> str:
@@ -338,7 +348,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.registry = Registry(self.view, self.clock, config.heartbeat_timeout_s,
                                  on_change=self._forward, on_up=self._manager_up, on_down=self._manager_down,
                                  max_delegations=config.max_delegations_per_manager,
-                                 control_token=config.control_token)
+                                 control_token=config.control_token, delegation_token=config.delegation_token)
         self.gate = PriorityGate()
         self._specs_cache: tuple[list, dict[str, dict[str, irm_pb2.AttributeSpec]]] | None = None
         self._parsed: tuple[object, dict[tuple[tuple[bytes, ...], tuple[bytes, ...]], PlacementRequest]] = (None, {})
@@ -1375,6 +1385,9 @@ def manager_synced(state: ManagerState, timeout: float) -> bool:
 
 
 def component(config: CrsConfig, clock: Clock | None = None) -> Component:
+    tenants.delegation(config.tenants_file, config.delegation_token, "crs")
+    auth = tenants.auth(config.tenants_file, "crs", delegation_sha256=config.delegation_sha256,
+                        delegation_token=config.delegation_token)
     crs = Crs(config, clock)
 
     def register(server: grpc.Server) -> None:
@@ -1383,4 +1396,5 @@ def component(config: CrsConfig, clock: Clock | None = None) -> Component:
 
     return Component(name="crs", register=register,
                      service_names=["harness.v1.ResourceManager", "harness.v1.ManagerRegistry"],
-                     start=crs.start, quiesce=crs.quiesce, stop=crs.stop, probe=crs.db.probe, extra={"crs": crs})
+                     start=crs.start, quiesce=crs.quiesce, stop=crs.stop, probe=crs.db.probe, extra={"crs": crs},
+                     auth=auth)

@@ -57,7 +57,7 @@ from irm_compute.sandbox import (
     find_marked,
     merge_utilisation,
 )
-from services import control, pidlock
+from services import control, pidlock, tenants
 from services.config import check_seconds
 from services.errors import (
     CAPACITY_IN_USE,
@@ -126,6 +126,13 @@ class AgentConfig:
     # Shared with the compute IRM (services.control): sent with GetVm, required on ReleaseVm and GetVmMetrics
     # (the compute IRM's calls). Empty: nothing sent or checked (development).
     control_token: str = ""
+    # Tenants and their tokens' digests (services.tenants): a call naming a tenant must carry its token, or the
+    # delegation token of the services acting for tenants (the CRS, the AM), checked against `delegation_sha256`.
+    # Empty: any caller may name any tenant (development).
+    tenants_file: str = ""
+    # The SHA-256 of the CRS's and the AM's delegation_token ("sha256:<hex>"; `harness tenant delegation`): never
+    # the token itself, which would let whoever reads this service's settings act for every tenant.
+    delegation_sha256: str = ""
     # The hosts (inventory ids, comma-separated) whose VMs this agent runs: one per agent on a real host
     # ("r1-h1"); an Execute on a VM reserved on any other host is refused, since it would run outside the
     # capacity reserved for it. Empty: every host, one agent standing in for the whole inventory (the
@@ -743,6 +750,7 @@ class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
 
 def component(config: AgentConfig) -> Component:
     """The agent as a server component; `stop` kills every running execution."""
+    auth = tenants.auth(config.tenants_file, "agent", delegation_sha256=config.delegation_sha256)
     agent = Agent(config, ComputeClient(config.compute_address, config.compute_timeout_s, config.control_token))
     servicer = ExecutionAgentServicer(agent)
     return Component(
@@ -754,4 +762,5 @@ def component(config: AgentConfig) -> Component:
         stop=agent.shutdown,
         extra={"agent": agent},
         max_workers=config.max_execute_streams + _CONTROL_WORKERS,
+        auth=auth,
     )

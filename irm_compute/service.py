@@ -31,7 +31,7 @@ from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
 from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
 from irm_compute.store import ComputeStore, HostUsage, Outcome, ReservationRecord, ReserveCall
-from services import client, control
+from services import client, control, tenants
 from services.clock import Clock, WallClock
 from services.config import ConfigError
 from services.db import Database, default_url, unavailable_error
@@ -57,6 +57,13 @@ class ComputeConfig:
     # Shared with the agents (services.control): required on GetVm, sent with ReleaseVm and GetVmMetrics.
     # Empty: nothing checked or sent (development).
     control_token: str = ""
+    # Tenants and their tokens' digests (services.tenants): a call naming a tenant must carry its token, or the
+    # delegation token of the services acting for tenants (the CRS, the AM), checked against `delegation_sha256`.
+    # Empty: any caller may name any tenant (development).
+    tenants_file: str = ""
+    # The SHA-256 of the CRS's and the AM's delegation_token ("sha256:<hex>"; `harness tenant delegation`): never
+    # the token itself, which would let whoever reads this service's settings act for every tenant.
+    delegation_sha256: str = ""
     # Name under which this IRM registers with the CRS.
     name: str = "compute"
     # SQLAlchemy URL; empty: a SQLite file in state_dir.
@@ -593,6 +600,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
 
 def component(config: ComputeConfig, clock: Clock | None = None) -> Component:
+    auth = tenants.auth(config.tenants_file, "compute", delegation_sha256=config.delegation_sha256)
     irm = ComputeIrm(config, clock)
 
     def register(server: grpc.Server) -> None:
@@ -607,6 +615,7 @@ def component(config: ComputeConfig, clock: Clock | None = None) -> Component:
         stop=irm.stop,
         extra={"irm": irm},
         probe=irm.store.probe,
+        auth=auth,
     )
     comp.start = lambda: irm.start(comp.extra["port"])
     return comp

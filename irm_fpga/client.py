@@ -60,6 +60,7 @@ from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga.engine import MOVED
 from irm_fpga.wire import WireError, from_map, to_map
 from services import client as rpc
+from services import tenants
 from services.errors import STREAM_CAP, error_info
 
 _STOP = object()
@@ -300,8 +301,11 @@ class VirtualFpga:
                 continue  # the Orchestrator may be down: the data plane goes on as it is
 
     @classmethod
-    def attach(cls, orchestrator_address: str, tenant: str, group_id: str, **kw: Any) -> VirtualFpga:
-        stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orchestrator_address))
+    def attach(cls, orchestrator_address: str, tenant: str, group_id: str, token: str | None = None,
+               **kw: Any) -> VirtualFpga:
+        """`token`: the tenant's (services.tenants; default $HARNESS_TENANT_TOKEN), for an Orchestrator that
+        checks them."""
+        stub = fpga_pb2_grpc.FpgaOrchestratorStub(tenants.tenant_channel(orchestrator_address, token))
         att = stub.AttachClient(fpga_pb2.AttachClientRequest(tenant=tenant, group_id=group_id), timeout=30)
         return cls(att, orchestrator=stub, tenant=tenant, **kw)
 

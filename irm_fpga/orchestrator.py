@@ -39,7 +39,7 @@ from irm_fpga.models import Client, Group, Reservation
 from irm_fpga.server_breaker import ServerBreaker, ServerNotAnswering, intercept
 from irm_fpga.wire import choices
 from services import client as rpc
-from services import control, paging
+from services import control, paging, tenants
 from services.clock import Clock, WallClock
 from services.config import check_seconds, check_settings
 from services.db import Database, default_url
@@ -91,6 +91,13 @@ class OrchestratorConfig:
     # Sent with every call to the FPGA-servers, whose `control_token` must match (services.control); a
     # WatchCapacity without a tenant that sends it (the CRS's) takes a control-plane slot.
     control_token: str = ""
+    # Tenants and their tokens' digests (services.tenants): a call naming a tenant must carry its token, or the
+    # delegation token of the services acting for tenants (the CRS, the AM), checked against `delegation_sha256`.
+    # Empty: any caller may name any tenant (development).
+    tenants_file: str = ""
+    # The SHA-256 of the CRS's and the AM's delegation_token ("sha256:<hex>"; `harness tenant delegation`): never
+    # the token itself, which would let whoever reads this service's settings act for every tenant.
+    delegation_sha256: str = ""
     site: str = "site-a"
     rack: str = "rack-fpga"
     crs_address: str = ""
@@ -1405,6 +1412,7 @@ def component(config: OrchestratorConfig, clock: Clock | None = None) -> Compone
     # at all (`servers` empty) is refused, not an IRM without a device to offer. (An Orchestrator alone, without
     # servers, is a test's.)
     check_settings(config, "orchestrator")
+    auth = tenants.auth(config.tenants_file, "fpga", delegation_sha256=config.delegation_sha256)
     orch = Orchestrator(config, clock)
     jobs_register, jobs_services, jobs_start, jobs_stop = job_component_parts(orch, config)
 
@@ -1423,7 +1431,7 @@ def component(config: OrchestratorConfig, clock: Clock | None = None) -> Compone
 
     comp = Component(name=f"fpga:{config.name}", register=register,
                      service_names=["harness.v1.FpgaOrchestrator", "harness.v1.ResourceManager", *jobs_services],
-                     quiesce=quiesce, stop=stop, probe=orch.db.probe, extra={"orchestrator": orch})
+                     quiesce=quiesce, stop=stop, probe=orch.db.probe, extra={"orchestrator": orch}, auth=auth)
 
     def start() -> None:
         host = config.address.rsplit(":", 1)[0]

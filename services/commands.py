@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
@@ -27,8 +28,9 @@ def _crs(args: argparse.Namespace) -> str:
 
 def _irm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from harness.v1 import irm_pb2_grpc
+    from services.tenants import tenant_channel
 
-    return irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(_crs(args)))
+    return irm_pb2_grpc.ResourceManagerStub(tenant_channel(_crs(args)))
 
 
 def _print(msg) -> None:  # type: ignore[no-untyped-def]
@@ -78,9 +80,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     # signal but ours reaches them, and they would outlive `harness up`.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    environ = dict(os.environ)
+    if args.tenants:
+        environ[suite.TENANTS_FILE_ENV] = args.tenants
     try:
         policy = suite.RestartPolicy.from_environ(os.environ)
         procs = suite.start(args.state_dir, auto_ports=args.auto_ports, config_file=args.config, cancel=stop,
+                            environ=environ,
                             on_started=lambda p: console.print(f"[green]started[/] {p.name:10} {escape(p.address)}"))
     except suite.Cancelled:           # `suite.start` stopped what it had started
         console.print("interrupted while starting; stopped")
@@ -108,6 +114,49 @@ def cmd_up(args: argparse.Namespace) -> int:
         suite.stop(procs)
         suite.state_file(args.state_dir).unlink(missing_ok=True)
     return 0
+
+
+def _tenants_file(args: argparse.Namespace) -> str:
+    from services import suite
+
+    return args.file or os.environ.get(suite.TENANTS_FILE_ENV) or str(Path(args.state_dir).expanduser() / "tenants.yaml")
+
+
+def cmd_tenant(args: argparse.Namespace) -> int:
+    """`harness tenant add|remove|list`: the tenants file (services.tenants) the services check tokens against."""
+    from services import tenants
+    from services.config import ConfigError
+
+    path = _tenants_file(args)
+    try:
+        if args.verb == "add":
+            token = tenants.add(path, args.name)
+            print(token)
+            print(f"harness tenant: {args.name!r} added to {path} (any token it had before stops working). The token "
+                  "above is kept nowhere else: give it to the tenant, who sends it as HARNESS_TENANT_TOKEN. Running "
+                  "services read the file again within a second; start a suite with it by `harness up --tenants "
+                  f"{path}`.", file=sys.stderr)
+            return 0
+        if args.verb == "remove":
+            if not tenants.remove(path, args.name):
+                print(f"harness tenant: no tenant {args.name!r} in {path}", file=sys.stderr)
+                return 1
+            print(f"harness tenant: {args.name!r} removed from {path}: its token stops working within a second",
+                  file=sys.stderr)
+            return 0
+        if args.verb == "delegation":
+            token = tenants.new_token()
+            print(f"HARNESS_DELEGATION_TOKEN={token}\nHARNESS_DELEGATION_SHA256={tenants.digest(token)}")
+            print("harness tenant: a new delegation token (for the CRS's and the AM's delegation_token) and its "
+                  "digest (for delegation_sha256 of the CRS, the compute IRM, the agents and the FPGA IRM), as "
+                  "compose's .env takes them; `harness up --tenants` makes its own", file=sys.stderr)
+            return 0
+        for name in sorted(tenants.read(path) if Path(path).exists() else {}):
+            print(name)
+        return 0
+    except (ConfigError, OSError) as e:
+        print(f"harness tenant: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -457,6 +506,7 @@ def run_exit_status(exit_code: int) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2
+    from services.tenants import tenant_channel
 
     argv = list(args.argv)
     if argv[:1] == ["--"]:                 # called without `services.cli.main` splitting it off
@@ -483,7 +533,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         vm = vms[0]
         env = dict(args.env or [])
-        stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+        stub = agent_pb2_grpc.ExecutionAgentStub(tenant_channel(vm.address))
         exited = None
         call = stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv, env=env,
                                                      timeout_s=args.timeout))
@@ -580,7 +630,9 @@ def _jobs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from services import suite
 
     address = args.fpga or suite.addresses(args.state_dir).get("fpga") or f"127.0.0.1:{suite.DEFAULT_PORTS['fpga']}"
-    return fpga_jobs_pb2_grpc.FpgaJobsStub(grpc.insecure_channel(address))
+    from services.tenants import tenant_channel
+
+    return fpga_jobs_pb2_grpc.FpgaJobsStub(tenant_channel(address))
 
 
 def _count(bits: int):  # type: ignore[no-untyped-def]
@@ -707,7 +759,24 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--state-dir", default=DEFAULT_STATE)
     p.add_argument("--config", help="YAML file with one section per service")
     p.add_argument("--auto-ports", action="store_true", help="pick free ports (the last start's where still free) instead of 50051/50061/50071/50081/50091/50101")
+    p.add_argument("--tenants", metavar="FILE",
+                   help="tenants file (harness tenant add): every call naming a tenant must then carry its token "
+                        "(default: $HARNESS_TENANTS_FILE; neither: nothing checked)")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("tenant", help="give tenants tokens, or take them away (the tenants file of `harness up "
+                                      "--tenants`)")
+    p.add_argument("--state-dir", default=DEFAULT_STATE)
+    p.add_argument("--file", help="the tenants file (default: $HARNESS_TENANTS_FILE, else STATE_DIR/tenants.yaml)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    v = verbs.add_parser("add", help="add a tenant, or give it a new token: prints the token (once)")
+    v.add_argument("name")
+    v = verbs.add_parser("remove", help="take a tenant out: its token stops working")
+    v.add_argument("name")
+    verbs.add_parser("list", help="the tenants of the file")
+    verbs.add_parser("delegation", help="make a delegation token and its digest, for a deployment `harness up` "
+                                        "does not wire (e.g. compose's .env)")
+    p.set_defaults(func=cmd_tenant)
 
     p = sub.add_parser("down", help="stop the suite running from a state directory (also when `harness up` is "
                                     "gone and its services still run)")

@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
-from services import suite
+from services import suite, tenants
+from services.tenants import tenant_channel
 
 TENANT = "demo-tenant"
 
@@ -51,9 +52,9 @@ def _vm(name: str, count: int, cores: int, memory_gb: float) -> irm_pb2.Resource
         "memory_gb": common_pb2.AttributeRequest(number=memory_gb)})
 
 
-def _execute(console: Console, vm: irm_pb2.AllocatedResource, argv: list[str], env: dict[str, str]
+def _execute(console: Console, vm: irm_pb2.AllocatedResource, argv: list[str], env: dict[str, str], token: str
              ) -> agent_pb2.ExecutionExited:
-    stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+    stub = agent_pb2_grpc.ExecutionAgentStub(tenant_channel(vm.address, token))
     exited = agent_pb2.ExecutionExited()
     samples = 0
     for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=TENANT, vm_id=vm.id, argv=argv, env=env), timeout=120):
@@ -76,8 +77,19 @@ def _execute(console: Console, vm: irm_pb2.AllocatedResource, argv: list[str], e
     return exited
 
 
-def run(console: Console, crs_address: str) -> None:
-    crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs_address))
+def run(console: Console, crs_address: str, token: str = "") -> None:
+    """`token`: the tenant's (services.tenants), for a suite that checks them."""
+    crs = irm_pb2_grpc.ResourceManagerStub(tenant_channel(crs_address, token))
+    if token:
+        try:
+            irm_pb2_grpc.ResourceManagerStub(tenant_channel(crs_address, "")).ListReservations(
+                irm_pb2.ListReservationsRequest(tenant=TENANT), timeout=10)
+            raise RuntimeError("the CRS let a call without the tenant's token list its reservations")
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise
+            console.print(f"Tenant {TENANT!r} authenticates with its token; a call without it: "
+                          f"{e.code().name} ({e.details()[:60]}...)")
     deadline = time.monotonic() + 30
     while True:  # the compute IRM registers itself and streams its capacity in
         hosts = crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant=TENANT, resource_type="vm"),
@@ -112,9 +124,9 @@ def run(console: Console, crs_address: str) -> None:
         master = next(r for g in res.groups if g.name == "master" for r in g.resources)
         worker = next(r for g in res.groups if g.name == "workers" for r in g.resources)
         console.print(f"[bold]Running a CPU-bound numpy program in the master VM ({master.id})[/]")
-        _execute(console, master, [sys.executable, "-c", CPU_PROGRAM], {"DEMO_SECONDS": "2"})
+        _execute(console, master, [sys.executable, "-c", CPU_PROGRAM], {"DEMO_SECONDS": "2"}, token)
         console.print(f"[bold]Running a program that wants 2 GB in a 0.5 GB worker VM ({worker.id})[/]")
-        _execute(console, worker, [sys.executable, "-c", MEMORY_PROGRAM], {})
+        _execute(console, worker, [sys.executable, "-c", MEMORY_PROGRAM], {}, token)
         metrics = crs.GetMetrics(irm_pb2.GetMetricsRequest(tenant=TENANT, reservation_id=res.id))
         for s in metrics.series:
             values = [x.value for x in s.samples]
@@ -131,15 +143,17 @@ def _interrupt(signum, _frame):  # type: ignore[no-untyped-def]
 
 def private_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
     """`environ` (default: this process's) without what would point the demo's services at the operator's
-    own configuration -- HARNESS_CONFIG and every HARNESS_<SECTION>_* setting (a production database, a
-    remote CRS): the demo runs on embedded defaults, in its own state directory."""
+    own configuration -- HARNESS_CONFIG, HARNESS_TENANTS_FILE and every HARNESS_<SECTION>_* setting (a production
+    database, a remote CRS, the operator's tenants): the demo runs on embedded defaults, in its own state
+    directory."""
     import os
 
     from services.catalog import config_sections
 
     environ = dict(os.environ if environ is None else environ)
     prefixes = tuple(f"HARNESS_{section.upper()}_" for section in set(config_sections().values()))
-    return {k: v for k, v in environ.items() if k != "HARNESS_CONFIG" and not k.startswith(prefixes)}
+    return {k: v for k, v in environ.items()
+            if k not in ("HARNESS_CONFIG", suite.TENANTS_FILE_ENV) and not k.startswith(prefixes)}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -166,18 +180,22 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     try:
         console.print(f"[bold]Harness demo[/]: starting the suite (state in {state_dir})")
-        procs = suite.start(state_dir, auto_ports=True, cancel=cancel, environ=private_environ(),
+        # Tenants authenticate, as in a deployment (`harness tenant add`, `harness up --tenants`).
+        tenants_file = f"{state_dir}/tenants.yaml"
+        token = tenants.add(tenants_file, TENANT)
+        procs = suite.start(state_dir, auto_ports=True, cancel=cancel,
+                            environ={**private_environ(), suite.TENANTS_FILE_ENV: tenants_file},
                             on_started=lambda p: console.print(f"  [green]started[/] {p.name:8} {p.address}"))
         starting.clear()
         if cancel.is_set():
             raise KeyboardInterrupt
         addrs = {p.name: p.address for p in procs}
-        run(console, addrs["crs"])
+        run(console, addrs["crs"], token)
         from application_manager import demo as am_demo
 
         console.print("[bold]Application Manager: profile a real application, build its Pareto frontier, "
                       "execute it under an SLO[/]")
-        am_demo.run(console, addrs["crs"], addrs["am"])
+        am_demo.run(console, addrs["crs"], addrs["am"], token=token)
         console.print("[bold green]Demo complete.[/]")
         return 0
     except grpc.RpcError as e:

@@ -88,6 +88,9 @@ class Component:
     # Raises unless its database takes work again (see DatabaseHealth): run while the server reports NOT_SERVING
     # for its database, so that it comes back without waiting for a call.
     probe: Callable[[], None] | None = None
+    # Who may act for which tenant (services.tenants.TenantAuth; None: anyone, a development setup): checked
+    # before every call that names a tenant.
+    auth: Any = None
 
 
 # Consecutive calls failing on the database (DATABASE_UNAVAILABLE) that make the server report NOT_SERVING, and how
@@ -296,11 +299,12 @@ def _reserve_batch(behaviour: Callable[[Any, Any], Any], request: irm_pb2.Reserv
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps domain errors to statuses; nothing escapes as UNKNOWN."""
 
-    def __init__(self, db_health: DatabaseHealth | None = None) -> None:
+    def __init__(self, db_health: DatabaseHealth | None = None, auth: Any = None) -> None:
         # method -> (its handler, the guarded handler): wrapping is done once per method,
         # not per call (the server asks for every RPC, on its one polling thread).
         self._guarded: dict[str, tuple[Any, Any]] = {}
         self.db_health = db_health if db_health is not None else DatabaseHealth()
+        self.auth = auth
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = continuation(handler_call_details)
@@ -310,16 +314,18 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         known = self._guarded.get(method)
         if known is not None and known[0] is handler:
             return known[1]
-        guarded = self._guard(handler, method, self.db_health)
+        guarded = self._guard(handler, method, self.db_health, self.auth)
         self._guarded[method] = (handler, guarded)
         return guarded
 
     @staticmethod
-    def _guard(handler, method, db_health: DatabaseHealth):  # type: ignore[no-untyped-def]
+    def _guard(handler, method, db_health: DatabaseHealth, auth: Any):  # type: ignore[no-untyped-def]
+        check = auth.check if auth is not None else (lambda _request, _context: None)
 
         def guard_unary(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context):  # type: ignore[no-untyped-def]
                 try:
+                    check(request, context)
                     if isinstance(request, irm_pb2.ReserveBatchRequest):
                         reply = _reserve_batch(behaviour, request, context)
                     else:
@@ -340,6 +346,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guard_stream(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context) -> Iterator[Any]:  # type: ignore[no-untyped-def]
                 try:
+                    check(request, context)
                     _refuse_nul(request)
                     yield from behaviour(request, context)
                 except HarnessError as e:
@@ -365,14 +372,26 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+
+        def check_each(behaviour):  # type: ignore[no-untyped-def]
+            # A stream of requests: each is checked as it is read (a tenant named in the first or the hundredth).
+            def wrapped(request_iterator, context):  # type: ignore[no-untyped-def]
+                def checked():  # type: ignore[no-untyped-def]
+                    for request in request_iterator:
+                        check(request, context)
+                        yield request
+                return behaviour(checked(), context)
+
+            return wrapped
+
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                guard_unary(handler.stream_unary),
+                guard_unary(check_each(handler.stream_unary)),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return grpc.stream_stream_rpc_method_handler(
-            guard_stream(handler.stream_stream),
+            guard_stream(check_each(handler.stream_stream)),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
@@ -435,9 +454,12 @@ def create_server(
     if max_workers is None:
         max_workers = max([DEFAULT_MAX_WORKERS, *(c.max_workers for c in components if c.max_workers)])
     db_health = db_health if db_health is not None else DatabaseHealth()
+    auths = {id(c.auth): c.auth for c in components if c.auth is not None}
+    if len(auths) > 1:
+        raise ValueError("the components of one server must share one tenant authentication")
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=[ErrorInterceptor(db_health)],
+        interceptors=[ErrorInterceptor(db_health, next(iter(auths.values()), None))],
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )

@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services import config as cfg
-from services import pidlock
+from services import pidlock, tenants
 from services.catalog import SERVICES, config_sections
 from services.launcher import Cancelled, LaunchError, ServiceProcess, spawn
 
 __all__ = ["Cancelled"]
 
+# The services that take tenants' calls, and the variable naming the tenants file the suite gives them all.
+TENANT_SERVICES = ("crs", "compute", "agent", "fpga", "am")
+TENANTS_FILE_ENV = "HARNESS_TENANTS_FILE"
 DEFAULT_PORTS = {"crs": 50051, "compute": 50061, "agent": 50071, "fpga-server": 50081, "fpga": 50091, "am": 50101}
 
 
@@ -233,13 +236,18 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
 
     `cancel`: set (e.g. from a signal handler) to stop the start-up: what was started is stopped and
     Cancelled raised. `environ`: the environment the services get and whose HARNESS_CONFIG and
-    HARNESS_<SECTION>_* the suite honours (default: this process's). ConfigError for a bad config, before
+    HARNESS_<SECTION>_* the suite honours (default: this process's); its HARNESS_TENANTS_FILE is the tenants
+    file (services.tenants) of every service that takes tenants' calls. ConfigError for a bad config, before
     anything starts; SuiteRunning if a suite runs from `state_dir`.
     """
     state_dir = str(Path(state_dir).expanduser())
     environ = dict(os.environ if environ is None else environ)
     chosen = _file_settings(config_file, environ)
     fixed = _chosen_addresses(config_file, environ, chosen)
+    tenants_file = environ.get(TENANTS_FILE_ENV, "")
+    if tenants_file:
+        tenants_file = str(Path(tenants_file).expanduser().absolute())
+        tenants.read(tenants_file)                  # a file no service could use: say so before starting any
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     procs = Suite()
     procs.lock_fd = _lock(state_dir)
@@ -248,6 +256,8 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     # from each other only, the CRS registrations from its IRMs only (services.control); in the environment,
     # not on a command line others can read.
     token = secrets.token_hex(16)
+    # The CRS and the AM act for tenants with this one (services.tenants); the others hold only its digest.
+    delegation = tenants.new_token()
     try:
         for p in plan(state_dir, auto_ports, fixed=fixed):
             if cancel is not None and cancel.is_set():
@@ -259,6 +269,8 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
             if p.service in ("crs", "fpga-server", "fpga", "compute", "agent") \
                     and "control_token" not in chosen.get(section, set()):
                 env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
+            if tenants_file and p.service in TENANT_SERVICES:
+                env.update(_tenant_settings(p.service, tenants_file, delegation, chosen.get(section, set())))
             how = dict(service=p.service, name=p.name, address=p.address, settings=settings,
                        config_file=config_file, env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"),
                        pass_fds=(procs.lock_fd,), environ=environ)
@@ -274,6 +286,19 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
         raise
     _write_addresses(procs)
     return procs
+
+
+def _tenant_settings(service: str, tenants_file: str, delegation: str, chosen: set[str]) -> dict[str, str]:
+    """The variables giving `service` the suite's tenants file and its part of the delegation secret: the token to
+    the services acting for tenants, its digest to those checking it (the CRS both). What the operator's config
+    sets stands."""
+    section = SERVICES[service].section.upper()
+    wanted = {"tenants_file": tenants_file}
+    if service in ("crs", "am"):
+        wanted["delegation_token"] = delegation
+    if service != "am":
+        wanted["delegation_sha256"] = tenants.digest(delegation)
+    return {f"HARNESS_{section}_{k.upper()}": v for k, v in wanted.items() if k not in chosen}
 
 
 def _record(procs: Suite) -> None:

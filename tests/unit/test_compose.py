@@ -59,3 +59,28 @@ def test_every_harness_service_reaps_orphans_and_restarts_after_a_failed_start()
             assert svc.get("init") is True and svc.get("restart") == "on-failure", name
     # The database is healthy only once it takes TCP connections (its first-start init server does not).
     assert "-h 127.0.0.1" in " ".join(compose["services"]["postgres"]["healthcheck"]["test"])
+
+
+def test_every_tenant_facing_service_takes_the_tenants_file_and_its_part_of_the_delegation_secret():
+    from services.suite import TENANT_SERVICES
+
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert "tenants" in compose["volumes"]
+    checked = set()
+    for name, svc in compose["services"].items():
+        cmd = svc.get("command") or []
+        if cmd[1:2] and cmd[1] in TENANT_SERVICES:
+            section = SERVICES[cmd[1]].section.upper()
+            env = svc["environment"]
+            # Set only with HARNESS_TENANTS_DIR, at the path the directory is mounted on.
+            assert env[f"HARNESS_{section}_TENANTS_FILE"] == \
+                "${HARNESS_TENANTS_DIR:+/etc/harness/tenants/tenants.yaml}", name
+            assert "${HARNESS_TENANTS_DIR:-tenants}:/etc/harness/tenants:ro" in svc["volumes"], name
+            # The CRS and the AM act for tenants with the delegation token; the services checking it (the agent
+            # among them, which runs tenants' programs) get only its digest.
+            acts = cmd[1] in ("crs", "am")
+            assert (f"HARNESS_{section}_DELEGATION_TOKEN" in env) == acts, name
+            assert (env.get(f"HARNESS_{section}_DELEGATION_SHA256") == "${HARNESS_DELEGATION_SHA256:-}") \
+                == (not acts), name
+            checked.add(cmd[1])
+    assert checked == set(TENANT_SERVICES)

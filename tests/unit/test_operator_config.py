@@ -66,7 +66,7 @@ def test_demo_services_get_no_operator_config(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("HARNESS_CONFIG", str(prod))
     monkeypatch.setenv("HARNESS_CRS_DATABASE", "sqlite:////nonexistent/production.db")
     monkeypatch.setenv("HARNESS_AM_STATE_DIR", "/nonexistent/am")
-    monkeypatch.setattr(demo, "run", lambda console, crs: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(demo, "run", lambda console, crs, token="": (_ for _ in ()).throw(KeyboardInterrupt()))
     assert demo.main(type("A", (), {"keep": False})()) == 130
     assert spawned, "the demo started no service"
     for p in spawned:
