@@ -149,6 +149,11 @@ class AppManagerConfig:
     # Sent with the calls the AM makes at the CRS and the agents for its tenants (services.tenants), whose
     # delegation_sha256 is its digest; only with a tenants_file.
     delegation_token: str = ""
+    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
+    # own calls to the others (empty: plaintext calls).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
 
 @dataclass
@@ -1278,27 +1283,11 @@ def component(config: AppManagerConfig, clock: Clock | None = None) -> Component
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m application_manager.service [--address A] [--config F] [--set k=v] [--port-file F]`."""
-    import argparse
+    """`python -m application_manager.service [--address A] [--config F] [--set k=v] [--port-file F]`: the same as
+    `harness serve am ...` (its checks, TLS and exit statuses)."""
+    from services import cli
 
-    from services import config as cfg
-    from services import logs, server
-    from services.catalog import config_sections
-
-    p = argparse.ArgumentParser(prog="application_manager.service")
-    p.add_argument("--address")
-    p.add_argument("--config")
-    p.add_argument("--set", action="append", default=[])
-    p.add_argument("--port-file")
-    args = p.parse_args(argv)
-    overrides = cfg.parse_sets(args.set)
-    if args.address:
-        overrides["address"] = args.address
-    conf = cfg.load(AppManagerConfig, "am", config_file=args.config, overrides=overrides,
-                    sections=config_sections())
-    logs.setup("am")
-    server.serve(conf.address, [component(conf)], port_file=args.port_file)
-    return 0
+    return cli.main(["serve", "am", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from cross_resource_scheduler.registry import ManagerState, Registry
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
-from services import control, paging, tenants
+from services import control, paging, tenants, tls
 from services.clock import Clock, WallClock
 from services.config import ConfigError, check_address, check_seconds
 from services.db import Database, Prepared, default_url
@@ -194,8 +194,13 @@ class CrsConfig:
     # the token itself, which would let whoever reads this service's settings act for every tenant.
     delegation_sha256: str = ""
     # Sent with the calls the CRS makes at its managers for tenants (services.tenants); only with a tenants_file.
-    # Its digest is taken from the AM when `delegation_sha256` is empty.
+    # With `delegation_sha256` empty, the CRS takes the AM's calls for tenants with this token (the suite's one).
     delegation_token: str = ""
+    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
+    # own calls to the others (empty: plaintext calls).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
 
 def irm_request_id(res_id: str, attempt: int, manager: str) -> str:
@@ -308,7 +313,7 @@ def tenant_paths(parts: list[irm_pb2.ResourceGroup], index: dict[str, int]) -> C
 def serving_at(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """Whether a manager's ResourceManager answers SERVING at `address` now."""
     # A channel of its own: the shared one may still be backing off from an earlier failure there.
-    with grpc.insecure_channel(address) as ch:
+    with tls.open_channel(address) as ch:
         try:
             reply = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service="harness.v1.ResourceManager"), timeout=timeout)

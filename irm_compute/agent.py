@@ -57,7 +57,7 @@ from irm_compute.sandbox import (
     find_marked,
     merge_utilisation,
 )
-from services import control, pidlock, tenants
+from services import control, pidlock, tenants, tls
 from services.config import check_seconds
 from services.errors import (
     CAPACITY_IN_USE,
@@ -149,6 +149,11 @@ class AgentConfig:
     # or its cgroup's limit) less this; a larger VM runs confined to that, and its executions say so. Negative:
     # automatic, a tenth of the machine, at least 512 MB and at most half.
     memory_reserve_mb: float = -1.0
+    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
+    # own calls to the others (empty: plaintext calls).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
 
 class ComputeClient:
@@ -166,7 +171,7 @@ class ComputeClient:
         with self._lock:
             # Created on first use, not at import or construction: gRPC objects must not cross a fork.
             if self._stub is None:
-                self._channel = grpc.insecure_channel(self.address)
+                self._channel = tls.open_channel(self.address)
                 self._stub = compute_pb2_grpc.ComputeControlStub(control.channel(self._channel, self.control_token))
             stub = self._stub
         try:
@@ -429,7 +434,7 @@ class Agent:
                 vm.slot,
                 list(request.argv),
                 working_dir=request.working_dir or str(scratch),
-                env=dict(request.env),
+                env={**self._platform_env(), **request.env},
                 timeout_s=request.timeout_s,
                 sample_interval_s=self.config.sample_interval_s,
                 max_output_bytes=self.config.max_output_bytes,
@@ -564,6 +569,12 @@ class Agent:
                 samples=[common_pb2.Sample(time=s.time, value=s.memory_percent) for s in merged],
             ),
         ]
+
+    def _platform_env(self) -> dict[str, str]:
+        """What every command learns of the platform (its own env wins): the CA the services' TLS certificates
+        are signed by, so that a program using our client libraries (VirtualFpga.attach) reaches them."""
+        ca = self.config.tls_ca_file
+        return {tls.ENV_CA: str(Path(ca).expanduser().absolute())} if ca else {}
 
     def open(self) -> None:
         """Fail at start-up, not at the first Execute, if scratch space cannot be made, or if another agent

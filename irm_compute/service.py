@@ -88,6 +88,11 @@ class ComputeConfig:
     # process die right after committing a reservation, before answering
     # (an IRM killed mid-request). Never set in production.
     fault: str = ""
+    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
+    # own calls to the others (empty: plaintext calls).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
 
 # Execution back-ends (the agents': "local" runs real processes, "replay" answers from a dataset) and test-only

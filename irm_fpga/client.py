@@ -60,7 +60,7 @@ from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga.engine import MOVED
 from irm_fpga.wire import WireError, from_map, to_map
 from services import client as rpc
-from services import tenants
+from services import tenants, tls
 from services.errors import STREAM_CAP, error_info
 
 _STOP = object()
@@ -110,7 +110,7 @@ class _Part:
         self.sent: set[int] = set()  # task ids handed to this part and not answered yet
         # A channel of its own (closed with the part), with the suite's message limits: a result over gRPC's
         # default 4 MiB would fail the task.
-        self.channel = grpc.insecure_channel(part.address, options=rpc.CHANNEL_OPTIONS)
+        self.channel = tls.open_channel(part.address, rpc.CHANNEL_OPTIONS)
         self.stub = fpga_pb2_grpc.FpgaServerStub(self.channel)
         self.call = self.stub.Execute(self._batches())
         self.receiver = threading.Thread(target=self._receive, name=f"fpga-recv-{part.server}", daemon=True)

@@ -139,6 +139,11 @@ class OrchestratorConfig:
     jobs_max_queued_per_tenant: int = 1000
     # A server holding job groups silent longer than this is taken as gone by the job manager (irm_fpga.jobs).
     jobs_silent_server_s: float = 60.0
+    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
+    # own calls to the others (empty: plaintext calls).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
 
 @dataclass

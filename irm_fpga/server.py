@@ -97,6 +97,11 @@ class FpgaServerConfig:
     # server's gRPC worker threads for as long as it is open, sending or idle: the server gets this many plus a
     # reserve for every other call (control calls, RunBatch, RunDirect), which so never wait behind idle clients.
     max_execute_streams: int = 64
+    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
+    # own calls to the others (empty: plaintext calls).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
 
 # gRPC worker threads beyond the Execute streams': control calls, RunBatch and RunDirect.

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from services import config as cfg
+from services import tls
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -29,6 +30,8 @@ def _serve(args: argparse.Namespace) -> int:
         # nobody expects, a traceback).
         cfg.check_address(conf.address)
         _check_database(getattr(conf, "database", ""))
+        credentials = tls.server_credentials(conf.tls_cert_file, conf.tls_key_file)
+        tls.configure(conf.tls_ca_file)
     except cfg.ConfigError as e:
         print(f"harness serve {args.service}: {e}", file=sys.stderr)
         return 2
@@ -48,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
     event.listen(Engine, "handle_error", note)
     try:
         component = factory(conf)
-        server.serve(conf.address, [component], port_file=args.port_file)
+        server.serve(conf.address, [component], port_file=args.port_file, credentials=credentials)
     except (ValueError, OSError) as e:
         print(f"harness serve {args.service}: cannot start: {e}", file=sys.stderr)
         return 2
@@ -216,7 +219,28 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if command is not None:
         args.argv = command
+    if args.command not in ("serve", "up", "demo"):         # those configure TLS for the services they run
+        try:
+            _trust(args)
+        except cfg.ConfigError as e:
+            print(f"harness: {e}", file=sys.stderr)
+            return 2
     return int(args.func(args) or 0)
+
+
+def _trust(args: argparse.Namespace) -> None:
+    """The CA a client verb trusts: $HARNESS_TLS_CA_FILE's, else, talking to the suite running from its state
+    directory with `harness up --tls`, that suite's (not with --default-ports: compose's ports are another's)."""
+    if os.environ.get(tls.ENV_CA):
+        tls.roots()                                         # a bad file: one line, not a traceback later
+        return
+    if not hasattr(args, "state_dir") or getattr(args, "default_ports", False):
+        return
+    from services import suite
+
+    ca = suite.tls_ca(args.state_dir)
+    if ca:
+        tls.configure(ca, "the suite's CA")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from typing import Any
 
 import grpc
 
+from services import tls
+
 DEFAULT_TIMEOUT_S = 10.0
 
 CHANNEL_OPTIONS = [
@@ -27,7 +29,7 @@ def channel(address: str) -> grpc.Channel:
     with _lock:
         ch = _channels.get(address)
         if ch is None:
-            ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = tls.open_channel(address, CHANNEL_OPTIONS)
             _channels[address] = ch
         return ch
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from services import tls
 from services.client import all_pages
 
 DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
@@ -86,7 +87,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         policy = suite.RestartPolicy.from_environ(os.environ)
         procs = suite.start(args.state_dir, auto_ports=args.auto_ports, config_file=args.config, cancel=stop,
-                            environ=environ,
+                            environ=environ, tls=args.tls,
                             on_started=lambda p: console.print(f"[green]started[/] {p.name:10} {escape(p.address)}"))
     except suite.Cancelled:           # `suite.start` stopped what it had started
         console.print("interrupted while starting; stopped")
@@ -101,6 +102,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"harness up failed: {e}", file=sys.stderr)
         return 1
     console.print(f"Harness is up ({len(procs)} services; logs in {escape(args.state_dir)}/logs). Ctrl-C stops it.")
+    if args.tls:
+        console.print(f"TLS: the suite's CA is {escape(str(suite.tls_ca(args.state_dir)))} (the CLI trusts it for "
+                      f"this --state-dir; other clients: HARNESS_TLS_CA_FILE)")
     try:
         # A service that exits is started again (same address, settings and control token) after a back-off;
         # one that keeps crashing stops the suite (README: Running the suite).
@@ -159,6 +163,26 @@ def cmd_tenant(args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_tls(args: argparse.Namespace) -> int:
+    from services.config import ConfigError
+
+    out = {}
+    try:
+        out["services"] = tls.generate(args.dir, args.host, out=str(Path(args.dir) / "services"))
+        if args.agent_host:
+            out["agent"] = tls.generate(args.dir, args.agent_host, out=str(Path(args.dir) / "agent"))
+    except (ConfigError, OSError) as e:
+        print(f"harness tls: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2))
+    print(f"harness tls: give each service its directory's server.pem/server.key (tls_cert_file/tls_key_file) and "
+          f"ca.pem (tls_ca_file; clients HARNESS_TLS_CA_FILE); compose: HARNESS_TLS_DIR={Path(args.dir) / 'services'}"
+          + (f", HARNESS_AGENT_TLS_DIR={Path(args.dir) / 'agent'}" if args.agent_host else "")
+          + f". Mount neither {Path(args.dir) / 'ca.key'} nor the services' key where tenants' programs run (the "
+          "agents): with it they could pose as any service.", file=sys.stderr)
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     from services import suite
 
@@ -177,7 +201,7 @@ def health_of(addresses: dict[str, str], timeout: float = 2.0) -> list[dict]:
     for name, address in addresses.items():
         entry = {"name": name, "address": address}
         try:
-            with grpc.insecure_channel(address) as ch:
+            with tls.open_channel(address) as ch:
                 reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""),
                                                             timeout=timeout)
             entry["status"] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -202,7 +226,7 @@ def _manager_name(address: str, timeout: float) -> str:
     from harness.v1 import irm_pb2, irm_pb2_grpc
 
     try:
-        with grpc.insecure_channel(address) as ch:
+        with tls.open_channel(address) as ch:
             reply = irm_pb2_grpc.ResourceManagerStub(ch).DescribeAllocationSpec(
                 irm_pb2.DescribeAllocationSpecRequest(), timeout=timeout)
     except grpc.RpcError:
@@ -269,7 +293,7 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
                                   f"IRMs ({', '.join(s['name'] for s in irms)}) are registered with it")
         return report
     deadline = time.monotonic() + grace
-    with grpc.insecure_channel(crs) as ch:
+    with tls.open_channel(crs) as ch:
         stub = registry_pb2_grpc.ManagerRegistryStub(ch)
         while True:
             try:
@@ -759,10 +783,26 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--state-dir", default=DEFAULT_STATE)
     p.add_argument("--config", help="YAML file with one section per service")
     p.add_argument("--auto-ports", action="store_true", help="pick free ports (the last start's where still free) instead of 50051/50061/50071/50081/50091/50101")
+    p.add_argument("--tls", action="store_true",
+                   help="serve TLS only, with certificates of the suite's own CA (STATE_DIR/tls/ca.pem, made once)")
     p.add_argument("--tenants", metavar="FILE",
                    help="tenants file (harness tenant add): every call naming a tenant must then carry its token "
                         "(default: $HARNESS_TENANTS_FILE; neither: nothing checked)")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("tls", help="make a private CA and a certificate for the services' hosts (TLS)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    v = verbs.add_parser("generate", help="a CA in --dir (ca.pem, ca.key; kept if there) and certificates it signs: "
+                                          "DIR/services/ for --host, DIR/agent/ for --agent-host (each with "
+                                          "server.pem, server.key and a copy of ca.pem)")
+    v.add_argument("--dir", required=True)
+    v.add_argument("--host", action="append", required=True,
+                   help="a host name or IP address the services answer at (repeat for each; 127.0.0.1, ::1 and "
+                        "localhost are always in)")
+    v.add_argument("--agent-host", action="append", default=[],
+                   help="a host name of the agents, whose certificate is their own: they run tenants' programs, "
+                        "which can read it")
+    p.set_defaults(func=cmd_tls)
 
     p = sub.add_parser("tenant", help="give tenants tokens, or take them away (the tenants file of `harness up "
                                       "--tenants`)")

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
-from services import suite, tenants
+from services import suite, tenants, tls
 from services.tenants import tenant_channel
 
 TENANT = "demo-tenant"
@@ -143,9 +143,9 @@ def _interrupt(signum, _frame):  # type: ignore[no-untyped-def]
 
 def private_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
     """`environ` (default: this process's) without what would point the demo's services at the operator's
-    own configuration -- HARNESS_CONFIG, HARNESS_TENANTS_FILE and every HARNESS_<SECTION>_* setting (a production
-    database, a remote CRS, the operator's tenants): the demo runs on embedded defaults, in its own state
-    directory."""
+    own configuration -- HARNESS_CONFIG, HARNESS_TENANTS_FILE, HARNESS_TLS_CA_FILE and every HARNESS_<SECTION>_*
+    setting (a production database, a remote CRS, the operator's tenants or CA): the demo runs on embedded
+    defaults, in its own state directory."""
     import os
 
     from services.catalog import config_sections
@@ -153,7 +153,7 @@ def private_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = dict(os.environ if environ is None else environ)
     prefixes = tuple(f"HARNESS_{section.upper()}_" for section in set(config_sections().values()))
     return {k: v for k, v in environ.items()
-            if k not in ("HARNESS_CONFIG", suite.TENANTS_FILE_ENV) and not k.startswith(prefixes)}
+            if k not in ("HARNESS_CONFIG", suite.TENANTS_FILE_ENV, tls.ENV_CA) and not k.startswith(prefixes)}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -183,12 +183,15 @@ def main(args: argparse.Namespace) -> int:
         # Tenants authenticate, as in a deployment (`harness tenant add`, `harness up --tenants`).
         tenants_file = f"{state_dir}/tenants.yaml"
         token = tenants.add(tenants_file, TENANT)
-        procs = suite.start(state_dir, auto_ports=True, cancel=cancel,
+        # And every connection is TLS, with the suite's own CA, which this process's clients trust.
+        procs = suite.start(state_dir, auto_ports=True, cancel=cancel, tls=True,
                             environ={**private_environ(), suite.TENANTS_FILE_ENV: tenants_file},
                             on_started=lambda p: console.print(f"  [green]started[/] {p.name:8} {p.address}"))
         starting.clear()
         if cancel.is_set():
             raise KeyboardInterrupt
+        tls.configure(str(suite.tls_ca(state_dir)), "the demo suite's CA")
+        console.print(f"  TLS on every connection (the suite's CA: {suite.tls_ca(state_dir)})")
         addrs = {p.name: p.address for p in procs}
         run(console, addrs["crs"], token)
         from application_manager import demo as am_demo
@@ -207,6 +210,7 @@ def main(args: argparse.Namespace) -> int:
         return 130
     finally:
         starting.set()
+        tls.reset()
         suite.stop(procs)
         if not args.keep:
             shutil.rmtree(state_dir, ignore_errors=True)

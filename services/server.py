@@ -448,8 +448,10 @@ def create_server(
     max_workers: int | None = None,
     max_concurrent_rpcs: int | None = None,
     db_health: DatabaseHealth | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """`db_health`: how the database's failures make the server's health (default: a DatabaseHealth of its own)."""
+    """`db_health`: how the database's failures make the server's health (default: a DatabaseHealth of its own);
+    `credentials`: TLS (services.tls.server_credentials), else plaintext."""
     components = list(components)
     if max_workers is None:
         max_workers = max([DEFAULT_MAX_WORKERS, *(c.max_workers for c in components if c.max_workers)])
@@ -475,7 +477,7 @@ def create_server(
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
         DocumentedReflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME]), server)
     try:
-        port = server.add_insecure_port(address)
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as e:                 # grpc raises (rather than returning 0) when the port is taken
         raise OSError(f"could not listen on {address} (in use by another process?): {e}") from None
     if port == 0:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services import config as cfg
-from services import pidlock, tenants
+from services import pidlock, tenants, tls
 from services.catalog import SERVICES, config_sections
 from services.launcher import Cancelled, LaunchError, ServiceProcess, spawn
 
@@ -29,6 +29,8 @@ __all__ = ["Cancelled"]
 # The services that take tenants' calls, and the variable naming the tenants file the suite gives them all.
 TENANT_SERVICES = ("crs", "compute", "agent", "fpga", "am")
 TENANTS_FILE_ENV = "HARNESS_TENANTS_FILE"
+# In STATE_DIR/tls while the suite started from there serves TLS: the CLI then trusts its CA by itself.
+TLS_IN_USE = "in-use"
 DEFAULT_PORTS = {"crs": 50051, "compute": 50061, "agent": 50071, "fpga-server": 50081, "fpga": 50091, "am": 50101}
 
 
@@ -231,14 +233,15 @@ def _held_message(state_dir: str, owner: str) -> str:
 
 def start(state_dir: str, auto_ports: bool = False, config_file: str | None = None,
           on_started=None, cancel: threading.Event | None = None,  # type: ignore[no-untyped-def]
-          environ: Mapping[str, str] | None = None) -> Suite:
+          environ: Mapping[str, str] | None = None, tls: bool = False) -> Suite:
     """Start the suite from `state_dir`, in order, each service once the one before it serves.
 
     `cancel`: set (e.g. from a signal handler) to stop the start-up: what was started is stopped and
     Cancelled raised. `environ`: the environment the services get and whose HARNESS_CONFIG and
     HARNESS_<SECTION>_* the suite honours (default: this process's); its HARNESS_TENANTS_FILE is the tenants
-    file (services.tenants) of every service that takes tenants' calls. ConfigError for a bad config, before
-    anything starts; SuiteRunning if a suite runs from `state_dir`.
+    file (services.tenants) of every service that takes tenants' calls. `tls`: every service serves TLS with a
+    certificate of the suite's own CA (STATE_DIR/tls, kept across starts), and trusts it (services.tls).
+    ConfigError for a bad config, before anything starts; SuiteRunning if a suite runs from `state_dir`.
     """
     state_dir = str(Path(state_dir).expanduser())
     environ = dict(os.environ if environ is None else environ)
@@ -252,6 +255,10 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     procs = Suite()
     procs.lock_fd = _lock(state_dir)
     procs.state_dir = state_dir
+    planned = plan(state_dir, auto_ports, fixed=fixed)
+    tls_files = _tls(state_dir, planned) if tls else None
+    if not tls_files:                                   # the CLI must not speak TLS to this suite's plaintext
+        (Path(state_dir) / "tls" / TLS_IN_USE).unlink(missing_ok=True)
     # The FPGA-server takes control calls from this suite's Orchestrator only, the agent and the compute IRM
     # from each other only, the CRS registrations from its IRMs only (services.control); in the environment,
     # not on a command line others can read.
@@ -259,7 +266,7 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     # The CRS and the AM act for tenants with this one (services.tenants); the others hold only its digest.
     delegation = tenants.new_token()
     try:
-        for p in plan(state_dir, auto_ports, fixed=fixed):
+        for p in planned:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(p.name)
             # The suite's wiring is a default: what the config file sets (e.g. remote CRSes) stands.
@@ -269,6 +276,9 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
             if p.service in ("crs", "fpga-server", "fpga", "compute", "agent") \
                     and "control_token" not in chosen.get(section, set()):
                 env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
+            if tls_files:
+                env.update({f"HARNESS_{section.upper()}_TLS_{k.upper()}_FILE": v for k, v in tls_files.items()
+                            if f"tls_{k}_file" not in chosen.get(section, set())})
             if tenants_file and p.service in TENANT_SERVICES:
                 env.update(_tenant_settings(p.service, tenants_file, delegation, chosen.get(section, set())))
             how = dict(service=p.service, name=p.name, address=p.address, settings=settings,
@@ -286,6 +296,25 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
         raise
     _write_addresses(procs)
     return procs
+
+
+def tls_ca(state_dir: str) -> str | None:
+    """The CA of the suite running from `state_dir` if it runs with TLS (`harness up --tls`), for its clients:
+    the marker is written when it starts with TLS and goes when it stops (or starts without); a suite that died
+    leaves it, but then no addresses either (state_file), and a client finds no suite to talk to."""
+    directory = Path(state_dir).expanduser() / "tls"
+    running = state_file(str(Path(state_dir).expanduser())).exists()
+    return str(directory / tls.CA_FILE) if running and (directory / TLS_IN_USE).exists() else None
+
+
+def _tls(state_dir: str, planned: list[Planned]) -> dict[str, str]:
+    """STATE_DIR/tls: the suite's CA (made once) and a certificate for every host its services answer at."""
+    directory = Path(state_dir) / "tls"
+    hosts = ["127.0.0.1", "localhost", "::1"]
+    hosts += [p.address.rsplit(":", 1)[0] for p in planned if p.address.rsplit(":", 1)[0] not in ("0.0.0.0", "[::]")]
+    files = tls.generate(str(directory), hosts)
+    (directory / TLS_IN_USE).write_text("this suite serves TLS with ca.pem's certificates (harness up --tls)\n")
+    return files
 
 
 def _tenant_settings(service: str, tenants_file: str, delegation: str, chosen: set[str]) -> dict[str, str]:

@@ -292,7 +292,9 @@ def tenant_channel(address: str, token: str | None = None) -> grpc.Channel:
     nothing is sent, for a deployment without a tenants file). The environment rather than a command-line flag: a
     process's arguments are visible to everyone on the machine."""
     token = os.environ.get(ENV_TOKEN, "") if token is None else token
-    return channel(grpc.insecure_channel(address), token.strip())
+    from services import tls
+
+    return channel(tls.open_channel(address), token.strip())
 
 
 @contextlib.contextmanager

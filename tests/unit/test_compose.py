@@ -30,7 +30,9 @@ def test_compose_services_are_real_and_configured_with_known_settings():
         config_class, _ = entry.load()
         conf = config.load(config_class, entry.section, environ=env)
         assert conf is not None
-        assert all(k.startswith(f"HARNESS_{entry.section.upper()}_") for k in env), f"{name}: foreign variables"
+        # HARNESS_TLS_CA_FILE: the CA of the CLI run in the container (docker compose run), not a setting.
+        assert all(k.startswith(f"HARNESS_{entry.section.upper()}_") or k == "HARNESS_TLS_CA_FILE" for k in env), \
+            f"{name}: foreign variables"
     # Every service the suite runs is deployed.
     from services.suite import plan
 
@@ -84,3 +86,24 @@ def test_every_tenant_facing_service_takes_the_tenants_file_and_its_part_of_the_
                 == (not acts), name
             checked.add(cmd[1])
     assert checked == set(TENANT_SERVICES)
+
+
+def test_every_harness_service_can_serve_and_speak_tls():
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert "tls" in compose["volumes"]
+    served = set()
+    for name, svc in compose["services"].items():
+        cmd = svc.get("command") or []
+        if not cmd:
+            continue
+        section = SERVICES[cmd[1]].section.upper()
+        env = svc["environment"]
+        # The agent runs tenants' programs: its certificate and key are its own, never the other services'.
+        variable, volume = ("HARNESS_AGENT_TLS_DIR", "agent-tls") if cmd[1] == "agent" else ("HARNESS_TLS_DIR", "tls")
+        for field, file in (("CERT", "server.pem"), ("KEY", "server.key"), ("CA", "ca.pem")):
+            assert env[f"HARNESS_{section}_TLS_{field}_FILE"] == f"${{{variable}:+/etc/harness/tls/{file}}}", name
+        assert f"${{{variable}:-{volume}}}:/etc/harness/tls:ro" in svc["volumes"], name
+        assert not [v for v in svc["volumes"] if "tls" in v and v != f"${{{variable}:-{volume}}}:/etc/harness/tls:ro"]
+        served.add(cmd[1])
+    assert served == set(SERVICES)
+    assert {"tls", "agent-tls"} <= set(compose["volumes"])

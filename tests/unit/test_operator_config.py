@@ -67,8 +67,12 @@ def test_demo_services_get_no_operator_config(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("HARNESS_CRS_DATABASE", "sqlite:////nonexistent/production.db")
     monkeypatch.setenv("HARNESS_AM_STATE_DIR", "/nonexistent/am")
     monkeypatch.setattr(demo, "run", lambda console, crs, token="": (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.delenv("HARNESS_TLS_CA_FILE", raising=False)
     assert demo.main(type("A", (), {"keep": False})()) == 130
     assert spawned, "the demo started no service"
+    from services import tls
+
+    assert tls.roots() is None            # the demo suite's CA is not left trusted by this process's channels
     for p in spawned:
         env = p.kwargs.get("environ")
         assert env is not None, f"{p.name} inherits the operator's environment"
