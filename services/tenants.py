@@ -31,7 +31,6 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +42,7 @@ import grpc
 
 from services.config import ConfigError, known_keys, read_yaml
 from services.errors import PermissionDenied, Unauthenticated, Unavailable
+from services.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -343,18 +343,4 @@ def write(path: str, tenants: dict[str, str]) -> None:
         mode, owner = 0o600, None
     text = ("# Harness tenants: each tenant's token's SHA-256 (harness tenant add/remove; services re-read this "
             "file)\n" + yaml.safe_dump({"tenants": dict(sorted(tenants.items()))}, sort_keys=False))
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")      # O_EXCL: no planted file
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), mode)
-            if owner is not None and owner != (os.geteuid(), os.getegid()):
-                with contextlib.suppress(PermissionError):
-                    os.fchown(f.fileno(), *owner)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(target, text.encode(), mode, owner)

@@ -12,11 +12,9 @@ services answer at (`harness tls generate`; `harness up --tls` does it for 127.0
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import ipaddress
 import os
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from services.config import ConfigError
+from services.files import write_atomic
 
 ENV_CA = "HARNESS_TLS_CA_FILE"
 CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "server.pem", "server.key"
@@ -129,22 +128,6 @@ def _host(host: str) -> str:
     return bare
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """`data` in `path` with `mode`, replaced atomically (a fresh temporary of our own: no planted file followed)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def generate(directory: str, hosts: Sequence[str], days: int = 825, *, out: str | None = None) -> dict[str, str]:
     """A private CA in `directory` (ca.pem; ca.key 0600, which signs: keep it where no service runs) and a
     certificate it signs for every name in `hosts` (DNS names or IP addresses; 127.0.0.1, ::1 and localhost
@@ -194,8 +177,8 @@ def generate(directory: str, hosts: Sequence[str], days: int = 825, *, out: str 
                                                 data_encipherment=False, key_agreement=False, encipher_only=False,
                                                 decipher_only=False), critical=True)
                    .sign(ca_key, hashes.SHA256()))
-        _write(ca_key_path, pem_key(ca_key), 0o600)
-        _write(ca_path, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        write_atomic(ca_key_path, pem_key(ca_key), 0o600)
+        write_atomic(ca_path, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     names: list[x509.GeneralName] = []
     for host in dict.fromkeys([*names_given, "127.0.0.1", "::1", "localhost"]):
         try:
@@ -212,8 +195,8 @@ def generate(directory: str, hosts: Sequence[str], days: int = 825, *, out: str 
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    _write(target / KEY_FILE, pem_key(key), 0o600)
-    _write(target / CERT_FILE, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    write_atomic(target / KEY_FILE, pem_key(key), 0o600)
+    write_atomic(target / CERT_FILE, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     if target != home:
-        _write(target / CA_FILE, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        write_atomic(target / CA_FILE, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return {"ca": str(target / CA_FILE), "cert": str(target / CERT_FILE), "key": str(target / KEY_FILE)}
