@@ -121,7 +121,7 @@ def main() -> int:
     """Start a private suite plus the AM, run the demo, stop everything."""
     import shutil
 
-    from services import suite
+    from services import suite, tls
     from services.demo import private_environ
     from services.launcher import spawn
 
@@ -129,6 +129,8 @@ def main() -> int:
     state = tempfile.mkdtemp(prefix="harness-am-demo-")
     procs = []
     try:
+        # A plaintext suite, whatever CA this process's environment names for other suites (reset after).
+        tls.configure("")
         procs = suite.start(state, auto_ports=True, environ=private_environ(),
                             on_started=lambda p: console.print(f"  [green]started[/] {p.name:8} {p.address}"))
         addr = {p.name: p.address for p in procs}
@@ -145,6 +147,7 @@ def main() -> int:
         console.print(f"[red]demo failed: {e.code().name}: {e.details()}[/]")
         return 1
     finally:
+        tls.reset()
         suite.stop(procs)
         shutil.rmtree(state, ignore_errors=True)
 

@@ -538,7 +538,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 return
             try:
                 reply = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(vm_id=vm_id, tenant=tenant, since=since),
-                                          timeout=timeout)
+                                          timeout=timeout, metadata=tenants.forwarded(context))
             except grpc.RpcError as e:
                 code = e.code()  # type: ignore[attr-defined]
                 log.warning("agent metrics unavailable", extra={"agent": agent, "vm": vm_id, "code": str(code)})

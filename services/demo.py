@@ -128,10 +128,14 @@ def run(console: Console, crs_address: str, token: str = "") -> None:
         console.print(f"[bold]Running a program that wants 2 GB in a 0.5 GB worker VM ({worker.id})[/]")
         _execute(console, worker, [sys.executable, "-c", MEMORY_PROGRAM], {}, token)
         metrics = crs.GetMetrics(irm_pb2.GetMetricsRequest(tenant=TENANT, reservation_id=res.id))
+        shown = 0
         for s in metrics.series:
             values = [x.value for x in s.samples]
             if values:
+                shown += 1
                 console.print(f"  {s.resource_id} {s.name}: {len(values)} samples, max {max(values):.0f}%")
+        if not shown:
+            console.print("  [yellow]no utilisation samples came back[/] (the compute IRM's log says why)")
     finally:
         crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=TENANT, reservation_id=res.id))
         console.print(f"Released {res.id}.")

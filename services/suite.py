@@ -255,10 +255,6 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     procs = Suite()
     procs.lock_fd = _lock(state_dir)
     procs.state_dir = state_dir
-    planned = plan(state_dir, auto_ports, fixed=fixed)
-    tls_files = _tls(state_dir, planned) if tls else None
-    if not tls_files:                                   # the CLI must not speak TLS to this suite's plaintext
-        (Path(state_dir) / "tls" / TLS_IN_USE).unlink(missing_ok=True)
     # The FPGA-server takes control calls from this suite's Orchestrator only, the agent and the compute IRM
     # from each other only, the CRS registrations from its IRMs only (services.control); in the environment,
     # not on a command line others can read.
@@ -266,6 +262,10 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     # The CRS and the AM act for tenants with this one (services.tenants); the others hold only its digest.
     delegation = tenants.new_token()
     try:
+        planned = plan(state_dir, auto_ports, fixed=fixed)
+        tls_files = _tls(state_dir, planned) if tls else None
+        if not tls_files:                               # the CLI must not speak TLS to this suite's plaintext
+            (Path(state_dir) / "tls" / TLS_IN_USE).unlink(missing_ok=True)
         for p in planned:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(p.name)
@@ -299,9 +299,9 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
 
 
 def tls_ca(state_dir: str) -> str | None:
-    """The CA of the suite running from `state_dir` if it runs with TLS (`harness up --tls`), for its clients:
-    the marker is written when it starts with TLS and goes when it stops (or starts without); a suite that died
-    leaves it, but then no addresses either (state_file), and a client finds no suite to talk to."""
+    """The CA of the suite running from `state_dir` if it runs with TLS (`harness up --tls`), for its clients: the
+    marker is written when a suite starts there with TLS and removed when one starts without; a stopped suite
+    leaves it, but not its addresses (state_file, removed when `harness up` ends), which this needs too."""
     directory = Path(state_dir).expanduser() / "tls"
     running = state_file(str(Path(state_dir).expanduser())).exists()
     return str(directory / tls.CA_FILE) if running and (directory / TLS_IN_USE).exists() else None

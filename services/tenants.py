@@ -165,6 +165,14 @@ def _metadata(context: Any) -> dict[str, str]:
     return dict((get() if get else None) or ())
 
 
+def forwarded(context: Any) -> list[tuple[str, str]]:
+    """The call's tenant credentials (its bearer token, its delegation token), to send on with a call made to
+    answer it: a service that asks another for a tenant's data on the caller's behalf (the compute IRM asking an
+    agent for a VM's metrics) proves what the caller proved, and holds nothing that would act for every tenant."""
+    metadata = _metadata(context)
+    return [(k, metadata[k]) for k in (METADATA_KEY, DELEGATION_KEY) if metadata.get(k)]
+
+
 def bearer(context: Any) -> str:
     """The token of the call's `authorization: Bearer <token>`, or ""."""
     scheme, _, token = _metadata(context).get(METADATA_KEY, "").strip().partition(" ")
@@ -253,6 +261,10 @@ def delegation(tenants_file: str, delegation_token: str, service: str) -> str:
     if delegation_token and not tenants_file:
         raise ConfigError(f"{service}: delegation_token without tenants_file would act for any tenant a caller "
                           "names at services that check tenants: give it the tenants file too")
+    if tenants_file and not delegation_token:
+        # Fine while the services it calls check no tenant; where they do, its calls for tenants are refused.
+        log.warning("%s checks tenants but has no delegation_token: the services it calls for tenants refuse those "
+                    "calls if they check tenants too (give it the suite's delegation_token)", service)
     return delegation_token
 
 

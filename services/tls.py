@@ -7,7 +7,8 @@ development setup). Tokens (tenants', the delegation and control tokens) are bea
 on the network path reads them.
 
 `generate(directory, hosts)` makes a private CA and one certificate for every host name and IP address the
-services answer at (`harness tls generate`; `harness up --tls` does it for 127.0.0.1 and localhost).
+services answer at (`harness tls generate`; `harness up --tls` for its services' addresses and the loopback
+names, one certificate shared by all of them, the agent too: one machine and one user anyway).
 """
 
 from __future__ import annotations
@@ -157,8 +158,14 @@ def generate(directory: str, hosts: Sequence[str], days: int = 825, *, out: str 
                           "put it back to sign with that CA, or remove both for a new one (clients must then trust "
                           "the new ca.pem)")
     if ca_path.exists():
-        ca_cert = x509.load_pem_x509_certificate(ca_path.read_bytes())
-        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+        try:
+            ca_cert = x509.load_pem_x509_certificate(ca_path.read_bytes())
+        except ValueError:
+            raise ConfigError(f"{ca_path}: not a PEM certificate; remove ca.pem and ca.key for a new CA") from None
+        try:
+            ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{ca_key_path}: not an unencrypted PEM private key ({e})") from None
         public = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         if ca_key.public_key().public_bytes(*public) != ca_cert.public_key().public_bytes(*public):
             raise ConfigError(f"{ca_key_path} is not the key of {ca_path}")

@@ -1,6 +1,6 @@
 """Tenant authentication across the suite's processes: a CRS, a compute IRM, its agent and an application manager,
 all given one tenants file. Tenants' calls carry their tokens; the services acting for tenants (the CRS at the
-compute IRM, the AM at the CRS and the agent) carry the control token, and the chain works end to end."""
+compute IRM, the AM at the CRS and the agent) carry the delegation token, and the chain works end to end."""
 
 from __future__ import annotations
 
@@ -90,6 +90,11 @@ def test_a_tenant_reserves_and_runs_with_its_token_and_nobody_else_can(cloud) ->
     done = _harness(*run, token=alice)
     assert done.returncode == 0, done.stderr
     assert "ran as alice" in done.stdout
+    # Her VM's utilisation: the CRS asks the compute IRM with the delegation token, the IRM the agent with what
+    # the CRS sent (it holds nothing that acts for tenants itself).
+    metrics = _crs(cloud, alice).GetMetrics(irm_pb2.GetMetricsRequest(tenant="alice", reservation_id=res.id),
+                                            timeout=30)
+    assert {s.name for s in metrics.series} >= {"cpu_percent", "memory_percent"}, metrics
     refused = _harness(*run, token=None)
     assert refused.returncode == 1
     assert "UNAUTHENTICATED" in refused.stderr and tenants.ENV_TOKEN in refused.stderr

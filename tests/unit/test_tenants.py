@@ -156,7 +156,6 @@ def test_a_service_whose_file_broke_answers_unavailable_and_logs_a_refusal_once(
     assert auth is not None
     request = irm_pb2.GetReservationRequest(tenant="alice", reservation_id="r")
     auth.tenants._checked -= tenants.RELOAD_CHECK_S
-    os.chmod(path, 0o600)
     with open(path, "w") as f:
         f.write("tenants: [")
     with pytest.raises(Unavailable, match="cannot use its tenants file now"):
@@ -224,7 +223,7 @@ def test_a_server_with_tenants_answers_with_statuses_and_the_client_channel_send
         running.stop(0)
 
 
-def test_the_suite_gives_every_tenant_facing_service_the_tenants_file_and_the_control_token(
+def test_the_suite_gives_every_tenant_facing_service_the_tenants_file_and_its_part_of_the_delegation_secret(
         tmp_path, monkeypatch) -> None:
     from services import suite
     from tests.unit.test_operator_config import _FakeProc

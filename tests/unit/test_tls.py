@@ -50,6 +50,11 @@ def test_generate_keeps_the_ca_and_names_every_host(tmp_path) -> None:
     assert agent_names == ["agent", "localhost"]                  # its own: not the other services' names
     with pytest.raises(ConfigError, match="'crs:50051': expected a host name or an IP address, without a port"):
         tls.generate(str(tmp_path), ["crs:50051"])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "ca.pem").write_text("junk")
+    (tmp_path / "bad" / "ca.key").write_text("junk")
+    with pytest.raises(ConfigError, match="bad/ca.pem: not a PEM certificate"):
+        tls.generate(str(tmp_path / "bad"), ["crs"])
     os.rename(tmp_path / "ca.key", tmp_path / "kept-apart.key")
     with pytest.raises(ConfigError, match="ca.key is missing while .*ca.pem is there"):
         tls.generate(str(tmp_path), ["crs"])                     # never a new CA in place of the one trusted
