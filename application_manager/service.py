@@ -79,6 +79,9 @@ MAX_ERROR_CHARS = 2000
 _ERROR_HEAD = 400
 # The runs GetModel returns: the most recent ones (PerformanceModel.runs_left_out counts the rest).
 MAX_MODEL_RUNS = 1000
+# The sessions GetModel lists, the most recent: a model profiled again and again (a session a day for years)
+# would otherwise outgrow what a client receives, as every run would.
+MAX_MODEL_SESSIONS = 200
 # Applications kept parsed (manifest, SLO, search space, prices), most recently used first out of the way: a
 # space may hold up to space.MAX_CONFIGURATIONS configurations, so keeping every one ever loaded grows for good.
 # One evicted is parsed again from the database when next asked for. Bounded by count and by configurations
@@ -734,12 +737,16 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             runs = list(s.scalars(sql_select(m.Run).where(m.Run.application_id == loaded.app.id)
                                   .order_by(m.Run.id.desc()).limit(MAX_MODEL_RUNS)))[::-1]
             model = s.get(m.Model, loaded.app.id)
+            sessions_total = s.scalar(sql_select(func.count()).select_from(m.Session)
+                                      .where(m.Session.application_id == loaded.app.id))
             sessions = list(s.scalars(sql_select(m.Session).where(m.Session.application_id == loaded.app.id)
-                                      .order_by(m.Session.started_at)))
+                                      .order_by(m.Session.started_at.desc(), m.Session.id.desc())
+                                      .limit(MAX_MODEL_SESSIONS)))[::-1]
         out = pb.PerformanceModel(application_id=loaded.app.id, runs=[self._run_pb(loaded, r) for r in runs],
                                   sessions=[self._session_pb(x) for x in sessions],
                                   updated_at=model.updated_at if model else 0.0,
-                                  runs_left_out=max(0, (total or 0) - len(runs)))
+                                  runs_left_out=max(0, (total or 0) - len(runs)),
+                                  sessions_left_out=max(0, (sessions_total or 0) - len(sessions)))
         for p in (model.frontier if model else []):
             out.frontier.append(pb.ProfileRun(configuration=_config_pb(p["config"]), ok=True,
                                               input=pb.ProfileRun.INPUT_PRODUCTION, execution_time_s=p["time_s"],

@@ -207,6 +207,22 @@ def test_get_model_returns_the_most_recent_runs_and_says_how_many_it_left_out(tm
         am.stop()
 
 
+def test_get_model_returns_the_most_recent_sessions_and_says_how_many_it_left_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(svc, "MAX_MODEL_SESSIONS", 4, raising=False)
+    am = _am(tmp_path, monkeypatch)
+    try:
+        app = _submit(am)
+        am.db.transact(lambda s: s.add_all([m.Session(
+            id=f"prof-{i:02d}", application_id=app.id, profiler="bo", state="done", runs=0, max_runs=1, spent=0.0,
+            message="", params={}, started_at=float(i), ended_at=float(i) + 0.5, owner="", heartbeat_at=0.0)
+            for i in range(7)]))
+        model = am.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx())
+        assert [x.id for x in model.sessions] == ["prof-03", "prof-04", "prof-05", "prof-06"]   # in order started
+        assert model.sessions_left_out == 3
+    finally:
+        am.stop()
+
+
 # -- 5. a crash right after a run is committed -----------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")    # the simulated death
 def test_a_crash_right_after_a_run_is_committed_leaves_it_in_the_model(tmp_path, monkeypatch):

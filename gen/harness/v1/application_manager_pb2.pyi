@@ -223,7 +223,7 @@ class Extrapolation(_message.Message):
     def __init__(self, family: _Optional[str] = ..., params: _Optional[_Iterable[float]] = ..., r2: _Optional[float] = ..., points: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PerformanceModel(_message.Message):
-    __slots__ = ("application_id", "runs", "frontier", "extrapolation", "sessions", "updated_at", "runs_left_out")
+    __slots__ = ("application_id", "runs", "frontier", "extrapolation", "sessions", "updated_at", "runs_left_out", "sessions_left_out")
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     FRONTIER_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +231,7 @@ class PerformanceModel(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     RUNS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     application_id: str
     runs: _containers.RepeatedCompositeFieldContainer[ProfileRun]
     frontier: _containers.RepeatedCompositeFieldContainer[ProfileRun]
@@ -238,7 +239,8 @@ class PerformanceModel(_message.Message):
     sessions: _containers.RepeatedCompositeFieldContainer[ProfilingSession]
     updated_at: float
     runs_left_out: int
-    def __init__(self, application_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., frontier: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., extrapolation: _Optional[_Union[Extrapolation, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[ProfilingSession, _Mapping]]] = ..., updated_at: _Optional[float] = ..., runs_left_out: _Optional[int] = ...) -> None: ...
+    sessions_left_out: int
+    def __init__(self, application_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., frontier: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., extrapolation: _Optional[_Union[Extrapolation, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[ProfilingSession, _Mapping]]] = ..., updated_at: _Optional[float] = ..., runs_left_out: _Optional[int] = ..., sessions_left_out: _Optional[int] = ...) -> None: ...
 
 class ExecuteApplicationRequest(_message.Message):
     __slots__ = ("tenant", "application_id", "slo_json", "request_id", "timeout_s", "online")
