@@ -66,6 +66,7 @@ from services.errors import (
 )
 from services.idempotency import reused_request_id
 from services.server import CallCap, Component
+from services.tls import TlsSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,7 +123,7 @@ _EXEC_STATE = {"running": pb.ApplicationExecution.STATE_RUNNING,
 
 
 @dataclass
-class AppManagerConfig:
+class AppManagerConfig(TlsSettings):
     address: str = "127.0.0.1:50101"      # the suite's am port (services.suite.DEFAULT_PORTS)
     # SQLAlchemy URL; empty: a SQLite file in state_dir.
     database: str = ""
@@ -152,11 +153,6 @@ class AppManagerConfig:
     # Sent with the calls the AM makes at the CRS and the agents for its tenants (services.tenants), whose
     # delegation_sha256 is its digest; only with a tenants_file.
     delegation_token: str = ""
-    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
-    # own calls to the others (empty: plaintext calls).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_ca_file: str = ""
 
 
 @dataclass

@@ -66,6 +66,7 @@ from services.errors import (
 )
 from services.idempotency import request_hash, reused_request_id
 from services.server import Component
+from services.tls import TlsSettings
 from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class ReservationRow:
 
 
 @dataclass
-class CrsConfig:
+class CrsConfig(TlsSettings):
     address: str = "127.0.0.1:50051"
     database: str = ""
     state_dir: str = "~/.harness"
@@ -196,11 +197,6 @@ class CrsConfig:
     # Sent with the calls the CRS makes at its managers for tenants (services.tenants); only with a tenants_file.
     # With `delegation_sha256` empty, the CRS takes the AM's calls for tenants with this token (the suite's one).
     delegation_token: str = ""
-    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
-    # own calls to the others (empty: plaintext calls).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_ca_file: str = ""
 
 
 def irm_request_id(res_id: str, attempt: int, manager: str) -> str:

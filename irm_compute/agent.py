@@ -76,6 +76,7 @@ from services.errors import (
     require_tenant,
 )
 from services.server import CallCap, Component
+from services.tls import TlsSettings
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ _MAX_ARG_STRLEN = 32 * 4096
 
 
 @dataclass
-class AgentConfig:
+class AgentConfig(TlsSettings):
     address: str = "127.0.0.1:50071"
     # The compute IRM's ComputeControl service, asked for VM shapes.
     compute_address: str = "127.0.0.1:50061"
@@ -149,11 +150,6 @@ class AgentConfig:
     # or its cgroup's limit) less this; a larger VM runs confined to that, and its executions say so. Negative:
     # automatic, a tenth of the machine, at least 512 MB and at most half.
     memory_reserve_mb: float = -1.0
-    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
-    # own calls to the others (empty: plaintext calls).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_ca_file: str = ""
 
 
 class ComputeClient:

@@ -45,6 +45,7 @@ from services.errors import (
 from services.idempotency import request_hash
 from services.registration import Membership
 from services.server import Component
+from services.tls import TlsSettings
 from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 @dataclass
-class ComputeConfig:
+class ComputeConfig(TlsSettings):
     address: str = "127.0.0.1:50061"
     # Shared with the agents (services.control): required on GetVm, sent with ReleaseVm and GetVmMetrics.
     # Empty: nothing checked or sent (development).
@@ -88,11 +89,6 @@ class ComputeConfig:
     # process die right after committing a reservation, before answering
     # (an IRM killed mid-request). Never set in production.
     fault: str = ""
-    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
-    # own calls to the others (empty: plaintext calls).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_ca_file: str = ""
 
 
 # Execution back-ends (the agents': "local" runs real processes, "replay" answers from a dataset) and test-only

@@ -62,6 +62,7 @@ from services.errors import (
 from services.idempotency import request_hash, reused_request_id
 from services.registration import Membership
 from services.server import Component
+from services.tls import TlsSettings
 from services.watch import Broadcaster
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ PRICE_SLACK = 1e-9     # a cap equal to the quote, give or take float rounding, 
 
 
 @dataclass
-class OrchestratorConfig:
+class OrchestratorConfig(TlsSettings):
     address: str = "127.0.0.1:50091"
     name: str = "fpga"
     database: str = ""
@@ -139,11 +140,6 @@ class OrchestratorConfig:
     jobs_max_queued_per_tenant: int = 1000
     # A server holding job groups silent longer than this is taken as gone by the job manager (irm_fpga.jobs).
     jobs_silent_server_s: float = 60.0
-    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
-    # own calls to the others (empty: plaintext calls).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_ca_file: str = ""
 
 
 @dataclass

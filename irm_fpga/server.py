@@ -64,6 +64,7 @@ from services.errors import (
     Unavailable,
 )
 from services.server import CallCap, Component
+from services.tls import TlsSettings
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ STATE = {
 
 
 @dataclass
-class FpgaServerConfig:
+class FpgaServerConfig(TlsSettings):
     address: str = "127.0.0.1:50081"
     name: str = "fpga-0"
     devices: int = 8
@@ -97,11 +98,6 @@ class FpgaServerConfig:
     # server's gRPC worker threads for as long as it is open, sending or idle: the server gets this many plus a
     # reserve for every other call (control calls, RunBatch, RunDirect), which so never wait behind idle clients.
     max_execute_streams: int = 64
-    # TLS (services.tls): served when both are set (PEM files); `tls_ca_file` is the CA this service trusts for its
-    # own calls to the others (empty: plaintext calls).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_ca_file: str = ""
 
 
 # gRPC worker threads beyond the Execute streams': control calls, RunBatch and RunDirect.

@@ -18,6 +18,7 @@ import ipaddress
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -27,6 +28,17 @@ from services.files import write_atomic
 
 ENV_CA = "HARNESS_TLS_CA_FILE"
 CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "server.pem", "server.key"
+
+@dataclass(kw_only=True)
+class TlsSettings:
+    """The TLS settings every service's configuration has (inherited; keyword-only, so a service's own fields keep
+    their positions): served when `tls_cert_file` and `tls_key_file` are set (PEM files); `tls_ca_file` is the CA
+    the service trusts for its own calls to the others (empty: plaintext calls)."""
+
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+
 
 _lock = threading.Lock()
 _roots: bytes | None = None          # this process's trusted CA (PEM), once configured or read from ENV_CA
