@@ -84,8 +84,16 @@ def roots() -> bytes | None:
         return _roots
 
 
+# gRPC shares subchannels between a process's channels to one address by default: a channel opened to a server
+# that came back on the port of one that went away then inherits the dead one's connection back-off and fails at
+# once ("Connection refused") for up to a few seconds. Each channel of ours keeps its own.
+_OWN_SUBCHANNELS = ("grpc.use_local_subchannel_pool", 1)
+
+
 def open_channel(address: str, options: Sequence[tuple[str, object]] | None = None) -> grpc.Channel:
-    """A new channel to `address`: TLS verified against this process's CA when it has one, else plaintext."""
+    """A new channel to `address`: TLS verified against this process's CA when it has one, else plaintext; its
+    connections its own (not shared with the process's other channels to `address`)."""
+    options = [*(options or ()), _OWN_SUBCHANNELS]
     trusted = roots()
     if trusted is None:
         return grpc.insecure_channel(address, options=options)

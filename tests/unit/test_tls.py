@@ -30,6 +30,23 @@ def _ask(port: int) -> str:
     return stub.Echo(diagnostics_pb2.EchoRequest(payload=b"hi"), timeout=5).payload.decode()
 
 
+def test_a_new_channel_reaches_a_server_back_on_the_port_of_one_that_went_away() -> None:
+    # gRPC's shared subchannels would hand the new channel the dead server's connection back-off: a client that
+    # reconnects to a restarted server (or a test to a new one on a reused port) was refused for seconds.
+    first = _echo(None)
+    port = first.port
+    assert _ask(port) == "hi"
+    first.stop(0)
+    with pytest.raises(grpc.RpcError) as gone:
+        _ask(port)
+    assert gone.value.code() == grpc.StatusCode.UNAVAILABLE
+    second = server.start(f"127.0.0.1:{port}", [])
+    try:
+        assert _ask(port) == "hi"
+    finally:
+        second.stop(0)
+
+
 def test_generate_keeps_the_ca_and_names_every_host(tmp_path) -> None:
     from cryptography import x509
 
