@@ -58,6 +58,7 @@ from irm_compute.store import ComputeStore
 from services.clock import WallClock
 from services.db import Database, scratch_database
 from services.launcher import spawn
+from services.tls import plain_channel
 
 
 def _inventory(hosts: int) -> str:
@@ -86,7 +87,7 @@ def run_echo(address: str, clients: int, seconds: float) -> tuple[int, float]:
     counts = [0] * clients
 
     def worker(i: int) -> None:
-        stub = diagnostics_pb2_grpc.DiagnosticsStub(grpc.insecure_channel(address))
+        stub = diagnostics_pb2_grpc.DiagnosticsStub(plain_channel(address))
         req = diagnostics_pb2.EchoRequest(payload=b"x" * 64)
         while time.monotonic() < stop:
             stub.Echo(req, timeout=10)
@@ -127,7 +128,7 @@ def run_clients(address: str, clients: int, per_client: int, retry_share: float,
 
     def reserver(i: int) -> None:
         rng = random.Random(round_no * 1000 + i)
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(address))
         local: list[float] = []
         for n in range(per_client):
             req = irm_pb2.ReserveRequest(tenant=f"bench-{i % 4}", request_id=f"r{round_no}-c{i}-{n}",
@@ -151,7 +152,7 @@ def run_clients(address: str, clients: int, per_client: int, retry_share: float,
             latencies.extend(local)
 
     def releaser(i: int) -> None:
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(address))
         local: list[float] = []
         for tenant, rid in held[i]:
             t0 = time.perf_counter()
@@ -290,7 +291,7 @@ def main(argv: list[str]) -> int:
                         environ=environ)
         procs.append(compute)
         compute.wait_ready()
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         deadline = time.monotonic() + 60
         while len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) < hosts:
             if time.monotonic() > deadline:

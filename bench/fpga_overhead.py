@@ -45,12 +45,11 @@ import os
 import statistics
 import time
 
-import grpc
-
 from bench._common import emit
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga.client import VirtualFpga
 from services.launcher import spawn
+from services.tls import plain_channel
 
 TASK_S = 0.00033
 
@@ -72,7 +71,7 @@ def main(argv: list[str]) -> int:
     server = spawn("fpga-server", settings={"reconfig_mean_s": 0.01, "reconfig_std_s": 0.0, "devices": 8})
     try:
         server.wait_ready()
-        stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
+        stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(server.address))
 
         stub.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="one", design="sleep", size=1))
         stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="one", client_id="c1", token="t"))

@@ -100,6 +100,12 @@ def open_channel(address: str, options: Sequence[tuple[str, object]] | None = No
     return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=trusted), options=options)
 
 
+def plain_channel(address: str) -> grpc.Channel:
+    """A plaintext channel to `address`, its connections its own, whatever this process trusts: for benchmarks
+    and tests of plaintext servers they start themselves."""
+    return grpc.insecure_channel(address, options=[_OWN_SUBCHANNELS])
+
+
 def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials | None:
     """The credentials a service serves with (None: plaintext); ConfigError unless both files are given and PEM."""
     if not cert_file and not key_file:

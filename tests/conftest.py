@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from services.launcher import ServiceProcess, spawn
+from services.tls import plain_channel
 
 
 def eventually(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:
@@ -53,7 +54,6 @@ class Suite:
     def compute_cloud(self, **agent_settings: Any) -> tuple[ServiceProcess, Any]:
         """A CRS, a compute IRM and its agent, started and wired (heartbeats every 0.3 s); returned once the
         compute IRM's hosts are in the CRS: the CRS process and a ResourceManager stub on it."""
-        import grpc
 
         from harness.v1 import irm_pb2, irm_pb2_grpc
         from services.suite import _free_port
@@ -63,7 +63,7 @@ class Suite:
         compute = self.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3,
                              agent_address=agent_address)
         self.start("agent", address=agent_address, compute_address=compute.address, **agent_settings)
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,
                    what="the compute IRM's hosts in the CRS")
         return crs, stub

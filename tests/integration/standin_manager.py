@@ -24,6 +24,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.tls import plain_channel
+
 _ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":
     sys.path[:0] = [str(_ROOT), str(_ROOT / "gen")]
@@ -44,7 +46,7 @@ class Standin:
                                      stderr=subprocess.STDOUT)
         self.address = eventually(lambda: os.path.exists(self.port_file) and Path(self.port_file).read_text(),
                                   what=f"stand-in {name} serving")
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = plain_channel(self.address)
         self.stub = irm_pb2_grpc.ResourceManagerStub(self.channel)
 
     def kill(self) -> None:

@@ -11,11 +11,11 @@ import os
 import subprocess
 import sys
 
-import grpc
 import psutil
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
 from services.suite import _free_port
+from services.tls import plain_channel
 from tests.conftest import Suite, eventually
 
 PY = sys.executable
@@ -41,8 +41,8 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
         agent_address = f"127.0.0.1:{_free_port()}"
         compute = suite.start("compute", agent_address=agent_address)
         agent = suite.start("agent", address=agent_address, compute_address=compute.address, work_dir=str(work))
-        irm = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(compute.address))
-        stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(agent_address))
+        irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute.address))
+        stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(agent_address))
         res = irm.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[irm_pb2.ResourceGroup(
             name="g", resource_type="vm", count=1, attributes={
                 "cores": common_pb2.AttributeRequest(number=1),

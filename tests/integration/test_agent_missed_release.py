@@ -18,6 +18,7 @@ from irm_compute import agent as agent_mod
 from irm_compute import service as compute_service
 from services import server as srv
 from services.suite import _free_port
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 
@@ -48,8 +49,8 @@ def host(tmp_path: Path, monkeypatch):
             raise _Lost()
 
     monkeypatch.setattr(compute_service, "agent_pb2_grpc", SimpleNamespace(ExecutionAgentStub=Unreachable))
-    yield (irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(f"127.0.0.1:{compute_port}")),
-           agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(f"127.0.0.1:{agent_port}")), told)
+    yield (irm_pb2_grpc.ResourceManagerStub(plain_channel(f"127.0.0.1:{compute_port}")),
+           agent_pb2_grpc.ExecutionAgentStub(plain_channel(f"127.0.0.1:{agent_port}")), told)
     for r in reversed(running):
         r.stop(0.5)
 

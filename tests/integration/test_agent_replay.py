@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2, irm_pb2_grpc
+from services.tls import plain_channel
 from tests.conftest import eventually
 from tests.integration.test_crs_flow import vm_group
 
@@ -35,11 +36,11 @@ def test_replay_agent_answers_with_measured_runs(suite, tmp_path):
     agent = suite.start("agent", compute_address=compute.address, backend="replay", dataset=str(data),
                         work_dir=str(work))
     # The compute IRM's hosts point at the default agent address; use this agent explicitly.
-    c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    c = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 6)
     res = c.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r", groups=[vm_group("g", 1, 4, 8)]))
     vm = res.groups[0].resources[0]
-    stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(agent.address))
+    stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(agent.address))
 
     started, exited, _ = execute(stub, vm, {"HARNESS_REPLAY_WORKLOAD": "sort", "cloud": "aws", "vcpus": "8"})
     assert "replayed" in started.notes[0]

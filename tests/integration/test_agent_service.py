@@ -22,6 +22,7 @@ from harness.v1 import agent_pb2, agent_pb2_grpc, compute_pb2, compute_pb2_grpc
 from irm_compute.agent import AgentConfig, component
 from services import server
 from services.errors import field_violations
+from services.tls import plain_channel
 from tests.conftest import eventually
 from tests.unit.test_agent_memory import HOLD
 
@@ -89,7 +90,7 @@ def start_agent(
         **settings,  # type: ignore[arg-type]
     )
     running = server.start("127.0.0.1:0", [component(cfg)])
-    return running, grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    return running, plain_channel(f"127.0.0.1:{running.port}")
 
 
 @pytest.fixture

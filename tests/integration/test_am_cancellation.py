@@ -18,6 +18,7 @@ import pytest
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import irm_pb2, irm_pb2_grpc
+from services.tls import plain_channel
 from tests.conftest import Suite, eventually
 
 RUN_S = 600            # how long the application would run if nobody stopped it
@@ -31,7 +32,7 @@ def cloud(tmp_path_factory):
     try:
         crs, c = suite.compute_cloud()
         am = suite.start("am", crs_address=crs.address)
-        yield {"crs": c, "am": pb_grpc.ApplicationManagerStub(grpc.insecure_channel(am.address))}
+        yield {"crs": c, "am": pb_grpc.ApplicationManagerStub(plain_channel(am.address))}
     finally:
         suite.stop_all()
 

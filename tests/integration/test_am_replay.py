@@ -19,6 +19,7 @@ import pytest
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import irm_pb2
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 DATASET = """workload,runtime_s,cost,status,cloud,vcpus
@@ -48,7 +49,7 @@ def test_profiling_a_dataset_through_the_services_finds_its_frontier(suite, tmp_
     crs, c = suite.compute_cloud(backend="replay", dataset=str(data))
     am_proc = suite.start("am", crs_address=crs.address)
     eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
-    am = pb_grpc.ApplicationManagerStub(grpc.insecure_channel(am_proc.address))
+    am = pb_grpc.ApplicationManagerStub(plain_channel(am_proc.address))
 
     slo = json.dumps({"Manifest": "replay-sort", "Objective": {"Constraints": ["%execution_time <= 150"],
                                                                "Optimize": "%cost"}})

@@ -17,6 +17,7 @@ import pytest
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import irm_pb2
+from services.tls import plain_channel
 from tests.conftest import Suite, eventually
 from tests.integration.test_am_cancellation import ENDS_WITHIN_S, _no_reservation_left, _sleeper
 
@@ -31,7 +32,7 @@ def cloud(tmp_path_factory):
 
         def start_am(name: str):  # noqa: ANN202
             p = suite.start("am", name=name, crs_address=crs.address, heartbeat_s=HEARTBEAT_S)
-            return p, pb_grpc.ApplicationManagerStub(grpc.insecure_channel(p.address))
+            return p, pb_grpc.ApplicationManagerStub(plain_channel(p.address))
         yield {"crs": c, "start_am": start_am}
     finally:
         suite.stop_all()

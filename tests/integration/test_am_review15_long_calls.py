@@ -30,6 +30,7 @@ from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from services import server
 from services.errors import STREAM_CAP, error_info, retry_delay_s
+from services.tls import plain_channel
 from tests.conftest import Suite, eventually
 
 # More than the 32 workers a server had: without room for each, some of them would not even start.
@@ -70,7 +71,7 @@ def am_server(tmp_path, monkeypatch):
     component = svc.component(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1",
                                                    max_long_calls=CAP))
     running = server.start("127.0.0.1:0", [component])
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     try:
         yield component.extra["am"], channel, held
     finally:
@@ -165,7 +166,7 @@ def cloud(tmp_path_factory):
     try:
         crs, _ = suite.compute_cloud()
         am = suite.start("am", crs_address=crs.address)
-        yield pb_grpc.ApplicationManagerStub(grpc.insecure_channel(am.address))
+        yield pb_grpc.ApplicationManagerStub(plain_channel(am.address))
     finally:
         suite.stop_all()
 

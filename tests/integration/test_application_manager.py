@@ -21,6 +21,7 @@ from harness.v1 import irm_pb2, irm_pb2_grpc
 from services import suite as suite_mod
 from services.errors import field_violations
 from services.launcher import spawn
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 TENANT = "acme"
@@ -38,7 +39,7 @@ def cloud(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("am"))
     procs = suite_mod.start(state, auto_ports=True)
     addrs = {p.name: p.address for p in procs}
-    crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(addrs["crs"]))
+    crs = irm_pb2_grpc.ResourceManagerStub(plain_channel(addrs["crs"]))
     eventually(lambda: len(crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6,
                what="the compute IRM's hosts in the CRS")
     am = next((p for p in procs if p.name == "am"), None) or start_am(state, addrs["crs"])
@@ -49,7 +50,7 @@ def cloud(tmp_path_factory):
 
 
 def stub(cloud) -> pb_grpc.ApplicationManagerStub:  # type: ignore[no-untyped-def]
-    return pb_grpc.ApplicationManagerStub(grpc.insecure_channel(cloud["am"].address))
+    return pb_grpc.ApplicationManagerStub(plain_channel(cloud["am"].address))
 
 
 def submit(am, name: str, **params) -> pb.Application:  # type: ignore[no-untyped-def]
@@ -160,7 +161,7 @@ def test_two_module_application_starts_its_service_first_and_fails_when_it_dies(
     assert "800000 words in 4 shards from 127.0.0.1:" in ex.output_tail
     assert ex.predicted_time_s > 0 and ex.measured_time_s > 0 and ex.measured_cost > 0
     # Every VM of every run was given back (the services were stopped, the reservations released).
-    crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(cloud["crs"]))
+    crs = irm_pb2_grpc.ResourceManagerStub(plain_channel(cloud["crs"]))
     eventually(lambda: not crs.ListReservations(irm_pb2.ListReservationsRequest(tenant=TENANT)).reservations,
                what="no reservation left")
 

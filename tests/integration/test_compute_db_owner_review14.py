@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 from sqlalchemy import text
 
@@ -18,6 +17,7 @@ from harness.v1 import irm_pb2, irm_pb2_grpc
 from irm_compute.service import MIGRATIONS, ComputeConfig, ComputeIrm
 from services.config import ConfigError
 from services.db import Database
+from services.tls import plain_channel
 
 SITE_A = """
 hosts:
@@ -75,7 +75,7 @@ def test_a_second_compute_irm_on_one_database_is_refused_and_the_first_keeps_its
     assert "holds the state of compute IRM 'site-a'; this one is 'site-b'" in message and REFUSED in message
 
     # Site A still offers its own hosts, all of them, and nothing of B's.
-    with grpc.insecure_channel(a.address) as ch:
+    with plain_channel(a.address) as ch:
         found = irm_pb2_grpc.ResourceManagerStub(ch).DiscoverResources(irm_pb2.DiscoverResourcesRequest(),
                                                                        timeout=30).resources
     assert sorted(r.id for r in found) == ["a-h1", "a-h2"] and {r.manager for r in found} == {"site-a"}

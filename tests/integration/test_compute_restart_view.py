@@ -5,9 +5,8 @@ Needs the registry to tell the view which events are the snapshot (CapacityView.
 
 from __future__ import annotations
 
-import grpc
-
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 ONE_HOST = """
@@ -33,7 +32,7 @@ def test_the_crs_follows_a_manager_restarted_on_a_fresh_database(suite, tmp_path
     inventory.write_text(ONE_HOST)
     first = suite.start("compute", name="c", crs_address=crs.address, heartbeat_interval_s=0.3,
                         inventory=str(inventory), database=f"sqlite:///{tmp_path}/first.db")
-    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: "h1" in usage(stub), what="the CRS to see h1")
     for i in range(3):          # a few generations on, the host left full
         r = stub.Reserve(whole_host(f"r{i}"), timeout=30)

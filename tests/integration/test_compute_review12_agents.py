@@ -20,6 +20,7 @@ from irm_compute.service import ComputeConfig, ComputeIrm
 from irm_compute.service import component as compute_component
 from services import server
 from services.suite import _free_port
+from services.tls import plain_channel
 
 T = "alice"
 TIMEOUT = 30
@@ -145,9 +146,9 @@ def two_hosts(tmp_path: Path) -> Iterator[TwoHosts]:
                           work_dir=str(tmp_path / f"agent-{name}"), hosts=hosts)
         r = server.start(f"127.0.0.1:{port}", [agent_component(cfg)])
         running.append(r)
-        channels.append(grpc.insecure_channel(f"127.0.0.1:{r.port}"))
+        channels.append(plain_channel(f"127.0.0.1:{r.port}"))
         agents[name] = agent_pb2_grpc.ExecutionAgentStub(channels[-1])
-    channels.append(grpc.insecure_channel(f"127.0.0.1:{compute.port}"))
+    channels.append(plain_channel(f"127.0.0.1:{compute.port}"))
     try:
         yield TwoHosts(irm_pb2_grpc.ResourceManagerStub(channels[-1]), agents)
     finally:

@@ -19,6 +19,7 @@ from irm_compute.cost import CostModel
 from irm_compute.store import ComputeStore
 from services.clock import WallClock
 from services.db import Database, default_url
+from services.tls import plain_channel
 from tests.conftest import eventually
 from tests.integration.test_crs_flow import vm_group
 
@@ -40,7 +41,7 @@ def test_no_overbooking_under_concurrent_clients(suite, tmp_path, request, backe
     crs2 = suite.start("crs", name="crs2", database=f"sqlite:///{tmp_path}/crs2.db", heartbeat_interval_s=0.5)
     suite.start("compute", name="compute", crs_address=f"{crs1.address},{crs2.address}", database=db_url,
                 inventory=str(inv), heartbeat_interval_s=0.5)
-    stubs = [irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(c.address)) for c in (crs1, crs2)]
+    stubs = [irm_pb2_grpc.ResourceManagerStub(plain_channel(c.address)) for c in (crs1, crs2)]
     for s in stubs:
         eventually(lambda s=s: len(s.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 3)
 

@@ -20,6 +20,7 @@ from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry
 from irm_compute import service as compute_service
 from services import server as srv
 from services.errors import field_violations
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 INVENTORIES = {
@@ -81,7 +82,7 @@ def make_cloud(tmp_path) -> Iterator:
             heartbeat_timeout_s=heartbeat_timeout_s, seed=1))
         r = srv.start("127.0.0.1:0", [comp])
         address = f"127.0.0.1:{r.port}"
-        ch = grpc.insecure_channel(address)
+        ch = plain_channel(address)
         cloud = Cloud(tmp_path, comp.extra["crs"], address, irm_pb2_grpc.ResourceManagerStub(ch),
                       registry_pb2_grpc.ManagerRegistryStub(ch), running=[r])
         made.append(cloud)
@@ -145,7 +146,7 @@ def test_a_type_whose_manager_is_down_is_unavailable_and_an_unknown_type_invalid
 
 def test_a_field_a_manager_refuses_is_named_in_the_tenants_request(make_cloud):
     cloud = make_cloud(irms=("compute-a", "compute-b"))
-    b = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(f"127.0.0.1:{cloud.irms['compute-b'].port}"))
+    b = irm_pb2_grpc.ResourceManagerStub(plain_channel(f"127.0.0.1:{cloud.irms['compute-b'].port}"))
     # The CRS takes 1.5 cores (in its domain); compute-a, given the second group, does not (whole cores only).
     groups = [vm_group("remote", 2, "site-b"), vm_group("local", 1.5, "ssd")]
     for call, request in [
@@ -222,7 +223,7 @@ def test_watch_capacity_is_capped_well_below_the_worker_pool(make_cloud):
             assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert f"{cap} WatchCapacity streams are open on this CRS" in e.details()
             assert "DiscoverResources" in e.details()
-        ch = grpc.insecure_channel(cloud.address)
+        ch = plain_channel(cloud.address)
         assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
             health_pb2.HealthCheckResponse.SERVING
         assert list(cloud.stub.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(tenant="t"),

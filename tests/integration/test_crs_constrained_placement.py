@@ -7,6 +7,7 @@ import grpc
 
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc
 from irm_compute.cost import CostModel
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 CORNER = """
@@ -34,7 +35,7 @@ def test_a_cornering_request_is_reserved_on_an_empty_cloud_every_time(suite, tmp
     inv = tmp_path / "i.yaml"
     inv.write_text(CORNER)
     suite.start("compute", name="c", crs_address=crs.address, heartbeat_interval_s=0.3, inventory=str(inv))
-    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: len(_resources(stub)) == 6)
     constraints = [irm_pb2.GroupConstraint(expression=e)
                    for e in ("hops(a, b) <= 2", "different_host(a, a)", "different_host(b, b)")]
@@ -49,7 +50,7 @@ def test_a_cornering_request_is_reserved_on_an_empty_cloud_every_time(suite, tmp
 def test_a_max_price_picks_cheaper_hosts_before_refusing(suite) -> None:
     crs = suite.start("crs", heartbeat_interval_s=0.3, heartbeat_timeout_s=1.5)
     suite.start("compute", name="compute-a", crs_address=crs.address, heartbeat_interval_s=0.3)
-    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: len(_resources(stub)) == 6)
     cost = CostModel()
     cheapest, dearest = cost.price_per_minute(4, 8, 2.0), cost.price_per_minute(4, 8, 3.0)

@@ -6,12 +6,13 @@ import grpc
 import pytest
 
 from harness.v1 import irm_pb2, irm_pb2_grpc
+from services.tls import plain_channel
 from tests.conftest import eventually
 from tests.integration.test_crs_flow import INVENTORY_B, vm_group
 
 
 def active(proc, tenant: str) -> list[irm_pb2.Reservation]:
-    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(proc.address))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(proc.address))
     return list(stub.ListReservations(irm_pb2.ListReservationsRequest(tenant=tenant)).reservations)
 
 
@@ -23,7 +24,7 @@ def test_irm_killed_mid_request_leaks_nothing(suite, tmp_path):
     # compute-b commits the reservation, then dies before answering (fault injection at the edge).
     b = suite.start("compute", name="compute-b", crs_address=crs.address, heartbeat_interval_s=0.3,
                     inventory=str(inv_b), fault="crash_after_commit")
-    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 8)
 
     groups = [vm_group("local", 2, 2, 4, required_traits=["ssd"]),
@@ -44,7 +45,7 @@ def test_irm_killed_mid_request_leaks_nothing(suite, tmp_path):
     # compute-b comes back (same database, new port): the CRS releases what it committed.
     b2 = suite.start("compute", name="compute-b", crs_address=crs.address, heartbeat_interval_s=0.3,
                      inventory=str(inv_b))
-    held = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(b2.address))
+    held = irm_pb2_grpc.ResourceManagerStub(plain_channel(b2.address))
     leftover = held.ListReservations(irm_pb2.ListReservationsRequest(tenant="t", include_released=True))
     assert len(leftover.reservations) == 1  # the orphan committed before the crash
     eventually(lambda: active(b2, "t") == [], what="the orphan at compute-b released by the CRS")
@@ -68,7 +69,7 @@ def test_vms_whose_memory_the_crs_sums_to_a_host_fit_that_host(suite, tmp_path):
                    "  - {id: h2, site: s, rack: r1, cores: 8, memory_gb: 1, frequency_ghz: 2.0}\n")
     crs = suite.start("crs", heartbeat_interval_s=0.3)
     compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, inventory=str(inv))
-    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 2)
     res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="six", groups=[vm_group("w", 6, 1, 1 / 6)]),
                        timeout=60)
@@ -76,7 +77,7 @@ def test_vms_whose_memory_the_crs_sums_to_a_host_fit_that_host(suite, tmp_path):
     vms = [r for g in res.groups for r in g.resources]
     assert len(vms) == 6 and all(r.attributes["memory_gb"] == 170 / 1024 for r in vms)
     # What the compute IRM accounts is what the CRS's view shows: no host over its capacity.
-    direct = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(compute.address))
+    direct = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute.address))
     hosts = direct.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources
     assert sum(h.used["memory_gb"] for h in hosts) == 6 * 170 / 1024
     assert all(h.used["memory_gb"] <= h.capacity["memory_gb"] for h in hosts)

@@ -8,6 +8,7 @@ import pytest
 from cross_resource_scheduler.service import irm_request_id
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.errors import field_violations
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 INVENTORY_B = """
@@ -32,7 +33,7 @@ def cloud(suite, tmp_path):
     a = suite.start("compute", name="compute-a", crs_address=crs.address, heartbeat_interval_s=0.3)
     b = suite.start("compute", name="compute-b", crs_address=crs.address, heartbeat_interval_s=0.3,
                     inventory=str(inv_b))
-    ch = grpc.insecure_channel(crs.address)
+    ch = plain_channel(crs.address)
     stub = irm_pb2_grpc.ResourceManagerStub(ch)
     reg = registry_pb2_grpc.ManagerRegistryStub(ch)
     # Both managers registered and their capacity streamed into the CRS.
@@ -43,7 +44,7 @@ def cloud(suite, tmp_path):
 
 
 def irm_stub(proc) -> irm_pb2_grpc.ResourceManagerStub:
-    return irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(proc.address))
+    return irm_pb2_grpc.ResourceManagerStub(plain_channel(proc.address))
 
 
 def test_register_discover_quote_reserve_release(cloud):

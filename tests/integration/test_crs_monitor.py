@@ -11,12 +11,13 @@ import grpc
 import pytest
 
 from harness.v1 import irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
+from services.tls import plain_channel
 from tests.conftest import eventually
 from tests.integration.standin_manager import Standin, gadget
 
 
 def managers(crs_address: str) -> dict[str, registry_pb2.ManagerInfo]:
-    with grpc.insecure_channel(crs_address) as ch:
+    with plain_channel(crs_address) as ch:
         stub = registry_pb2_grpc.ManagerRegistryStub(ch)
         return {m.name: m for m in stub.ListManagers(registry_pb2.ListManagersRequest()).managers}
 
@@ -26,7 +27,7 @@ def test_a_manager_that_hangs_does_not_delay_down_detection_of_another(suite, tm
     hang = Standin(tmp_path, crs.address, "hang", type="gadget", release_unavailable=True, get_delay=60)
     other = Standin(tmp_path, crs.address, "other", type="widget")
     try:
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 2)
         res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget()]), timeout=30)
         # The release cannot reach "hang" (UNAVAILABLE): its ids are left to the compensator, whose
@@ -53,7 +54,7 @@ def test_a_slow_manager_does_not_take_the_threads_of_the_others(suite, tmp_path)
     slow = Standin(tmp_path, crs.address, "slow", type="gadget", reserve_delay=6, units=1000, hb=0.5)
     fast = Standin(tmp_path, crs.address, "fast", type="widget", hb=0.5)
     try:
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 2)
         outcomes: Counter[str] = Counter()
         refusals: list[str] = []
@@ -98,7 +99,7 @@ def test_a_burst_beyond_the_delegation_slots_at_a_healthy_manager_waits_its_turn
                       delegation_wait_s=10.0)
     busy = Standin(tmp_path, crs.address, "busy", type="gadget", reserve_delay=0.3, units=1000, hb=0.5)
     try:
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1)
         outcomes: Counter[str] = Counter()
 
@@ -125,7 +126,7 @@ def test_an_in_doubt_part_committed_long_after_the_deadline_is_given_back(suite,
     # Commits 5 s after the request: past the CRS's 1 s deadline and its 3 s "settled" time.
     slow = Standin(tmp_path, crs.address, "slow", type="gadget", reserve_delay=5)
     try:
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1)
         with pytest.raises(grpc.RpcError) as e:
             stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget(units=40)]), timeout=30)
@@ -150,7 +151,7 @@ def test_an_in_doubt_part_is_still_given_back_when_the_crs_restarts_before_the_l
     crs = suite.start("crs", **settings)
     slow = Standin(tmp_path, crs.address, "slow", type="gadget", reserve_delay=8)     # commits 8 s after
     try:
-        stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(address))
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(address))
         eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1)
         with pytest.raises(grpc.RpcError) as e:
             stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget(units=40)]), timeout=30)

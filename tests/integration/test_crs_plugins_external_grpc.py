@@ -15,6 +15,7 @@ import pytest
 
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc
 from services.launcher import LaunchError, ServiceProcess, spawn
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def vm(name: str = "g", count: int = 1, cores: float = 4) -> irm_pb2.ResourceGro
 
 
 def stub_of(crs: ServiceProcess) -> irm_pb2_grpc.ResourceManagerStub:
-    return irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    return irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
 
 
 def idle(stub: irm_pb2_grpc.ResourceManagerStub) -> bool:

@@ -14,6 +14,7 @@ from cross_resource_scheduler.delegation import Refused
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc
 from irm_compute import service as compute_service
 from services import server as srv
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 INVENTORIES = {
@@ -47,8 +48,8 @@ def cloud(tmp_path):
             crs_address=crs_address, heartbeat_interval_s=0.3))
         ir = srv.start("127.0.0.1:0", [comp])
         running.append(ir)
-        irms[name] = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(f"127.0.0.1:{ir.port}"))
-    stub = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs_address))
+        irms[name] = irm_pb2_grpc.ResourceManagerStub(plain_channel(f"127.0.0.1:{ir.port}"))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs_address))
     eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 2,
                what="both hosts in the CRS view")
     yield crs_comp.extra["crs"], stub, irms

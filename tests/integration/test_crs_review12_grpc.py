@@ -27,6 +27,7 @@ from services import server as srv
 from services.clock import VirtualClock
 from services.errors import field_violations
 from services.registration import Membership
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 K = irm_pb2.CapacityEvent
@@ -174,7 +175,7 @@ def serving_crs(tmp_path, **settings) -> Iterator[Cloud]:  # type: ignore[no-unt
                                                        database=f"sqlite:///{tmp_path / 'crs.db'}", **config))
     r = srv.start("127.0.0.1:0", [comp])
     address = f"127.0.0.1:{r.port}"
-    ch = grpc.insecure_channel(address)
+    ch = plain_channel(address)
     c = Cloud(comp.extra["crs"], address, irm_pb2_grpc.ResourceManagerStub(ch),
               registry_pb2_grpc.ManagerRegistryStub(ch))
     try:

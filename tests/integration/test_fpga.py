@@ -13,6 +13,7 @@ from scipy.stats import norm
 from harness.v1 import common_pb2, fpga_pb2, fpga_pb2_grpc, irm_pb2, irm_pb2_grpc
 from irm_fpga.client import TaskFailed, VirtualFpga
 from services.errors import field_violations
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
@@ -29,7 +30,7 @@ def fpga(suite):
     servers = [suite.start("fpga-server", name=f"fpga-{i}", devices=4, fault_injection=i == 0, **FAST)
                for i in range(2)]
     orch = suite.start("fpga", servers=",".join(s.address for s in servers))
-    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address))
     return {"servers": servers, "orch": orch, "stub": stub, "suite": suite}
 
 
@@ -145,10 +146,10 @@ def test_revocation_cancels_queued_tasks_and_cuts_the_client_off(fpga):
 def test_failed_reconfigurations_blacklist_a_device_and_the_group_keeps_working(fpga):
     stub, addr = fpga["stub"], fpga["orch"].address
     server = fpga["servers"][0]
-    s = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
+    s = fpga_pb2_grpc.FpgaServerStub(plain_channel(server.address))
     # Off unless the server was started for it: refused, nothing injected; a negative count is bad input.
     with pytest.raises(grpc.RpcError) as off:
-        fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(fpga["servers"][1].address)).InjectFault(
+        fpga_pb2_grpc.FpgaServerStub(plain_channel(fpga["servers"][1].address)).InjectFault(
             fpga_pb2.InjectFaultRequest(device=0, count=100))
     assert off.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "fault_injection" in off.value.details()
     with pytest.raises(grpc.RpcError) as negative:
@@ -177,7 +178,7 @@ def test_orchestrator_restart_keeps_groups_and_data_plane_serves_meanwhile(fpga,
     assert len(outs) == 20
     f.close(detach=False)
     orch2 = suite.start("fpga", servers=",".join(s.address for s in fpga["servers"]))
-    stub2 = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch2.address))
+    stub2 = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch2.address))
     again = stub2.GetGroup(fpga_pb2.GetGroupRequest(tenant="alice", group_id=g.id))
     assert again.size == 2 and sum(again.parts.values()) == 2
     with VirtualFpga.attach(orch2.address, "alice", g.id) as f2:
@@ -189,7 +190,7 @@ def test_reserve_a_virtual_fpga_through_the_crs(suite):
     server = suite.start("fpga-server", **FAST)
     orch = suite.start("fpga", servers=server.address, crs_address=crs.address, heartbeat_interval_s=0.3)
     suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3)
-    c = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+    c = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: {r.resource_type for r in c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
                == {"vm", "vfpga"}, what="VMs and FPGAs in the CRS")
     res = c.Reserve(irm_pb2.ReserveRequest(tenant="alice", request_id="vf-1", groups=[
@@ -205,11 +206,11 @@ def test_reserve_a_virtual_fpga_through_the_crs(suite):
         out = f.submit({"spot": 100.0, "strike": 100.0, "rate": 0.0, "volatility": 0.2, "maturity": 1.0}).result(30)
     assert out.value["price"][0] == pytest.approx(bs_call(100.0, 100.0, 0.0, 0.2, 1.0))
     c.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="alice", reservation_id=res.id))
-    o = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
+    o = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address))
     assert o.ListGroups(fpga_pb2.ListGroupsRequest(tenant="alice")).groups == []
     # The release reached the data plane too: the FPGA-server holds no part of the group, and its devices are free
     # for others (a part left behind would keep them, though the Orchestrator no longer lists the group).
-    info = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)).GetServer(fpga_pb2.GetServerRequest())
+    info = fpga_pb2_grpc.FpgaServerStub(plain_channel(server.address)).GetServer(fpga_pb2.GetServerRequest())
     assert list(info.groups) == []
     assert info.devices and all(d.state == fpga_pb2.DeviceInfo.STATE_FREE for d in info.devices)
 
@@ -218,7 +219,7 @@ def test_reserve_a_virtual_fpga_through_the_crs(suite):
 def test_autoscaler_grows_a_loaded_elastic_group(suite, policy):
     server = suite.start("fpga-server", devices=4, **FAST)
     orch = suite.start("fpga", servers=server.address, autoscaler=policy, autoscaler_interval_s=0.3)
-    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address))
     busy = create(stub, design="sleep", size=1, min_size=1, max_size=3, scaling=fpga_pb2.FpgaGroup.SCALING_ELASTIC)
     idle = create(stub, design="fft", size=1, min_size=1, max_size=3, scaling=fpga_pb2.FpgaGroup.SCALING_ELASTIC)
     fixed = create(stub, design="black_scholes", size=1)  # static: never resized
@@ -252,7 +253,7 @@ def test_in_flight_is_bounded_and_waiting_is_not(fpga):
 
 
 def test_the_irm_api_honours_placement_and_refuses_impossible_input(fpga):
-    irm = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(fpga["orch"].address))
+    irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(fpga["orch"].address))
     hosts = {r.id: r for r in irm.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
     first = sorted(hosts)[0]
 
@@ -304,11 +305,11 @@ def test_a_server_with_a_control_token_takes_control_calls_from_its_orchestrator
     token = "t0ken-of-this-suite"
     server = suite.start("fpga-server", name="fpga-locked", devices=2, control_token=token, **FAST)
     orch = suite.start("fpga", servers=server.address, control_token=token)
-    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address))
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address))
     g = create(stub, design="sleep", size=2)                 # the Orchestrator sends the token: it works
     with VirtualFpga.attach(orch.address, "alice", g.id) as f:
         assert len(f.map([{"duration": 0.01}] * 4)) == 4     # the data plane needs no control token
-    direct = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address))
+    direct = fpga_pb2_grpc.FpgaServerStub(plain_channel(server.address))
     for metadata in ((), (("x-harness-control-token", "guess"),)):
         with pytest.raises(grpc.RpcError) as e:                # a tenant reaching the server itself
             direct.AttachClient(fpga_pb2.ServerAttachRequest(group_id=g.id, client_id="mallory", token="x"),

@@ -19,6 +19,7 @@ from irm_fpga.server import FpgaServerConfig, FpgaServerService
 from services import errors
 from services.clock import VirtualClock
 from services.errors import InvalidArgument, field_violations
+from services.tls import plain_channel
 from tests.conftest import Suite, eventually
 
 FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
@@ -32,9 +33,9 @@ def fpga(tmp_path_factory):
         server = suite.start("fpga-server", name="fpga-0", devices=4, **FAST)
         orch = suite.start("fpga", servers=server.address, autoscaler="none")
         yield {
-            "orch": fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address)),
-            "irm": irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(orch.address)),
-            "server": fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)),
+            "orch": fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address)),
+            "irm": irm_pb2_grpc.ResourceManagerStub(plain_channel(orch.address)),
+            "server": fpga_pb2_grpc.FpgaServerStub(plain_channel(server.address)),
         }
     finally:
         suite.stop_all()

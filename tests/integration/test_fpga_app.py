@@ -10,11 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import grpc
-
 from application_manager.local import resource_env
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
 from services import suite as suite_mod
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "option_pricing" / "app.py"
@@ -24,7 +23,7 @@ def test_option_pricing_runs_on_a_virtual_fpga(tmp_path):
     procs = suite_mod.start(str(tmp_path), auto_ports=True)
     try:
         addrs = {p.name: p.address for p in procs}
-        crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(addrs["crs"]))
+        crs = irm_pb2_grpc.ResourceManagerStub(plain_channel(addrs["crs"]))
         eventually(lambda: {r.resource_type for r in crs.DiscoverResources(
             irm_pb2.DiscoverResourcesRequest()).resources} == {"vm", "vfpga"}, what="VMs and FPGAs")
         res = crs.Reserve(irm_pb2.ReserveRequest(tenant="quant", request_id="bs-fpga", groups=[
@@ -37,7 +36,7 @@ def test_option_pricing_runs_on_a_virtual_fpga(tmp_path):
                 "design": common_pb2.AttributeRequest(text="black_scholes")}),
         ], constraints=[irm_pb2.GroupConstraint(expression="hops(host, dfe) <= 4")]))
         vm = next(g for g in res.groups if g.name == "host").resources[0]
-        agent = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+        agent = agent_pb2_grpc.ExecutionAgentStub(plain_channel(vm.address))
         out, exited = b"", None
         for ev in agent.Execute(agent_pb2.ExecuteRequest(
                 tenant="quant", vm_id=vm.id, argv=[sys.executable, str(APP), "1", "--fpga"],

@@ -11,7 +11,6 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterator
 
-import grpc
 import numpy as np
 import pytest
 
@@ -19,6 +18,7 @@ from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga.client import TaskFailed, VirtualFpga
 from irm_fpga.server import EVENTS_KEPT, RESULT_BATCH_BYTES, FpgaServerConfig, FpgaServerService
 from irm_fpga.wire import to_map
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 INSTANT = {"reconfig_mean_s": 0.0, "reconfig_std_s": 0.0}
@@ -27,7 +27,7 @@ BUSY = fpga_pb2.DeviceInfo.STATE_BUSY
 
 def server(suite, name: str, devices: int = 2):  # type: ignore[no-untyped-def]
     p = suite.start("fpga-server", name=name, devices=devices, **INSTANT)
-    return p, fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(p.address))
+    return p, fpga_pb2_grpc.FpgaServerStub(plain_channel(p.address))
 
 
 def part(p, stub, gid: str, client: str, size: int) -> fpga_pb2.AttachedPart:  # type: ignore[no-untyped-def]
@@ -157,7 +157,7 @@ def test_results_of_any_size_reach_the_client_library_and_a_default_grpc_client(
     # A result burst went out as one message (7.6 MB for 20 tasks of 50,000 options), over the 4 MiB a client
     # takes by default: every task failed with RESOURCE_EXHAUSTED, the client library's too.
     p = suite.start("fpga-server", name="fpga-big", devices=1, **INSTANT)
-    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(p.address))
+    stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(p.address))
     stub.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id="g", design="black_scholes", size=1))
     stub.AttachClient(fpga_pb2.ServerAttachRequest(group_id="g", client_id="c", token="tok-c"))
     eventually(lambda: [g.active for g in stub.GetServer(fpga_pb2.GetServerRequest()).groups] == [1], timeout=10,
@@ -176,7 +176,7 @@ def test_results_of_any_size_reach_the_client_library_and_a_default_grpc_client(
     tasks = [fpga_pb2.Task(id=i) for i in range(20)]
     for t in tasks:
         to_map(options(50_000), t.params)
-    with grpc.insecure_channel(p.address) as ch:
+    with plain_channel(p.address) as ch:
         replies = list(fpga_pb2_grpc.FpgaServerStub(ch).Execute(
             iter([fpga_pb2.TaskBatch(client_id="c", token="tok-c", tasks=tasks)]), timeout=60))
     assert sorted(r.id for b in replies for r in b.results) == list(range(20))

@@ -22,6 +22,7 @@ from harness.v1 import fpga_pb2, fpga_pb2_grpc, irm_pb2
 from irm_fpga.models import Client
 from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig, ServerHandle
 from services.errors import Aborted, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 FAST = {"devices": 4, "reconfig_mean_s": 0.01, "reconfig_std_s": 0.0}
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def held(address: str) -> dict[str, int]:
     """The parts an FPGA-server holds, asked of it directly: group -> devices."""
-    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(address))
+    stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(address))
     return {p.group_id: p.target for p in stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups}
 
 
@@ -83,9 +84,9 @@ def test_a_resize_one_server_fails_puts_the_other_servers_back(orch, servers, mo
 def test_reconcile_sets_parts_to_their_recorded_size_and_drops_parts_the_row_lacks(orch, servers):
     g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
     # Drift of any origin (a put-back that could not reach its server, a resize cut short by a crash).
-    a = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address))
+    a = fpga_pb2_grpc.FpgaServerStub(plain_channel(servers["A"].address))
     a.ResizeGroupPart(fpga_pb2.ResizeGroupPartRequest(group_id=g.id, size=4), timeout=10)
-    b = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["B"].address))
+    b = fpga_pb2_grpc.FpgaServerStub(plain_channel(servers["B"].address))
     b.CreateGroupPart(fpga_pb2.CreateGroupPartRequest(group_id=g.id, design="sleep", size=3), timeout=10)
     assert orch.reconcile_once() == {"made": 1, "dropped": 1}
     assert held(servers["A"].address) == {g.id: 2}
@@ -114,7 +115,7 @@ def test_an_orchestrator_that_dies_while_making_a_group_leaves_a_whole_group(sui
     assert child.returncode == 9, child.stderr
     o = suite.start("fpga", servers=a.address, database=db_url, autoscaler="none", reconcile_interval_s=0,
                     server_timeout_s=2.0)
-    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(o.address))
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(o.address))
     (g,) = stub.ListGroups(fpga_pb2.ListGroupsRequest(tenant="alice"), timeout=10).groups
     assert dict(g.parts) == {"A": 3} and g.active == 3
     assert held(a.address) == {g.id: 3}         # made by the restarted Orchestrator, or found there
@@ -154,7 +155,7 @@ def test_an_attach_no_server_takes_leaves_no_client(orch, servers):
 
 def clients_on(address: str, group_id: str) -> list[str]:
     """The clients an FPGA-server holds attached to its part of `group_id` (asked of it directly)."""
-    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(address))
+    stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(address))
     return sorted(c for p in stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups
                   if p.group_id == group_id for c in p.clients)
 
@@ -220,7 +221,7 @@ def test_an_attach_with_one_server_silent_uses_the_others_and_the_rounds_add_it_
 def test_the_rounds_let_a_detached_client_drain(orch, servers):
     g = orch.create_group("alice", "g", "sleep", 1, pinned=["A"])
     att = orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
-    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address))
+    stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(servers["A"].address))
     t = fpga_pb2.Task(id=1)
     t.params["duration"].number = 3.0
     out: list = []
@@ -351,7 +352,7 @@ def test_a_retry_that_comes_while_the_first_attach_fails_is_attached(orch, serve
     assert isinstance(att, fpga_pb2.Attachment) and [p.server for p in att.parts] == ["A"]
     # The retry's client is the one the database and the server hold: the failing first call did not take it back.
     assert orch._attached([g.id]) == {g.id: ["c1"]}
-    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address))
+    stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(servers["A"].address))
     parts = stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups
     assert [list(p.clients) for p in parts if p.group_id == g.id] == [["c1"]]
 
@@ -380,7 +381,7 @@ def test_a_retry_through_another_orchestrator_while_the_first_attach_fails_is_to
     att = other_orch.AttachClient(request, None)
     assert [p.server for p in att.parts] == ["A"]
     assert orch._attached([g.id]) == {g.id: ["c1"]}
-    parts = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(servers["A"].address)).GetServer(
+    parts = fpga_pb2_grpc.FpgaServerStub(plain_channel(servers["A"].address)).GetServer(
         fpga_pb2.GetServerRequest(), timeout=10).groups
     assert [list(p.clients) for p in parts if p.group_id == g.id] == [["c1"]]
 
@@ -470,7 +471,7 @@ def test_an_orchestrator_starts_with_a_server_down_and_uses_it_once_it_answers(s
     b.stop()
     o = suite.start("fpga", servers=f"{a.address},{b_address}", autoscaler="none", reconcile_interval_s=reconcile_s,
                     server_timeout_s=1.0)
-    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(o.address))
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(o.address))
     g = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g1", design="sleep", size=2),
                          timeout=20)
     assert dict(g.parts) == {"A": 2}

@@ -22,6 +22,7 @@ from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
 from services import server as srv
 from services.errors import field_violations
 from services.server import Component
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
@@ -46,7 +47,7 @@ def start_irm(suite, policy: str, period: float = 1.0, servers=None, **config):
     running = srv.start("127.0.0.1:0", [orch_comp, Component(name="fpga-jobs", register=register,
                                                              service_names=names, start=start, stop=stop)])
     address = f"127.0.0.1:{running.port}"
-    ch = grpc.insecure_channel(address)
+    ch = plain_channel(address)
     register.servers = servers  # type: ignore[attr-defined]
     return running, address, fpga_jobs_pb2_grpc.FpgaJobsStub(ch), fpga_pb2_grpc.FpgaOrchestratorStub(ch), register
 

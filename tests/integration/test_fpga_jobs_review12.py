@@ -29,6 +29,7 @@ from services.errors import (
     field_violations,
 )
 from services.server import Component
+from services.tls import plain_channel
 from tests.integration.fake_orchestrator import deadline
 from tests.integration.test_fpga_jobs import deadline_job, start_irm, stop_irm
 
@@ -38,7 +39,7 @@ NOWHERE = "127.0.0.1:9"        # nothing answers there: a partition
 
 def held(address: str) -> dict[str, int]:
     """The parts an FPGA-server holds, asked of it directly: group -> devices."""
-    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(address))
+    stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(address))
     return {p.group_id: p.target for p in stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups}
 
 
@@ -282,7 +283,7 @@ def test_an_error_that_echoes_a_huge_input_still_reaches_the_caller_bounded():
         name="echo", register=lambda s: fpga_jobs_pb2_grpc.add_FpgaJobsServicer_to_server(_Echoes(), s),
         service_names=["harness.v1.FpgaJobs"])])
     try:
-        stub = fpga_jobs_pb2_grpc.FpgaJobsStub(grpc.insecure_channel(f"127.0.0.1:{running.port}"))
+        stub = fpga_jobs_pb2_grpc.FpgaJobsStub(plain_channel(f"127.0.0.1:{running.port}"))
         # Percent-encoded on the wire, or not. Many times: trailers over gRPC's soft limit (8 KiB) are refused
         # only now and then.
         for text in ("é" * 50_000, "%" * 50_000, "x" * 100_000) * 20:

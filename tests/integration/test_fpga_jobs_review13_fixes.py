@@ -28,6 +28,7 @@ from services import server as srv
 from services.db import Database
 from services.errors import InvalidArgument, ResourceExhausted, field_violations
 from services.server import Component
+from services.tls import plain_channel
 from tests.integration.fake_orchestrator import DEVICES, Irm, deadline
 
 TIMEOUT = 20.0
@@ -60,7 +61,7 @@ def serve(manager: JobManager):  # noqa: ANN201
     running = srv.start("127.0.0.1:0", [Component(
         name="fpga-jobs", register=lambda s: fpga_jobs_pb2_grpc.add_FpgaJobsServicer_to_server(manager, s),
         service_names=[SERVICE])])
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     return running, channel, fpga_jobs_pb2_grpc.FpgaJobsStub(channel)
 
 

@@ -23,6 +23,7 @@ from services import client as rpc
 from services import server as srv
 from services.clock import VirtualClock
 from services.errors import FailedPrecondition, HarnessError, InvalidArgument, PermissionDenied
+from services.tls import plain_channel
 
 PRICE = 0.05       # per device and minute (OrchestratorConfig's default)
 
@@ -52,7 +53,7 @@ def orch(server_address: str, db_url: str) -> Iterator[Orchestrator]:
 
 def held(address: str) -> dict[str, int]:
     """The parts the FPGA-server holds, asked of it directly: group -> devices."""
-    stub = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(address))
+    stub = fpga_pb2_grpc.FpgaServerStub(plain_channel(address))
     return {p.group_id: p.target for p in stub.GetServer(fpga_pb2.GetServerRequest(), timeout=10).groups}
 
 

@@ -15,6 +15,7 @@ from irm_fpga import orchestrator as orch_mod
 from irm_fpga import server as fserver
 from services import server as srv
 from services.suite import _free_port
+from services.tls import plain_channel
 
 
 class Cloud:
@@ -26,8 +27,8 @@ class Cloud:
             autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
         self.orch_run = srv.start("127.0.0.1:0", [comp])
         self.orch = comp.extra["orchestrator"]
-        self.stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(f"127.0.0.1:{self.orch_run.port}"))
-        self.data = fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(f"127.0.0.1:{self.port}"))
+        self.stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(f"127.0.0.1:{self.orch_run.port}"))
+        self.data = fpga_pb2_grpc.FpgaServerStub(plain_channel(f"127.0.0.1:{self.port}"))
 
     def _server(self):  # noqa: ANN202
         comp = fserver.component(fserver.FpgaServerConfig(name="fpga-0", devices=4, reconfig_mean_s=0.01,
@@ -106,7 +107,7 @@ def two(tmp_path):
         address="127.0.0.1:0", database=f"sqlite:///{tmp_path}/orch.db",
         servers=[f"127.0.0.1:{p}" for p in ports], autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
     orch_run = srv.start("127.0.0.1:0", [comp])
-    stub = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(f"127.0.0.1:{orch_run.port}"))
+    stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(f"127.0.0.1:{orch_run.port}"))
     yield {"servers": servers, "ports": dict(zip(servers, ports, strict=True)), "orch": comp.extra["orchestrator"],
            "stub": stub}
     orch_run.stop(0.5)

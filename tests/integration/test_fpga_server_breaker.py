@@ -21,6 +21,7 @@ from harness.v1 import fpga_jobs_pb2 as jp
 from harness.v1 import fpga_jobs_pb2_grpc, fpga_pb2, fpga_pb2_grpc
 from irm_fpga import orchestrator as orch_mod
 from services import server as srv
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 FAST = {"reconfig_mean_s": 0.05, "reconfig_std_s": 0.0}
@@ -36,7 +37,7 @@ class Cloud:
             servers=[p.address for p in self.servers.values()], server_timeout_s=TIMEOUT_S, **config))
         self.running = srv.start("127.0.0.1:0", [comp])
         self.orch: orch_mod.Orchestrator = comp.extra["orchestrator"]
-        ch = grpc.insecure_channel(f"127.0.0.1:{self.running.port}")
+        ch = plain_channel(f"127.0.0.1:{self.running.port}")
         self.stub = fpga_pb2_grpc.FpgaOrchestratorStub(ch)
         self.jobs = fpga_jobs_pb2_grpc.FpgaJobsStub(ch)
         self.stopped: set[str] = set()

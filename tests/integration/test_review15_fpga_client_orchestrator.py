@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import grpc
 import pytest
 
 from harness.v1 import fpga_pb2, fpga_pb2_grpc
@@ -18,6 +17,7 @@ from irm_fpga import server as fpga_server
 from irm_fpga.client import TaskFailed, VirtualFpga
 from services import client as rpc
 from services import server as srv
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 
@@ -37,7 +37,7 @@ def orchestrator_and_server(tmp_path) -> Iterator[tuple[str, fpga_pb2_grpc.FpgaO
         address="127.0.0.1:0", servers=[server_address], database=f"sqlite:///{tmp_path}/o.db", crs_address="",
         autoscaler="none", reconcile_interval_s=1.0))])
     address = f"127.0.0.1:{orch.port}"
-    channel = grpc.insecure_channel(address)
+    channel = plain_channel(address)
     try:
         yield address, fpga_pb2_grpc.FpgaOrchestratorStub(channel), server
     finally:

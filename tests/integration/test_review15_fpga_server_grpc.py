@@ -19,6 +19,7 @@ from irm_fpga.client import TaskFailed, VirtualFpga
 from irm_fpga.server import FpgaServerConfig, FpgaServerService, component
 from services import control
 from services.server import Running, start
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 
@@ -30,7 +31,7 @@ class Server:
         self.running: Running = start("127.0.0.1:0", [comp])
         self.svc: FpgaServerService = comp.extra["server"]
         self.address = f"127.0.0.1:{self.running.port}"
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = plain_channel(self.address)
         self.stub = fpga_pb2_grpc.FpgaServerStub(self.channel)
         self.stopped = False
 

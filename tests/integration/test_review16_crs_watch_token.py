@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import grpc
-
 from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from irm_compute.service import ComputeConfig, ComputeIrm
 from services import control
+from services.tls import plain_channel
 from services.watch import CONTROL_STREAMS
 from tests.conftest import Suite, eventually
 
@@ -84,7 +83,7 @@ def _followed(tmp_path, crs_token: str) -> Iterator[tuple]:  # type: ignore[no-u
     try:
         crs = s.start("crs", heartbeat_interval_s=0.3, control_token=crs_token)
         compute = s.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3, control_token=TOKEN)
-        with grpc.insecure_channel(crs.address) as c1, grpc.insecure_channel(compute.address) as c2:
+        with plain_channel(crs.address) as c1, plain_channel(compute.address) as c2:
             at_crs, at_compute = irm_pb2_grpc.ResourceManagerStub(c1), irm_pb2_grpc.ResourceManagerStub(c2)
             hosts = {r.id for r in at_compute.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
             eventually(lambda: {r.id for r in at_crs.DiscoverResources(
@@ -136,7 +135,7 @@ def test_harness_status_says_when_the_crs_cannot_follow_a_managers_capacity(tmp_
     try:
         crs = s.start("crs", heartbeat_interval_s=0.3)
         standin = Standin(str(tmp_path), crs.address, "gadgets", watch_error="capacity feed is down")
-        with grpc.insecure_channel(crs.address) as ch:
+        with plain_channel(crs.address) as ch:
             registry = registry_pb2_grpc.ManagerRegistryStub(ch)
 
             def follow_error() -> str:

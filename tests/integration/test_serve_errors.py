@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from harness.v1 import agent_pb2, agent_pb2_grpc
+from services.tls import plain_channel
 
 
 def serve(*args: str, cwd: str) -> subprocess.CompletedProcess[str]:
@@ -122,7 +123,7 @@ def test_an_agent_whose_control_token_the_compute_irm_rejects_says_so_not_retry_
                  cwd=tmp_path) as compute, \
          serving("agent", "--set", f"compute_address=127.0.0.1:{compute}", "--set", "control_token=agent-secret",
                  "--set", f"work_dir={tmp_path / 'agent'}", cwd=tmp_path) as agent, \
-         grpc.insecure_channel(f"127.0.0.1:{agent}") as channel:
+         plain_channel(f"127.0.0.1:{agent}") as channel:
         call = agent_pb2_grpc.ExecutionAgentStub(channel).Execute(
             agent_pb2.ExecuteRequest(tenant="alice", vm_id="vm-1", argv=["true"]), timeout=30)
         with pytest.raises(grpc.RpcError) as e:

@@ -20,6 +20,7 @@ import pytest
 from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2, irm_pb2_grpc
 from services import control
 from services import suite as suite_mod
+from services.tls import plain_channel
 from tests.conftest import eventually
 from tests.integration.test_crs_flow import vm_group
 
@@ -31,7 +32,7 @@ def running(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("suite"))
     procs = suite_mod.start(state, auto_ports=True)
     addrs = {p.name: p.address for p in procs}
-    crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(addrs["crs"]))
+    crs = irm_pb2_grpc.ResourceManagerStub(plain_channel(addrs["crs"]))
     eventually(lambda: len(crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(resource_type="vm")).resources)
                == 6, what="the compute IRM's hosts in the CRS")
     yield {"state": state, "addrs": addrs, "crs": crs, "procs": procs}
@@ -39,7 +40,7 @@ def running(tmp_path_factory):
 
 
 def execute(vm: irm_pb2.AllocatedResource, argv: list[str], tenant: str = TENANT, **kw) -> dict:
-    stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+    stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(vm.address))
     out = {"stdout": b"", "stderr": b"", "samples": [], "started": None, "exited": None}
     for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=tenant, vm_id=vm.id, argv=argv, **kw), timeout=60):
         kind = ev.WhichOneof("event")
@@ -126,7 +127,7 @@ def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
         assert lines["fpga"].endswith("crs: NOT REGISTERED") and "crs: registered as 'compute'" in lines["compute"]
         assert f"must point at the CRS's address {crs}" in plain.stderr and "Traceback" not in plain.stderr
 
-        registry = registry_pb2_grpc.ManagerRegistryStub(control.channel(grpc.insecure_channel(crs), token))
+        registry = registry_pb2_grpc.ManagerRegistryStub(control.channel(plain_channel(crs), token))
 
         def fpga_up() -> bool | None:
             m = [m for m in registry.ListManagers(registry_pb2.ListManagersRequest()).managers if m.name == "fpga"]
@@ -230,7 +231,7 @@ def test_release_kills_running_work_and_closes_the_vm(running):
     result: dict = {}
 
     def run() -> None:
-        stub = agent_pb2_grpc.ExecutionAgentStub(grpc.insecure_channel(vm.address))
+        stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(vm.address))
         for ev in stub.Execute(agent_pb2.ExecuteRequest(tenant=TENANT, vm_id=vm.id,
                                                         argv=["sleep", "120"]), timeout=60):
             if ev.WhichOneof("event") == "started":
@@ -466,13 +467,13 @@ def test_a_config_files_settings_beat_the_suites_wiring(tmp_path):
     procs = suite_mod.start(str(tmp_path / "state"), auto_ports=True, config_file=str(conf))
     try:
         orch = next(p for p in procs if p.name == "fpga")
-        (info,) = fpga_pb2_grpc.FpgaOrchestratorStub(grpc.insecure_channel(orch.address)).ListDevices(
+        (info,) = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address)).ListDevices(
             fpga_pb2.ListDevicesRequest(tenant="t"), timeout=10).servers
         assert (info.name, len(info.devices)) == ("fpga-7", 3)
         # The suite's FPGA-server takes control calls from its Orchestrator only (a token made for this suite).
         server = next(p for p in procs if p.name == "fpga-server")
         with pytest.raises(grpc.RpcError) as e:
-            fpga_pb2_grpc.FpgaServerStub(grpc.insecure_channel(server.address)).GetServer(
+            fpga_pb2_grpc.FpgaServerStub(plain_channel(server.address)).GetServer(
                 fpga_pb2.GetServerRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # So does its CRS take registrations and heartbeats from its IRMs only: they are registered (they send
@@ -480,7 +481,7 @@ def test_a_config_files_settings_beat_the_suites_wiring(tmp_path):
         from harness.v1 import registry_pb2, registry_pb2_grpc
 
         crs = next(p for p in procs if p.name == "crs")
-        reg = registry_pb2_grpc.ManagerRegistryStub(grpc.insecure_channel(crs.address))
+        reg = registry_pb2_grpc.ManagerRegistryStub(plain_channel(crs.address))
         eventually(lambda: {m.name for m in reg.ListManagers(registry_pb2.ListManagersRequest(), timeout=10).managers
                             if m.up} == {"compute", "fpga"}, what="the suite's IRMs registered with its CRS")
         for call, request in ((reg.RegisterManager, registry_pb2.RegisterManagerRequest(

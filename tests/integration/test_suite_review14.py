@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services import suite as suite_mod
+from services.tls import plain_channel
 from tests.conftest import eventually
 from tests.integration.test_crs_flow import vm_group
 
@@ -47,7 +48,7 @@ def _text(log: Path) -> str:
 
 def _serving(address: str) -> bool:
     try:
-        with grpc.insecure_channel(address) as ch:
+        with plain_channel(address) as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
     except grpc.RpcError:
         return False
@@ -93,7 +94,7 @@ def test_a_killed_agent_is_restarted_at_its_address_and_serves_with_the_suites_t
     with _up(tmp_path) as (proc, state, log):
         addrs = json.loads((state / "suite.json").read_text())
         before = _recorded(state)
-        crs = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(addrs["crs"]))
+        crs = irm_pb2_grpc.ResourceManagerStub(plain_channel(addrs["crs"]))
         eventually(lambda: len(crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(resource_type="vm"))
                                .resources) == 6, what="the compute IRM's hosts in the CRS")
         res = crs.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="r14-restart",

@@ -18,6 +18,7 @@ from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc
 from services import control, tenants
 from services.suite import _free_port
 from services.tenants import tenant_channel
+from services.tls import plain_channel
 from tests.conftest import Suite, eventually
 
 CONTROL = "suite-control-token"
@@ -40,7 +41,7 @@ def cloud(tmp_path_factory):  # type: ignore[no-untyped-def]
                               agent_address=agent_address, **checks)
         suite.start("agent", address=agent_address, compute_address=compute.address, **checks)
         am = suite.start("am", crs_address=crs.address, tenants_file=path, delegation_token=DELEGATION)
-        anyone = irm_pb2_grpc.ResourceManagerStub(grpc.insecure_channel(crs.address))
+        anyone = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: anyone.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,
                    what="the compute IRM's hosts in the CRS")
         yield {"path": path, "tokens": tokens, "crs": crs.address, "am": am.address, "tmp": tmp}
@@ -186,7 +187,7 @@ def test_tenant_code_on_the_agent_cannot_act_for_other_tenants_with_what_the_age
     assert CONTROL in found and tenants.digest(DELEGATION) in found      # what bob's program could read
     assert DELEGATION not in found
     release = irm_pb2.ReleaseReservationRequest(tenant="alice", reservation_id=res.id)
-    crs = grpc.insecure_channel(cloud["crs"])
+    crs = plain_channel(cloud["crs"])
     for stolen in found:
         for channel in (tenants.delegating(crs, stolen), control.channel(crs, stolen)):
             assert _code(lambda c=channel: irm_pb2_grpc.ResourceManagerStub(c).ReleaseReservation(

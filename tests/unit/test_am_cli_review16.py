@@ -17,6 +17,7 @@ from application_manager import cli as am_cli
 from application_manager import service as svc
 from harness.v1 import application_manager_pb2 as pb
 from services.errors import InvalidArgument
+from services.tls import plain_channel
 
 
 class _Ctx:
@@ -126,7 +127,7 @@ def test_a_plot_that_cannot_be_written_is_one_line(monkeypatch, capsys):
 
 
 def test_an_am_that_does_not_answer_is_hinted_at_with_am():
-    channel = grpc.insecure_channel("127.0.0.1:1")
+    channel = plain_channel("127.0.0.1:1")
     from harness.v1 import application_manager_pb2_grpc as pb_grpc
 
     try:

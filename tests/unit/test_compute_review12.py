@@ -16,6 +16,7 @@ from irm_compute.service import ComputeConfig, ComputeIrm, component
 from irm_compute.shapes import MAX_INSTANCES
 from services import server
 from services.errors import field_violations
+from services.tls import plain_channel
 
 TIMEOUT = 30
 T = "alice"
@@ -44,7 +45,7 @@ def start_cloud(tmp_path: Path, inventory: str = INVENTORY) -> Cloud:
     comp = component(ComputeConfig(state_dir=str(tmp_path), address="127.0.0.1:0",
                                    inventory=str(tmp_path / "hosts.yaml")))
     running = server.start("127.0.0.1:0", [comp])
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     return Cloud(comp.extra["irm"], irm_pb2_grpc.ResourceManagerStub(channel), running, channel)
 
 

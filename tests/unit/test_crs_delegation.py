@@ -13,6 +13,7 @@ import pytest
 
 from cross_resource_scheduler.delegation import Delegator
 from harness.v1 import irm_pb2, irm_pb2_grpc
+from services.tls import plain_channel
 
 TIMEOUT = 10.0
 
@@ -64,7 +65,7 @@ def serve(irm: Irm) -> Iterator[Delegator]:
     irm_pb2_grpc.add_ResourceManagerServicer_to_server(irm, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    channel = plain_channel(f"127.0.0.1:{port}")
     stub = irm_pb2_grpc.ResourceManagerStub(channel)
     try:
         yield Delegator(lambda: stub)

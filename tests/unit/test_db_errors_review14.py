@@ -29,6 +29,7 @@ from irm_compute.service import ComputeConfig
 from irm_compute.service import component as compute_component
 from services import errors, server
 from services.db import Database, unavailability, unavailable_error
+from services.tls import plain_channel
 from tests.conftest import eventually
 
 TIMEOUT = 30
@@ -97,7 +98,7 @@ def serve_writer(tmp_path: Path, probe: bool = False, probe_interval_s: float = 
         writer, s), service_names=[RM], probe=writer.probe if probe else None)
     db_health = server.DatabaseHealth(probe_interval_s=probe_interval_s)
     running = server.start("127.0.0.1:0", [comp], db_health=db_health)
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     try:
         yield Served(path, db, irm_pb2_grpc.ResourceManagerStub(channel), health_pb2_grpc.HealthStub(channel),
                      diagnostics_pb2_grpc.DiagnosticsStub(channel))
@@ -207,7 +208,7 @@ def test_compute_reserve_batch_on_a_full_database_answers_unavailable_outcomes(t
     comp = compute_component(ComputeConfig(state_dir=str(tmp_path), address="127.0.0.1:0",
                                            inventory=str(tmp_path / "hosts.yaml")))
     running = server.start("127.0.0.1:0", [comp])
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     rm = irm_pb2_grpc.ResourceManagerStub(channel)
     irm = comp.extra["irm"]
     try:

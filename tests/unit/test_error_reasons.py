@@ -37,6 +37,7 @@ from services.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from services.tls import plain_channel
 from services.watch import Broadcaster
 from tests.unit.test_compute_review12 import INVENTORY as COMPUTE_INVENTORY
 
@@ -161,7 +162,7 @@ def compute(tmp_path: Path) -> Iterator[Compute]:
     comp = compute_component(ComputeConfig(state_dir=str(tmp_path), address="127.0.0.1:0",
                                            inventory=str(tmp_path / "hosts.yaml")))
     running = server.start("127.0.0.1:0", [comp])
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     yield Compute(comp.extra["irm"], irm_pb2_grpc.ResourceManagerStub(channel), running, channel)
     channel.close()
     running.stop(0)
@@ -234,7 +235,7 @@ def am(tmp_path: Path, monkeypatch) -> Iterator[am_pb_grpc.ApplicationManagerStu
     comp = am_service.component(am_service.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1",
                                                             address="127.0.0.1:0"))
     running = server.start("127.0.0.1:0", [comp])
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     yield am_pb_grpc.ApplicationManagerStub(channel)
     channel.close()
     running.stop(0)
@@ -278,7 +279,7 @@ def test_errors_passed_on_from_a_peer_keep_its_reason_and_retry_delay() -> None:
 
     running = server.start("127.0.0.1:0", [server.Component("demo", register, ["demo.Demo"])])
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        with plain_channel(f"127.0.0.1:{running.port}") as channel:
             with pytest.raises(grpc.RpcError) as info:
                 channel.unary_unary("/demo.Demo/Fail")(b"", timeout=TIMEOUT)
         passed = errors.from_rpc_error("agent 'x'", info.value, "nothing ran")

@@ -26,6 +26,7 @@ from irm_compute.service import ComputeConfig, ComputeIrm
 from irm_compute.service import component as compute_component
 from services import errors, server
 from services.errors import FailedPrecondition, HarnessError
+from services.tls import plain_channel
 from services.watch import Broadcaster
 from tests.conftest import eventually
 from tests.unit.test_crs_placement import add
@@ -74,8 +75,8 @@ def start_cloud(tmp_path: Path, patch: Callable[[ComputeIrm], None] | None = Non
         patch(comp.extra["irm"])
     compute_running = server.start("127.0.0.1:0", [comp])
     stops.insert(0, lambda: compute_running.stop(0))
-    crs_channel = grpc.insecure_channel(f"127.0.0.1:{crs_running.port}")
-    compute_channel = grpc.insecure_channel(f"127.0.0.1:{compute_running.port}")
+    crs_channel = plain_channel(f"127.0.0.1:{crs_running.port}")
+    compute_channel = plain_channel(f"127.0.0.1:{compute_running.port}")
     stops[:0] = [crs_channel.close, compute_channel.close]
     crs: Crs = crs_comp.extra["crs"]
     rm = irm_pb2_grpc.ResourceManagerStub(crs_channel)

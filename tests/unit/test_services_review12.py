@@ -24,6 +24,7 @@ from services import paging, server
 from services.config import ConfigError
 from services.db import Database
 from services.errors import InvalidArgument
+from services.tls import plain_channel
 from services.watch import Broadcaster
 
 TIMEOUT = 30.0
@@ -78,7 +79,7 @@ def test_a_write_in_flight_during_a_graceful_stop_completes_and_the_stream_ends_
     running = server.start("127.0.0.1:0", [server.Component("demo", register, ["demo.Demo"], quiesce=quiesce,
                                                             stop=stop)])
     running.server = _Recorded(running.server, steps, release.set)    # type: ignore[assignment]
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = plain_channel(f"127.0.0.1:{running.port}")
     outcome: dict[str, object] = {}
 
     def call() -> None:

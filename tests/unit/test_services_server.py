@@ -16,6 +16,7 @@ from harness.v1 import common_pb2, diagnostics_pb2, diagnostics_pb2_grpc, irm_pb
 from services import errors
 from services.errors import FieldViolation, InvalidArgument, NotFound, Violations
 from services.server import Component, Running, start
+from services.tls import plain_channel
 
 RM = irm_pb2.DESCRIPTOR.services_by_name["ResourceManager"].full_name
 DIAG = diagnostics_pb2.DESCRIPTOR.services_by_name["Diagnostics"].full_name
@@ -90,7 +91,7 @@ class Server:
     def __init__(self, running: Running, hooks: list[str]) -> None:
         self.running = running
         self.hooks = hooks
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+        self.channel = plain_channel(f"127.0.0.1:{running.port}")
         self.irm = irm_pb2_grpc.ResourceManagerStub(self.channel)
 
 

@@ -12,6 +12,7 @@ from harness.v1 import irm_pb2, irm_pb2_grpc
 from services import control, server, tenants
 from services.config import ConfigError
 from services.errors import PermissionDenied, Unauthenticated, Unavailable
+from services.tls import plain_channel
 
 DELEGATION = "delegation-secret"
 
@@ -215,9 +216,9 @@ def test_a_server_with_tenants_answers_with_statuses_and_the_client_channel_send
         with pytest.raises(grpc.RpcError) as e:
             call(tenants.tenant_channel(address, bob))
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert call(tenants.delegating(grpc.insecure_channel(address), DELEGATION)).tenant == "alice"
+        assert call(tenants.delegating(plain_channel(address), DELEGATION)).tenant == "alice"
         with pytest.raises(grpc.RpcError) as e:                   # the control token acts for no tenant
-            call(control.channel(grpc.insecure_channel(address), DELEGATION))
+            call(control.channel(plain_channel(address), DELEGATION))
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         running.stop(0)
