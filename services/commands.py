@@ -405,6 +405,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     # A service down is the first thing to fix: said before what its absence does to the registrations.
     state_dir = None if getattr(args, "default_ports", False) else args.state_dir
     problems[:0] = [_service_problem(s, state_dir) for s in services if s["status"] != "SERVING"]
+    # All SERVING, a suite whose `harness up` was killed still does not survive its next crash: said first.
+    if state_dir is not None and (unsupervised := suite.unsupervised(state_dir)) is not None:
+        problems.insert(0, unsupervised)
     checked = any(s["name"] in IRMS for s in services)
     ok = all(s["status"] == "SERVING" for s in services) and not problems
     if args.json:

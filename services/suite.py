@@ -7,6 +7,8 @@ service adds itself to `plan()`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -210,14 +212,95 @@ class Suite(list):
         self.spawns = {}
 
 
+# How long `harness up` tries for a state directory's lock before it takes it as another suite's: a command looking
+# up the suite's addresses holds it for an instant when no suite runs (`_stopped`).
+LOCK_WAIT_S = 0.5
+
+
 def _lock(state_dir: str) -> int:
     """An exclusive lock on `state_dir`, or SuiteRunning. Two suites on one state directory would share its
     databases and logs, and the second, on other free ports (`--auto-ports`), would take over `suite.json`.
     The services inherit the lock, so it holds while any of them lives, even if `harness up` was killed."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return pidlock.take(Path(state_dir) / ".lock")
+        except pidlock.Held as e:
+            if time.monotonic() >= deadline:
+                raise SuiteRunning(_held_message(state_dir, e.owner)) from None
+        time.sleep(0.02)
+
+
+def _stopped(state_dir: str) -> bool:
+    """Whether no suite runs from `state_dir`: nothing holds its lock (`harness up` and every service it started
+    hold it, `_lock`), as after a reboot or a kill -9 of them all. Its suite.json and processes.json are then
+    stale (another suite may serve at those addresses by now) and are removed, as `harness down` does, under the
+    lock: a `harness up` starting meanwhile waits for it (`LOCK_WAIT_S`) rather than lose the files it writes.
+    The lock is tried without writing this process's pid in it: it names the suite's `harness up` (`unsupervised`,
+    `down`)."""
+    state_dir = str(Path(state_dir).expanduser())
     try:
-        return pidlock.take(Path(state_dir) / ".lock")
-    except pidlock.Held as e:
-        raise SuiteRunning(_held_message(state_dir, e.owner)) from None
+        fd = os.open(Path(state_dir) / ".lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return True                 # no suite ever started there
+    except OSError:
+        return False                # not ours to look at: its suite.json is taken as it is
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        for path in (state_file(state_dir), processes_file(state_dir)):
+            with contextlib.suppress(OSError):          # not ours to remove: still no suite runs
+                path.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _lock_owner(state_dir: str) -> str:
+    """The pid the lock of `state_dir` names: the `harness up` that took it last ("" if none)."""
+    try:
+        return (Path(state_dir) / ".lock").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _supervisor(state_dir: str) -> int | None:
+    """The pid of the `harness up` (or `harness demo`) that started the suite of `state_dir`, if it still runs
+    (None: gone, its pid now another program's, or no suite)."""
+    owner = _lock_owner(str(Path(state_dir).expanduser()))
+    argv = _cmdline(int(owner)) if owner.isdigit() else None
+    if argv and any(a in ("up", "demo") for a in argv[1:]) and \
+            any(a.endswith(("harness", "services.cli")) for a in argv):
+        return int(owner)
+    return None
+
+
+def _holds(pid: int, lock: Path) -> bool:
+    """Whether process `pid` has `lock` open (one not ours to look at: whether it runs)."""
+    target = str(lock.resolve())
+    try:
+        return any(os.readlink(fd) == target for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except PermissionError:
+        return _pid_alive(pid)
+    except OSError:                   # gone (or its fd closed while we looked)
+        return False
+
+
+def unsupervised(state_dir: str) -> str | None:
+    """What to do about the suite of `state_dir` when its services serve on without the process that started them
+    (its `harness up`, killed: kill -9, the OOM killer), which alone restarts one that exits; None while that process
+    holds the suite's lock (a program calling `start` itself included), and when no suite is up there (`addresses`
+    says that)."""
+    state_dir = str(Path(state_dir).expanduser())
+    if not state_file(state_dir).exists() or _stopped(state_dir):
+        return None
+    owner = _lock_owner(state_dir)
+    if owner.isdigit() and _holds(int(owner), Path(state_dir) / ".lock"):
+        return None
+    return (f"the suite's `harness up` (pid {owner or '?'}) has exited: its services run unsupervised, and nothing "
+            f"restarts one that exits; run `harness down --state-dir {state_dir}`, then `harness up`")
 
 
 def _held_message(state_dir: str, owner: str) -> str:
@@ -303,7 +386,7 @@ def tls_ca(state_dir: str) -> str | None:
     marker is written when a suite starts there with TLS and removed when one starts without; a stopped suite
     leaves it, but not its addresses (state_file, removed when `harness up` ends), which this needs too."""
     directory = Path(state_dir).expanduser() / "tls"
-    running = state_file(str(Path(state_dir).expanduser())).exists()
+    running = state_file(str(Path(state_dir).expanduser())).exists() and not _stopped(state_dir)
     return str(directory / tls.CA_FILE) if running and (directory / TLS_IN_USE).exists() else None
 
 
@@ -551,16 +634,19 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
 
     if free():
         return tidy(f"no suite runs from {state_dir}")
-    owner = lock.read_text().strip()
-    argv = _cmdline(int(owner)) if owner.isdigit() else None
-    if argv and any(a in ("up", "demo") for a in argv[1:]) and \
-            any(a.endswith(("harness", "services.cli")) for a in argv):
-        os.kill(int(owner), signal.SIGTERM)           # `harness up` stops its services itself
+    owner = _lock_owner(state_dir)
+    up = _supervisor(state_dir)
+    if up is not None:
+        os.kill(up, signal.SIGTERM)           # `harness up` stops its services itself
         if wait(free, timeout + 15):
             return tidy(f"stopped the suite of pid {owner} ({state_dir})")
+
     def services() -> dict[str, int]:
-        # Recorded ones, and services holding the lock that a killed `harness up` spawned but did not record yet.
-        return {**_live_services(state_dir), **_lock_holding_services(lock)}
+        # Recorded ones, and services holding the lock that a killed `harness up` spawned but did not record yet
+        # (each process once: a recorded one holds the lock too).
+        recorded = _live_services(state_dir)
+        unrecorded = {k: pid for k, pid in _lock_holding_services(lock).items() if pid not in recorded.values()}
+        return {**recorded, **unrecorded}
 
     live = services()
     for pid in live.values():
@@ -577,8 +663,8 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
 
 
 class NoSuite(SystemExit):
-    """No suite runs from the state directory (it has no suite.json): a command that needs the suite's
-    addresses says so and ends with status 1 (a SystemExit: also where it is not caught)."""
+    """No suite runs from the state directory (no suite.json, or nothing holds its lock): a command that needs the
+    suite's addresses says so and ends with status 1 (a SystemExit: also where it is not caught)."""
 
     def __init__(self, state_dir: str, hint: str = "") -> None:
         self.state_dir = state_dir
@@ -594,7 +680,10 @@ class NoSuite(SystemExit):
 
 def addresses(state_dir: str, hint: str = "") -> dict[str, str]:
     """The addresses of the services of the suite running from `state_dir` (its suite.json), NoSuite if
-    none does; `hint`: what else the caller can do, for its message."""
+    none does (also when a suite.json is left but nothing holds the lock: `_stopped`); `hint`: what else the
+    caller can do, for its message."""
+    if _stopped(state_dir):
+        raise NoSuite(state_dir, hint)
     try:
         data = json.loads(state_file(state_dir).read_text())
     except FileNotFoundError:

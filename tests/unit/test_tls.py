@@ -133,14 +133,16 @@ def test_the_suite_marks_its_tls_for_the_cli_and_unmarks_it_without(tmp_path, mo
 
     monkeypatch.setattr(suite, "spawn", fake)
     state = str(tmp_path / "state")
-    suite.stop(suite.start(state, auto_ports=True, environ={}, tls=True))
-    ca = suite.tls_ca(state)
+    running = suite.start(state, auto_ports=True, environ={}, tls=True)
+    ca = suite.tls_ca(state)                       # while it runs (holding the state directory's lock)
+    suite.stop(running)
     assert ca == str(tmp_path / "state" / "tls" / "ca.pem")
     for p in spawned:                              # every service serves with the suite's certificate and trusts it
         section = suite.SERVICES[p.service].section.upper()
         assert p.kwargs["env"][f"HARNESS_{section}_TLS_CA_FILE"] == ca, p.service
         assert p.kwargs["env"][f"HARNESS_{section}_TLS_CERT_FILE"].endswith("server.pem")
     spawned.clear()
-    suite.stop(suite.start(state, auto_ports=True, environ={}))
+    running = suite.start(state, auto_ports=True, environ={})
     assert suite.tls_ca(state) is None             # a later plaintext start: the CLI must not speak TLS to it
+    suite.stop(running)
     assert not any("TLS" in k for p in spawned for k in p.kwargs["env"])
