@@ -317,7 +317,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
 
     def _load(self) -> None:
         now = self.clock.now()
-        rows = self._active()
+        # Before the policy check: a job whose retirement was cut short is no job to refuse a start over.
+        rows = self._retire_groupless(self._active(), now)
         self._check_compatible(rows, self._queued() if self.scheduler is None else [])
         self._drop_orphans()
         self._learn_from_history()
@@ -715,7 +716,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """
         assert self.scheduler is not None
         queued = self._queue_length()
-        running = self._active()
+        running = self._retire_groupless(self._active(), now)
         if not queued and not running:
             return
         caps, waiting = self._answering(running)    # every round: silences are timed from when they began
@@ -939,7 +940,8 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         """One period: sample progress; under "throughput", run the controllers and the broker."""
         with self.lock:
             now = self.clock.now()
-            rows = self._active()
+            active = self._active()
+            rows = self._retire_groupless(active, now)
             if not rows:
                 if self.scheduler is not None:
                     self._dispatch(now)          # the period is also a timer: devices freed by other groups
@@ -948,7 +950,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             done = [r for r in rows if r.goal == DEADLINE and actions[r.id] >= r.size_actions]
             for r in done:                       # a deadline job whose size is done: retire it
                 self._finish(r.id, now)
-            decided = self.scheduler is None and bool(done or self._unapplied)
+            decided = self.scheduler is None and bool(done or self._unapplied or len(rows) < len(active))
             if decided:
                 self._rebalance(now)             # EDF's event (or its last decision again, see `_unapplied`);
                                                  # the broker below redistributes under throughput (a Hydrogen
@@ -1126,7 +1128,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 self._dispatch(now)
                 return self._job(tenant, row.id)
             job = self._qos(row)
-            rows = self._active()
+            rows = self._retire_groupless(self._active(), now)
             caps = self._caps_if_known(rows)
             if caps is None:                    # the others' devices cannot be counted: shrinking them would
                 raise Unavailable("an FPGA-server holding job groups did not answer: the job manager cannot "
@@ -1205,6 +1207,22 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 log.warning("dropping a job group no job owns", extra={"group": gid})
                 self._drop_group(gid)
 
+    def _retire_groupless(self, rows: list[FpgaJob], now: float) -> list[FpgaJob]:
+        """`rows` (active jobs) but those whose group is gone, which are retired (under the lock). A retirement cut
+        short after deleting the group (`_finish`) left such a job active for good: every decision gave it devices
+        it cannot use (its resizes refused) and the other jobs the rest. Looked at on start and before decisions:
+        the running manager meets it too, after a write that failed."""
+        ids = {r.group_id for r in rows if r.group_id}
+        with self.db.read() as s:
+            live = set(s.scalars(select(Group.id).where(Group.id.in_(ids), Group.deleted.is_(False)))) if ids else set()
+        for r in rows:
+            if r.group_id not in live:
+                log.warning("retiring an active job whose FPGA group is gone: its retirement was cut short after "
+                            "the group was deleted (the FPGA IRM stopped, or a database write failed, in between); "
+                            "it held no devices since", extra={"job": r.id, "tenant": r.tenant, "group": r.group_id})
+                self._finish(r.id, now, cut_short=True)
+        return [r for r in rows if r.group_id in live]
+
     def _drop_strays(self, tenant: str, job_id: str, keep: str) -> None:
         """Drop the live groups made for the job (request id `job:<id>` or `job:<id>:...`) other than `keep`."""
         with self.db.read() as s:
@@ -1267,8 +1285,12 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
             self._rebalance(now)
             return row
 
-    def _finish(self, job_id: str, now: float) -> FpgaJob:
-        """Retire a job (under the lock): delete its group, close its history, drop its controller."""
+    def _finish(self, job_id: str, now: float, cut_short: bool = False) -> FpgaJob:
+        """Retire a job (under the lock): delete its group, close its history, drop its controller.
+
+        The group goes first: a job recorded retired never holds devices. A retirement cut short in between (the
+        process killed, the write failing) leaves an active job without a group, which `_retire_groupless`
+        retires, `cut_short`: its end was not now, so it teaches the cost model nothing and keeps its last rate."""
         with self.db.read() as s:
             row = s.get(FpgaJob, job_id)
         if row.state == RETIRED:
@@ -1276,7 +1298,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
         self._drop_group(row.group_id)
         if self.scheduler is not None:
             self._drop_strays(row.tenant, row.id, keep=row.group_id)    # an earlier failed dispatch's, if any
-        if self.scheduler is not None and row.state == ACTIVE:
+        if self.scheduler is not None and row.state == ACTIVE and not cut_short:
             self._observe_run(row, now)        # a run to its size: the cost model learns its time
         end = max(row.observed_actions, row.reported_actions)
         t0, a0 = self._last.get(row.id, (row.registered_at, 0))
@@ -1286,7 +1308,7 @@ class JobManager(fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                   if row.allocations else []}
         # The rate over the time since the last sample, unless that is a sliver of a period and a period's
         # rate is already known (a few actions over milliseconds are no rate).
-        if now > t0 and (now - t0 >= self.config.control_period_s or not row.achieved_throughput):
+        if now > t0 and (now - t0 >= self.config.control_period_s or not row.achieved_throughput) and not cut_short:
             fields["achieved_throughput"] = (end - a0) / (now - t0)
         row = self._update(row.id, **fields)
         for d in (self._states, self._seen, self._last, self._refused):
