@@ -41,6 +41,10 @@ class Reservation(Base):
     # sha256 of the request without its request_id: a replay of the id must ask for the same ("": rows from
     # before it was recorded, replayed unchecked).
     request_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    # While pending, the CRS process placing it (owners.Owner): a restarted CRS recovers at once the rows of a
+    # process that is gone, and waits out the pending horizon only for others ("": rows from before it was
+    # recorded).
+    owner: Mapped[str] = mapped_column(String(256), default="", server_default="")
 
 
 class Compensation(Base):

@@ -27,6 +27,7 @@ from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from cross_resource_scheduler import constraints as cons
+from cross_resource_scheduler import owners
 from cross_resource_scheduler.gate import PriorityGate
 from cross_resource_scheduler.models import Compensation, Manager, Reservation
 from cross_resource_scheduler.placement import Placement, PlacementRequest, Unschedulable, schedule
@@ -86,6 +87,9 @@ _STAMP_PENDING = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.sta
 _RELEASE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
     state="released", released_at=bindparam("at")))
 _DROP_PENDING = Prepared(delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending"))
+# An active reservation's parts with their resources' addresses as their managers answer them now (Crs._current).
+_READDRESS = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
+    allocation=bindparam("alloc")))
 _C = Compensation.__table__
 # The monitor's poll (twice a second, usually finding nothing): an ORM query costs ~ms.
 _ANY_COMPENSATION = Prepared(select(_C.c.id).limit(1))
@@ -131,11 +135,32 @@ PENDING_STAMP_S = 1.0
 COMPENSATION_BACKOFF_MAX_S = 60.0
 # Rows of one manager looked at per pass (rows not yet due are skipped).
 _ROWS_PER_MANAGER = 50
+# A reservation read after its manager (re)registered asks it where the resources are now, for at most this long
+# (less when the caller's deadline is nearer: `harness run` gives GetReservation 10 s); a manager that did not
+# answer is not asked again for this long, its resources shown as last known meanwhile.
+ADDRESS_TIMEOUT_S = 2.0
+ADDRESS_RETRY_S = 5.0
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
 
 
 class _ViewChanged(Unavailable):
     """A resource a placement chose left the view before it was assumed: placing again may succeed."""
+
+
+@dataclass
+class _Whereabouts:
+    """Where one manager, since it last registered, says the resources of its parts are (an execution agent's
+    address, say): a restart may have moved them, and a manager restarting registers again (this is then
+    replaced). Its parts reserved before `since` are asked about once, when a tenant reads them; those reserved
+    since were answered by the manager as it is now."""
+
+    since: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    tenants: set[str] = field(default_factory=set)       # every active part of theirs there answered
+    parts: set[str] = field(default_factory=set)         # manager reservation ids answered (or unknown to it)
+    address: dict[str, str] = field(default_factory=dict)  # resource id -> address
+    silent_until: float = -math.inf                      # the CRS clock's; not asked again before then
+    silence: str = ""                                    # why it was not asked / did not answer
 
 
 @dataclass(slots=True)
@@ -153,6 +178,7 @@ class ReservationRow:
     allocation: bytes
     notes: list[str]
     request_hash: str = ""
+    owner: str = ""
 
 
 @dataclass
@@ -357,6 +383,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # an identical request sent to each would pick the same host and one be refused), unless `seed` makes them
         # repeat.
         self._salt = config.seed or random.SystemRandom().getrandbits(64)
+        # Named in the rows this process leaves pending while it places them (see owners.py).
+        self.owner = owners.this_process()
+        self._whereabouts: dict[str, _Whereabouts] = {}
+        self._whereabouts_lock = threading.Lock()
+        # A manager not registered since this process started may have moved before: parts older are asked about.
+        self._started_at = self.clock.now()
         self._stop = threading.Event()
         self._kick = threading.Event()
         # Liveness and compensation on threads of their own: a compensation pass waits on managers (up to
@@ -414,8 +446,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
         # A pending row is a crash's leftover only once no live process can still be placing it: a restart may
-        # overlap the old process winding down (its Reserves still delegating). Older rows are recovered now,
-        # the others once that long has passed, if still pending then.
+        # overlap the old process winding down (its Reserves still delegating). Rows older than that, or whose
+        # owner is provably gone (a crash on this machine), are recovered now; the others once that long has
+        # passed, if still pending then.
         started = self.clock.now()
         if self._recover(before=started - self._pending_horizon_s()):
             threading.Thread(target=self._recover_later, args=(started,), name="recover-pending",
@@ -499,16 +532,21 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 log.exception("could not recover reservations left pending")
 
     def _recover(self, before: float = math.inf) -> int:
-        """Reservations left pending by a crash (created before `before`): give back whatever any IRM holds
-        for them. Returns how many pending rows were younger, left for later."""
+        """Reservations left pending by a crash (created before `before`, or whose owner is gone): give back
+        whatever any IRM holds for them. Returns how many pending rows were left for later (younger, of an owner
+        that may be placing them still)."""
         with self.db.read() as s:
             rows = list(s.scalars(select(Reservation).where(Reservation.state == "pending")))
-        pending = [r for r in rows if r.created_at < before]
-        for r in pending:
-            self._recover_one(r.id, r.tenant)
-        return len(rows) - len(pending)
+        left = 0
+        for r in rows:
+            why = owners.gone(r.owner, self.owner)
+            if r.created_at < before or why:
+                self._recover_one(r.id, r.tenant, why or "pending longer than a Reserve takes")
+            else:
+                left += 1
+        return left
 
-    def _recover_one(self, res_id: str, tenant: str) -> bool:
+    def _recover_one(self, res_id: str, tenant: str, why: str = "") -> bool:
         """Give back what any IRM holds for the pending reservation `res_id`, and drop it; False if it is no
         longer pending (its Reserve activated it, or dropped it, since it was read)."""
         with self.db.read() as s:
@@ -529,7 +567,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return True
         if not self.db.transact(run):
             return False
-        log.warning("recovered a reservation left pending", extra={"reservation": res_id})
+        log.warning("recovered a reservation left pending", extra={"reservation": res_id, "why": why})
         self._kick.set()
         return True
 
@@ -949,7 +987,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         content = request_hash(request)
         claim = dict(id=res_id, tenant=tenant, request_id=request.request_id, state="pending",
                      priority=request.priority, price_per_minute=0.0, created_at=self.clock.now(),
-                     released_at=0.0, allocation=b"", notes=[], request_hash=content)
+                     released_at=0.0, allocation=b"", notes=[], request_hash=content, owner=str(self.owner))
         try:
             # The unique (tenant, request_id) index makes the claim the idempotency check.
             self.db.execute(_CLAIM, claim)
@@ -960,7 +998,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             if existing.request_hash and existing.request_hash != content:
                 # Answering with the first reservation would hand the client something it did not ask for.
                 raise reused_request_id() from None
-            return self._existing(existing)
+            return self._existing(existing, context)
         try:
             return self._reserve(tenant, res_id, claim["created_at"], request, req)
         except BaseException:
@@ -971,15 +1009,19 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         rows = self.db.fetch(_BY_REQUEST, {"tenant": tenant, "req": request_id})
         return ReservationRow(**rows[0]) if rows else None
 
-    def _existing(self, r: ReservationRow) -> irm_pb2.Reservation:
+    def _existing(self, r: ReservationRow, context=None) -> irm_pb2.Reservation:  # noqa: ANN001
         if r.state == "pending":
-            if r.created_at < self.clock.now() - self._pending_horizon_s() and self._recover_one(r.id, r.tenant):
-                # Pending longer than a live Reserve can take (its own clean-up failed, say, on a database that
-                # failed): a leftover. Its parts go back; the retry after this one places afresh.
-                raise Aborted(f"reservation for request_id {r.request_id!r} was left pending by a Reserve that "
-                              "failed; what it held is being given back: retry", retry_after_s=RETRY_LATER_S)
+            # Its owner gone (the CRS that placed it crashed, and this one was started on its machine), or
+            # pending longer than a live Reserve can take (its own clean-up failed, say, on a database that
+            # failed): a leftover. Its parts go back; the retry after this one places afresh.
+            why = owners.gone(r.owner, self.owner)
+            old = r.created_at < self.clock.now() - self._pending_horizon_s()
+            if (why or old) and self._recover_one(r.id, r.tenant, why or "pending longer than a Reserve takes"):
+                said = f"left pending because {why}" if why else "left pending by a Reserve that failed"
+                raise Aborted(f"reservation for request_id {r.request_id!r} was {said}; what it held is being "
+                              "given back: retry", retry_after_s=RETRY_LATER_S)
             raise Aborted(f"reservation for request_id {r.request_id!r} is still being placed; retry shortly")
-        return self._to_proto(r)
+        return self._current(r.tenant, [r], context)[0]
 
     def _reserve(self, tenant: str, res_id: str, created_at: float, request: irm_pb2.ReserveRequest,
                  req: PlacementRequest) -> irm_pb2.Reservation:
@@ -1199,6 +1241,126 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         out.notes[:] = list(r.notes or [])
         return out
 
+    # -- where the resources are -------------------------------------------
+    def _where(self, manager: str) -> _Whereabouts:
+        with self._whereabouts_lock:
+            w = self._whereabouts.get(manager)
+            if w is None:
+                w = self._whereabouts[manager] = _Whereabouts(since=self._started_at)
+            return w
+
+    def _moved(self, manager: str) -> None:
+        """`manager` registered (again): what it said before about where its resources are may be out of date."""
+        with self._whereabouts_lock:
+            self._whereabouts[manager] = _Whereabouts(since=self.clock.now())
+
+    def _current(self, tenant: str, rows: list, context=None) -> list[irm_pb2.Reservation]:  # noqa: ANN001
+        """`rows` (the tenant's) as the tenant reads them: the addresses of active reservations' resources as
+        their managers give them now. The CRS records a part's addresses when it is reserved, and a manager that
+        restarted since (its agent on another port) gives others: a part reserved before its manager last
+        registered (or before this CRS started) is asked about once per registration -- the one part, or the
+        tenant's every part there (one List, not a call per reservation). A manager that does not answer leaves
+        its resources' addresses as last known, with a note saying so."""
+        outs = [self._to_proto(r) for r in rows]
+        where: dict[str, _Whereabouts] = {}
+        unknown: dict[str, set[str]] = defaultdict(set)     # manager -> its parts not asked about since it registered
+        for r, out in zip(rows, outs, strict=True):
+            if r.state != "active":
+                continue
+            for g in out.groups:
+                if g.manager and g.manager_reservation_id and any(x.address for x in g.resources):
+                    if g.manager not in where:
+                        where[g.manager] = self._where(g.manager)
+                    w = where[g.manager]
+                    if (r.created_at < w.since and tenant not in w.tenants
+                            and g.manager_reservation_id not in w.parts):
+                        unknown[g.manager].add(g.manager_reservation_id)
+        silent = {m: why for m, parts in unknown.items() if (why := self._ask_where(m, where[m], tenant, parts,
+                                                                                     context))}
+        for r, out in zip(rows, outs, strict=True):
+            if r.state != "active":
+                continue
+            changed, unconfirmed = False, set()
+            for g in out.groups:
+                if g.manager not in where:
+                    continue
+                if g.manager in silent and g.manager_reservation_id in unknown[g.manager]:
+                    unconfirmed.add(g.manager)
+                    continue
+                for x in g.resources:
+                    now = where[g.manager].address.get(x.id)
+                    if now and now != x.address:
+                        x.address, changed = now, True
+            for m in sorted(unconfirmed):
+                out.notes.append(f"{m}: the addresses of its resources are as last known ({silent[m]}); if one "
+                                 f"cannot be reached, read the reservation again once {m} is up")
+            if changed:
+                self._readdress(r.id, out)
+        return outs
+
+    def _ask_where(self, manager: str, w: _Whereabouts, tenant: str, parts: set[str],
+                   context) -> str:  # noqa: ANN001
+        """Ask `manager` where the resources of `tenant`'s `parts` there are now (into `w`, its _Whereabouts);
+        "" once it answered, else why not."""
+        with w.lock:                      # a burst of reads after a restart asks once
+            parts = {p for p in parts if p not in w.parts}
+            if tenant in w.tenants or not parts:
+                return ""
+            if self.clock.now() < w.silent_until:
+                return w.silence
+            state = self.registry.get(manager)
+            if state is None or not state.up:
+                return "the manager is down" if state is not None else "the manager is not registered"
+            # Within the caller's deadline, with time left to answer it.
+            left = context.time_remaining() if context is not None else None
+            deadline = time.monotonic() + min(ADDRESS_TIMEOUT_S, math.inf if left is None else max(0.0, left - 0.5))
+            stub = state.stub()
+            try:
+                if len(parts) == 1:
+                    [part] = parts
+                    try:
+                        answers = [stub.GetReservation(irm_pb2.GetReservationRequest(
+                            tenant=tenant, reservation_id=part), timeout=max(0.01, deadline - time.monotonic()))]
+                    except grpc.RpcError as e:
+                        if e.code() != grpc.StatusCode.NOT_FOUND:
+                            raise
+                        answers = []      # it holds nothing under that id: nothing of it to show anew
+                    w.parts.add(part)
+                else:
+                    answers, token = [], ""
+                    while True:
+                        page = stub.ListReservations(irm_pb2.ListReservationsRequest(
+                            tenant=tenant, page_size=paging.MAX_PAGE_SIZE, page_token=token),
+                            timeout=max(0.01, deadline - time.monotonic()))
+                        answers.extend(page.reservations)
+                        w.parts.update(x.id for x in page.reservations)
+                        token = page.next_page_token
+                        if not token:
+                            break
+                    w.tenants.add(tenant)
+            except grpc.RpcError as e:
+                w.silent_until = self.clock.now() + ADDRESS_RETRY_S
+                w.silence = f"{manager} did not answer ({e.code().name})"
+                log.info("could not ask a manager where its resources are", extra={
+                    "manager": manager, "code": str(e.code())})
+                # Its answers of earlier pages stand (they are this registration's).
+                return w.silence
+            for res in answers:
+                for g in res.groups:
+                    for x in g.resources:
+                        if x.address:
+                            w.address[x.id] = x.address
+            return ""
+
+    def _readdress(self, res_id: str, out: irm_pb2.Reservation) -> None:
+        """Record the addresses a manager gave anew: the next read while it does not answer shows these."""
+        try:
+            self.db.execute(_READDRESS, {"rid": res_id,
+                                         "alloc": irm_pb2.Reservation(groups=out.groups).SerializeToString()})
+        except Exception:  # noqa: BLE001 - a read still answers; the next one records them
+            log.warning("could not record a reservation's new addresses", exc_info=True,
+                        extra={"reservation": res_id})
+
     def _get(self, tenant: str, reservation_id: str) -> ReservationRow:
         rows = self.db.fetch(_BY_ID, {"rid": reservation_id})
         if not rows or rows[0]["state"] == "pending":
@@ -1213,7 +1375,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             if not request.reservation_id:
                 raise InvalidArgument.of("reservation_id", "required: the id Reserve answered with (or give "
                                                            "request_id instead)")
-            return self._to_proto(self._get(tenant, request.reservation_id))
+            return self._current(tenant, [self._get(tenant, request.reservation_id)], context)[0]
         if key == "request_id":
             if not request.request_id:
                 raise InvalidArgument.of("request_id", "required: the request_id the reservation was made with "
@@ -1221,7 +1383,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             r = self._find(tenant, request.request_id)
             if r is None or r.state == "pending":
                 raise NotFound(f"no reservation of this tenant has request id {request.request_id!r}")
-            return self._to_proto(r)
+            return self._current(tenant, [r], context)[0]
         raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
 
     def ListReservations(self, request, context):  # noqa: N802
@@ -1231,7 +1393,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             rows, token = paging.page(s, select(Reservation).where(Reservation.tenant == tenant,
                                                                     Reservation.state.in_(states)),
                                       [Reservation.id], request.page_size, request.page_token)
-        return irm_pb2.ListReservationsResponse(reservations=[self._to_proto(r) for r in rows], next_page_token=token)
+        return irm_pb2.ListReservationsResponse(reservations=self._current(tenant, rows, context),
+                                                next_page_token=token)
 
     def ReleaseReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
@@ -1363,6 +1526,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 row.address, row.resource_types = request.address, list(request.resource_types)
         self.db.transact(upsert)
         self.registry.register(request.name, request.address, list(request.resource_types))
+        # After the registry has its new address: a read in between asks there, into what this replaces.
+        self._moved(request.name)
         log.info("manager registered", extra={"manager": request.name, "address": request.address})
         return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
 
