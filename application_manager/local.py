@@ -21,7 +21,10 @@ Failures that are not the configuration's doing -- the CRS refusing for now (no 
 lost with its agent, a cancelled run -- are observations marked `transient`: recorded, never measurements.
 
 A run reserves under the caller's `request_id` (the service derives it from the session or execution), so a
-reservation an AM that died left behind is found by its request id and released when it starts again.
+reservation an AM that died left behind is found by its request id and released when it starts again. A
+reservation the run could not release (the CRS away or slow as it ended), or a Reserve whose answer was lost (the
+CRS may have placed it), is handed to `release_later` (`Unreleased`): the service keeps it and releases it once
+the CRS answers.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import shlex
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +47,7 @@ from application_manager.profilers.base import BENCHMARK, Observation, Proposal
 from application_manager.space import IMPLEMENTATION, Space
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
 from services import client, tenants
-from services.errors import retry_delay_s
+from services.errors import error_info, retry_delay_s
 
 log = logging.getLogger(__name__)
 CANCELLED = "cancelled: the client cancelled or its deadline passed"
@@ -51,6 +55,12 @@ CANCELLED = "cancelled: the client cancelled or its deadline passed"
 # FAILED_PRECONDITION ("never fits", proven) and INVALID_ARGUMENT are the configuration's own and stay failures.
 TRANSIENT_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
                              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
+# A Reserve that failed so without the CRS's considered answer (no ErrorInfo: the connection lost, the deadline
+# passed) may have been placed all the same: the CRS commits before it answers.
+RESERVE_IN_DOUBT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                              grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN})
+# How gRPC fails a call it could not send: no connection to the server could be made.
+_NEVER_SENT = "failed to connect to all addresses"
 # Quote refusals that hold for as long as the datacenter's make-up does: the configuration is priced out.
 PERMANENT_QUOTE_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION})
 # How often a wait looks at the cancellation flag: how late, at most, a cancelled run starts stopping.
@@ -75,6 +85,14 @@ def never_quoted(e: grpc.RpcError) -> bool:
     return e.code() in PERMANENT_QUOTE_CODES and retry_delay_s(e) is None
 
 
+def reserve_in_doubt(e: grpc.RpcError) -> bool:
+    """Whether a failed Reserve may have reserved all the same (RESERVE_IN_DOUBT). The CRS's own refusals say why
+    (ErrorInfo): it answers them once its claim on the request id is dropped, nothing held. A channel that could
+    not connect failed the call before sending it (the CRS down, for as long as it restarts)."""
+    return (e.code() in RESERVE_IN_DOUBT and error_info(e) is None
+            and not (e.code() == grpc.StatusCode.UNAVAILABLE and _NEVER_SENT in (e.details() or "")))
+
+
 def run_cost(exited: agent_pb2.ExecutionExited, live_cost: float) -> float:
     """What a run cost: a replaying agent knows what the measured run cost (0 included: a free run), a live run
     costs its reservation (`live_cost`). An agent from before `replayed` says a replay only by a cost above 0."""
@@ -92,6 +110,23 @@ def transient_error(error: str) -> bool:
             return code in {c.name for c in TRANSIENT_CODES} or (prefix == _TRANSIENT_PREFIXES[2] and code not in known)
     return (error.startswith("cancelled: ") or error.startswith("stopped: ") or error in ENDED_FROM_OUTSIDE
             or error.startswith(MACHINE_OUT_OF_MEMORY))
+
+
+def cloud_away(o: Observation) -> bool:
+    """Whether a transient failure was the cloud's as a whole -- the CRS, a manager or an agent away or slow, the run
+    lost -- so that the same configuration is worth running again once it is back. Not when the CRS had no room for
+    it (RESOURCE_EXHAUSTED): others may fit meanwhile, and a later session tries it again."""
+    return o.transient and not o.error.startswith("could not reserve: RESOURCE_EXHAUSTED")
+
+
+@dataclass(frozen=True)
+class Unreleased:
+    """A reservation a run may have left at the CRS: `reservation_id` when its release failed; without it, a Reserve
+    in doubt (`reserve_in_doubt`) under `request_id`, whose `request` a retry repeats to learn what the CRS holds."""
+    tenant: str
+    request_id: str
+    reservation_id: str = ""
+    request: irm_pb2.ReserveRequest | None = None
 
 
 @dataclass
@@ -132,7 +167,8 @@ class LocalBackend:
     def __init__(self, crs_address: str, tenant: str, manifest: Manifest, space: Space,
                  parameters: dict[str, Any], app_dir: str, python: str, timeout_s: float,
                  cancelled: threading.Event | None = None, cancel_reason: str = CANCELLED,
-                 delegation_token: str = "", tenant_token: str = "") -> None:
+                 delegation_token: str = "", tenant_token: str = "",
+                 release_later: Callable[[Unreleased], None] | None = None) -> None:
         # The delegation token goes with every call to the CRS and the agents: they take the AM's calls for its
         # tenants (services.tenants), whatever tenant tokens they check. The tenant's own
         # token (of the call that asked for the runs, if it sent one) goes to the application, which acts as its
@@ -152,6 +188,9 @@ class LocalBackend:
         self.cancelled = cancelled
         # What a cancelled run's error says: the caller went away (an execution) or profiling was stopped.
         self.cancel_reason = cancel_reason
+        # Where a reservation the run could not release goes, to be released later (by the service, which keeps
+        # it across restarts); without it, it is only logged.
+        self.release_later = release_later
 
     def implementation(self, config: dict[str, Any]) -> Implementation | Variant:
         name = config.get(IMPLEMENTATION)
@@ -252,13 +291,16 @@ class LocalBackend:
         rid = request_id or f"am-{uuid.uuid4().hex[:16]}"
         if self._is_cancelled():
             return self._cancelled_detail(proposal, None, None)
+        reserve = irm_pb2.ReserveRequest(tenant=self.tenant, request_id=rid, groups=groups, constraints=constraints)
         try:
-            res = self.crs.Reserve(irm_pb2.ReserveRequest(tenant=self.tenant, request_id=rid, groups=groups,
-                                                          constraints=constraints), timeout=60)
+            res = self.crs.Reserve(reserve, timeout=60)
         except grpc.RpcError as e:
+            if reserve_in_doubt(e):
+                # The session goes on under new request ids: what the CRS may hold under this one is released later.
+                self._release_later(Unreleased(self.tenant, rid, request=reserve), e)
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
                                          error=f"could not reserve: {e.code().name}: {e.details()}",
-                                         transient=e.code() in TRANSIENT_CODES))
+                                         transient=e.code() in TRANSIENT_CODES, retry_after_s=retry_delay_s(e)))
         services: list[_ModuleRun] = []
         t0 = time.monotonic()
         try:
@@ -339,7 +381,20 @@ class LocalBackend:
                 self.crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=self.tenant,
                                                                               reservation_id=res.id), timeout=30)
             except grpc.RpcError as e:
-                log.warning("release failed", extra={"reservation": res.id, "code": str(e.code())})
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    self._release_later(Unreleased(self.tenant, rid, res.id), e)
+
+    def _release_later(self, left: Unreleased, e: grpc.RpcError) -> None:
+        log.warning("could not release a run's reservation now" if left.reservation_id else
+                    "a Reserve failed without an answer: the CRS may hold a reservation under its request id",
+                    extra={"reservation": left.reservation_id, "request_id": left.request_id, "code": str(e.code()),
+                           "kept": self.release_later is not None})
+        if self.release_later is not None:
+            try:
+                self.release_later(left)
+            except Exception:  # noqa: BLE001 - a run's outcome stands; the log above names what to release
+                log.exception("could not keep a reservation to release later: release it at the CRS",
+                              extra={"reservation": left.reservation_id, "request_id": left.request_id})
 
     def _start(self, part: Implementation, res: irm_pb2.Reservation, config: dict[str, Any], input: str,
                env_common: dict[str, str], addresses: dict[str, str], limit: float) -> _ModuleRun:

@@ -10,6 +10,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -130,3 +131,21 @@ class Execution(Base):
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # As Session.release_pending.
     release_pending: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class Release(Base):
+    """A reservation a run may have left at the CRS: its release failed (the CRS away or slow as the run ended), or
+    its Reserve failed without an answer (the CRS may have placed it). Every sweep, in any AM process, tries again
+    until the CRS confirms nothing is held under it, then deletes the row. Its request id is the ended run's own:
+    no run in progress reserves under it."""
+    __tablename__ = "am_releases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    request_id: Mapped[str] = mapped_column(String(128))
+    # Known when the release failed; empty for a Reserve in doubt, until a retry of it answers.
+    reservation_id: Mapped[str] = mapped_column(String(64), default="")
+    # The Reserve in doubt (a serialized harness.v1.ReserveRequest): repeated under its request id, the CRS answers
+    # with what it placed, says it is still placing it (ABORTED), or places it now (released at once).
+    reserve_request: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from sqlalchemy import delete as sql_delete
 from sqlalchemy import func
 from sqlalchemy import select as sql_select
 from sqlalchemy import update as sql_update
@@ -35,11 +36,11 @@ from sqlalchemy.orm import Session as DbSession
 
 from application_manager import models as m
 from application_manager import owners
-from application_manager.local import LocalBackend, transient_error
+from application_manager.local import TRANSIENT_CODES, LocalBackend, Unreleased, cloud_away, transient_error
 from application_manager.manifest import Manifest, _get, parse_manifest
 from application_manager.model import Point, pareto, select
 from application_manager.profilers import BENCHMARK, PRODUCTION, PROFILERS, History, Observation, Proposal
-from application_manager.runner import StopRules, profile
+from application_manager.runner import Patience, StopRules, profile
 from application_manager.slo import Slo, parse_slo
 from application_manager.space import Space, from_manifest
 from harness.v1 import application_manager_pb2 as pb
@@ -61,6 +62,7 @@ from services.errors import (
     ResourceExhausted,
     Unavailable,
     Violations,
+    error_info,
     owned,
     require_tenant,
 )
@@ -153,6 +155,13 @@ class AppManagerConfig(TlsSettings):
     # Sent with the calls the AM makes at the CRS and the agents for its tenants (services.tenants), whose
     # delegation_sha256 is its digest; only with a tenants_file.
     delegation_token: str = ""
+    # A profiling run that failed through no fault of its configuration (the CRS or a manager away, no room for
+    # now) does not count against the session's max_runs: the next run waits transient_backoff_s, doubled after
+    # each such failure in a row up to transient_backoff_max_s (longer if the CRS asks to), and a session whose
+    # runs have failed so for transient_give_up_s ends FAILED, saying why (runner.Patience).
+    transient_backoff_s: float = 0.5
+    transient_backoff_max_s: float = 30.0
+    transient_give_up_s: float = 300.0
 
 
 @dataclass
@@ -249,6 +258,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 and 1 <= config.max_long_calls <= MAX_LONG_CALLS):
             raise ValueError(f"max_long_calls {config.max_long_calls!r}: a whole number of calls (ExecuteApplication "
                              f"and StartProfiling in progress at once), 1 to {MAX_LONG_CALLS}")
+        for name in ("transient_backoff_s", "transient_backoff_max_s", "transient_give_up_s"):
+            value = getattr(config, name)
+            if not (math.isfinite(value) and 0 <= value <= MAX_RUN_TIMEOUT_S):
+                raise ValueError(f"{name} {value!r}: seconds, 0 to {MAX_RUN_TIMEOUT_S:g}")
         self.config = config
         self.clock = clock or WallClock()
         self.owner = owners.new_owner()
@@ -296,7 +309,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
     def _sweep(self) -> None:
         """Sessions and executions whose AM process is gone (`owners.gone`) end as interrupted, and the
-        reservations their runs left are released -- those of earlier sweeps too, until the CRS confirms."""
+        reservations their runs left are released -- those of earlier sweeps too, until the CRS confirms -- as
+        are those ended runs could not release (`_release_kept`)."""
         def fix(s) -> None:  # type: ignore[no-untyped-def]
             for row in s.scalars(sql_select(m.Session).where(m.Session.state == "running")).all():
                 if (why := self._gone(row.owner, row.heartbeat_at)) is not None:
@@ -310,6 +324,76 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                     state="failed", error=why, ended_at=self.clock.now(), release_pending=True))
         self.db.transact(fix)
         self._release_pending()
+        self._release_kept()
+
+    def _release_later(self, left: Unreleased) -> None:
+        """Keep what a run may have left reserved (LocalBackend.release_later) for the sweeps to release: in the
+        database, so that neither a restart nor the CRS staying away for a while loses it."""
+        row = m.Release(tenant=left.tenant, request_id=left.request_id, reservation_id=left.reservation_id,
+                        reserve_request=None if left.request is None else
+                        left.request.SerializeToString(deterministic=True), created_at=self.clock.now())
+        self.db.transact(lambda s: s.add(row))
+
+    def _release_kept(self) -> None:
+        """Release what ended runs may have left at the CRS (`m.Release`), each forgotten once the CRS confirms
+        nothing is held under it; a CRS out of reach ends the pass, any other refusal leaves that one (the next
+        sweep tries again). Only ended runs' request ids are kept, so nothing a run in progress holds is released."""
+        with self.db.read() as s:
+            rows = list(s.scalars(sql_select(m.Release).order_by(m.Release.id)))
+        for row in rows:
+            try:
+                done = self._release_one(row)
+            except grpc.RpcError as e:
+                log.warning("could not release a reservation a run left: the next sweep tries again (or release it "
+                            "at the CRS: ReleaseReservation)",
+                            extra={"tenant": row.tenant, "request_id": row.request_id,
+                                   "reservation": row.reservation_id, "code": str(e.code()),
+                                   "crs": self.config.crs_address})
+                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return
+                continue
+            if done:
+                self.db.transact(lambda s, rid=row.id: s.execute(sql_delete(m.Release).where(m.Release.id == rid)))
+                log.info("released a reservation a run had left", extra={"request_id": row.request_id})
+
+    def _release_one(self, row: m.Release) -> bool:
+        """Whether nothing is held under `row` at the CRS any more (released now, or never placed); False while its
+        Reserve is still being placed. RpcError: the CRS did not answer."""
+        reservation_id = row.reservation_id
+        if not reservation_id:
+            try:
+                held = self.crs.GetReservation(irm_pb2.GetReservationRequest(tenant=row.tenant,
+                                                                             request_id=row.request_id), timeout=10)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                # Never placed, or still being placed (a pending reservation is not found): the Reserve repeated
+                # under its request id tells which -- the CRS answers with the one it placed, ABORTED while it
+                # places it, or places it now (released below).
+                try:
+                    # Cut short, it is only in doubt again: the next sweep finds what it placed.
+                    held = self.crs.Reserve(irm_pb2.ReserveRequest.FromString(row.reserve_request or b""),
+                                            timeout=30)
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.ABORTED:
+                        return False
+                    if e.code() in TRANSIENT_CODES and error_info(e) is None:
+                        raise
+                    # Refused, saying why: the CRS answers so once its claim on the request id is dropped.
+                    return True
+            if held.state != irm_pb2.Reservation.STATE_ACTIVE:
+                return True
+            reservation_id = held.id
+            # Found: a release that fails below is tried again by its id.
+            self.db.transact(lambda s: s.execute(sql_update(m.Release).where(m.Release.id == row.id).values(
+                reservation_id=reservation_id)))
+        try:
+            self.crs.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=row.tenant,
+                                                                          reservation_id=reservation_id), timeout=30)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+        return True
 
     def _release_pending(self, session_ids: set[str] | None = None) -> None:
         """Release at the CRS what the runs of rows marked `release_pending` (ended as interrupted) left reserved,
@@ -522,7 +606,8 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
         slo = slo or loaded.slo
         b = LocalBackend(self.config.crs_address, loaded.app.tenant, loaded.manifest, loaded.space, slo.parameters,
                          loaded.app.app_dir, self.python, self.config.run_timeout_s, cancelled,
-                         delegation_token=self.config.delegation_token, tenant_token=tenant_token)
+                         delegation_token=self.config.delegation_token, tenant_token=tenant_token,
+                         release_later=self._release_later)
         if cancel_reason:
             b.cancel_reason = cancel_reason
         return b
@@ -988,9 +1073,13 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 runner.publish(pb.ProfilingEvent(session=self._session_pb(srow), run=self._run_pb(loaded, run),
                                                  frontier_size=frontier_size))
 
+            patience = Patience(self.config.transient_backoff_s, self.config.transient_backoff_max_s,
+                                self.config.transient_give_up_s)
+            # The wait between transient failures ends as soon as the session is stopped.
             obs, why = profile(prof, execute, StopRules(row.max_runs, request.max_cost, request.max_duration_s),
                                clock=self.clock, stopped=lambda: runner.stop.is_set() or bool(ended_by),
-                               on_run=on_run, observed=before)
+                               on_run=on_run, observed=before, patience=patience, wait=runner.stop.wait,
+                               again=cloud_away)
             if why == "stopped" and ended_by and not runner.stop.is_set():
                 why = ended_by
             if unrun is not None:
@@ -1000,9 +1089,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             fit = getattr(prof, "fit", None)
             if preds or fit:
                 frontier_size = len(self._refresh_model(loaded, preds, fit))
-            state = "stopped" if why == "stopped" else "done"
+            state = {"stopped": "stopped", "transient": "failed"}.get(why, "done")
             # A profiler that ended short of its runs says why (e.g. no benchmark run to extrapolate from).
             message = prof.ended if why == "exhausted" and prof.ended else why
+            if why == "transient":
+                message = self._gave_up(obs[offset:], patience)
             if prof.note:
                 message = f"{message}; {prof.note}"
             log.info("profiling ended", extra={"session": sid, "why": why, "runs": len(obs) - offset})
@@ -1027,6 +1118,17 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                 self._sessions.pop(sid, None)
             runner.done.set()
             runner.publish(pb.ProfilingEvent(session=self._session_pb(srow), frontier_size=frontier_size), final=True)
+
+    @staticmethod
+    def _gave_up(obs: list[Observation], patience: Patience) -> str:
+        """Why a session ended on runs that failed through no fault of their configuration, one after another."""
+        streak = len(obs) - next((i + 1 for i in range(len(obs) - 1, -1, -1) if not obs[i].transient), 0)
+        measured = sum(1 for o in obs if not o.transient)
+        return (f"transient: the last {streak} run(s) in a row failed through no fault of their configuration (the "
+                f"CRS or a resource manager away, or no room), and the session waits at most "
+                f"{patience.give_up_s:g} s or {patience.max_in_row} runs for the cloud to come back (the last: "
+                f"{obs[-1].error[:300] if obs else 'none'}); {measured} run(s) were measured and are in the "
+                "model: profile again once the cloud can run them")
 
     def StopProfiling(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

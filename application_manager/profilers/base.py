@@ -37,6 +37,8 @@ class Observation:
     # kept for audit, but no evidence about the configuration -- never a point of the model, and not "seen" by a
     # later session, which may try it again.
     transient: bool = False
+    # How long the CRS asked to wait before trying again (its RetryInfo), when it refused for now.
+    retry_after_s: float | None = None
 
     @property
     def measured(self) -> bool:
