@@ -93,6 +93,15 @@ _READDRESS = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state =
 _C = Compensation.__table__
 # The monitor's poll (twice a second, usually finding nothing): an ORM query costs ~ms.
 _ANY_COMPENSATION = Prepared(select(_C.c.id).limit(1))
+# A Release records its parts for the compensator in the transaction that marks the reservation released, and
+# forgets each part once its manager gave it back (Crs.ReleaseReservation).
+_COMPENSATE = Prepared(insert(_C), columns=["manager", "tenant", "irm_request_id", "created_at", "attempts",
+                                            "in_doubt", "next_try_at"])
+_FORGET_PART = Prepared(delete(_C).where(_C.c.manager == bindparam("manager"), _C.c.tenant == bindparam("tenant"),
+                                         _C.c.irm_request_id == bindparam("rid"), _C.c.created_at == bindparam("at")))
+_DUE_NOW = Prepared(update(_C).where(_C.c.manager == bindparam("manager"), _C.c.tenant == bindparam("tenant"),
+                                     _C.c.irm_request_id == bindparam("rid"), _C.c.created_at == bindparam("at"))
+                    .values(next_try_at=bindparam("now")))
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
 DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
@@ -1403,15 +1412,38 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         r = self._get(tenant, request.reservation_id)
         if r.state == "released":
             return self._to_proto(r)
-        parts = {(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups}
-        for manager, irm_id in sorted(parts):
-            if not self._release_part(manager, tenant, irm_id):
-                # Which attempt placed it is not kept: ask for each (the others hold nothing). The manager did not
-                # answer just now: the ids are remembered for the compensator, not each waited on here.
-                for rid in part_request_ids(r.id, manager, self._attempts()):
-                    self._remember(manager, tenant, rid)
+        parts = sorted({(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups})
+        # Which attempt placed a part is not kept: its manager is asked for each (the others hold nothing).
+        rids = {m: part_request_ids(r.id, m, self._attempts()) for m, _ in parts}
         now = self.clock.now()
-        self.db.execute(_RELEASE, {"rid": r.id, "at": now})
+        # Marked released and its parts recorded for the compensator in one transaction, before any manager is
+        # asked: a CRS that dies in between leaves neither a reservation shown active whose parts are gone nor
+        # parts held that no one will give back. Not due while this call gives them back itself.
+        grace = now + len(parts) * self.config.irm_timeout_s + PENDING_SLACK_S
+        rows = [dict(manager=m, tenant=tenant, irm_request_id=rid, created_at=now, attempts=0, in_doubt=False,
+                     next_try_at=grace) for m, _ in parts for rid in rids[m]]
+
+        def mark(conn) -> int:  # type: ignore[no-untyped-def]
+            n = _RELEASE.execute(conn, {"rid": r.id, "at": now})
+            if n:
+                _COMPENSATE.executemany(conn, rows)
+            return n
+
+        if not self.db.run(mark):
+            return self._to_proto(self._get(tenant, r.id))   # released meanwhile by another call
+        for manager, irm_id in parts:
+            keys = [{"manager": manager, "tenant": tenant, "rid": rid, "at": now, "now": now} for rid in rids[manager]]
+            given_back = self._release_part(manager, tenant, irm_id)
+            try:
+                # Given back: nothing left for the compensator. Else (the manager did not answer just now) it asks
+                # again at once, not each id waited on here.
+                self.db.run(lambda conn, k=keys, done=given_back: (_FORGET_PART if done else _DUE_NOW)
+                            .executemany(conn, k))
+            except Exception:  # noqa: BLE001 - released all the same; the compensator finds the rows in time
+                log.warning("could not update a released part's compensation rows", exc_info=True,
+                            extra={"reservation": r.id, "manager": manager})
+            if not given_back:
+                self._kick.set()
         r.state, r.released_at = "released", now
         return self._to_proto(r)
 

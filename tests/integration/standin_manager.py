@@ -3,7 +3,7 @@
 It stands for a manager that hangs or is slow, which a real one cannot be made to do. Knobs (argv[1], JSON):
 name, crs (address), port_file (written with its address once serving), type, units (the host's capacity),
 hb (heartbeat interval), reserve_delay (s Reserve sleeps before committing, ignoring the deadline: it commits
-after the caller gave up), get_delay (s GetReservation sleeps), release_unavailable (ReleaseReservation
+after the caller gave up), get_delay (s GetReservation sleeps), release_delay (s ReleaseReservation sleeps before it releases), release_unavailable (ReleaseReservation
 answers UNAVAILABLE), watch_error (WatchCapacity fails FAILED_PRECONDITION with this message). It has no ReserveBatch (UNIMPLEMENTED): the CRS sends it one Reserve per request.
 
 `Standin` starts one as its own process and kills it.
@@ -170,6 +170,7 @@ class Rm(irm_pb2_grpc.ResourceManagerServicer):
 
     def ReleaseReservation(self, request, context):  # noqa: N802
         log("ReleaseReservation", request.reservation_id)
+        time.sleep(float(self.cfg.get("release_delay", 0)))
         if self.cfg.get("release_unavailable"):
             context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in refuses releases")
         with self.lock:
