@@ -958,8 +958,10 @@ class LocalExecution:
             for p in alive:
                 try:
                     p_rss, p_pss = _rss_pss_bytes(p)
+                except psutil.NoSuchProcess:     # ZombieProcess too: it exited since its RSS was read and holds
+                    continue                     # no memory now (its survivors' PSS grew by what it shared)
                 except psutil.Error:
-                    mem += rss_of[p.pid]
+                    mem += rss_of[p.pid]         # there but unreadable: its RSS, the most it can hold
                     continue
                 mem += p_pss
                 read_rss, pss = read_rss + p_rss, pss + p_pss

@@ -12,7 +12,8 @@ Nothing from the worker is unpickled in the manager: unpickling runs code (an an
 `__reduce__` sleeps or calls `os._exit` would stall or end the manager), and a plug-in has the
 worker process to itself (it may write anything to the pipe). The worker turns the plug-in's answer
 into plain data there (`plugins.allocation_pairs`: (str job id, int devices) pairs; an answer that is
-none is reported as the plug-in's error) and sends it as JSON; the manager reads it within the call's
+none is reported as the plug-in's error; a list or tuple with more items than could fit in the reply's limit
+is refused as too long before they are checked) and sends it as JSON; the manager reads it within the call's
 time limit, byte by byte as it arrives, refuses it once it is longer than an honest answer for the
 window's jobs can be (`reply_limit`), and decodes it with `json.loads` only. Its texts (errors,
 tracebacks, the repr of a bad answer or of an exit code) are plain strings cut to
@@ -75,6 +76,12 @@ def reply_limit(queue: Sequence[hy.HJob], window: int) -> int:
     return max(answer, TEXT_REPLY_LIMIT)
 
 
+def _least_reply(pairs: int, seq: int) -> int:
+    """The fewest bytes a reply carrying `pairs` (job id, devices) pairs can take: each at least `["",0]` and a
+    comma (what the envelope holds besides is counted once)."""
+    return len(_encode(["ok", []], seq)) + max(0, 7 * pairs - 1)
+
+
 def _encode(reply: list, seq: int = 0) -> bytes:
     """[seq, kind, ...]: the request's sequence number first (0: the worker's start-up)."""
     return json.dumps([seq, *reply], separators=(",", ":")).encode()
@@ -93,6 +100,12 @@ def _reply(alg: Any, seq: int, queue: list, available: int, window: int, cost: h
     """The worker's reply to request `seq`: JSON of plain data, the plug-in's faults included."""
     try:
         answer = alg(queue, available, window, cost, now=now)
+        limit = reply_limit(queue, window)
+        # A list or tuple (exactly: its length is no code of the plug-in's) too long for the limit even at the
+        # fewest bytes per pair is refused as it is: validating and encoding every item would only tell the same
+        # (a million items take seconds, and the call's time limit runs meanwhile).
+        if type(answer) in (list, tuple) and _least_reply(len(answer), seq) > limit:
+            return _encode(["too-long", len(answer), _least_reply(len(answer), seq)], seq)
         try:
             pairs = plugins.allocation_pairs(answer)
         except plugins.NotPairs as e:       # what is wrong with it, as the simulator says it
@@ -100,7 +113,7 @@ def _reply(alg: Any, seq: int, queue: list, available: int, window: int, cost: h
         except (TypeError, ValueError):     # the answer's own code failed (its iteration, __index__)
             return _encode(["not-pairs", plugins.describe(answer)], seq)
         data = _encode(["ok", [[job_id, n] for job_id, n in pairs]], seq)
-        if len(data) > reply_limit(queue, window):
+        if len(data) > limit:
             return _encode(["too-long", len(pairs), len(data)], seq)
         return data
     except SystemExit as e:
@@ -405,9 +418,9 @@ class PluginRunner:
             raise plugins.PolicyError(f"scheduling algorithm {self.name!r} failed: its answer cannot be sent back: "
                                       f"it returned {reply[1]}; expected a list of (job id, devices)")
         if kind == "too-long":
-            raise plugins.PolicyError(f"scheduling algorithm {self.name!r} returned {reply[1]} (job id, devices) "
-                                      f"pairs, {reply[2]} bytes sent back; an answer for the first {window} queued "
-                                      f"jobs takes at most {limit}")
+            raise plugins.PolicyError(f"scheduling algorithm {self.name!r} returned {reply[1]} items, at least "
+                                      f"{reply[2]} bytes to send back as (job id, devices) pairs; an answer for "
+                                      f"the first {window} queued jobs takes at most {limit}")
         raise plugins.PolicyError(f"scheduling algorithm {self.name!r} failed: {reply[1]}")
 
     def _stop(self, kill: bool = False) -> None:

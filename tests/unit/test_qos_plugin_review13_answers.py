@@ -78,9 +78,17 @@ def answers_slowly_converted(queue, available, window, cost, *, now):
 
 
 def answers_too_much(queue, available, window, cost, *, now):
-    """300,000 (job id, devices) pairs: megabytes the manager would unpickle and walk under its lock."""
+    """20,000 (job id, devices) pairs: ~460 kB, ~10x what an answer for the window may take (the manager would
+    otherwise unpickle and walk them under its lock)."""
     if available == 3:
-        return [(f"job-{i:012d}", 1) for i in range(300_000)]
+        return [(f"job-{i:012d}", 1) for i in range(20_000)]
+    return first_on_min(queue, available)
+
+
+def answers_too_much_slowly_converted(queue, available, window, cost, *, now):
+    """As many pairs, each device count taking SLEEP_S to become an int: only refused in time if refused unread."""
+    if available == 3:
+        return [(f"job-{i:012d}", SlowInt()) for i in range(20_000)]
     return first_on_min(queue, available)
 
 
@@ -212,8 +220,18 @@ def test_a_forged_pickle_on_the_pipe_is_never_loaded(runner):
 def test_an_over_long_answer_is_the_plug_ins_error(runner):
     r = runner("answers_too_much")
     pid = r.pid
-    took = timed_refusal(r, r"returned 300000 \(job id, devices\) pairs, \d+ bytes sent back; an answer for the "
-                            r"first 30 queued jobs takes at most \d+")
+    took = timed_refusal(r, r"returned 20000 items, at least \d+ bytes to send back as \(job id, devices\) pairs; "
+                            r"an answer for the first 30 queued jobs takes at most \d+")
+    assert took < TIMEOUT_S + MARGIN_S
+    assert decide(r, 2) == [("short", 1)] and r.pid == pid
+
+
+@pytest.mark.timeout(60)
+def test_an_over_long_answer_is_refused_before_its_items_are_checked(runner):
+    r = runner("answers_too_much_slowly_converted")
+    pid = r.pid
+    took = timed_refusal(r, r"returned 20000 items, at least \d+ bytes to send back as \(job id, devices\) pairs; "
+                            r"an answer for the first 30 queued jobs takes at most \d+")
     assert took < TIMEOUT_S + MARGIN_S
     assert decide(r, 2) == [("short", 1)] and r.pid == pid
 
