@@ -39,11 +39,16 @@ def _print(msg) -> None:  # type: ignore[no-untyped-def]
                                                   always_print_fields_with_no_presence=True), indent=2))
 
 
-def _fail(e: grpc.RpcError, option: str = "--crs") -> int:
+def _fail(e: grpc.RpcError, option: str = "--crs", agent: str = "") -> int:
     """The error and its field violations on stderr, status 1; `option` is the command's address option (the
-    hint when nothing answers there)."""
+    hint when nothing answers there); `agent`: the failed call went to the execution agent at that address (from
+    the reservation), not to a service the options name."""
     print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
-    if e.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (e.details() or ""):
+    if agent and e.code() == grpc.StatusCode.UNAVAILABLE:
+        print(f"  the VM's execution agent at {agent} (the address the reservation gives) did not answer: it may be "
+              "restarting, or have moved with its compute IRM; `harness status` shows the suite, `harness "
+              "reservations` the VM's address now", file=sys.stderr)
+    elif e.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (e.details() or ""):
         print("  is a suite running there? The CLI finds the one `harness up` started through --state-dir (default "
               f"$HARNESS_HOME or ~/.harness), or give {option} HOST:PORT", file=sys.stderr)
     from services.errors import field_violations
@@ -586,7 +591,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 1
         return run_exit_status(exited.exit_code)
     except grpc.RpcError as e:
-        status = _fail(e)
+        status = _fail(e, agent=vm.address if stub is not None else "")
         if stub is not None and execution:
             # The stream broke after the run started (connection lost, agent restarting): the command runs on at
             # the agent, with no limit unless --timeout was given. Try to stop it, briefly (5 s): the agent may be

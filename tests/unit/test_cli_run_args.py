@@ -30,3 +30,27 @@ def test_run_on_a_reservation_without_a_vm_says_what_it_holds(capsys, monkeypatc
     assert cli.main(["run", "res-1", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert "res-1 holds no VM to run on (it holds vfpga" in err and "FPGA client library" in err
+
+
+def test_run_whose_agent_does_not_answer_names_the_agent_not_the_suite(capsys, monkeypatch):
+    # The reservation's VM address stale (its agent restarted elsewhere) read "is a suite running there? ... give
+    # --crs": the CRS had answered; the agent it named did not.
+    import socket
+
+    from harness.v1 import irm_pb2
+    from services import commands
+
+    with socket.socket() as s:          # a port nothing listens on: bound, never listening, refuses connections
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        held = irm_pb2.Reservation(id="res-1", groups=[irm_pb2.AllocatedGroup(
+            name="vm", resource_type="vm", resources=[irm_pb2.AllocatedResource(id="vm-1", address=address)])])
+
+        class Crs:
+            def GetReservation(self, request, timeout):  # noqa: ANN001, ANN202, N802
+                return held
+        monkeypatch.setattr(commands, "_irm", lambda args: Crs())
+        assert cli.main(["run", "res-1", "--", "true"]) == 1
+    err = capsys.readouterr().err
+    assert f"the VM's execution agent at {address}" in err and "harness reservations" in err
+    assert "is a suite running there" not in err
