@@ -82,7 +82,9 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def test_a_hung_server_costs_one_timeout_then_nothing_and_gets_placements_again_once_it_answers(make_cloud):
-    cloud = make_cloud(reconcile_interval_s=0, server_backoff_s=2.0, server_backoff_max_s=8.0)
+    # Back-off 6 s: the checks made while B hangs end well within it, even under load (past it, the next call would
+    # try B, a probe with a deadline of up to PROBE_TIMEOUT_S, and take longer than BOUND_S).
+    cloud = make_cloud(reconcile_interval_s=0, server_backoff_s=6.0, server_backoff_max_s=8.0)
     assert cloud.listed() == {"A", "B"}
     cloud.hang("B")
     listed, took = timed(cloud.listed)

@@ -161,7 +161,7 @@ def bells(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def sink_of(s: FpgaServerService, client: str) -> NapBell:
-    """The bell of `client`'s only sink (a RunBatch waiter), once it has one."""
+    """The bell of `client`'s only sink (a RunBatch waiter or an Execute stream), once it has one."""
     return eventually(lambda: s.sinks.get(client), timeout=5, interval=0.002)[0].bell
 
 
@@ -236,7 +236,8 @@ def test_one_task_waits_for_a_lock_held_by_another_client(svc: FpgaServerService
     group(svc, "g", 1, "holder", "other")
     (lock,) = svc.RunBatch(batch("holder", task(1, kind=LOCK)), Ctx(10)).results
     assert (lock.kind, lock.device) == (LOCK, 0)
-    th, out = in_thread(svc.RunBatch, batch("other", task(2, 0.01)), Ctx(10))
+    # 0.2 s: longer than the dispatcher's grace (only a woken handler hands it out at once), shorter than a nap
+    th, out = in_thread(svc.RunBatch, batch("other", task(2, 0.2)), Ctx(10))
     bell = sink_of(svc, "other")
     # the device is held: its task is queued and its handler asleep, nothing planned for it
     eventually(lambda: svc.engine.group_info("g").waiting == 1 and bell.asleep(), timeout=5)
@@ -251,14 +252,18 @@ def test_one_task_waits_for_a_lock_held_by_another_client(svc: FpgaServerService
     assert (first.timeout, first.rung, second.timeout) == (0.5, False, 0.5)  # nothing woke it in the first
     t_sent = time.monotonic()
     svc.RunBatch(batch("holder", task(4, kind=UNLOCK)), Ctx(10))
-    t_unlock = time.monotonic()
     th.join(5)
-    # the unlock woke the waiting handler (it would otherwise sleep on for up to 0.5 s): the nap it was in
-    # ended with the unlock's ring (`_kick`), not with its timeout nor with its result handed out by another
-    assert (second.rung, second.by) == (True, "_kick") and second.ended is not None and second.ended >= t_sent
-    assert time.monotonic() - t_unlock < 0.25
+    t_done = time.monotonic()
+    # the unlock woke the waiting handler (it would otherwise sleep on for up to 0.5 s): the nap it was in when
+    # the unlock was sent (the second, unless this thread was held up past its end) ended with the unlock's ring
+    # (`_kick`), not with its timeout nor with its result handed out by another
+    nap = next(n for n in bell.naps if n.ended is None or n.ended >= t_sent)
+    assert (nap.timeout, nap.rung, nap.by) == (0.5, True, "_kick") and nap.ended is not None
+    # woken, it slept only until its task was due, not a further nap: its result came less than a nap later
+    assert all(n.timeout <= 0.2 for n in bell.naps[bell.naps.index(nap) + 1:])
+    assert t_done - nap.ended < nap.timeout
     (r,) = out["value"].results  # type: ignore[union-attr]
-    assert r.error == "" and r.device == 0 and r.device_time_s == pytest.approx(0.01)
+    assert r.error == "" and r.device == 0 and r.device_time_s == pytest.approx(0.2)
     assert r.queue_time_s >= 0.5
 
 
@@ -351,38 +356,43 @@ def bare() -> Iterator[FpgaServerService]:
 
 def test_execute_stream_drives_the_engine_itself_while_it_is_owed_results(bare: FpgaServerService) -> None:
     group(bare, "g", 2, "s")
-    st = Stream(bare, batch("s", task(1, 0.2)))
-    eventually(lambda: bare.waiting_handlers == 1, timeout=5)  # owed a result: it drives
+    st = Stream(bare, batch("s", task(1, 2.0)))
+    eventually(lambda: bare.waiting_handlers == 1, timeout=5)  # owed a result (for 2 s): it drives
     eventually(lambda: st.ids() == [1], timeout=5)
     eventually(lambda: bare.waiting_handlers == 0, timeout=5)  # owed nothing: it does not
-    # One at a time, each comes back about when its device is done, without a dispatcher.
+    # One at a time, each comes back about when its device is done, without a dispatcher: well within the 0.5 s
+    # a handler naps when it plans nothing, and the 1 s it idles owed nothing (either would be slept through if
+    # the new batch did not ring the handler, or the handler did not then sleep only until the task is due).
     for i in range(2, 12):
         t0 = time.monotonic()
         st.send(batch("s", task(i, 0.01)))
         eventually(lambda i=i: len(st.results) == i, timeout=5, interval=0.001)
-        assert time.monotonic() - t0 < 0.25
+        assert time.monotonic() - t0 < 0.5
     st.send(batch("s", task(20, 0.01), task(21, 0.01), task(22, 0.01)))
     eventually(lambda: len(st.results) == 14, timeout=5)
     st.end()
     assert st.error is None and st.ids() == [*range(1, 12), 20, 21, 22]
     assert all(r.error == "" and r.server == "fpga-t" for r in st.results)
-    assert st.results[0].device_time_s == pytest.approx(0.2)
+    assert st.results[0].device_time_s == pytest.approx(2.0)
     assert bare.sinks == {} and bare.waiting_handlers == 0 and bare.stream_driver is None
 
 
-def test_one_stream_drives_for_all_and_hands_over_when_it_is_done(bare: FpgaServerService) -> None:
-    group(bare, "g", 2, "a", "b")
-    a = Stream(bare, batch("a", task(1, 0.15)))
+def test_one_stream_drives_for_all_and_hands_over_when_it_is_done(bare: FpgaServerService, bells: None) -> None:
+    group(bare, "g", 1, "a", "b")
+    a = Stream(bare, batch("a", task(1, 2.0)))  # the only device is a's for 2 s: b's tasks queue behind it
     eventually(lambda: bare.stream_driver is not None, timeout=5)
     b = Stream(bare, batch("b", *(task(i, 0.05) for i in range(6))))
+    b_bell = sink_of(bare, "b")
     eventually(lambda: len(bare.streams_waiting) == 1, timeout=5)
     assert bare.waiting_handlers == 1  # one stream drives, the other waits for what it routes
-    # a's task ends first (0.15 s) and a leaves; b, still owed results, takes over (there is
+    # a's task ends first (2 s) and a leaves; b, still owed all its results, takes over (there is
     # no dispatcher here: without the hand-over b's results would not come)
-    eventually(lambda: a.ids() == [1], timeout=5)
+    eventually(lambda: a.ids() == [1], timeout=5, interval=0.005)
     t0 = time.monotonic()
     eventually(lambda: b.ids() == list(range(6)), timeout=5, interval=0.005)
-    assert time.monotonic() - t0 < 0.4  # 5 x 0.05 s left on one device, and hand-over at once
+    assert time.monotonic() - t0 < 6 * 0.05 + 0.15  # 6 x 0.05 s left on the device, and hand-over at once
+    # at once: a rang b's handler as it left, b did not wait for its 0.5 s nap to end to look
+    assert "_leave_driving" in [by for _, by in b_bell.rings]
     a.end()
     b.end()
     assert a.error is None and b.error is None
@@ -394,14 +404,17 @@ def test_a_new_task_on_a_waiting_stream_wakes_the_driver(bare: FpgaServerService
     a = Stream(bare, batch("a", task(1, 2.0)))  # drives, with nothing due for 2 s
     driver = eventually(lambda: bare.stream_driver, timeout=5)
     eventually(lambda: bare.engine.busy() and driver.bell.asleep(), timeout=5, interval=0.005)
-    nap = driver.bell.naps[-1]
     t0 = time.monotonic()
     b = Stream(bare, batch("b", task(1, 0.01)))
     eventually(lambda: b.ids() == [1], timeout=5, interval=0.005)
-    assert time.monotonic() - t0 < 0.3  # not when a's handler would next have looked (0.5 s)
-    # b's task rang the driver out of the nap it was in when b's task came, before that nap's timeout
+    t_done = time.monotonic()
+    # b's task rang the driver out of the nap it was in when b's task came (the one just begun, unless this
+    # thread was held up past its end), before that nap's timeout
+    nap = next(n for n in driver.bell.naps if n.ended is None or n.ended >= t0)
     assert (nap.timeout, nap.rung, nap.by) == (0.5, True, "_stream_submit")
     assert nap.ended is not None and nap.ended >= t0
+    # and b's result came at once, not when a's handler would next have looked (a further 0.5 s nap)
+    assert t_done - nap.ended < nap.timeout
     b.end()
     bare.RevokeClient(fpga_pb2.ServerClientRequest(client_id="a"), None)
     a.end()
@@ -461,14 +474,17 @@ def test_the_dispatcher_hands_out_what_no_driving_handler_planned_for(svc: FpgaS
     th, out = in_thread(svc.RunBatch, batch("a", task(2, 0.01)), Ctx(10))  # drives, nothing planned
     bell = sink_of(svc, "a")
     eventually(lambda: svc.waiting_handlers == 1 and bell.asleep(), timeout=5, interval=0.002)
-    nap = bell.naps[-1]
     # work nobody is told about (straight into the engine): the handler sleeps on (up to 0.5 s)
-    svc.engine.submit("other", [(9, {"duration": 0.01}, "run")])
     t0 = time.monotonic()
+    svc.engine.submit("other", [(9, {"duration": 0.01}, "run")])
     eventually(lambda: not svc.engine.busy(), timeout=5, interval=0.002)
-    assert time.monotonic() - t0 < 0.01 + 3 * DISPATCH_GRACE_S + 0.1
-    # the dispatcher handed it out: the handler is still in the nap it was in, nothing woke it
-    assert bell.naps[-1] is nap and nap.rung is None
+    t1 = time.monotonic()
+    assert t1 - t0 < 0.01 + 3 * DISPATCH_GRACE_S + 0.1
+    # the dispatcher handed it out: the handler slept through it in the nap it was in when the work came (the one
+    # just begun, unless this thread was held up past its end), nothing woke it: still in that nap, or out of it
+    # by its timeout only after the work was seen handed out
+    nap = next(n for n in bell.naps if n.ended is None or n.ended >= t0)
+    assert nap.rung is None or (nap.rung is False and nap.ended is not None and nap.ended >= t1)
     svc.RunBatch(batch("holder", task(3, kind=UNLOCK)), Ctx(10))
     th.join(5)
     assert out["value"].results[0].error == ""  # type: ignore[union-attr]
