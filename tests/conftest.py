@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from services.launcher import ServiceProcess, spawn
+from services.launcher import LaunchError, ServiceProcess, spawn
+from services.suite import _free_port
 from services.tls import plain_channel
+
+T = TypeVar("T")
 
 
 def eventually(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:
@@ -23,6 +26,53 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, interval: float 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}; last value {last!r}")
+
+
+# What a service says when the port it was told to listen on is taken: `harness serve` in its log (LaunchError),
+# services.server.start as an OSError.
+PORT_TAKEN = "could not listen on"
+
+
+def port_taken(error: BaseException) -> bool:
+    return isinstance(error, OSError | LaunchError) and PORT_TAKEN in str(error)
+
+
+def on_a_free_port(start: Callable[[int], T], what: str, attempts: int = 5) -> T:
+    """`start(port)` with a port free when chosen, for a service whose peers must know its port before it starts
+    (two services each configured with the other's address: one of them cannot be started on port 0 first).
+    Something else may take the port before the service binds it (services bind without SO_REUSEPORT): then
+    `start` (which stops whatever it started for that port) is tried again on another. Any other failure, or the
+    port taken `attempts` times in a row, fails the test."""
+    taken: BaseException | None = None
+    for _ in range(attempts):
+        try:
+            return start(_free_port())
+        except (OSError, LaunchError) as e:
+            if not port_taken(e):
+                raise
+            taken = e
+    raise AssertionError(f"{what}: the port chosen for it was taken before it could listen there, {attempts} times "
+                         "in a row") from taken
+
+
+def start_again(start: Callable[[], T], what: str, timeout: float = 20.0) -> T:
+    """`start()` of a service again on the port it had (a restart its peers must find at the same address): tried
+    again while that port is taken by another process since the service let it go (an ephemeral port of a
+    connection, another test's probe: those go), a clear failure if it stays taken for `timeout` s."""
+    started: list[T] = []
+
+    def attempt() -> bool:
+        try:
+            started.append(start())
+        except (OSError, LaunchError) as e:
+            if not port_taken(e):
+                raise
+            return False
+        return True
+
+    eventually(attempt, timeout=timeout, interval=0.2, what=f"{what} to start again on its port (taken by another "
+                                                            "process since it stopped)")
+    return started[0]
 
 
 class Suite:
@@ -56,13 +106,25 @@ class Suite:
         compute IRM's hosts are in the CRS: the CRS process and a ResourceManager stub on it."""
 
         from harness.v1 import irm_pb2, irm_pb2_grpc
-        from services.suite import _free_port
 
-        agent_address = f"127.0.0.1:{_free_port()}"
         crs = self.start("crs", heartbeat_interval_s=0.3)
-        compute = self.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3,
-                             agent_address=agent_address)
-        self.start("agent", address=agent_address, compute_address=compute.address, **agent_settings)
+
+        def agent_then_compute(compute_port: int) -> None:
+            # Each is configured with the other's address: the agent first, on port 0, then the compute IRM on
+            # the port the agent was given for it.
+            compute_address = f"127.0.0.1:{compute_port}"
+            agent = self.start("agent", compute_address=compute_address, **agent_settings)
+            try:
+                compute = self.start("compute", address=compute_address, crs_address=crs.address,
+                                     heartbeat_interval_s=0.3, agent_address=agent.address)
+            except LaunchError:
+                agent.stop()
+                del self.procs[self.procs.index(agent):]     # the compute IRM that did not start too
+                raise
+            # In the order the processes were wired before: CRS, compute IRM, agent (stopped the other way round).
+            self.procs[-2:] = [compute, agent]
+
+        on_a_free_port(agent_then_compute, "the compute IRM")
         stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,
                    what="the compute IRM's hosts in the CRS")

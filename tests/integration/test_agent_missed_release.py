@@ -17,9 +17,8 @@ from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_g
 from irm_compute import agent as agent_mod
 from irm_compute import service as compute_service
 from services import server as srv
-from services.suite import _free_port
 from services.tls import plain_channel
-from tests.conftest import eventually
+from tests.conftest import eventually, on_a_free_port
 
 
 class _Lost(grpc.RpcError):
@@ -29,15 +28,28 @@ class _Lost(grpc.RpcError):
 
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch):
-    agent_port, compute_port = _free_port(), _free_port()
-    inv = tmp_path / "hosts.yaml"
-    inv.write_text(f"hosts:\n  - {{id: h1, site: s, rack: r, cores: 2, memory_gb: 2, agent: '127.0.0.1:{agent_port}'}}\n")
-    compute = compute_service.component(compute_service.ComputeConfig(
-        address=f"127.0.0.1:{compute_port}", name="c", database=f"sqlite:///{tmp_path / 'c.db'}", inventory=str(inv)))
-    agent = agent_mod.component(agent_mod.AgentConfig(
-        address=f"127.0.0.1:{agent_port}", compute_address=f"127.0.0.1:{compute_port}",
-        work_dir=str(tmp_path / "work"), vm_check_interval_s=0.0))      # every Execute confirms its VM
-    running = [srv.start(f"127.0.0.1:{compute_port}", [compute]), srv.start(f"127.0.0.1:{agent_port}", [agent])]
+    def agent_then_compute(compute_port: int) -> list[srv.Running]:
+        # Each is configured with the other's address: the agent first, on port 0, then the compute IRM (whose
+        # inventory names the agent's port) on the port the agent was given for it.
+        agent = agent_mod.component(agent_mod.AgentConfig(
+            address="127.0.0.1:0", compute_address=f"127.0.0.1:{compute_port}",
+            work_dir=str(tmp_path / "work"), vm_check_interval_s=0.0))      # every Execute confirms its VM
+        agent_run = srv.start("127.0.0.1:0", [agent])
+        inv = tmp_path / "hosts.yaml"
+        inv.write_text("hosts:\n  - {id: h1, site: s, rack: r, cores: 2, memory_gb: 2, "
+                       f"agent: '127.0.0.1:{agent_run.port}'}}\n")
+        compute = compute_service.component(compute_service.ComputeConfig(
+            address=f"127.0.0.1:{compute_port}", name="c", database=f"sqlite:///{tmp_path / 'c.db'}",
+            inventory=str(inv)))
+        try:
+            return [srv.start(f"127.0.0.1:{compute_port}", [compute]), agent_run]
+        except OSError:
+            compute.extra["irm"].db.dispose()
+            agent_run.stop(0.5)
+            raise
+
+    running = on_a_free_port(agent_then_compute, "the compute IRM")
+    compute_port, agent_port = (r.port for r in running)
     told: list[str] = []
 
     class Unreachable:                    # every ReleaseVm the IRM sends is lost on the way

@@ -19,8 +19,8 @@ from irm_compute.agent import component as agent_component
 from irm_compute.service import ComputeConfig, ComputeIrm
 from irm_compute.service import component as compute_component
 from services import server
-from services.suite import _free_port
 from services.tls import plain_channel
+from tests.conftest import on_a_free_port
 
 T = "alice"
 TIMEOUT = 30
@@ -133,19 +133,33 @@ class TwoHosts:
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[TwoHosts]:
-    ports = {"h1": _free_port(), "h2": _free_port()}
-    (tmp_path / "hosts.yaml").write_text("hosts:\n" + "".join(
-        f"  - {{id: {h}, cores: 1, memory_gb: 2, agent: '127.0.0.1:{p}'}}\n" for h, p in ports.items()))
-    compute = server.start("127.0.0.1:0", [compute_component(ComputeConfig(
-        state_dir=str(tmp_path), address="127.0.0.1:0", inventory=str(tmp_path / "hosts.yaml")))])
-    running, channels = [compute], []
-    agents = {}
-    # h1's and h2's own agents, and one standing in for every host (hosts unset: the single-machine suite)
-    for name, port, hosts in (("h1", ports["h1"], "h1"), ("h2", ports["h2"], "h2"), ("any", 0, "")):
-        cfg = AgentConfig(address=f"127.0.0.1:{port}", compute_address=f"127.0.0.1:{compute.port}",
+    def start_agent(name: str, hosts: str, compute_port: int) -> server.Running:
+        cfg = AgentConfig(address="127.0.0.1:0", compute_address=f"127.0.0.1:{compute_port}",
                           work_dir=str(tmp_path / f"agent-{name}"), hosts=hosts)
-        r = server.start(f"127.0.0.1:{port}", [agent_component(cfg)])
-        running.append(r)
+        return server.start("127.0.0.1:0", [agent_component(cfg)])
+
+    def agents_then_compute(compute_port: int) -> tuple[server.Running, dict[str, server.Running]]:
+        # The compute IRM's inventory names h1's and h2's agents, which are configured with its address: those
+        # agents first, on port 0, then the compute IRM on the port they were given for it.
+        own = {h: start_agent(h, h, compute_port) for h in ("h1", "h2")}
+        (tmp_path / "hosts.yaml").write_text("hosts:\n" + "".join(
+            f"  - {{id: {h}, cores: 1, memory_gb: 2, agent: '127.0.0.1:{r.port}'}}\n" for h, r in own.items()))
+        comp = compute_component(ComputeConfig(state_dir=str(tmp_path), address=f"127.0.0.1:{compute_port}",
+                                               inventory=str(tmp_path / "hosts.yaml")))
+        try:
+            return server.start(f"127.0.0.1:{compute_port}", [comp]), own
+        except OSError:
+            comp.extra["irm"].db.dispose()
+            for r in own.values():
+                r.stop(0)
+            raise
+
+    compute, own = on_a_free_port(agents_then_compute, "the compute IRM")
+    # h1's and h2's own agents, and one standing in for every host (hosts unset: the single-machine suite)
+    agent_runs = {**own, "any": start_agent("any", "", compute.port)}
+    running, channels = [compute, *agent_runs.values()], []
+    agents = {}
+    for name, r in agent_runs.items():
         channels.append(plain_channel(f"127.0.0.1:{r.port}"))
         agents[name] = agent_pb2_grpc.ExecutionAgentStub(channels[-1])
     channels.append(plain_channel(f"127.0.0.1:{compute.port}"))

@@ -14,14 +14,15 @@ from harness.v1 import fpga_pb2, fpga_pb2_grpc
 from irm_fpga import orchestrator as orch_mod
 from irm_fpga import server as fserver
 from services import server as srv
-from services.suite import _free_port
 from services.tls import plain_channel
+from tests.conftest import start_again
 
 
 class Cloud:
     def __init__(self, tmp_path) -> None:  # noqa: ANN001
-        self.port = _free_port()
+        self.port = 0                         # any: the first start picks it
         self.server = self._server()
+        self.port = self.server.port          # kept across restarts: the Orchestrator's database names it
         comp = orch_mod.component(orch_mod.OrchestratorConfig(
             address="127.0.0.1:0", database=f"sqlite:///{tmp_path}/orch.db", servers=[f"127.0.0.1:{self.port}"],
             autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
@@ -37,7 +38,7 @@ class Cloud:
 
     def restart_server(self) -> None:
         self.server.stop(0.5)
-        self.server = self._server()
+        self.server = start_again(self._server, "the FPGA-server")
 
     def create(self, rid: str, size: int) -> fpga_pb2.FpgaGroup:
         return self.stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="alice", request_id=rid, design="sleep",
@@ -94,15 +95,15 @@ def test_a_delete_that_could_not_reach_its_server_is_finished_later(cloud):
     assert cloud.create("g4", 4).size == 4                 # every device is for sale again
 
 
-def _named_server(name: str, port: int):  # noqa: ANN202
+def _named_server(name: str, port: int = 0):  # noqa: ANN202
     comp = fserver.component(fserver.FpgaServerConfig(name=name, devices=4, reconfig_mean_s=0.01, reconfig_std_s=0.0))
     return srv.start(f"127.0.0.1:{port}", [comp])
 
 
 @pytest.fixture
 def two(tmp_path):
-    ports = [_free_port(), _free_port()]
-    servers = {f"fpga-{i}": _named_server(f"fpga-{i}", p) for i, p in enumerate(ports)}
+    servers = {f"fpga-{i}": _named_server(f"fpga-{i}") for i in range(2)}
+    ports = [s.port for s in servers.values()]
     comp = orch_mod.component(orch_mod.OrchestratorConfig(
         address="127.0.0.1:0", database=f"sqlite:///{tmp_path}/orch.db",
         servers=[f"127.0.0.1:{p}" for p in ports], autoscaler="none", reconcile_interval_s=0, server_timeout_s=2.0))
@@ -125,7 +126,7 @@ def test_a_group_grows_again_onto_a_restarted_server_where_its_part_had_no_devic
     parts = cloud["orch"]._group(g.id).parts
     (empty,) = [s for s, n in parts.items() if n == 0]        # a part kept with no device (by the database)
     cloud["servers"][empty].stop(0.5)                          # that server restarts (comes back empty)
-    cloud["servers"][empty] = _named_server(empty, cloud["ports"][empty])
+    cloud["servers"][empty] = start_again(lambda: _named_server(empty, cloud["ports"][empty]), empty)
     cloud["orch"].reconcile_once()                             # "a restarted server gets its groups' parts back"
     # Growing prefers the servers the group has parts on: the emptied one (4 free) first.
     grown = stub.ResizeGroup(fpga_pb2.ResizeGroupRequest(tenant="alice", group_id=g.id, size=3), timeout=20)
