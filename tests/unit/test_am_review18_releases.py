@@ -25,6 +25,7 @@ from harness.v1 import agent_pb2, irm_pb2
 from harness.v1 import application_manager_pb2 as pb
 from services import errors
 from tests.conftest import eventually
+from tests.unit.test_am_request_ids import _Ctx
 
 ACTIVE, RELEASED = irm_pb2.Reservation.STATE_ACTIVE, irm_pb2.Reservation.STATE_RELEASED
 
@@ -137,14 +138,6 @@ class _Agent:
             _Agent.running.set()
             assert _Agent.go.wait(30), "never let go"
         yield agent_pb2.ExecuteEvent(exited=agent_pb2.ExecutionExited(exit_code=0, wall_time_s=1.0))
-
-
-class _Ctx:
-    def is_active(self) -> bool:
-        return True
-
-    def add_callback(self, callback) -> bool:  # noqa: ANN001
-        return True
 
 
 @pytest.fixture

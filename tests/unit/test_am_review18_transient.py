@@ -10,6 +10,7 @@ LocalBackend.run, the CRS and the agent stood in for at the gRPC edge (tests.uni
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -43,8 +44,8 @@ def _ok(p: Proposal) -> Observation:
     return Observation(p.config, True, 10.0, 1.0, p.input, 50.0, 50.0)
 
 
-def test_refused_runs_do_not_use_up_the_runs_and_the_next_one_waits_longer_each_time():
-    s = _space()
+def _virtual_waits() -> tuple[VirtualClock, list[float], Callable[[float], bool]]:
+    """A virtual clock, the waits asked for, and a `wait` that records each and moves the clock on by it."""
     clock = VirtualClock(0.0)
     waits: list[float] = []
 
@@ -52,6 +53,12 @@ def test_refused_runs_do_not_use_up_the_runs_and_the_next_one_waits_longer_each_
         waits.append(seconds)
         clock.advance(seconds)
         return False
+    return clock, waits, wait
+
+
+def test_refused_runs_do_not_use_up_the_runs_and_the_next_one_waits_longer_each_time():
+    s = _space()
+    clock, waits, wait = _virtual_waits()
 
     # Down for three runs (the third refusal asking for 10 s), up for one, down for one, up again.
     outcomes = iter([None, None, 10.0, "ok", None, "ok"])
@@ -70,13 +77,7 @@ def test_refused_runs_do_not_use_up_the_runs_and_the_next_one_waits_longer_each_
 
 def test_a_cloud_that_stays_down_ends_the_session_once_its_patience_runs_out():
     s = _space()
-    clock = VirtualClock(0.0)
-    waits: list[float] = []
-
-    def wait(seconds: float) -> bool:
-        waits.append(seconds)
-        clock.advance(seconds)
-        return False
+    clock, waits, wait = _virtual_waits()
 
     prof = PROFILERS["uniform"](s, np.random.default_rng(0), max_runs=50)
     obs, why = profile(prof, _refused, StopRules(max_runs=50), clock=clock, wait=wait,
