@@ -24,11 +24,28 @@ _lock = threading.Lock()
 _channels: dict[str, grpc.Channel] = {}
 
 
+# grpc's connectivity state of a channel that failed to connect and waits out its back-off.
+_TRANSIENT_FAILURE = grpc.ChannelConnectivity.TRANSIENT_FAILURE.value[0]
+
+
+def _backing_off(ch: grpc.Channel) -> bool:
+    """Whether `ch` failed to connect and is waiting out its back-off (every call on it failing at once meanwhile).
+    Read without connecting, through grpc's own channel object: `subscribe` would cost a polling thread per
+    channel; a grpc without it says no."""
+    try:
+        return ch._channel.check_connectivity_state(False) == _TRANSIENT_FAILURE  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - an internal of grpc's: without it, the channel is kept as before
+        return False
+
+
 def channel(address: str) -> grpc.Channel:
-    """A shared channel to `address` (reusing channels halves RPC latency)."""
+    """A shared channel to `address` (reusing channels halves RPC latency). One that failed to connect is
+    replaced: it would fail every call until its back-off ends, though the peer may be back (restarted, or a new
+    server on that port), and a new channel connects at once. Calls in flight on the old one are left to end (it
+    is closed once nothing holds it)."""
     with _lock:
         ch = _channels.get(address)
-        if ch is None:
+        if ch is None or _backing_off(ch):
             ch = tls.open_channel(address, CHANNEL_OPTIONS)
             _channels[address] = ch
         return ch
