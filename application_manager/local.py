@@ -113,10 +113,13 @@ def transient_error(error: str) -> bool:
 
 
 def cloud_away(o: Observation) -> bool:
-    """Whether a transient failure was the cloud's as a whole -- the CRS, a manager or an agent away or slow, the run
-    lost -- so that the same configuration is worth running again once it is back. Not when the CRS had no room for
-    it (RESOURCE_EXHAUSTED): others may fit meanwhile, and a later session tries it again."""
-    return o.transient and not o.error.startswith("could not reserve: RESOURCE_EXHAUSTED")
+    """Whether a transient failure was the cloud's as a whole -- the CRS, a manager or an agent away or slow before
+    the run started -- so that the same configuration is worth running again once it is back. Not when the CRS had
+    no room for it (RESOURCE_EXHAUSTED: others may fit meanwhile, and a later session tries it again), nor for a run
+    that started and was lost or ended by the machine's memory: its configuration may be why, and running it again
+    and again would spend the session's patience on it."""
+    return o.transient and o.error.startswith(("could not reserve: ", "could not run: ")) and \
+        not o.error.startswith("could not reserve: RESOURCE_EXHAUSTED")
 
 
 @dataclass(frozen=True)

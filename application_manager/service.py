@@ -101,6 +101,9 @@ MAX_LIST_BYTES = 3 * 1024 * 1024
 # The longest a run may be given: the agent's stream deadline is the limit plus a margin, and gRPC turns an
 # unbounded one (1e300, inf) into an immediate DEADLINE_EXCEEDED -- every run would fail at once.
 MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
+# A Reserve in doubt refused with a reason is taken as holding nothing only after this long: longer than the CRS
+# keeps a Reserve pending (its pending horizon: ~3 min with default settings).
+IN_DOUBT_KEPT_S = 900.0
 # An execution given no timeout_s may take this many times the model's time of its configuration (when that is
 # more than run_timeout_s): a run the model expects to take 20 minutes is not killed at the default 10.
 PREDICTED_MARGIN = 2.0
@@ -379,8 +382,10 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
                         return False
                     if e.code() in TRANSIENT_CODES and error_info(e) is None:
                         raise
-                    # Refused, saying why: the CRS answers so once its claim on the request id is dropped.
-                    return True
+                    # Refused, saying why. The CRS may refuse a request before it looks at its id (a manager down,
+                    # a spec changed) while the first Reserve under that id is still being placed: only once that
+                    # cannot be any more is a refusal proof that nothing is held.
+                    return self.clock.now() - row.created_at > IN_DOUBT_KEPT_S
             if held.state != irm_pb2.Reservation.STATE_ACTIVE:
                 return True
             reservation_id = held.id

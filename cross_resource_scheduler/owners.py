@@ -58,7 +58,12 @@ def _machine() -> str:
         ns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
     except OSError:
         ns = ""
-    return "/".join((socket.gethostname()[:128], _read("/proc/sys/kernel/random/boot_id"), ns))
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    if not ns or not boot:
+        # Without both, two processes with one pid on two machines or containers would look alike: "" makes the
+        # owner one that cannot be checked (its rows wait out the pending horizon).
+        return ""
+    return "/".join((socket.gethostname()[:128], boot, ns))
 
 
 def started_of(pid: int) -> str | None:

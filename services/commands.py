@@ -44,15 +44,16 @@ def _fail(e: grpc.RpcError, option: str = "--crs", agent: str = "") -> int:
     hint when nothing answers there); `agent`: the failed call went to the execution agent at that address (from
     the reservation), not to a service the options name."""
     print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
-    if agent and e.code() == grpc.StatusCode.UNAVAILABLE:
+    from services.errors import error_info, field_violations
+
+    if agent and e.code() == grpc.StatusCode.UNAVAILABLE and error_info(e) is None:
+        # Not the agent's own answer (it says why, e.g. its compute IRM out of reach): no answer from it at all.
         print(f"  the VM's execution agent at {agent} (the address the reservation gives) did not answer: it may be "
               "restarting, or have moved with its compute IRM; `harness status` shows the suite, `harness "
               "reservations` the VM's address now", file=sys.stderr)
     elif e.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (e.details() or ""):
         print("  is a suite running there? The CLI finds the one `harness up` started through --state-dir (default "
               f"$HARNESS_HOME or ~/.harness), or give {option} HOST:PORT", file=sys.stderr)
-    from services.errors import field_violations
-
     for f, d in field_violations(e):
         print(f"  {f}: {d}", file=sys.stderr)
     return 1

@@ -239,17 +239,27 @@ def _stopped(state_dir: str) -> bool:
     The lock is tried without writing this process's pid in it: it names the suite's `harness up` (`unsupervised`,
     `down`)."""
     state_dir = str(Path(state_dir).expanduser())
+    lock = Path(state_dir) / ".lock"
     try:
-        fd = os.open(Path(state_dir) / ".lock", os.O_RDONLY)
+        # For writing where allowed: on NFS flock is a byte-range lock, which takes a file open for writing.
+        fd = os.open(lock, os.O_RDWR)
+    except PermissionError:
+        fd = -1
     except FileNotFoundError:
         return True                 # no suite ever started there
     except OSError:
         return False                # not ours to look at: its suite.json is taken as it is
     try:
+        fd = fd if fd >= 0 else os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
+        except OSError:
+            return False            # held (BlockingIOError), or a lock this file system cannot take: unknown
         for path in (state_file(state_dir), processes_file(state_dir)):
             with contextlib.suppress(OSError):          # not ours to remove: still no suite runs
                 path.unlink(missing_ok=True)

@@ -325,3 +325,31 @@ def test_a_release_the_crs_refuses_does_not_hold_up_the_others(crs, tmp_path, mo
         assert crs.active() == {f"am-{first.id}"} and _kept(am) == [f"am-{first.id}"]
     finally:
         am.stop()
+
+
+def test_a_reserve_in_doubt_refused_with_a_reason_is_kept_while_the_crs_may_still_place_it(crs, tmp_path,
+                                                                                             monkeypatch):
+    # The CRS checks a request before it looks at its id: a refusal saying why (a manager down now) does not prove
+    # that the first Reserve under that id is not still being placed; only its age does.
+    from services.clock import VirtualClock
+
+    clock = VirtualClock(1000.0)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"),
+                                clock=clock)
+    try:
+        app = _submit(am)
+        crs.drop_reserves = 1
+        first = _execute(am, app)
+        assert _kept(am) == [f"am-{first.id}"]
+
+        def refuse(req, timeout=None):  # noqa: ANN001, ANN202
+            raise _RpcError(grpc.StatusCode.UNAVAILABLE, "the manager of 'vm' (compute) is down",
+                            errors.Unavailable("the manager of 'vm' (compute) is down", reason=errors.MANAGER_DOWN))
+        monkeypatch.setattr(crs, "Reserve", refuse)
+        am._sweep()
+        assert _kept(am) == [f"am-{first.id}"]
+        clock.advance(svc.IN_DOUBT_KEPT_S + 1)
+        am._sweep()
+        assert _kept(am) == []
+    finally:
+        am.stop()

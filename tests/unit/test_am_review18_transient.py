@@ -209,3 +209,12 @@ def test_the_runs_refusals_carry_the_crs_retry_advice(crs, monkeypatch):  # noqa
     o = backend("rtm", rows=800, steps=40).run(Proposal(0)).observation
     assert o.transient and o.retry_after_s == 7.0 and DOWN in o.error
     assert local.transient_error(o.error)
+
+
+@pytest.mark.parametrize("error", ["the run was lost: the agent's stream ended", "machine out of memory: killed"])
+def test_a_run_that_started_and_was_lost_is_not_run_again_as_the_clouds_failure(error):
+    # Its configuration may be why (it took the agent or the machine's memory down): the profiler's next instead.
+    o = Observation({"x": 1}, False, 0.0, 0.0, "in", transient=True, error=error)
+    assert not local.cloud_away(o)
+    assert local.cloud_away(Observation({"x": 1}, False, 0.0, 0.0, "in", transient=True,
+                                        error="could not run: UNAVAILABLE: the agent is restarting"))

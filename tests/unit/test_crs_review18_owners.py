@@ -141,3 +141,17 @@ def test_a_reserve_names_this_process_as_the_owner_of_its_pending_row(tmp_path) 
         assert seen == [str(owners.this_process())] and str(crs.owner) == seen[0]
     finally:
         crs.db.dispose()
+
+
+def test_a_process_that_cannot_tell_its_machine_apart_judges_no_owner(monkeypatch):
+    # Without its pid namespace two containers with one host name, each CRS pid 1, would look like one machine:
+    # the newer would take the other's live rows for a restarted process's.
+    from cross_resource_scheduler import owners
+
+    def unreadable(path):  # noqa: ANN001, ANN202
+        raise PermissionError(path)
+    monkeypatch.setattr(owners.os, "readlink", unreadable)
+    me = owners.this_process()
+    assert owners.Owner.parse(str(me)) is None
+    other = owners.Owner(me.machine, me.pid, "123")
+    assert owners.gone(str(other), me, probe=lambda pid: "456") is None

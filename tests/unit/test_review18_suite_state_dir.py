@@ -113,3 +113,16 @@ def test_harness_up_waits_out_a_command_that_looks_at_the_lock(tmp_path: Path, m
     fd = suite._lock(str(tmp_path))
     os.close(fd)
     assert len(tries) == 2
+
+
+def test_a_lock_the_file_system_cannot_take_is_not_a_stopped_suite(left: Path, monkeypatch) -> None:
+    # On NFS flock of a file open read-only fails (EBADF): not a crash of every command, nor "no suite" (which
+    # would remove a running suite's files), but "cannot tell": its suite.json is taken as it is.
+    import errno
+    import fcntl
+
+    def refuse(fd, op):  # noqa: ANN001, ANN202
+        raise OSError(errno.EBADF, "Bad file descriptor")
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    assert suite._stopped(str(left)) is False
+    assert suite.state_file(str(left)).exists()
