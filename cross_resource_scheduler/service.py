@@ -1311,7 +1311,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                    context) -> str:  # noqa: ANN001
         """Ask `manager` where the resources of `tenant`'s `parts` there are now (into `w`, its _Whereabouts);
         "" once it answered, else why not."""
-        with w.lock:                      # a burst of reads after a restart asks once
+        # Within the caller's deadline, with time left to answer it, the wait for another read's call included.
+        left = context.time_remaining() if context is not None else None
+        cut = left is not None and left - 0.5 < ADDRESS_TIMEOUT_S
+        deadline = time.monotonic() + min(ADDRESS_TIMEOUT_S, math.inf if left is None else max(0.0, left - 0.5))
+        # A burst of reads after a restart asks once; the others wait for its answer, no longer than their own
+        # budget (a manager slow to answer must not hold every server thread).
+        if not w.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return f"{manager} is slow to answer where its resources are"
+        try:
             parts = {p for p in parts if p not in w.parts}
             if tenant in w.tenants or not parts:
                 return ""
@@ -1320,9 +1328,6 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             state = self.registry.get(manager)
             if state is None or not state.up:
                 return "the manager is down" if state is not None else "the manager is not registered"
-            # Within the caller's deadline, with time left to answer it.
-            left = context.time_remaining() if context is not None else None
-            deadline = time.monotonic() + min(ADDRESS_TIMEOUT_S, math.inf if left is None else max(0.0, left - 0.5))
             stub = state.stub()
             try:
                 if len(parts) == 1:
@@ -1348,18 +1353,24 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                             break
                     w.tenants.add(tenant)
             except grpc.RpcError as e:
-                w.silent_until = self.clock.now() + ADDRESS_RETRY_S
-                w.silence = f"{manager} did not answer ({e.code().name})"
+                why = f"{manager} did not answer ({e.code().name})"
                 log.info("could not ask a manager where its resources are", extra={
                     "manager": manager, "code": str(e.code())})
+                if not (cut and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                    # Not asked again for a while. A call cut short by this caller's own near deadline says nothing
+                    # of the manager: the next read asks.
+                    w.silent_until = self.clock.now() + ADDRESS_RETRY_S
+                    w.silence = why
                 # Its answers of earlier pages stand (they are this registration's).
-                return w.silence
+                return why
             for res in answers:
                 for g in res.groups:
                     for x in g.resources:
                         if x.address:
                             w.address[x.id] = x.address
             return ""
+        finally:
+            w.lock.release()
 
     def _readdress(self, res_id: str, out: irm_pb2.Reservation) -> None:
         """Record the addresses a manager gave anew: the next read while it does not answer shows these."""

@@ -148,3 +148,53 @@ def test_a_manager_marked_down_is_not_called_and_the_read_says_why(crs: Crs, man
     got = _get(crs, res_id)
     assert _addresses(got) == [OLD] and "(the manager is down)" in got.notes[0]
     assert manager.calls == []
+
+
+class _Deadline:
+    """A call's context with `left` seconds to its deadline."""
+
+    def __init__(self, left: float) -> None:
+        self.left = left
+
+    def time_remaining(self) -> float:
+        return self.left
+
+
+class _Late(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_a_read_waits_for_another_reads_call_to_the_manager_no_longer_than_its_own_deadline(
+        crs: Crs, manager: Manager) -> None:
+    import threading
+
+    res_id = _recorded(crs, 0, START - 100)
+    w = crs._where("m")
+    assert w.lock.acquire()                         # another read's call to a slow manager, in flight
+    try:
+        got: list[irm_pb2.Reservation] = []
+        reader = threading.Thread(target=lambda: got.append(crs.GetReservation(
+            irm_pb2.GetReservationRequest(tenant="t", reservation_id=res_id), _Deadline(1.0))))
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive(), "the read waited on the other one's call beyond its own deadline"
+    finally:
+        w.lock.release()
+    [res] = got
+    assert _addresses(res) == [OLD] and "m is slow to answer" in res.notes[0]
+    assert manager.calls == []
+
+
+def test_a_call_cut_short_by_one_readers_near_deadline_does_not_silence_the_manager_for_the_others(
+        crs: Crs, manager: Manager) -> None:
+    res_id = _recorded(crs, 0, START - 100)
+
+    def late(request, timeout=None):  # noqa: ANN001, ANN202
+        manager.calls.append(f"get {request.reservation_id} within {timeout:.2f}")
+        raise _Late()
+    manager.GetReservation = late  # type: ignore[method-assign]
+    hurried = crs.GetReservation(irm_pb2.GetReservationRequest(tenant="t", reservation_id=res_id), _Deadline(0.8))
+    assert _addresses(hurried) == [OLD] and "DEADLINE_EXCEEDED" in hurried.notes[0]
+    del manager.GetReservation                      # answers again
+    assert _addresses(_get(crs, res_id)) == [NEW]   # asked at once, not left silent for ADDRESS_RETRY_S
