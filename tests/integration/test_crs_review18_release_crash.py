@@ -6,16 +6,13 @@ manager that releases a few seconds after it is asked."""
 from __future__ import annotations
 
 import sqlite3
-import threading
-
-import grpc
 
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services.tls import plain_channel
 from tests.conftest import eventually
-from tests.integration.standin_manager import Standin, gadget
+from tests.integration.standin_manager import gadget
 from tests.integration.test_crs_monitor import managers
-from tests.integration.test_crs_review18_restart import _settings
+from tests.integration.test_crs_review18_restart import _crs_and_standin, _killed_during, _settings
 
 
 def _compensations(db: sqlite3.Connection) -> int:
@@ -24,30 +21,12 @@ def _compensations(db: sqlite3.Connection) -> int:
 
 def test_a_crs_killed_during_a_release_shows_it_released_after_a_restart(suite, tmp_path) -> None:
     settings = _settings(tmp_path)
-    crs = suite.start("crs", **settings)
-    slow = Standin(tmp_path, crs.address, "slow", type="gadget", release_delay=2.0, hb=0.3)
+    crs, slow, stub = _crs_and_standin(suite, tmp_path, settings, release_delay=2.0)
     try:
-        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
-        eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
-                   what="the manager's host in the CRS")
         res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget(units=1)]), timeout=30)
         assert [r.state for r in slow.held("t")] == [irm_pb2.Reservation.STATE_ACTIVE]
-        lost: dict = {}
-
-        def release() -> None:
-            try:
-                stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=res.id),
-                                        timeout=30)
-            except grpc.RpcError as e:
-                lost["code"] = e.code()
-
-        t = threading.Thread(target=release)
-        t.start()
-        eventually(lambda: "ReleaseReservation" in (tmp_path / "slow.standin.log").read_text(),
-                   what="the CRS asking the manager to release")
-        crs.kill()
-        t.join(30)
-        assert lost["code"] == grpc.StatusCode.UNAVAILABLE       # the client saw the CRS die
+        _killed_during(crs, tmp_path, lambda: stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(
+            tenant="t", reservation_id=res.id), timeout=30), "ReleaseReservation")
         eventually(lambda: slow.held("t") == [], what="the manager giving the part back after the CRS died")
 
         again = suite.start("crs", name="crs-again", **settings)

@@ -7,6 +7,7 @@ commits a few seconds after it is asked."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -30,28 +31,40 @@ def _settings(tmp_path) -> dict:
             "heartbeat_interval_s": 0.3, "heartbeat_timeout_s": 1.5, "irm_timeout_s": 5.0}
 
 
-def _killed_mid_reserve(suite, tmp_path, settings: dict, delay: float) -> Standin:
-    """A CRS process killed -9 while its Reserve of REQUEST waits on the manager (which commits it later)."""
+def _crs_and_standin(suite, tmp_path, settings: dict, **knobs: object):  # noqa: ANN001, ANN202
+    """A CRS process, a stand-in manager "slow" (with `knobs`) registered with it, and a stub on the CRS, once the
+    manager's host is in the CRS."""
     crs = suite.start("crs", **settings)
-    slow = Standin(tmp_path, crs.address, "slow", type="gadget", reserve_delay=delay, hb=0.3)
+    slow = Standin(tmp_path, crs.address, "slow", type="gadget", hb=0.3, **knobs)
     stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
                what="the manager's host in the CRS")
+    return crs, slow, stub
+
+
+def _killed_during(crs, tmp_path, call: Callable[[], object], logged: str) -> None:  # noqa: ANN001
+    """`call` to the CRS process `crs` in a thread, the process killed -9 once the stand-in manager logged `logged`
+    (the CRS waiting on it): the client sees it die."""
     lost: dict = {}
 
-    def call() -> None:
+    def run() -> None:
         try:
-            stub.Reserve(REQUEST, timeout=30)
+            call()
         except grpc.RpcError as e:
             lost["code"] = e.code()
 
-    t = threading.Thread(target=call)
+    t = threading.Thread(target=run)
     t.start()
-    eventually(lambda: "Reserve crs-" in (tmp_path / "slow.standin.log").read_text(),
-               what="the CRS delegating the reservation")
+    eventually(lambda: logged in (tmp_path / "slow.standin.log").read_text(), what=f"the CRS's {logged!r}")
     crs.kill()
     t.join(30)
-    assert lost["code"] == grpc.StatusCode.UNAVAILABLE       # the client saw the CRS die
+    assert lost["code"] == grpc.StatusCode.UNAVAILABLE
+
+
+def _killed_mid_reserve(suite, tmp_path, settings: dict, delay: float) -> Standin:
+    """A CRS process killed -9 while its Reserve of REQUEST waits on the manager (which commits it later)."""
+    crs, slow, stub = _crs_and_standin(suite, tmp_path, settings, reserve_delay=delay)
+    _killed_during(crs, tmp_path, lambda: stub.Reserve(REQUEST, timeout=30), "Reserve crs-")
     return slow
 
 
@@ -80,11 +93,7 @@ def test_a_crs_restarted_after_a_kill_places_a_retry_at_once_and_gives_the_dead_
 def test_another_crs_leaves_a_live_processes_reserve_alone_and_recovers_it_once_that_process_is_killed(
         suite, tmp_path) -> None:
     settings = _settings(tmp_path)
-    crs = suite.start("crs", **settings)
-    slow = Standin(tmp_path, crs.address, "slow", type="gadget", reserve_delay=4.0, hb=0.3)
-    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
-    eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
-               what="the manager's host in the CRS")
+    crs, slow, stub = _crs_and_standin(suite, tmp_path, settings, reserve_delay=4.0)
     other = Crs(CrsConfig(database=settings["database"], irm_timeout_s=5.0))   # this test's process
     future = stub.Reserve.future(REQUEST, timeout=30)
     try:
