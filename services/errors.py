@@ -43,9 +43,10 @@ VM_RELEASED = "VM_RELEASED"                  # FAILED_PRECONDITION: the VM's res
 STREAM_BEHIND = "STREAM_BEHIND"              # RESOURCE_EXHAUSTED: a watch stream not read fell behind: reconnect
 QUEUE_FULL = "QUEUE_FULL"                    # RESOURCE_EXHAUSTED: the tenant's ready queue is full: retire or wait
 DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"  # UNAVAILABLE: the service's database failed (disk full, down): retry
+RESERVATION_PENDING = "RESERVATION_PENDING"  # ABORTED: a Reserve under this request id is still being placed: ask again
 REASONS = (NEVER_FITS, OVER_PRICE, CAPACITY_IN_USE, SEARCH_GAVE_UP, STREAM_CAP, MANAGER_DOWN, MANAGER_UNAVAILABLE,
            NO_MODEL, SLO_UNATTAINABLE, PROFILING_IN_PROGRESS, APPLICATION_STALE, VM_RELEASED, STREAM_BEHIND,
-           QUEUE_FULL, DATABASE_UNAVAILABLE)
+           QUEUE_FULL, DATABASE_UNAVAILABLE, RESERVATION_PENDING)
 
 # RetryInfo of an error whose cause passes with time (capacity in use, a manager away): how long a client waits
 # at least before it tries again.
