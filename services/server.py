@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2
@@ -60,6 +60,50 @@ class DocumentedReflection(reflection.ReflectionServicer):
                     if documented is not None:
                         files[i] = documented
             yield reply
+
+
+# grpc.reflection.v1: the stable name of the reflection service, which newer clients (grpcurl, buf curl, IDE
+# plug-ins) ask first. grpcio-reflection serves only v1alpha; the two protos have the same messages, field
+# numbers and method, so v1 is served by the same servicer, its file derived from v1alpha's.
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+_V1_FILE = "grpc/reflection/v1/reflection.proto"
+_V1_FILE_LOCK = threading.Lock()    # servers made at once in one process (tests) add it once
+
+
+def _reflection_v1_file() -> None:
+    """Add grpc.reflection.v1's file (v1alpha's, renamed) to the default pool, once: reflection describes the
+    services it lists, v1 included."""
+    pool = descriptor_pool.Default()
+    with _V1_FILE_LOCK:
+        try:
+            pool.FindFileByName(_V1_FILE)
+        except KeyError:
+            pool.AddSerializedFile(_v1_from_v1alpha().SerializeToString())
+
+
+def _v1_from_v1alpha() -> descriptor_pb2.FileDescriptorProto:
+    fd = descriptor_pb2.FileDescriptorProto.FromString(reflection_pb2.DESCRIPTOR.serialized_pb)
+    old, new = fd.package, "grpc.reflection.v1"
+    fd.name, fd.package = _V1_FILE, new
+    fd.ClearField("options")
+    # The type names referring to v1alpha's own messages.
+    for message in fd.message_type:
+        for f in message.field:
+            if f.HasField("type_name"):
+                f.type_name = f.type_name.replace(f".{old}.", f".{new}.")
+    for service in fd.service:
+        for method in service.method:
+            method.input_type = method.input_type.replace(f".{old}.", f".{new}.")
+            method.output_type = method.output_type.replace(f".{old}.", f".{new}.")
+    return fd
+
+
+def _reflection_v1_handler(servicer: reflection.ReflectionServicer) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(REFLECTION_V1, {
+        "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+            servicer.ServerReflectionInfo,
+            request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+            response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)})
 
 
 def _noop() -> None:
@@ -476,8 +520,10 @@ def create_server(
     for c in components:
         c.register(server)
         names += c.service_names
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-        DocumentedReflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME]), server)
+    _reflection_v1_file()
+    reflector = DocumentedReflection([*names, reflection.SERVICE_NAME, REFLECTION_V1, health.SERVICE_NAME])
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, server)
+    server.add_generic_rpc_handlers((_reflection_v1_handler(reflector),))
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as e:                 # grpc raises (rather than returning 0) when the port is taken

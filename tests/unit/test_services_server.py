@@ -223,6 +223,33 @@ def test_reflection_lists_the_services(server: Server) -> None:
     assert {RM, DIAG, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
 
 
+def _reflect_v1(server: Server, *requests: reflection_pb2.ServerReflectionRequest) -> list:
+    """Replies of grpc.reflection.v1 (no stub in grpcio-reflection: the same messages on v1's method path)."""
+    call = server.channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    return list(call(iter(requests), timeout=TIMEOUT))
+
+
+def test_reflection_v1_lists_the_services_and_describes_itself(server: Server) -> None:
+    # Newer clients (grpcurl, buf curl) ask grpc.reflection.v1 first; v1alpha alone left them to fall back.
+    from google.protobuf import descriptor_pb2
+
+    listed, = _reflect_v1(server, reflection_pb2.ServerReflectionRequest(list_services=""))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {RM, DIAG, "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    own, = _reflect_v1(server, reflection_pb2.ServerReflectionRequest(
+        file_containing_symbol="grpc.reflection.v1.ServerReflection"))
+    assert own.WhichOneof("message_response") == "file_descriptor_response", own
+    fd = descriptor_pb2.FileDescriptorProto.FromString(own.file_descriptor_response.file_descriptor_proto[0])
+    assert fd.package == "grpc.reflection.v1"
+    method = fd.service[0].method[0]
+    assert (method.name, method.input_type) == ("ServerReflectionInfo", ".grpc.reflection.v1.ServerReflectionRequest")
+    assert all("v1alpha" not in f.type_name for m in fd.message_type for f in m.field)
+    api, = _reflect_v1(server, reflection_pb2.ServerReflectionRequest(file_containing_symbol=RM))
+    assert api.WhichOneof("message_response") == "file_descriptor_response"
+
+
 def test_reflection_serves_the_file_of_a_service(server: Server) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
     replies = list(stub.ServerReflectionInfo(
