@@ -63,6 +63,9 @@ RESERVE_IN_DOUBT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADL
 _NEVER_SENT = "failed to connect to all addresses"
 # Quote refusals that hold for as long as the datacenter's make-up does: the configuration is priced out.
 PERMANENT_QUOTE_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION})
+# How long a run's Reserve may take. Its deadline also bounds when the request can still reach the CRS (gRPC starts
+# no handler for a call past its deadline): what a Reserve in doubt may still place (service.IN_DOUBT_KEPT_S).
+RESERVE_TIMEOUT_S = 60.0
 # How often a wait looks at the cancellation flag: how late, at most, a cancelled run starts stopping.
 _POLL_S = 0.2
 # After StopExecution (which waits for the kill itself), how long the exit status may take to arrive.
@@ -125,7 +128,8 @@ def cloud_away(o: Observation) -> bool:
 @dataclass(frozen=True)
 class Unreleased:
     """A reservation a run may have left at the CRS: `reservation_id` when its release failed; without it, a Reserve
-    in doubt (`reserve_in_doubt`) under `request_id`, whose `request` a retry repeats to learn what the CRS holds."""
+    in doubt (`reserve_in_doubt`) under `request_id` (`request`: what it asked for), whose outcome the service asks the
+    CRS for by that request id."""
     tenant: str
     request_id: str
     reservation_id: str = ""
@@ -296,7 +300,7 @@ class LocalBackend:
             return self._cancelled_detail(proposal, None, None)
         reserve = irm_pb2.ReserveRequest(tenant=self.tenant, request_id=rid, groups=groups, constraints=constraints)
         try:
-            res = self.crs.Reserve(reserve, timeout=60)
+            res = self.crs.Reserve(reserve, timeout=RESERVE_TIMEOUT_S)
         except grpc.RpcError as e:
             if reserve_in_doubt(e):
                 # The session goes on under new request ids: what the CRS may hold under this one is released later.

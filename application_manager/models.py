@@ -143,9 +143,13 @@ class Release(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tenant: Mapped[str] = mapped_column(String(128))
     request_id: Mapped[str] = mapped_column(String(128))
-    # Known when the release failed; empty for a Reserve in doubt, until a retry of it answers.
+    # Known when the release failed; empty for a Reserve in doubt, until GetReservation by its request id finds it.
     reservation_id: Mapped[str] = mapped_column(String(64), default="")
-    # The Reserve in doubt (a serialized harness.v1.ReserveRequest): repeated under its request id, the CRS answers
-    # with what it placed, says it is still placing it (ABORTED), or places it now (released at once).
+    # The Reserve in doubt (a serialized harness.v1.ReserveRequest), for an operator to see what it asked for; the
+    # sweeps learn its outcome from GetReservation by its request id, never by reserving again.
     reserve_request: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    # Refusals in a row that waiting does not cure (PERMISSION_DENIED, FAILED_PRECONDITION...), and when a sweep asks
+    # the CRS again (service clock): a row refused for good costs a call and a log line an hour, not one a sweep.
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    next_try_at: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))

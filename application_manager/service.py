@@ -53,6 +53,7 @@ from services.errors import (
     APPLICATION_STALE,
     NO_MODEL,
     PROFILING_IN_PROGRESS,
+    RESERVATION_PENDING,
     RETRY_LATER_S,
     SLO_UNATTAINABLE,
     STREAM_CAP,
@@ -101,9 +102,20 @@ MAX_LIST_BYTES = 3 * 1024 * 1024
 # The longest a run may be given: the agent's stream deadline is the limit plus a margin, and gRPC turns an
 # unbounded one (1e300, inf) into an immediate DEADLINE_EXCEEDED -- every run would fail at once.
 MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
-# A Reserve in doubt refused with a reason is taken as holding nothing only after this long: longer than the CRS
-# keeps a Reserve pending (its pending horizon: ~3 min with default settings).
+# A Reserve in doubt whose request id the CRS does not know (NOT_FOUND) is taken as holding nothing only after this
+# long from when it was kept. Until then its request may still reach the CRS and claim the id: up to its deadline
+# (local.RESERVE_TIMEOUT_S after it was sent, before the row was kept: a lost connection fails the call early, not the
+# request the CRS may have read), then the CRS's parsing and its database's waits before the claim (a connection
+# from the pool, a lock: ~30 s each); gRPC starts no handler past a call's deadline. A CRS from before
+# RESERVATION_PENDING also answers NOT_FOUND while it places the Reserve, for as long as it keeps one pending (its
+# pending horizon: ~3 min with default settings), and may activate it then: this covers both.
 IN_DOUBT_KEPT_S = 900.0
+# A release the CRS refuses for good (PERMISSION_DENIED, FAILED_PRECONDITION...) is asked again after heartbeat_s,
+# doubled at each refusal in a row up to this: its reservation may still be held, so the row is never dropped, but
+# it costs one call and one warning an hour rather than one each sweep.
+RELEASE_BACKOFF_MAX_S = 3600.0
+# Failures that stop the pass over the kept rows: the CRS is out of reach for all of them (the next sweep tries).
+_CRS_AWAY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # An execution given no timeout_s may take this many times the model's time of its configuration (when that is
 # more than run_timeout_s): a run the model expects to take 20 minutes is not killed at the default 10.
 PREDICTED_MARGIN = 2.0
@@ -339,53 +351,68 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
 
     def _release_kept(self) -> None:
         """Release what ended runs may have left at the CRS (`m.Release`), each forgotten once the CRS confirms
-        nothing is held under it; a CRS out of reach ends the pass, any other refusal leaves that one (the next
-        sweep tries again). Only ended runs' request ids are kept, so nothing a run in progress holds is released."""
+        nothing is held under it; a CRS out of reach ends the pass, a refusal that waiting may cure leaves that one
+        to the next sweep, any other one to a later sweep (`_back_off`). Only ended runs' request ids are kept, so
+        nothing a run in progress holds is released."""
         with self.db.read() as s:
-            rows = list(s.scalars(sql_select(m.Release).order_by(m.Release.id)))
+            rows = list(s.scalars(sql_select(m.Release).where(m.Release.next_try_at <= self.clock.now())
+                                  .order_by(m.Release.id)))
         for row in rows:
             try:
                 done = self._release_one(row)
             except grpc.RpcError as e:
+                if e.code() not in TRANSIENT_CODES:
+                    self._back_off(row, e)
+                    continue
                 log.warning("could not release a reservation a run left: the next sweep tries again (or release it "
                             "at the CRS: ReleaseReservation)",
                             extra={"tenant": row.tenant, "request_id": row.request_id,
                                    "reservation": row.reservation_id, "code": str(e.code()),
                                    "crs": self.config.crs_address})
-                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if e.code() in _CRS_AWAY:
                     return
                 continue
             if done:
                 self.db.transact(lambda s, rid=row.id: s.execute(sql_delete(m.Release).where(m.Release.id == rid)))
                 log.info("released a reservation a run had left", extra={"request_id": row.request_id})
+            elif row.attempts:
+                # Answered (its Reserve still on its way or being placed): the refusals in a row are over.
+                self.db.transact(lambda s, rid=row.id: s.execute(sql_update(m.Release).where(
+                    m.Release.id == rid).values(attempts=0)))
+
+    def _back_off(self, row: m.Release, e: grpc.RpcError) -> None:
+        """The CRS refused `row` in a way waiting does not cure (its delegation refused, the request invalid...):
+        asked again later and later, up to RELEASE_BACKOFF_MAX_S, and kept -- its reservation may still be held."""
+        attempts = row.attempts + 1
+        # The exponent bounded: a row refused for years would overflow a float.
+        delay = min(RELEASE_BACKOFF_MAX_S, self.config.heartbeat_s * 2.0 ** min(attempts - 1, 32))
+        self.db.transact(lambda s: s.execute(sql_update(m.Release).where(m.Release.id == row.id).values(
+            attempts=attempts, next_try_at=self.clock.now() + delay)))
+        what = (f"reservation {row.reservation_id}" if row.reservation_id
+                else f"the reservation under request id {row.request_id!r}, if the CRS placed one")
+        log.warning(f"the CRS refused to release a reservation a run may have left ({e.code().name}: "
+                    f"{(e.details() or '')[:300]}); asked again in {delay:g} s. Release it yourself at the CRS "
+                    f"(ReleaseReservation) as tenant {row.tenant!r}: {what} (`harness reservations --tenant "
+                    f"{row.tenant}` lists its id), or fix what the CRS refuses (the AM's delegation, say)",
+                    extra={"tenant": row.tenant, "request_id": row.request_id, "reservation": row.reservation_id,
+                           "code": str(e.code()), "attempts": attempts, "crs": self.config.crs_address})
 
     def _release_one(self, row: m.Release) -> bool:
         """Whether nothing is held under `row` at the CRS any more (released now, or never placed); False while its
-        Reserve is still being placed. RpcError: the CRS did not answer."""
+        Reserve is still being placed, or may still reach the CRS. RpcError: the CRS did not answer, or refused."""
         reservation_id = row.reservation_id
         if not reservation_id:
             try:
                 held = self.crs.GetReservation(irm_pb2.GetReservationRequest(tenant=row.tenant,
                                                                              request_id=row.request_id), timeout=10)
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.ABORTED and (error_info(e) or ("",))[0] == RESERVATION_PENDING:
+                    return False        # its outcome is not decided yet: asked again next sweep
                 if e.code() != grpc.StatusCode.NOT_FOUND:
                     raise
-                # Never placed, or still being placed (a pending reservation is not found): the Reserve repeated
-                # under its request id tells which -- the CRS answers with the one it placed, ABORTED while it
-                # places it, or places it now (released below).
-                try:
-                    # Cut short, it is only in doubt again: the next sweep finds what it placed.
-                    held = self.crs.Reserve(irm_pb2.ReserveRequest.FromString(row.reserve_request or b""),
-                                            timeout=30)
-                except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.ABORTED:
-                        return False
-                    if e.code() in TRANSIENT_CODES and error_info(e) is None:
-                        raise
-                    # Refused, saying why. The CRS may refuse a request before it looks at its id (a manager down,
-                    # a spec changed) while the first Reserve under that id is still being placed: only once that
-                    # cannot be any more is a refusal proof that nothing is held.
-                    return self.clock.now() - row.created_at > IN_DOUBT_KEPT_S
+                # Not even pending. Reserving again under its id to tell "never placed" from "on its way" would
+                # place what nobody uses: the request's deadline is what says it can no longer land.
+                return self.clock.now() - row.created_at > IN_DOUBT_KEPT_S
             if held.state != irm_pb2.Reservation.STATE_ACTIVE:
                 return True
             reservation_id = held.id
@@ -1153,8 +1180,11 @@ class ApplicationManager(pb_grpc.ApplicationManagerServicer):
             runner.stop.set()
             runner.done.wait(timeout=STOP_ANSWER_S)
         elif row.state == "running":
-            if self._gone(row.owner, row.heartbeat_at) is not None:
-                self._sweep()           # its process is gone: it ends now, what it reserved released
+            if (why := self._gone(row.owner, row.heartbeat_at)) is not None:
+                # Its process is gone: it ends now, and what its runs reserved is released, that only -- a sweep
+                # here would make the caller wait on every tenant's leftovers; the background one settles those.
+                if self.db.transact(lambda s: self._end_gone_session(s, row, why)):
+                    self._release_pending({row.id})
             else:
                 # Run by another AM process: its heartbeat sees the request and stops it.
                 def ask(s) -> None:  # type: ignore[no-untyped-def]

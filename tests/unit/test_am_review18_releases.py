@@ -250,7 +250,12 @@ def test_a_reserve_whose_answer_was_lost_is_released_once_the_crs_answers(crs, t
 
 
 def test_a_reserve_in_doubt_still_being_placed_or_never_placed_leaves_nothing(crs, tmp_path):
-    am = _am(tmp_path)
+    # This stand-in answers NOT_FOUND for a Reserve still being placed, as a CRS from before RESERVATION_PENDING did.
+    from services.clock import VirtualClock
+
+    clock = VirtualClock(1000.0)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"),
+                                clock=clock)
     try:
         app = _submit(am)
         crs.drop_reserves = 2            # two Reserves lost before the CRS placed them
@@ -261,16 +266,20 @@ def test_a_reserve_in_doubt_still_being_placed_or_never_placed_leaves_nothing(cr
         req = irm_pb2.ReserveRequest(tenant="t", request_id=f"am-{first.id}",
                                      groups=[irm_pb2.ResourceGroup(name="master", resource_type="vm", count=1)])
         crs.pending[req.request_id] = req
+        reserves = list(crs.reserves)
         am._sweep()
-        # The second one was never placed: its Reserve, repeated, placed it, and it was released at once. The first
-        # is kept while the CRS places it ...
-        assert crs.active() == set() and _kept(am) == [f"am-{first.id}"]
-        assert crs.by_request[f"am-{second.id}"].state == RELEASED
+        # Neither is found: both kept while their Reserves may still land, and neither is reserved again to find out.
+        assert crs.active() == set() and _kept(am) == [f"am-{first.id}", f"am-{second.id}"]
         crs.place(req.request_id)
         assert crs.active() == {f"am-{first.id}"}
         am._sweep()
-        # ... and released once placed.
-        assert crs.active() == set() and _kept(am) == []
+        # The first is released once placed ...
+        assert crs.active() == set() and _kept(am) == [f"am-{second.id}"]
+        clock.advance(svc.IN_DOUBT_KEPT_S + 1)
+        am._sweep()
+        # ... and the second, never placed, is forgotten once its Reserve can no longer land.
+        assert _kept(am) == [] and f"am-{second.id}" not in crs.by_request
+        assert crs.reserves == reserves
     finally:
         am.stop()
 
