@@ -18,6 +18,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# What a service prints when its address is taken (services.server): `harness up --auto-ports` then picks
+# another port.
+LISTEN_FAILED = "could not listen on"
+
 
 class LaunchError(RuntimeError):
     pass

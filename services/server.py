@@ -28,6 +28,7 @@ from grpc_status import rpc_status
 from harness.v1 import diagnostics_pb2, diagnostics_pb2_grpc, irm_pb2
 from services.db import unavailable_error
 from services.errors import HarnessError, InvalidArgument, to_status
+from services.launcher import LISTEN_FAILED
 
 log = logging.getLogger(__name__)
 
@@ -527,7 +528,7 @@ def create_server(
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as e:                 # grpc raises (rather than returning 0) when the port is taken
-        raise OSError(f"could not listen on {address} (in use by another process?): {e}") from None
+        raise OSError(f"{LISTEN_FAILED} {address} (in use by another process?): {e}") from None
     if port == 0:
         raise OSError(f"could not bind {address}")
     for name in names:

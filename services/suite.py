@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
 import signal
@@ -24,7 +25,9 @@ from pathlib import Path
 from services import config as cfg
 from services import pidlock, tenants, tls
 from services.catalog import SERVICES, config_sections
-from services.launcher import Cancelled, LaunchError, ServiceProcess, spawn
+from services.launcher import LISTEN_FAILED, Cancelled, LaunchError, ServiceProcess, spawn
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Cancelled"]
 
@@ -355,40 +358,66 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     # The CRS and the AM act for tenants with this one (services.tenants); the others hold only its digest.
     delegation = tenants.new_token()
     try:
-        planned = plan(state_dir, auto_ports, fixed=fixed)
-        tls_files = _tls(state_dir, planned) if tls else None
-        if not tls_files:                               # the CLI must not speak TLS to this suite's plaintext
-            (Path(state_dir) / "tls" / TLS_IN_USE).unlink(missing_ok=True)
-        for p in planned:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(p.name)
-            # The suite's wiring is a default: what the config file sets (e.g. remote CRSes) stands.
-            section = SERVICES[p.service].section
-            settings = {k: v for k, v in p.settings.items() if k not in chosen.get(section, set())}
-            env = {}
-            if p.service in ("crs", "fpga-server", "fpga", "compute", "agent") \
-                    and "control_token" not in chosen.get(section, set()):
-                env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
-            if tls_files:
-                env.update({f"HARNESS_{section.upper()}_TLS_{k.upper()}_FILE": v for k, v in tls_files.items()
-                            if f"tls_{k}_file" not in chosen.get(section, set())})
-            if tenants_file and p.service in TENANT_SERVICES:
-                env.update(_tenant_settings(p.service, tenants_file, delegation, chosen.get(section, set())))
-            how = dict(service=p.service, name=p.name, address=p.address, settings=settings,
-                       config_file=config_file, env=env, log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"),
-                       pass_fds=(procs.lock_fd,), environ=environ)
-            proc = spawn(**how)
-            procs.append(proc)
-            procs.spawns[p.name] = how
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            planned = plan(state_dir, auto_ports, fixed=fixed)
+            tls_files = _tls(state_dir, planned) if tls else None
+            if not tls_files:                           # the CLI must not speak TLS to this suite's plaintext
+                (Path(state_dir) / "tls" / TLS_IN_USE).unlink(missing_ok=True)
+            taken = None
+            for p in planned:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(p.name)
+                # The suite's wiring is a default: what the config file sets (e.g. remote CRSes) stands.
+                section = SERVICES[p.service].section
+                settings = {k: v for k, v in p.settings.items() if k not in chosen.get(section, set())}
+                env = {}
+                if p.service in ("crs", "fpga-server", "fpga", "compute", "agent") \
+                        and "control_token" not in chosen.get(section, set()):
+                    env[f"HARNESS_{section.upper()}_CONTROL_TOKEN"] = token
+                if tls_files:
+                    env.update({f"HARNESS_{section.upper()}_TLS_{k.upper()}_FILE": v for k, v in tls_files.items()
+                                if f"tls_{k}_file" not in chosen.get(section, set())})
+                if tenants_file and p.service in TENANT_SERVICES:
+                    env.update(_tenant_settings(p.service, tenants_file, delegation, chosen.get(section, set())))
+                how = dict(service=p.service, name=p.name, address=p.address, settings=settings,
+                           config_file=config_file, env=env,
+                           log_path=str(Path(state_dir) / "logs" / f"{p.name}.log"),
+                           pass_fds=(procs.lock_fd,), environ=environ)
+                proc = spawn(**how)
+                procs.append(proc)
+                procs.spawns[p.name] = how
+                _record(procs)
+                try:
+                    proc.wait_ready(cancel=cancel)
+                except LaunchError as e:
+                    # A port the suite chose free, taken by another process before the service listened on it.
+                    if not (auto_ports and p.name not in fixed and LISTEN_FAILED in str(e)
+                            and attempt < PORT_ATTEMPTS):
+                        raise
+                    taken = p
+                    break
+                if on_started:
+                    on_started(proc)
+            if taken is None:
+                break
+            # The services started are wired to this plan: all start again on a new one (`_auto_ports` keeps
+            # the ports still free and picks others for the rest).
+            log.warning(f"{taken.name} could not listen on {taken.address}: another process took the port; "
+                        f"starting the suite again on other ports (attempt {attempt + 1} of {PORT_ATTEMPTS})")
+            for started in reversed(procs):
+                started.stop()
+            procs.clear()
+            procs.spawns.clear()
             _record(procs)
-            proc.wait_ready(cancel=cancel)
-            if on_started:
-                on_started(proc)
     except BaseException:
         stop(procs)
         raise
     _write_addresses(procs)
     return procs
+
+
+# `harness up --auto-ports`: how many plans of free ports it tries when one of their ports is taken meanwhile.
+PORT_ATTEMPTS = 3
 
 
 def tls_ca(state_dir: str) -> str | None:
