@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
 import pytest
 
-from services.launcher import LaunchError, ServiceProcess, spawn
+from services.launcher import LISTEN_FAILED, LaunchError, ServiceProcess, spawn
 from services.suite import _free_port
 from services.tls import plain_channel
 
@@ -30,29 +31,61 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, interval: float 
 
 # What a service says when the port it was told to listen on is taken: `harness serve` in its log (LaunchError),
 # services.server.start as an OSError.
-PORT_TAKEN = "could not listen on"
+PORT_TAKEN = LISTEN_FAILED
 
 
 def port_taken(error: BaseException) -> bool:
     return isinstance(error, OSError | LaunchError) and PORT_TAKEN in str(error)
 
 
-def on_a_free_port(start: Callable[[int], T], what: str, attempts: int = 5) -> T:
-    """`start(port)` with a port free when chosen, for a service whose peers must know its port before it starts
-    (two services each configured with the other's address: one of them cannot be started on port 0 first).
-    Something else may take the port before the service binds it (services bind without SO_REUSEPORT): then
-    `start` (which stops whatever it started for that port) is tried again on another. Any other failure, or the
-    port taken `attempts` times in a row, fails the test."""
+def until_ports_hold(start: Callable[[], T], what: str, attempts: int = 5) -> T:
+    """`start()` of something that picks free ports itself and then has services listen there (`harness up
+    --auto-ports`, `harness demo`, `services.suite.start(auto_ports=True)`, `on_a_free_port`): a port may be taken
+    by another process between the pick and the listen (services bind without SO_REUSEPORT), and then `start`
+    (which stops whatever it started, and raises the OSError or LaunchError saying PORT_TAKEN) is tried again,
+    picking again. Any other failure, or a port taken `attempts` times in a row, fails the test."""
     taken: BaseException | None = None
     for _ in range(attempts):
         try:
-            return start(_free_port())
+            return start()
         except (OSError, LaunchError) as e:
             if not port_taken(e):
                 raise
             taken = e
-    raise AssertionError(f"{what}: the port chosen for it was taken before it could listen there, {attempts} times "
+    raise AssertionError(f"{what}: a port chosen for it was taken before it could listen there, {attempts} times "
                          "in a row") from taken
+
+
+def on_a_free_port(start: Callable[[int], T], what: str, attempts: int = 5, avoid: Collection[int] = ()) -> T:
+    """`start(port)` with a port free when chosen, for a service whose peers must know its port before it starts
+    (two services each configured with the other's address: one of them cannot be started on port 0 first).
+    Something else may take the port before the service binds it (services bind without SO_REUSEPORT): then
+    `start` (which stops whatever it started for that port) is tried again on another. Any other failure, or the
+    port taken `attempts` times in a row, fails the test. `avoid`: ports not to choose even when free (the port a
+    test's service had before, that it must now be elsewhere than)."""
+
+    def choose() -> int:
+        while True:
+            port = _free_port()
+            if port not in avoid:
+                return port
+
+    return until_ports_hold(lambda: start(choose()), what, attempts)
+
+
+def hold_port(port: int = 0) -> socket.socket:
+    """A socket bound to `port` on loopback (0: one the system picks; `getsockname()[1]` says which), not
+    listening. While it is open no other process can listen there (it takes neither SO_REUSEADDR nor
+    SO_REUSEPORT, and services bind without SO_REUSEPORT), and a connection there is refused, as at a port nobody
+    uses: an address where nothing answers that stays so. Close it (it is a context manager) to let a service
+    listen there -- then another process may take the port first: `until_ports_hold`. OSError if `port` is taken."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def start_again(start: Callable[[], T], what: str, timeout: float = 20.0) -> T:
@@ -130,6 +163,27 @@ class Suite:
                    what="the compute IRM's hosts in the CRS")
         return crs, stub
 
+    def compute_and_agent(self, compute: Mapping[str, Any] | None = None, agent: Mapping[str, Any] | None = None,
+                          avoid: Collection[int] = ()) -> tuple[ServiceProcess, ServiceProcess]:
+        """A compute IRM and its agent, each configured with the other's address: the compute IRM on port 0, told
+        the agent's address on a port free when chosen (not one of `avoid`), then the agent there -- both again,
+        on another port, if that one was taken meanwhile (`on_a_free_port`). `compute`, `agent`: their further
+        `start` arguments (name, settings). Returned: their processes."""
+
+        def compute_then_agent(agent_port: int) -> tuple[ServiceProcess, ServiceProcess]:
+            agent_address = f"127.0.0.1:{agent_port}"
+            mark = len(self.procs)
+            c = self.start("compute", agent_address=agent_address, **(compute or {}))
+            try:
+                a = self.start("agent", address=agent_address, compute_address=c.address, **(agent or {}))
+            except LaunchError:
+                c.stop()
+                del self.procs[mark:]                        # the compute IRM and the agent that did not start
+                raise
+            return c, a
+
+        return on_a_free_port(compute_then_agent, "the agent", avoid=avoid)
+
     def stop_all(self) -> None:
         for p in reversed(self.procs):
             p.stop()
@@ -140,6 +194,21 @@ def suite(tmp_path) -> Iterator[Suite]:
     s = Suite(str(tmp_path))
     yield s
     s.stop_all()
+
+
+@pytest.fixture
+def unused_address() -> Iterator[Callable[[], str]]:
+    """Makes addresses on loopback where nothing answers (a connection is refused) for the whole test: their ports
+    held (`hold_port`), so that no other process can start listening there meanwhile."""
+    held: list[socket.socket] = []
+
+    def make() -> str:
+        held.append(hold_port())
+        return f"127.0.0.1:{held[-1].getsockname()[1]}"
+
+    yield make
+    for s in held:
+        s.close()
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,8 @@ import sys
 import psutil
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
-from services.suite import _free_port
 from services.tls import plain_channel
-from tests.conftest import Suite, eventually
+from tests.conftest import Suite, eventually, start_again
 
 PY = sys.executable
 
@@ -38,9 +37,8 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
                              env={**os.environ, "HARNESS_EXECUTION_MARK": "agent-0123456789abcdef-" + "0" * 32})
     tree: list[psutil.Process] = []
     try:
-        agent_address = f"127.0.0.1:{_free_port()}"
-        compute = suite.start("compute", agent_address=agent_address)
-        agent = suite.start("agent", address=agent_address, compute_address=compute.address, work_dir=str(work))
+        compute, agent = suite.compute_and_agent(agent=dict(work_dir=str(work)))
+        agent_address = agent.address
         irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute.address))
         stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(agent_address))
         res = irm.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[irm_pb2.ResourceGroup(
@@ -72,8 +70,9 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
         call.cancel()
         assert not any(_gone(p) for p in tree)                   # orphaned, no longer watched
 
-        suite.start("agent", name="agent2", address=agent_address, compute_address=compute.address,
-                    work_dir=str(work))
+        # At the same address (the compute IRM knows its agent there).
+        start_again(lambda: suite.start("agent", name="agent2", address=agent_address,
+                                        compute_address=compute.address, work_dir=str(work)), "the agent")
         # Killed at start-up (before it serves), well before the orphans' own 120 s.
         eventually(lambda: all(_gone(p) for p in tree), timeout=15, what="the orphaned tree gone")
         assert not scratch.exists()

@@ -16,7 +16,7 @@ from application_manager import service as svc
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services.tls import plain_channel
-from tests.conftest import Suite, eventually
+from tests.conftest import Suite, eventually, start_again
 from tests.integration.test_am_cancellation import ENDS_WITHIN_S, _no_reservation_left
 
 
@@ -48,7 +48,7 @@ def _am(tmp_path: Path, crs_address: str) -> svc.ApplicationManager:
 
 def _restart(suite: Suite, crs_address: str) -> None:
     """The CRS again, on its address and database; back once the compute IRM's hosts are in it again."""
-    suite.start("crs", address=crs_address, heartbeat_interval_s=0.3)
+    start_again(lambda: suite.start("crs", address=crs_address, heartbeat_interval_s=0.3), "the CRS")
     stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs_address))
     eventually(lambda: stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest(), timeout=5).resources,
                timeout=ENDS_WITHIN_S, what="the compute IRM's hosts in the CRS again")

@@ -9,7 +9,7 @@ import sqlite3
 
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services.tls import plain_channel
-from tests.conftest import eventually
+from tests.conftest import eventually, start_again
 from tests.integration.standin_manager import gadget
 from tests.integration.test_crs_monitor import managers
 from tests.integration.test_crs_review18_restart import _crs_and_standin, _killed_during, _settings
@@ -29,7 +29,8 @@ def test_a_crs_killed_during_a_release_shows_it_released_after_a_restart(suite, 
             tenant="t", reservation_id=res.id), timeout=30), "ReleaseReservation")
         eventually(lambda: slow.held("t") == [], what="the manager giving the part back after the CRS died")
 
-        again = suite.start("crs", name="crs-again", **settings)
+        # The same address (`_crs_and_standin` set it): the manager heartbeats on.
+        again = start_again(lambda: suite.start("crs", name="crs-again", **settings), "the CRS")
         eventually(lambda: managers(again.address)["slow"].up, what="the manager up in the restarted CRS")
         stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(again.address))
         got = stub.GetReservation(irm_pb2.GetReservationRequest(tenant="t", reservation_id=res.id), timeout=10)

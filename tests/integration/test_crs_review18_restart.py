@@ -16,7 +16,7 @@ from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services.errors import Aborted
 from services.tls import plain_channel
-from tests.conftest import eventually
+from tests.conftest import eventually, start_again
 from tests.integration.standin_manager import Standin, gadget
 from tests.integration.test_crs_monitor import managers
 
@@ -24,17 +24,18 @@ REQUEST = irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget(uni
 
 
 def _settings(tmp_path) -> dict:
-    from services.suite import _free_port
-
-    # irm_timeout_s over the manager's delay: the CRS is waiting on it when it is killed.
-    return {"address": f"127.0.0.1:{_free_port()}", "database": f"sqlite:///{tmp_path / 'crs.db'}",
+    # irm_timeout_s over the manager's delay: the CRS is waiting on it when it is killed. The address: port 0 until
+    # the CRS started there (`_crs_and_standin`), then the one it got.
+    return {"address": "127.0.0.1:0", "database": f"sqlite:///{tmp_path / 'crs.db'}",
             "heartbeat_interval_s": 0.3, "heartbeat_timeout_s": 1.5, "irm_timeout_s": 5.0}
 
 
 def _crs_and_standin(suite, tmp_path, settings: dict, **knobs: object):  # noqa: ANN001, ANN202
-    """A CRS process, a stand-in manager "slow" (with `knobs`) registered with it, and a stub on the CRS, once the
-    manager's host is in the CRS."""
+    """A CRS process (with `settings`, whose address is then the one it got: a CRS started again with them is at
+    the same address, where the manager heartbeats on), a stand-in manager "slow" (with `knobs`) registered with
+    it, and a stub on the CRS, once the manager's host is in the CRS."""
     crs = suite.start("crs", **settings)
+    settings["address"] = crs.address
     slow = Standin(tmp_path, crs.address, "slow", type="gadget", hb=0.3, **knobs)
     stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
     eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
@@ -73,7 +74,8 @@ def test_a_crs_restarted_after_a_kill_places_a_retry_at_once_and_gives_the_dead_
     settings = _settings(tmp_path)
     slow = _killed_mid_reserve(suite, tmp_path, settings, delay=2.0)
     try:
-        again = suite.start("crs", name="crs-again", **settings)      # the same address: the manager heartbeats on
+        # The same address: the manager heartbeats on.
+        again = start_again(lambda: suite.start("crs", name="crs-again", **settings), "the CRS")
         eventually(lambda: managers(again.address)["slow"].up and managers(again.address)["slow"].resources == 1,
                    what="the manager up in the restarted CRS")
         stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(again.address))

@@ -20,8 +20,9 @@ import pytest
 from harness.v1 import agent_pb2, agent_pb2_grpc, irm_pb2, irm_pb2_grpc
 from services import control
 from services import suite as suite_mod
+from services.launcher import LaunchError
 from services.tls import plain_channel
-from tests.conftest import eventually
+from tests.conftest import PORT_TAKEN, eventually, until_ports_hold
 from tests.integration.test_crs_flow import vm_group
 
 TENANT = "acme"
@@ -30,7 +31,8 @@ TENANT = "acme"
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("suite"))
-    procs = suite_mod.start(state, auto_ports=True)
+    # On ports it picks (--auto-ports): picked again if one was taken before its service listened there.
+    procs = until_ports_hold(lambda: suite_mod.start(state, auto_ports=True), "the suite")
     addrs = {p.name: p.address for p in procs}
     crs = irm_pb2_grpc.ResourceManagerStub(plain_channel(addrs["crs"]))
     eventually(lambda: len(crs.DiscoverResources(irm_pb2.DiscoverResourcesRequest(resource_type="vm")).resources)
@@ -87,13 +89,13 @@ def test_status_reports_every_irm_registered_with_the_crs(running):
     assert lines["agent"].split()[2:] == ["SERVING"]       # services that do not register: as before
 
 
-def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
+def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path, unused_address):
     # The operator's mistake: a config file pins the FPGA IRM to a CRS at a fixed port, while `--auto-ports`
     # put the suite's CRS elsewhere. Every service serves; the FPGA IRM never registers with the suite's CRS.
     from harness.v1 import registry_pb2, registry_pb2_grpc
     from services.registration import Membership
 
-    nowhere = f"127.0.0.1:{suite_mod._free_port()}"
+    nowhere = unused_address()          # nothing answers there, for the whole test
     conf = tmp_path / "harness.yaml"
     conf.write_text(f"orchestrator:\n  crs_address: {nowhere}\n"
                     "crs:\n  heartbeat_interval_s: 0.2\n  heartbeat_timeout_s: 1\n")
@@ -103,7 +105,8 @@ def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
     token = "test-control-token"
     environ = {**os.environ, **{f"HARNESS_{section.upper()}_CONTROL_TOKEN": token
                                 for section in ("crs", "compute", "agent", "fpga_server", "orchestrator")}}
-    procs = suite_mod.start(state, auto_ports=True, config_file=str(conf), environ=environ)
+    procs = until_ports_hold(lambda: suite_mod.start(state, auto_ports=True, config_file=str(conf), environ=environ),
+                             "the suite")
     try:
         addrs = {p.name: p.address for p in procs}
         crs = addrs["crs"]
@@ -134,7 +137,7 @@ def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path):
             return m[0].up if m else None
 
         # A live registration of its name at another address (the address it advertises, say): a note, no failure.
-        other = f"127.0.0.1:{suite_mod._free_port()}"
+        other = unused_address()
         member = Membership(crs, "fpga", other, ["vfpga"], heartbeat_interval_s=0.2, control_token=token)
         member.start()
         try:
@@ -264,14 +267,23 @@ def test_harness_up_runs_in_foreground_and_stops_cleanly_on_ctrl_c(tmp_path):
 
 
 def _up(state) -> subprocess.Popen:  # type: ignore[no-untyped-def]
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--auto-ports", "--state-dir", str(state)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:  # type: ignore[union-attr]
-        lines.append(line)
-        if "Harness is up" in line:
-            return proc
-    raise AssertionError("".join(lines))
+    """`harness up --auto-ports` from `state`, once it is up: started again if a port it picked was taken before its
+    service listened there (it stops the suite and exits saying so)."""
+
+    def once() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--auto-ports", "--state-dir",
+                                 str(state)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines = []
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if "Harness is up" in line:
+                return proc
+        proc.wait(60)
+        if PORT_TAKEN in "".join(lines):
+            raise LaunchError("".join(lines))
+        raise AssertionError("".join(lines))
+
+    return until_ports_hold(once, "harness up")
 
 
 def test_a_second_suite_on_one_state_directory_is_refused_and_a_closed_terminal_stops_the_first(tmp_path):
@@ -291,13 +303,21 @@ def test_a_second_suite_on_one_state_directory_is_refused_and_a_closed_terminal_
 
 
 def test_sigterm_stops_the_demo_and_its_suite(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
-    lines = []
-    for line in proc.stdout:  # type: ignore[union-attr]
-        lines.append(line)
-        if "started" in line and " am " in line:        # the last service: the whole suite runs
-            break
+    def once() -> tuple[subprocess.Popen, list[str]]:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+        lines = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "started" in line and " am " in line:        # the last service: the whole suite runs
+                return proc, lines
+        # It ended before: again if a port the demo picked was taken before its service listened there.
+        proc.wait(60)
+        if PORT_TAKEN in "".join(lines):
+            raise LaunchError("".join(lines))
+        return proc, lines
+
+    proc, lines = until_ports_hold(once, "harness demo")
     pids = _children(proc.pid)
     try:
         state = next(x.split("state in ", 1)[1].split(")")[0] for x in lines if "state in " in x)
@@ -325,8 +345,14 @@ def _reap(proc: subprocess.Popen, pids: list[int]) -> None:
 
 
 def test_demo_runs_end_to_end():
-    r = subprocess.run([sys.executable, "-m", "services.cli", "demo"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "COLUMNS": "160"})
+    def once() -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "services.cli", "demo"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "COLUMNS": "160"})
+        if r.returncode != 0 and PORT_TAKEN in r.stdout + r.stderr:   # a port it picked taken meanwhile: again
+            raise LaunchError(r.stdout + r.stderr)
+        return r
+
+    r = until_ports_hold(once, "harness demo")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Demo complete" in r.stdout
     assert "memory limit exceeded" in r.stdout
@@ -464,7 +490,8 @@ def test_a_config_files_settings_beat_the_suites_wiring(tmp_path):
 
     conf = tmp_path / "harness.yaml"
     conf.write_text("fpga-server:\n  name: fpga-7\n  devices: 3\n")
-    procs = suite_mod.start(str(tmp_path / "state"), auto_ports=True, config_file=str(conf))
+    procs = until_ports_hold(lambda: suite_mod.start(str(tmp_path / "state"), auto_ports=True,
+                                                     config_file=str(conf)), "the suite")
     try:
         orch = next(p for p in procs if p.name == "fpga")
         (info,) = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address)).ListDevices(

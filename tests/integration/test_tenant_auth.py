@@ -16,7 +16,6 @@ from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc
 from services import control, tenants
-from services.suite import _free_port
 from services.tenants import tenant_channel
 from services.tls import plain_channel
 from tests.conftest import Suite, eventually
@@ -34,12 +33,11 @@ def cloud(tmp_path_factory):  # type: ignore[no-untyped-def]
     # The CRS and the AM hold the delegation token; the compute IRM and the agent only its digest.
     checks = dict(control_token=CONTROL, tenants_file=path, delegation_sha256=tenants.digest(DELEGATION))
     try:
-        agent_address = f"127.0.0.1:{_free_port()}"
         crs = suite.start("crs", heartbeat_interval_s=0.3, control_token=CONTROL, tenants_file=path,
                           delegation_token=DELEGATION)
-        compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3,
-                              agent_address=agent_address, **checks)
-        suite.start("agent", address=agent_address, compute_address=compute.address, **checks)
+        # The agent on a port chosen for it before the compute IRM starts (each is told the other's address).
+        suite.compute_and_agent(compute=dict(crs_address=crs.address, heartbeat_interval_s=0.3, **checks),
+                                agent=checks)
         am = suite.start("am", crs_address=crs.address, tenants_file=path, delegation_token=DELEGATION)
         anyone = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: anyone.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,

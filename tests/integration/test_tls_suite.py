@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from services import tls
-from services.suite import _free_port
 from tests.conftest import Suite, eventually
 
 
@@ -23,11 +22,10 @@ def cloud(tmp_path_factory):  # type: ignore[no-untyped-def]
     secured = {"tls_cert_file": files["cert"], "tls_key_file": files["key"], "tls_ca_file": files["ca"]}
     suite = Suite(str(tmp))
     try:
-        agent_address = f"127.0.0.1:{_free_port()}"
         crs = suite.start("crs", heartbeat_interval_s=0.3, **secured)
-        compute = suite.start("compute", crs_address=crs.address, heartbeat_interval_s=0.3,
-                              agent_address=agent_address, **secured)
-        suite.start("agent", address=agent_address, compute_address=compute.address, **secured)
+        # The agent on a port chosen for it before the compute IRM starts (each is told the other's address).
+        suite.compute_and_agent(compute=dict(crs_address=crs.address, heartbeat_interval_s=0.3, **secured),
+                                agent=secured)
         yield {"crs": crs.address, "ca": files["ca"], "tmp": tmp}
     finally:
         suite.stop_all()

@@ -20,8 +20,7 @@ from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig, ServerHandle
 from services import client as rpc
 from services import server as srv
 from services.errors import Unavailable, from_rpc_error
-from services.suite import _free_port
-from tests.conftest import eventually
+from tests.conftest import eventually, hold_port, until_ports_hold
 
 TIMEOUT_S = 0.5         # the callers' deadline in these tests (server_timeout_s)
 FAST_S = 0.25           # a call the breaker fails takes less than this (no deadline waited)
@@ -142,26 +141,32 @@ def test_once_the_back_off_passed_one_call_tries_it_with_a_short_deadline_and_an
 
 
 def test_a_server_that_refuses_connections_is_asked_every_time_and_used_as_soon_as_it_is_back():
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    h = ServerHandle("h", address, backoff_s=30.0, backoff_max_s=60.0)
-    try:
-        for _ in range(3):
-            e, took = _get(h)
-            # gRPC's own fast failure (not the breaker's): nothing waited, nothing to protect callers from.
-            assert e.code() == grpc.StatusCode.UNAVAILABLE and "did not answer" not in (e.details() or "")
-            assert took < 1.0
-        assert not h.breaker.is_open                      # type: ignore[union-attr]
-        fake = HangingServer()
-        running = _serve(fake, address)
+    def refused_then_served() -> None:
+        # The port held (bound, not listening) while the handle is refused there: nothing else can listen there
+        # meanwhile. Let go for the server, another process may take it first: then all again on another port.
+        held = hold_port()
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        h = ServerHandle("h", address, backoff_s=30.0, backoff_max_s=60.0)
         try:
-            # Back well before the breaker's 30 s: the channel's own reconnect (at most 1 s) is all it waits.
-            eventually(lambda: not isinstance(_get(h)[0], grpc.RpcError), timeout=5,
-                       what="the server used as soon as it answers")
+            with held:
+                for _ in range(3):
+                    e, took = _get(h)
+                    # gRPC's own fast failure (not the breaker's): nothing waited, nothing to protect callers from.
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE and "did not answer" not in (e.details() or "")
+                    assert took < 1.0
+                assert not h.breaker.is_open              # type: ignore[union-attr]
+            fake = HangingServer()
+            running = _serve(fake, address)
+            try:
+                # Back well before the breaker's 30 s: the channel's own reconnect (at most 1 s) is all it waits.
+                eventually(lambda: not isinstance(_get(h)[0], grpc.RpcError), timeout=5,
+                           what="the server used as soon as it answers")
+            finally:
+                running.stop(0)
         finally:
-            running.stop(0)
-    finally:
-        rpc.drop(address)
+            rpc.drop(address)
+
+    until_ports_hold(refused_then_served, "the FPGA-server")
 
 
 def test_calls_already_out_when_it_opened_do_not_lengthen_the_back_off(hanging):
