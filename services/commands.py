@@ -791,7 +791,7 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                                   "exits) until Ctrl-C")
     p.add_argument("--state-dir", default=DEFAULT_STATE)
     p.add_argument("--config", help="YAML file with one section per service")
-    p.add_argument("--auto-ports", action="store_true", help="pick free ports (the last start's where still free) instead of 50051/50061/50071/50081/50091/50101")
+    p.add_argument("--auto-ports", action="store_true", help="pick free ports (the last start's where still free; others if one is taken before its service listens) instead of 50051/50061/50071/50081/50091/50101")
     p.add_argument("--tls", action="store_true",
                    help="serve TLS only, with certificates of the suite's own CA (STATE_DIR/tls/ca.pem, made once)")
     p.add_argument("--tenants", metavar="FILE",
