@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, Integer, LargeBinary, String, UniqueConstraint, false
+from sqlalchemy import JSON, Boolean, Float, Index, Integer, LargeBinary, String, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.db import metadata as db_metadata
@@ -51,12 +51,18 @@ class Compensation(Base):
     """A part of a failed or released reservation still held by an unreachable IRM."""
 
     __tablename__ = "crs_compensations"
+    # The compensator's read: one manager's rows due, soonest first.
+    __table_args__ = (Index("ix_crs_compensations_manager_next_try_at", "manager", "next_try_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    manager: Mapped[str] = mapped_column(String(128), index=True)
+    manager: Mapped[str] = mapped_column(String(128))
     tenant: Mapped[str] = mapped_column(String(128))
-    # The IRM-side request id (deterministic: "<crs reservation id>@<manager>").
+    # The IRM-side request id (service.irm_request_id), for a part whose manager reservation id is not known (a
+    # Reserve that failed or was left pending: one row per id the part may have); "" when it is.
     irm_request_id: Mapped[str] = mapped_column(String(256))
+    # The part's reservation id at its manager (a released reservation's part, which the allocation names): given
+    # back by that id, one row per part.
+    irm_reservation_id: Mapped[str] = mapped_column(String(128), default="", server_default="")
     created_at: Mapped[float] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # The Reserve got no definite answer: the manager may still commit it, so "absent" is not final until

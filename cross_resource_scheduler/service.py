@@ -52,6 +52,7 @@ from services.errors import (
     MANAGER_DOWN,
     MANAGER_UNAVAILABLE,
     OVER_PRICE,
+    RESERVATION_PENDING,
     RETRY_LATER_S,
     Aborted,
     FailedPrecondition,
@@ -87,21 +88,20 @@ _STAMP_PENDING = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.sta
 _RELEASE = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
     state="released", released_at=bindparam("at")))
 _DROP_PENDING = Prepared(delete(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "pending"))
-# An active reservation's parts with their resources' addresses as their managers answer them now (Crs._current).
-_READDRESS = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active").values(
-    allocation=bindparam("alloc")))
+# An active reservation's parts with their resources' addresses as their managers answer them now (Crs._current),
+# only over the allocation the read started from: a read that learned newer addresses may have written since.
+_READDRESS = Prepared(update(_R).where(_R.c.id == bindparam("rid"), _R.c.state == "active",
+                                       _R.c.allocation == bindparam("was")).values(allocation=bindparam("alloc")))
 _C = Compensation.__table__
 # The monitor's poll (twice a second, usually finding nothing): an ORM query costs ~ms.
 _ANY_COMPENSATION = Prepared(select(_C.c.id).limit(1))
 # A Release records its parts for the compensator in the transaction that marks the reservation released, and
-# forgets each part once its manager gave it back (Crs.ReleaseReservation).
-_COMPENSATE = Prepared(insert(_C), columns=["manager", "tenant", "irm_request_id", "created_at", "attempts",
-                                            "in_doubt", "next_try_at"])
-_FORGET_PART = Prepared(delete(_C).where(_C.c.manager == bindparam("manager"), _C.c.tenant == bindparam("tenant"),
-                                         _C.c.irm_request_id == bindparam("rid"), _C.c.created_at == bindparam("at")))
-_DUE_NOW = Prepared(update(_C).where(_C.c.manager == bindparam("manager"), _C.c.tenant == bindparam("tenant"),
-                                     _C.c.irm_request_id == bindparam("rid"), _C.c.created_at == bindparam("at"))
-                    .values(next_try_at=bindparam("now")))
+# forgets each part once its manager gave it back (Crs.ReleaseReservation): by the ids the inserts returned (one
+# row per part, by its manager reservation id), each a primary-key lookup.
+_COMPENSATE = Prepared(insert(_C).returning(_C.c.id), columns=[
+    "manager", "tenant", "irm_request_id", "irm_reservation_id", "created_at", "attempts", "in_doubt", "next_try_at"])
+_FORGET_PART = Prepared(delete(_C).where(_C.c.id == bindparam("cid")))
+_DUE_NOW = Prepared(update(_C).where(_C.c.id == bindparam("cid")).values(next_try_at=bindparam("now")))
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
 DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
@@ -136,6 +136,9 @@ PENDING_SLACK_S = 10.0
 # Rounds of price quotes one placement attempt may add under max_price_per_minute (Crs._within_price: the
 # placement's quote, the unit prices of each kind of node, the cheaper placement's quote), each up to irm_timeout_s.
 QUOTE_ROUNDS = 3
+# A Reserve or GetReservation meeting a reservation still being placed tells the client to ask again after this
+# long: most Reserves are placed and delegated within it.
+PENDING_RETRY_S = 1.0
 # A Reserve stamps its pending row afresh at an attempt once the stamp is older than this: the common Reserve,
 # placed and delegated within a second, writes nothing more.
 PENDING_STAMP_S = 1.0
@@ -607,17 +610,25 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 "manager": manager, "irm_request_id": irm_request_id, "code": str(e.code())})
             return "unreachable"
 
-    def _release_part(self, manager: str, tenant: str, irm_reservation_id: str) -> bool:
+    def _release_part(self, manager: str, tenant: str, irm_reservation_id: str, show: bool = True) -> str:
+        """Give back the part `irm_reservation_id` at `manager`: "released" (also if it was already), "absent"
+        (the manager knows no such reservation) or "unreachable". `show`: free in the view at once (the
+        compensator's retries do not: a part the Release showed freed already would be counted free twice)."""
         state = self.registry.get(manager)
         if state is None or not irm_reservation_id:
-            return False
+            return "unreachable"
         try:
             reply = state.stub().ReleaseReservation(irm_pb2.ReleaseReservationRequest(
                 tenant=tenant, reservation_id=irm_reservation_id), timeout=self.config.irm_timeout_s)
-        except grpc.RpcError:
-            return False
-        self._show_released(manager, reply)
-        return True
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return "absent"
+            log.warning("could not release at manager; will retry", extra={
+                "manager": manager, "irm_reservation_id": irm_reservation_id, "code": str(e.code())})
+            return "unreachable"
+        if show:
+            self._show_released(manager, reply)
+        return "released"
 
     def _show_released(self, manager: str, reply: irm_pb2.Reservation) -> None:
         """What a manager just gave back, free in the view at once: until its event arrives, a Reserve right after
@@ -714,7 +725,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     break
 
     def _try_compensation(self, c: Compensation) -> str:
-        outcome = self._undo(c.manager, c.tenant, c.irm_request_id)
+        if c.irm_reservation_id:
+            outcome = self._release_part(c.manager, c.tenant, c.irm_reservation_id, show=False)
+        else:
+            outcome = self._undo(c.manager, c.tenant, c.irm_request_id)
         now = self.clock.now()
         age = now - c.created_at
         if outcome == "released":
@@ -738,8 +752,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     row.next_try_at = now + self._backoff(row.attempts)
         self.db.transact(run)
         if outcome == "released":
-            log.info("released a leftover at manager", extra={"manager": c.manager,
-                                                              "irm_request_id": c.irm_request_id})
+            log.info("released a leftover at manager", extra={
+                "manager": c.manager, "irm_request_id": c.irm_request_id, "irm_reservation_id": c.irm_reservation_id})
         return outcome
 
     def pending_compensations(self) -> int:
@@ -1028,8 +1042,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             if (why or old) and self._recover_one(r.id, r.tenant, why or "pending longer than a Reserve takes"):
                 said = f"left pending because {why}" if why else "left pending by a Reserve that failed"
                 raise Aborted(f"reservation for request_id {r.request_id!r} was {said}; what it held is being "
-                              "given back: retry", retry_after_s=RETRY_LATER_S)
-            raise Aborted(f"reservation for request_id {r.request_id!r} is still being placed; retry shortly")
+                              "given back: retry", reason=RESERVATION_PENDING, retry_after_s=RETRY_LATER_S)
+            # A client in doubt about its Reserve (the Application Manager) must tell this from "never placed": a
+            # reason, and when to ask again.
+            raise Aborted(f"reservation for request_id {r.request_id!r} is still being placed; retry shortly",
+                          reason=RESERVATION_PENDING, retry_after_s=PENDING_RETRY_S)
         return self._current(r.tenant, [r], context)[0]
 
     def _reserve(self, tenant: str, res_id: str, created_at: float, request: irm_pb2.ReserveRequest,
@@ -1304,7 +1321,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 out.notes.append(f"{m}: the addresses of its resources are as last known ({silent[m]}); if one "
                                  f"cannot be reached, read the reservation again once {m} is up")
             if changed:
-                self._readdress(r.id, out)
+                self._readdress(r.id, r.allocation or b"", out)
         return outs
 
     def _ask_where(self, manager: str, w: _Whereabouts, tenant: str, parts: set[str],
@@ -1372,10 +1389,12 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         finally:
             w.lock.release()
 
-    def _readdress(self, res_id: str, out: irm_pb2.Reservation) -> None:
-        """Record the addresses a manager gave anew: the next read while it does not answer shows these."""
+    def _readdress(self, res_id: str, was: bytes, out: irm_pb2.Reservation) -> None:
+        """Record the addresses a manager gave anew: the next read while it does not answer shows these. Only
+        while the stored allocation is still `was`, the one they were worked out from: a read of an earlier
+        registration, answered after a later one's read wrote, must not put the older addresses back."""
         try:
-            self.db.execute(_READDRESS, {"rid": res_id,
+            self.db.execute(_READDRESS, {"rid": res_id, "was": was,
                                          "alloc": irm_pb2.Reservation(groups=out.groups).SerializeToString()})
         except Exception:  # noqa: BLE001 - a read still answers; the next one records them
             log.warning("could not record a reservation's new addresses", exc_info=True,
@@ -1401,9 +1420,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 raise InvalidArgument.of("request_id", "required: the request_id the reservation was made with "
                                                        "(or give reservation_id instead)")
             r = self._find(tenant, request.request_id)
-            if r is None or r.state == "pending":
+            if r is None:
                 raise NotFound(f"no reservation of this tenant has request id {request.request_id!r}")
-            return self._current(tenant, [r], context)[0]
+            # A pending one is answered as a Reserve repeated under its id would be (a leftover is recovered here
+            # too): NOT_FOUND would tell a client in doubt that it was never placed.
+            return self._existing(r, context)
         raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
 
     def ListReservations(self, request, context):  # noqa: N802
@@ -1424,32 +1445,35 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         if r.state == "released":
             return self._to_proto(r)
         parts = sorted({(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups})
-        # Which attempt placed a part is not kept: its manager is asked for each (the others hold nothing).
-        rids = {m: part_request_ids(r.id, m, self._attempts()) for m, _ in parts}
         now = self.clock.now()
         # Marked released and its parts recorded for the compensator in one transaction, before any manager is
         # asked: a CRS that dies in between leaves neither a reservation shown active whose parts are gone nor
         # parts held that no one will give back. Not due while this call gives them back itself.
         grace = now + len(parts) * self.config.irm_timeout_s + PENDING_SLACK_S
-        rows = [dict(manager=m, tenant=tenant, irm_request_id=rid, created_at=now, attempts=0, in_doubt=False,
-                     next_try_at=grace) for m, _ in parts for rid in rids[m]]
+        row = dict(tenant=tenant, created_at=now, attempts=0, in_doubt=False, next_try_at=grace)
+        # A part is recorded once, by its id at its manager: released by that id, it cannot be another. One the
+        # allocation names no id of (a manager that answered without one) is looked for under every request id it
+        # may have had, as a recovery's are.
+        rows = {(m, irm_id): [dict(row, manager=m, irm_request_id="", irm_reservation_id=irm_id)] if irm_id else
+                [dict(row, manager=m, irm_request_id=rid, irm_reservation_id="")
+                 for rid in part_request_ids(r.id, m, self._attempts())]
+                for m, irm_id in parts}
 
-        def mark(conn) -> int:  # type: ignore[no-untyped-def]
-            n = _RELEASE.execute(conn, {"rid": r.id, "at": now})
-            if n:
-                _COMPENSATE.executemany(conn, rows)
-            return n
+        def mark(conn) -> dict[tuple[str, str], list[int]] | None:  # type: ignore[no-untyped-def]
+            if not _RELEASE.execute(conn, {"rid": r.id, "at": now}):
+                return None
+            return {part: [_COMPENSATE.first(conn, one)[0] for one in rows[part]] for part in parts}
 
-        if not self.db.run(mark):
+        recorded = self.db.run(mark)
+        if recorded is None:
             return self._to_proto(self._get(tenant, r.id))   # released meanwhile by another call
-        for manager, irm_id in parts:
-            keys = [{"manager": manager, "tenant": tenant, "rid": rid, "at": now, "now": now} for rid in rids[manager]]
-            given_back = self._release_part(manager, tenant, irm_id)
+        for (manager, irm_id), ids in recorded.items():
+            given_back = self._release_part(manager, tenant, irm_id) == "released"
             try:
-                # Given back: nothing left for the compensator. Else (the manager did not answer just now) it asks
-                # again at once, not each id waited on here.
-                self.db.run(lambda conn, k=keys, done=given_back: (_FORGET_PART if done else _DUE_NOW)
-                            .executemany(conn, k))
+                # Given back: nothing left for the compensator. Else (the manager did not answer just now, or knows
+                # no such reservation: said final only once it cannot still be settling) it is asked again at once.
+                self.db.run(lambda conn, ids=ids, done=given_back: (_FORGET_PART if done else _DUE_NOW)
+                            .executemany(conn, [{"cid": i, "now": now} for i in ids]))
             except Exception:  # noqa: BLE001 - released all the same; the compensator finds the rows in time
                 log.warning("could not update a released part's compensation rows", exc_info=True,
                             extra={"reservation": r.id, "manager": manager})

@@ -3,7 +3,9 @@
 It stands for a manager that hangs or is slow, which a real one cannot be made to do. Knobs (argv[1], JSON):
 name, crs (address), port_file (written with its address once serving), type, units (the host's capacity),
 hb (heartbeat interval), reserve_delay (s Reserve sleeps before committing, ignoring the deadline: it commits
-after the caller gave up), get_delay (s GetReservation sleeps), release_delay (s ReleaseReservation sleeps before it releases), release_unavailable (ReleaseReservation
+after the caller gave up), reserve_gate (a path: Reserve waits, as long as it takes, until that file exists before
+committing -- a Reserve held in flight until the test lets it go), get_delay (s GetReservation sleeps), release_delay (s ReleaseReservation sleeps before it releases), release_delay_from (the delay from this
+ReleaseReservation on, counting from 0: the ones before answer at once; default 0), release_unavailable (ReleaseReservation
 answers UNAVAILABLE), watch_error (WatchCapacity fails FAILED_PRECONDITION with this message). It has no ReserveBatch (UNIMPLEMENTED): the CRS sends it one Reserve per request.
 
 `Standin` starts one as its own process and kills it.
@@ -82,6 +84,7 @@ class Rm(irm_pb2_grpc.ResourceManagerServicer):
         self.by_req: dict[tuple[str, str], irm_pb2.Reservation] = {}
         self.by_id: dict[str, irm_pb2.Reservation] = {}
         self.need: dict[str, float] = {}
+        self.releases = 0
         self.subscribers: list[tuple[list, threading.Event]] = []
 
     def host(self) -> common_pb2.PhysicalResource:
@@ -128,6 +131,9 @@ class Rm(irm_pb2_grpc.ResourceManagerServicer):
             if key in self.by_req:
                 return self.by_req[key]
         time.sleep(float(self.cfg.get("reserve_delay", 0)))
+        gate = self.cfg.get("reserve_gate")
+        while gate and not os.path.exists(str(gate)):
+            time.sleep(0.05)
         need = sum(g.attributes["units"].number * g.count for g in request.groups)
         with self.lock:
             if key in self.by_req:
@@ -170,7 +176,11 @@ class Rm(irm_pb2_grpc.ResourceManagerServicer):
 
     def ReleaseReservation(self, request, context):  # noqa: N802
         log("ReleaseReservation", request.reservation_id)
-        time.sleep(float(self.cfg.get("release_delay", 0)))
+        with self.lock:
+            self.releases += 1
+            nth = self.releases - 1
+        if nth >= int(self.cfg.get("release_delay_from", 0)):
+            time.sleep(float(self.cfg.get("release_delay", 0)))
         if self.cfg.get("release_unavailable"):
             context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in refuses releases")
         with self.lock:

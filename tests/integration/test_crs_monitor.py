@@ -28,16 +28,18 @@ def test_a_manager_that_hangs_does_not_delay_down_detection_of_another(suite, tm
     hb_interval, hb_timeout, irm_timeout = 0.3, 1.5, 10.0
     crs = suite.start("crs", heartbeat_interval_s=hb_interval, heartbeat_timeout_s=hb_timeout,
                       irm_timeout_s=irm_timeout)
-    hang = Standin(tmp_path, crs.address, "hang", type="gadget", release_unavailable=True, get_delay=60)
+    # Refuses the Release's own call at once, then hangs on the compensator's retry.
+    hang = Standin(tmp_path, crs.address, "hang", type="gadget", release_unavailable=True, release_delay=60,
+                   release_delay_from=1)
     other = Standin(tmp_path, crs.address, "other", type="widget")
     try:
         stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
         eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 2)
         res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget()]), timeout=30)
-        # The release cannot reach "hang" (UNAVAILABLE): its ids are left to the compensator, whose
-        # GetReservation there hangs until the call's deadline (irm_timeout_s).
+        # The release cannot reach "hang" (UNAVAILABLE): its part is left to the compensator, whose
+        # ReleaseReservation there hangs until the call's deadline (irm_timeout_s).
         stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=res.id), timeout=30)
-        eventually(lambda: "GetReservation" in (tmp_path / "hang.standin.log").read_text(),
+        eventually(lambda: (tmp_path / "hang.standin.log").read_text().count("ReleaseReservation") == 2,
                    what="the compensator waiting on the hanging manager")
         other.kill()
         t0 = time.monotonic()

@@ -132,7 +132,12 @@ class ResourceManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetReservation(self, request, context):
-        """One reservation, by id or by the request id that created it.
+        """One reservation, by id or by the request id that created it. By request
+        id, a reservation whose Reserve is still being placed is answered as a
+        Reserve repeated under that id is: ABORTED with reason RESERVATION_PENDING
+        and a RetryInfo (ask again then; nothing is decided yet). NOT_FOUND only
+        when no reservation has that request id (never asked for, or its Reserve
+        failed and holds nothing).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
