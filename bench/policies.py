@@ -373,7 +373,8 @@ def plug_in_runs(sc: Scenario, name: str, seeds: range, timeout_s: float) -> lis
     """The runs of the plug-in `name` on `sc`, one per seed, in a worker process of its own (each decision within
     `timeout_s`), or the text of the first `PolicyError` that ended one (the other runs are not made: a mean
     over the runs that did not fail would be another experiment's)."""
-    runner = PluginRunner(name, timeout_s=timeout_s)
+    runner = PluginRunner(name, timeout_s=timeout_s, timeout_setting="--plugin-timeout",
+                          after_failure="its rows of this scenario end here")
     try:
         runner.start()
         return [run_hydrogen(sc, name, seed, window=30, plugin=runner) for seed in seeds]

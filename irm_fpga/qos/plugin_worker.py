@@ -253,10 +253,14 @@ class PluginRunner:
     """
 
     def __init__(self, name: str, *, timeout_s: float, late_after: float = hy.LATE_AFTER_S,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, timeout_setting: str = "jobs_plugin_timeout_s",
+                 after_failure: str = "a new one is started for a later decision") -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds (got {timeout_s!r})")
         self.name, self.timeout_s, self.late_after, self.start_timeout_s = name, timeout_s, late_after, start_timeout_s
+        # What errors name: the setting that is `timeout_s` where the runner is used, and what follows a failure
+        # there (the FPGA IRM's job manager decides again; a benchmark's run ends).
+        self.timeout_setting, self.after_failure = timeout_setting, after_failure
         self._ctx = multiprocessing.get_context("spawn")   # no fork of a process running gRPC's threads
         self._proc: Any = None
         self._conn: Connection | None = None
@@ -358,8 +362,8 @@ class PluginRunner:
 
     def _timed_out(self, doing: str) -> plugins.PolicyError:
         return self._failed(f"scheduling algorithm {self.name!r} did not answer within {self.timeout_s:g} s when "
-                            f"asked {doing} (jobs_plugin_timeout_s); its worker process was stopped, and a new "
-                            f"one is started for a later decision")
+                            f"asked {doing} ({self.timeout_setting}); its worker process was stopped, and "
+                            f"{self.after_failure}")
 
     def _receive(self, deadline: float, limit: int, doing: str) -> list:
         """The worker's reply to request `_seq`, all of it by `deadline` and at most `limit` bytes, as plain
@@ -379,18 +383,16 @@ class PluginRunner:
             self._proc.join(min(5.0, max(0.1, deadline - time.monotonic())))
             code = self._proc.exitcode
             raise self._failed(f"scheduling algorithm {self.name!r}: its worker process ended (exit code {code}) "
-                               f"while it was asked {doing}; a new one is started for a later decision") from None
+                               f"while it was asked {doing}; {self.after_failure}") from None
         except _Timeout:
             raise self._timed_out(doing) from None
         except _TooLong as e:
             raise self._failed(f"scheduling algorithm {self.name!r} announced an answer of {_size(e.size)} when "
                                f"asked {doing}, more than an answer for the window's jobs takes ({limit} bytes); "
-                               f"its worker process was stopped, and a new one is started for a later "
-                               f"decision") from None
+                               f"its worker process was stopped, and {self.after_failure}") from None
         except _BadReply as e:
             raise self._failed(f"scheduling algorithm {self.name!r} sent what is not an answer when asked "
-                               f"{doing} ({e}); its worker process was stopped, and a new one is started for a "
-                               f"later decision") from None
+                               f"{doing} ({e}); its worker process was stopped, and {self.after_failure}") from None
 
     def __call__(self, queue: Sequence[hy.HJob], available: int, window: int, cost: hy.Cost = hy.linear_cost, *,
                  now: float) -> hy.Allocation:
@@ -404,8 +406,8 @@ class PluginRunner:
             try:
                 _write_frame(conn.fileno(), request, deadline)
             except (OSError, EOFError):
-                raise self._failed(f"scheduling algorithm {self.name!r}: its worker process is gone; a new one "
-                                   f"is started for a later decision") from None
+                raise self._failed(f"scheduling algorithm {self.name!r}: its worker process is gone; "
+                                   f"{self.after_failure}") from None
             except _Timeout:
                 raise self._timed_out("for a decision") from None
             reply = self._receive(deadline, limit, "for a decision")
