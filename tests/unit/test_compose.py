@@ -107,3 +107,15 @@ def test_every_harness_service_can_serve_and_speak_tls():
         served.add(cmd[1])
     assert served == set(SERVICES)
     assert {"tls", "agent-tls"} <= set(compose["volumes"])
+
+
+def test_the_image_copies_what_exists_and_its_build_context_leaves_out_local_environments():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not in the repository"
+    # `COPY examples examples` would take a local node_modules (examples/clients/node) and caches into the image.
+    ignored = {p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
+               if p.strip() and not p.startswith("#")}
+    assert {"**/node_modules/", ".venv/", "**/__pycache__/", ".git/"} <= ignored
