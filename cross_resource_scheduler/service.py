@@ -126,6 +126,8 @@ _PARSE_CACHE_MAX_BYTES = 64 * 1024
 # threads (services.server), which Reserve, the IRMs' heartbeats and the health checks share; 32 idle watches
 # froze the CRS.
 MAX_WATCHES = 8
+# A manager's instance id (RegisterManagerRequest.instance_id), at most this long.
+MAX_INSTANCE_ID = 128
 # How long a registration waits for the manager already registered under its name to answer a health check.
 PROBE_TIMEOUT_S = 1.0
 # A failed liveness check or compensation pass is tried again after at most this long.
@@ -147,9 +149,9 @@ PENDING_STAMP_S = 1.0
 COMPENSATION_BACKOFF_MAX_S = 60.0
 # Rows of one manager looked at per pass (rows not yet due are skipped).
 _ROWS_PER_MANAGER = 50
-# A reservation read after its manager (re)registered asks it where the resources are now, for at most this long
-# (less when the caller's deadline is nearer: `harness run` gives GetReservation 10 s); a manager that did not
-# answer is not asked again for this long, its resources shown as last known meanwhile.
+# A reservation read after its manager restarted (registered as a new instance) asks it where the resources are
+# now, for at most this long (less when the caller's deadline is nearer: `harness run` gives GetReservation 10 s); a
+# manager that did not answer is not asked again for this long, its resources shown as last known meanwhile.
 ADDRESS_TIMEOUT_S = 2.0
 ADDRESS_RETRY_S = 5.0
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
@@ -161,10 +163,10 @@ class _ViewChanged(Unavailable):
 
 @dataclass
 class _Whereabouts:
-    """Where one manager, since it last registered, says the resources of its parts are (an execution agent's
-    address, say): a restart may have moved them, and a manager restarting registers again (this is then
-    replaced). Its parts reserved before `since` are asked about once, when a tenant reads them; those reserved
-    since were answered by the manager as it is now."""
+    """Where one manager, since it last registered as a new instance, says the resources of its parts are (an
+    execution agent's address, say): a restart may have moved them, and a manager restarting registers again with
+    a new instance id (this is then replaced: Crs._registered). Its parts reserved before `since` are asked about
+    once, when a tenant reads them; those reserved since were answered by the manager as it is now."""
 
     since: float
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -399,6 +401,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.owner = owners.this_process()
         self._whereabouts: dict[str, _Whereabouts] = {}
         self._whereabouts_lock = threading.Lock()
+        # Manager -> (address, instance id) of its last registration with this process (Crs._registered). In memory:
+        # a restarted CRS asks every manager about its parts from before anyway (`_started_at`).
+        self._instances: dict[str, tuple[str, str]] = {}
         # A manager not registered since this process started may have moved before: parts older are asked about.
         self._started_at = self.clock.now()
         self._stop = threading.Event()
@@ -1280,13 +1285,29 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         with self._whereabouts_lock:
             self._whereabouts[manager] = _Whereabouts(since=self.clock.now())
 
+    def _registered(self, manager: str, address: str, instance_id: str) -> bool:
+        """`manager` registered at `address` as the instance `instance_id`: _moved unless its last registration
+        with this process was that same instance there (it registered again without restarting: after missed
+        heartbeats, a network blip), its resources where it said. No id (a manager older than instance_id) or no
+        registration before (this CRS restarted since) is taken for a restart. True if it was _moved."""
+        with self._whereabouts_lock:
+            last = self._instances.get(manager)
+            self._instances[manager] = (address, instance_id)
+            if instance_id and last == (address, instance_id):
+                w = self._whereabouts.get(manager)
+                if w is not None:
+                    w.silent_until = -math.inf      # it answers again: a read asks it at once what it still must
+                return False
+            self._whereabouts[manager] = _Whereabouts(since=self.clock.now())
+            return True
+
     def _current(self, tenant: str, rows: list, context=None) -> list[irm_pb2.Reservation]:  # noqa: ANN001
         """`rows` (the tenant's) as the tenant reads them: the addresses of active reservations' resources as
         their managers give them now. The CRS records a part's addresses when it is reserved, and a manager that
         restarted since (its agent on another port) gives others: a part reserved before its manager last
-        registered (or before this CRS started) is asked about once per registration -- the one part, or the
-        tenant's every part there (one List, not a call per reservation). A manager that does not answer leaves
-        its resources' addresses as last known, with a note saying so."""
+        registered as a new instance (or before this CRS started) is asked about once per such registration -- the
+        one part, or the tenant's every part there (one List, not a call per reservation). A manager that does not
+        answer leaves its resources' addresses as last known, with a note saying so."""
         outs = [self._to_proto(r) for r in rows]
         where: dict[str, _Whereabouts] = {}
         unknown: dict[str, set[str]] = defaultdict(set)     # manager -> its parts not asked about since it registered
@@ -1572,6 +1593,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 v.add("address", f"{request.address!r} is not HOST:PORT with PORT in 1..65535 (an IPv6 host in "
                                  "brackets, e.g. [::1]:50061): the manager's ResourceManager address")
         v.check(len(request.resource_types) > 0, "resource_types", "at least one resource type")
+        v.check(len(request.instance_id) <= MAX_INSTANCE_ID, "instance_id",
+                f"at most {MAX_INSTANCE_ID} characters: an id the manager makes once per start")
         v.raise_if_any()
         old = self.registry.get(request.name)
         if old is not None and old.address != request.address and serving_at(old.address):
@@ -1594,8 +1617,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.db.transact(upsert)
         self.registry.register(request.name, request.address, list(request.resource_types))
         # After the registry has its new address: a read in between asks there, into what this replaces.
-        self._moved(request.name)
-        log.info("manager registered", extra={"manager": request.name, "address": request.address})
+        moved = self._registered(request.name, request.address, request.instance_id)
+        log.info("manager registered", extra={"manager": request.name, "address": request.address,
+                                              "instance": request.instance_id, "new_instance": moved})
         return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
 
     def Heartbeat(self, request, context):  # noqa: N802

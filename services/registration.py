@@ -6,6 +6,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 
 import grpc
 
@@ -30,12 +31,24 @@ def sane_interval(value: float, fallback: float = 2.0) -> float:
 
 
 class Membership:
+    """The manager `name` (its ResourceManager at `address`) registered with the CRS at `crs_address`, and kept so
+    by heartbeats until stop(); registering again whenever the CRS does not know it (it missed heartbeats, a call
+    failed).
+
+    Each registration says `instance_id`: by default a random id of this Membership, made when the manager starts
+    (it makes one Membership per CRS as it starts, and a manager restarted -- a new process, or a new component in
+    this one -- makes new ones), and the same in all its registrations. The CRS keeps what it learned from the
+    manager about where its resources are while the id stays the same, and asks again once it changes (a restart
+    may have moved them). `instance_id` given is sent instead (it must change whenever the manager restarts)."""
+
     def __init__(self, crs_address: str, name: str, address: str, resource_types: list[str],
-                 heartbeat_interval_s: float = 2.0, control_token: str = "") -> None:
+                 heartbeat_interval_s: float = 2.0, control_token: str = "", instance_id: str = "") -> None:
         self.crs_address = crs_address
         self.control_token = control_token
+        self.instance_id = instance_id or uuid.uuid4().hex
         self.request = registry_pb2.RegisterManagerRequest(name=name, address=address,
-                                                           resource_types=resource_types)
+                                                           resource_types=resource_types,
+                                                           instance_id=self.instance_id)
         self.interval = sane_interval(heartbeat_interval_s)
         self._stop = threading.Event()
         self.registered = threading.Event()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19harness/v1/registry.proto\x12\nharness.v1\"O\n\x16RegisterManagerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\"7\n\x17RegisterManagerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"1\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x15\n\x13ListManagersRequest\"\x91\x01\n\x0bManagerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\x12\n\n\x02up\x18\x04 \x01(\x08\x12\x16\n\x0elast_heartbeat\x18\x05 \x01(\x01\x12\x11\n\tresources\x18\x06 \x01(\x05\x12\x14\n\x0c\x66ollow_error\x18\x07 \x01(\t\"A\n\x14ListManagersResponse\x12)\n\x08managers\x18\x01 \x03(\x0b\x32\x17.harness.v1.ManagerInfo2\x8a\x02\n\x0fManagerRegistry\x12Z\n\x0fRegisterManager\x12\".harness.v1.RegisterManagerRequest\x1a#.harness.v1.RegisterManagerResponse\x12H\n\tHeartbeat\x12\x1c.harness.v1.HeartbeatRequest\x1a\x1d.harness.v1.HeartbeatResponse\x12Q\n\x0cListManagers\x12\x1f.harness.v1.ListManagersRequest\x1a .harness.v1.ListManagersResponseB\x16Z\x14harness/v1;harnessv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19harness/v1/registry.proto\x12\nharness.v1\"d\n\x16RegisterManagerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"7\n\x17RegisterManagerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"1\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x15\n\x13ListManagersRequest\"\x91\x01\n\x0bManagerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\x12\n\n\x02up\x18\x04 \x01(\x08\x12\x16\n\x0elast_heartbeat\x18\x05 \x01(\x01\x12\x11\n\tresources\x18\x06 \x01(\x05\x12\x14\n\x0c\x66ollow_error\x18\x07 \x01(\t\"A\n\x14ListManagersResponse\x12)\n\x08managers\x18\x01 \x03(\x0b\x32\x17.harness.v1.ManagerInfo2\x8a\x02\n\x0fManagerRegistry\x12Z\n\x0fRegisterManager\x12\".harness.v1.RegisterManagerRequest\x1a#.harness.v1.RegisterManagerResponse\x12H\n\tHeartbeat\x12\x1c.harness.v1.HeartbeatRequest\x1a\x1d.harness.v1.HeartbeatResponse\x12Q\n\x0cListManagers\x12\x1f.harness.v1.ListManagersRequest\x1a .harness.v1.ListManagersResponseB\x16Z\x14harness/v1;harnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +33,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\024harness/v1;harnessv1'
   _globals['_REGISTERMANAGERREQUEST']._serialized_start=41
-  _globals['_REGISTERMANAGERREQUEST']._serialized_end=120
-  _globals['_REGISTERMANAGERRESPONSE']._serialized_start=122
-  _globals['_REGISTERMANAGERRESPONSE']._serialized_end=177
-  _globals['_HEARTBEATREQUEST']._serialized_start=179
-  _globals['_HEARTBEATREQUEST']._serialized_end=228
-  _globals['_HEARTBEATRESPONSE']._serialized_start=230
-  _globals['_HEARTBEATRESPONSE']._serialized_end=264
-  _globals['_LISTMANAGERSREQUEST']._serialized_start=266
-  _globals['_LISTMANAGERSREQUEST']._serialized_end=287
-  _globals['_MANAGERINFO']._serialized_start=290
-  _globals['_MANAGERINFO']._serialized_end=435
-  _globals['_LISTMANAGERSRESPONSE']._serialized_start=437
-  _globals['_LISTMANAGERSRESPONSE']._serialized_end=502
-  _globals['_MANAGERREGISTRY']._serialized_start=505
-  _globals['_MANAGERREGISTRY']._serialized_end=771
+  _globals['_REGISTERMANAGERREQUEST']._serialized_end=141
+  _globals['_REGISTERMANAGERRESPONSE']._serialized_start=143
+  _globals['_REGISTERMANAGERRESPONSE']._serialized_end=198
+  _globals['_HEARTBEATREQUEST']._serialized_start=200
+  _globals['_HEARTBEATREQUEST']._serialized_end=249
+  _globals['_HEARTBEATRESPONSE']._serialized_start=251
+  _globals['_HEARTBEATRESPONSE']._serialized_end=285
+  _globals['_LISTMANAGERSREQUEST']._serialized_start=287
+  _globals['_LISTMANAGERSREQUEST']._serialized_end=308
+  _globals['_MANAGERINFO']._serialized_start=311
+  _globals['_MANAGERINFO']._serialized_end=456
+  _globals['_LISTMANAGERSRESPONSE']._serialized_start=458
+  _globals['_LISTMANAGERSRESPONSE']._serialized_end=523
+  _globals['_MANAGERREGISTRY']._serialized_start=526
+  _globals['_MANAGERREGISTRY']._serialized_end=792
 # @@protoc_insertion_point(module_scope)

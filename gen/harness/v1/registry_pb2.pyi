@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterManagerRequest(_message.Message):
-    __slots__ = ("name", "address", "resource_types")
+    __slots__ = ("name", "address", "resource_types", "instance_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     resource_types: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class RegisterManagerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s",)
