@@ -368,12 +368,33 @@ class Database:
                 conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
                 conn.commit()       # the lock is the session's: held until unlocked, across the upgrade's transaction
             try:
+                self._known_revision(conn, cfg, version_table)
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
                 conn.commit()
             finally:
                 if key is not None:
                     self._unlock(conn, key)
+
+    def _known_revision(self, conn: Connection, cfg, version_table: str) -> None:  # type: ignore[no-untyped-def]
+        """SchemaTooNew if the database is at a revision these migrations do not have: a newer Harness wrote it (an
+        operator went back a version, or runs two versions on one database). Alembic would fail deep in the
+        upgrade ("Can't locate revision"), a traceback every restart."""
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        script = ScriptDirectory.from_config(cfg)
+        known = {r.revision for r in script.walk_revisions()}
+        current = MigrationContext.configure(conn, opts={"version_table": version_table}).get_current_heads()
+        conn.rollback()         # the upgrade begins its own transaction (on SQLite, one holding the write lock)
+        unknown = sorted(set(current) - known)
+        if unknown:
+            where = self.engine.url.render_as_string(hide_password=True)
+            raise SchemaTooNew(
+                f"the database {where} is at schema revision {', '.join(unknown)} ({version_table}), which this "
+                f"Harness does not know: a newer Harness wrote it. Run that version (or a newer one), or restore "
+                f"the backup taken before the upgrade; this version's newest revision is "
+                f"{', '.join(script.get_heads())}")
 
     @staticmethod
     def _unlock(conn: Connection, key: int) -> None:
@@ -531,6 +552,10 @@ class Prepared:
     def mappings(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         keys = self.keys
         return [dict(zip(keys, r, strict=True)) for r in self.all(conn, params)]
+
+
+class SchemaTooNew(ValueError):
+    """The database's schema is from a newer Harness than this one (Database.migrate)."""
 
 
 def run_migrations(context, metadata: MetaData) -> None:  # type: ignore[no-untyped-def]

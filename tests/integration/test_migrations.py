@@ -91,3 +91,53 @@ def test_the_am_owner_migration_leaves_one_running_session_per_application(db_ur
                 conn.execute(text("UPDATE am_sessions SET state = 'running' WHERE id = 'prof-old'"))
     finally:
         db.dispose()
+
+
+@pytest.mark.parametrize("module, version_table, tables", SERVICES)
+def test_a_database_from_a_newer_harness_is_refused_saying_so(db_url, module, version_table, tables):
+    # Going back a version (or two versions on one database): the schema is at a revision these migrations do
+    # not have. Was Alembic's "Can't locate revision" traceback on every start.
+    import importlib
+
+    from sqlalchemy import text
+
+    from services.db import SchemaTooNew
+
+    migrations = importlib.import_module(module).MIGRATIONS
+    db = Database(db_url)
+    try:
+        db.migrate(migrations, version_table)
+        with db.engine.begin() as conn:
+            conn.execute(text(f"UPDATE {version_table} SET version_num = 'f00dfeedbeef'"))
+        with pytest.raises(SchemaTooNew) as e:
+            db.migrate(migrations, version_table)
+        assert "is at schema revision f00dfeedbeef" in str(e.value) and "a newer Harness wrote it" in str(e.value)
+        assert "restore the backup" in str(e.value)
+        with db.engine.connect() as conn:         # left as it was
+            assert conn.execute(text(f"SELECT version_num FROM {version_table}")).scalar() == "f00dfeedbeef"
+    finally:
+        db.dispose()
+
+
+def test_harness_serve_on_a_database_from_a_newer_harness_exits_2_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from sqlalchemy import text
+
+    from application_manager.service import MIGRATIONS
+
+    url = f"sqlite:///{tmp_path / 'am.db'}"
+    db = Database(url)
+    try:
+        db.migrate(MIGRATIONS, "alembic_version_am")
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version_am SET version_num = 'f00dfeedbeef'"))
+    finally:
+        db.dispose()
+    r = subprocess.run([sys.executable, "-m", "services.cli", "serve", "am", "--address", "127.0.0.1:0",
+                        "--set", f"database={url}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("harness serve am:")]
+    assert "is at schema revision f00dfeedbeef (alembic_version_am)" in line and "am.db" in line
