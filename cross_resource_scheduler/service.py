@@ -256,6 +256,13 @@ def irm_request_id(res_id: str, attempt: int, manager: str) -> str:
 _ATTEMPTS_ASKED = 8
 
 
+def _caller_still_there(context, request_id: str, when: str) -> None:  # noqa: ANN001
+    """ABORTED when the Reserve's caller is gone (its deadline passed, it cancelled): nothing is reserved."""
+    if context is not None and not context.is_active():
+        raise Aborted(f"the caller of Reserve {request_id!r} went away {when} (its deadline passed or it "
+                      "cancelled): nothing is reserved; retry under the same request_id with a longer deadline")
+
+
 def part_request_ids(res_id: str, manager: str, attempts: int) -> list[str]:
     """Every request id a part of `res_id` at `manager` may have: one per attempt, and the single id parts had
     before ids were per attempt (`<res>@<manager>`)."""
@@ -1028,7 +1035,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 raise reused_request_id() from None
             return self._existing(existing, context)
         try:
-            return self._reserve(tenant, res_id, claim["created_at"], request, req)
+            return self._reserve(tenant, res_id, claim["created_at"], request, req, context)
         except BaseException:
             self.db.execute(_DROP_PENDING, {"rid": res_id})
             raise
@@ -1055,7 +1062,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return self._current(r.tenant, [r], context)[0]
 
     def _reserve(self, tenant: str, res_id: str, created_at: float, request: irm_pb2.ReserveRequest,
-                 req: PlacementRequest) -> irm_pb2.Reservation:
+                 req: PlacementRequest, context=None) -> irm_pb2.Reservation:  # noqa: ANN001
         groups = list(request.groups)
         by_name = {g.name: i for i, g in enumerate(groups)}
         last_error: HarnessError | None = None
@@ -1066,6 +1073,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             try:
                 placement = self._place(req, request.priority, token)
                 placed = True
+                # Queued behind other placements (a slow plug-in, a burst) past the caller's deadline: nobody
+                # waits for what would be delegated now.
+                _caller_still_there(context, request.request_id, "before it was delegated")
                 stamped = self._stamp(res_id, stamped, request.request_id)
                 pinned = self._pinned(groups, placement)
                 if request.HasField("max_price_per_minute"):
@@ -1082,6 +1092,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 continue
             except BaseException:
                 self.view.forget(token)
+                raise
+            try:
+                # A caller gone while the managers reserved (its deadline passed, it cancelled) gets no answer: an
+                # active reservation now would be held and charged with no one knowing its id (`harness reserve`
+                # makes a random one). Its parts go back instead; a retry under the same request id places afresh.
+                _caller_still_there(context, request.request_id, "while its parts were reserved")
+            except Aborted:
+                self.view.forget(token)
+                self._give_back_unrecorded(tenant, res_id, attempt, list(pinned))
                 raise
             self.view.commit(token, caught_up)
             allocated.sort(key=lambda g: by_name.get(g.name, 0))

@@ -1,0 +1,45 @@
+"""Review 19: a Reserve whose caller went away is not committed. A reservation placed after the caller's deadline
+passed (a slow manager, or placements queued behind a slow plug-in) was activated with no one knowing its id --
+`harness reserve` makes a random one -- held and charged for good. A real CRS process, a stand-in manager holding
+the Reserve in flight until the caller has given up."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from harness.v1 import irm_pb2, irm_pb2_grpc
+from services.tls import plain_channel
+from tests.conftest import eventually
+from tests.integration.standin_manager import Standin, gadget
+
+
+def test_a_reserve_whose_caller_gave_up_gives_its_parts_back(suite, tmp_path) -> None:
+    # irm_timeout_s over the time the test holds the Reserve at the manager.
+    crs = suite.start("crs", heartbeat_interval_s=0.3, heartbeat_timeout_s=1.5, irm_timeout_s=20.0)
+    gate = tmp_path / "commit"
+    slow = Standin(tmp_path, crs.address, "slow", type="gadget", hb=0.3, reserve_gate=str(gate))
+    try:
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
+        eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
+                   what="the manager's host in the CRS")
+        request = irm_pb2.ReserveRequest(tenant="t", request_id="gone", groups=[gadget(units=1)])
+        call = stub.Reserve.future(request, timeout=5.0)
+        eventually(lambda: "Reserve crs-" in (tmp_path / "slow.standin.log").read_text(),
+                   what="the CRS's Reserve waiting at the manager")
+        assert call.exception(timeout=30).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+        gate.write_text("")             # the manager commits now, after the caller left
+        eventually(lambda: "COMMITTED" in (tmp_path / "slow.standin.log").read_text(), what="the manager's commit")
+        # Given back, and no reservation under the request id: a retry places afresh.
+        eventually(lambda: slow.held("t") == [], what="the part given back at the manager")
+        with pytest.raises(grpc.RpcError) as e:
+            stub.GetReservation(irm_pb2.GetReservationRequest(tenant="t", request_id="gone"), timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert list(stub.ListReservations(irm_pb2.ListReservationsRequest(tenant="t"), timeout=10).reservations) == []
+
+        again = stub.Reserve(request, timeout=30)
+        assert again.state == irm_pb2.Reservation.STATE_ACTIVE
+        assert [r.id for r in slow.held("t")] == [g.manager_reservation_id for g in again.groups]
+    finally:
+        slow.kill()
