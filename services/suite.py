@@ -249,7 +249,8 @@ def _stopped(state_dir: str) -> bool:
     except PermissionError:
         fd = -1
     except FileNotFoundError:
-        return True                 # no suite ever started there
+        # No suite ever started there -- or one of a Harness from before the lock, which may still run.
+        return _unlocked_suite_answering(state_dir) is None
     except OSError:
         return False                # not ours to look at: its suite.json is taken as it is
     try:
@@ -269,6 +270,24 @@ def _stopped(state_dir: str) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def _unlocked_suite_answering(state_dir: str) -> str | None:
+    """An address of suite.json that takes connections while `state_dir` has no lock file: a suite a Harness from
+    before the state-directory lock started there still runs (an operator upgrading without stopping it). None if
+    there is no suite.json or nothing answers at its addresses."""
+    try:
+        addresses = json.loads(state_file(state_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    for address in addresses.values() if isinstance(addresses, dict) else ():
+        host, _, port = str(address).rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=0.5):
+                return str(address)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _lock_owner(state_dir: str) -> str:
@@ -348,6 +367,11 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
         tenants_file = str(Path(tenants_file).expanduser().absolute())
         tenants.read(tenants_file)                  # a file no service could use: say so before starting any
     Path(state_dir).mkdir(parents=True, exist_ok=True)
+    if not (Path(state_dir) / ".lock").exists() and (old := _unlocked_suite_answering(state_dir)):
+        # Its services share these databases and would be migrated under it: two suites on one state directory.
+        raise SuiteRunning(f"a suite started by an earlier Harness (one without a state-directory lock) still "
+                           f"answers at {old}, from {state_dir}: stop it first (Ctrl-C where it runs, or kill the "
+                           f"pids of {processes_file(state_dir)}), then start this one")
     procs = Suite()
     procs.lock_fd = _lock(state_dir)
     procs.state_dir = state_dir

@@ -126,3 +126,25 @@ def test_a_lock_the_file_system_cannot_take_is_not_a_stopped_suite(left: Path, m
     monkeypatch.setattr(fcntl, "flock", refuse)
     assert suite._stopped(str(left)) is False
     assert suite.state_file(str(left)).exists()
+
+
+def test_a_suite_of_a_harness_from_before_the_lock_still_answering_is_seen_and_not_joined(tmp_path: Path) -> None:
+    # Upgrade review: a state directory without a lock file whose suite.json's services still answer (a Harness
+    # from before the lock, not stopped before the upgrade) was taken for "no suite": `harness up` started a
+    # second suite on its databases, migrating them under the running one, and status/down did not see it.
+    import socket
+
+    state = tmp_path / "state"
+    state.mkdir()
+    with socket.socket() as old:
+        old.bind(("127.0.0.1", 0))
+        old.listen()
+        address = f"127.0.0.1:{old.getsockname()[1]}"
+        (state / "suite.json").write_text(json.dumps({"crs": "127.0.0.1:1", "compute": address}))
+        assert not suite._stopped(str(state))
+        assert (state / "suite.json").exists()                     # its addresses kept for status and down
+        with pytest.raises(suite.SuiteRunning, match=f"earlier Harness .* still answers at {address}"):
+            suite.start(str(state))
+        assert not (state / ".lock").exists()                      # nothing started, no lock taken
+    # Nothing answers any more: no suite runs there.
+    assert suite._stopped(str(state))
