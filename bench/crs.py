@@ -32,6 +32,7 @@ figure must not depend on what a shell happened to export.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import random
@@ -48,7 +49,7 @@ import grpc
 from bench._common import emit, percentile
 from cross_resource_scheduler import constraints as cons
 from cross_resource_scheduler.placement import PlacementRequest, schedule
-from cross_resource_scheduler.plugins import GroupDemand, Pipeline, PipelineError
+from cross_resource_scheduler.plugins import GroupDemand, Pipeline, PipelineError, PluginFailed
 from cross_resource_scheduler.service import CrsConfig
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView
@@ -233,6 +234,13 @@ def _weighers(text: str) -> dict[str, float]:
     return out
 
 
+def _plugin_failed(args: argparse.Namespace, e: PluginFailed) -> int:
+    """A plug-in of the pipeline failed while placing: the JSON document says which and how (one line)."""
+    emit({"benchmark": "crs", "pipeline": {"filters": list(args.filters), "weighers": dict(args.weighers)},
+          "error": f"placing failed: {e.problem or e}; fix the plug-in or leave it out of --filters/--weighers"})
+    return 1
+
+
 def service_environ() -> dict[str, str]:
     """This process's environment without HARNESS_* (HARNESS_CONFIG included): the services are configured
     by the bench's own settings alone, whatever the caller's shell exported."""
@@ -268,6 +276,16 @@ def main(argv: list[str]) -> int:
         print(f"harness bench crs: --filters must include {' and '.join(sorted(missing))}: the placement latency "
               "request has hops and different_host constraints", file=sys.stderr)
         return 2
+    # The in-process placements' plug-in failures are this JSON's `error`: not also a traceback on stderr (the
+    # CRS logs it for its operator; with no logging configured here it would go to stderr).
+    plugins_log = logging.getLogger("cross_resource_scheduler.plugins")
+    if not any(isinstance(h, logging.NullHandler) for h in plugins_log.handlers):
+        plugins_log.addHandler(logging.NullHandler())
+    try:
+        # A plug-in failing while placing is found now, in a moment, rather than after the whole run.
+        placement_p50_ms(100, 1, pipeline)
+    except PluginFailed as e:
+        return _plugin_failed(args, e)
     environ = service_environ()
     hosts = args.hosts or (300 if args.quick else 1000)
     per_client = args.reservations or (50 if args.quick else 150)
@@ -313,8 +331,11 @@ def main(argv: list[str]) -> int:
         db.dispose()
 
         repeats = 100 if args.quick else 400
-        p100 = placement_p50_ms(100, repeats, pipeline)
-        p5000 = placement_p50_ms(5000, repeats, pipeline)
+        try:
+            p100 = placement_p50_ms(100, repeats, pipeline)
+            p5000 = placement_p50_ms(5000, repeats, pipeline)
+        except PluginFailed as e:
+            return _plugin_failed(args, e)
         committed_per_s = stats["committed"] / stats["reserve_s"]
         released_per_s = stats["released"] / stats["release_s"]
         emit({

@@ -186,9 +186,14 @@ class _Classes:
     and traits look alike to every filter and weigher: swapping them maps a placement to another. The
     search tries, of each class, only the first node the request does not use yet, which keeps it
     complete (it misses no placement) yet small on a large cloud of few kinds of hosts.
+
+    Judged empty (`ignore_usage`), the nodes the plug-ins see are `shown(node)`: the node on an empty
+    cloud (Node.empty()), made only for the few nodes the search looks at, so that a plug-in reading usage
+    any way judges the empty cloud (and a class's members, alike but for usage, look alike to it).
     """
 
     def __init__(self, nodes: list[Node], ignore_usage: bool) -> None:
+        self.empty = ignore_usage
         by_key: dict[tuple, list[Node]] = {}
         seen: dict[tuple[str, str], tuple] = {}
         shared: list[Node] = []
@@ -224,6 +229,10 @@ class _Classes:
             self.by_type[key[0]].append(members)
             self.by_site[key[:2]].append(members)
             self.by_rack[key[:3]].append(members)
+
+    def shown(self, node: Node) -> Node:
+        """`node` as the filters and weighers are to see it: on an empty cloud when judged empty."""
+        return node.empty() if self.empty else node
 
     def narrowed(self, ctx: Context) -> list[list[Node]]:
         """The classes a hop or latency bound leaves the group, as _pool narrows the greedy's candidates."""
@@ -267,7 +276,7 @@ def _candidates(ctx: Context, classes: _Classes, on: dict[str, tuple[Node, int]]
                 continue
             for n in members:
                 if n.key not in on and rank[n.key] >= floor:
-                    pool.append(n)
+                    pool.append(classes.shown(n))
                     break
     checks = [f.checker(ctx) for f in pipeline.filters if f.relevant(ctx)]
     feasible = [n for n in pool if all(ok(n) for ok in checks)]
@@ -381,8 +390,8 @@ def _group_never_fits(req: PlacementRequest, classes: _Classes, pipeline: Pipeli
     for g in req.groups:
         ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], {}, {}, topology, ignore_usage)
         checks = [f.checker(ctx) for f in pipeline.filters if f.relevant(ctx)]
-        fits = [(_instances_fit(members[0], g, ignore_usage), len(members))
-                for members in classes.by_type.get(g.resource_type, []) if all(ok(members[0]) for ok in checks)]
+        shown = [(classes.shown(members[0]), len(members)) for members in classes.by_type.get(g.resource_type, [])]
+        fits = [(_instances_fit(node, g, ignore_usage), n) for node, n in shown if all(ok(node) for ok in checks)]
         own = {c.kind for c in ctx.constraints if c.a == c.b == g.name}
         if "same_host" in own:
             room, how = max((f for f, _ in fits), default=0), "on one host"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import logging
 import math
 import numbers
@@ -45,12 +46,27 @@ class GroupDemand:
 
 @dataclass
 class Context:
+    """What a filter or weigher is told about the instance being placed, besides the node (read-only).
+
+    * `group`: the GroupDemand being placed (name, resource_type, count, demand per instance, properties'
+      ranges, required/forbidden traits); `constraints`: those involving it (Constraint: kind, a, b, value);
+    * `placed`: group name -> the nodes this request's instances took so far; `tentative`: node key -> the
+      demand this request put there so far (not yet in the node's `used`/`avail`);
+    * `topology`: distances between locations (`topology.distance_between(location_of(a), location_of(b))`);
+    * `ignore_usage`: True while the CRS proves that the request can never fit: the nodes are then shown
+      on an empty cloud (Node.empty(): nothing used), so a rule on usage passes there what it could pass
+      once capacity is released;
+    * `free(node, attribute)`: what is left of the attribute for this instance (the node's free capacity
+      less this request's tentative demand there); `located(group)`, `peers(constraint)`,
+      `peer_locations(constraint)`: the placed instances a constraint is to be checked against.
+    """
+
     group: GroupDemand
     constraints: list[Constraint]  # those involving this group
     placed: dict[str, list[Node]]  # group -> nodes chosen so far in this request
     tentative: dict[str, dict[str, float]]  # node key -> demand this request put there
     topology: TopologyModel
-    # Judge against total capacity: "could this ever fit?" (unresolvable check).
+    # Judge against total capacity: "could this ever fit?" (unresolvable check); nodes are then shown empty.
     ignore_usage: bool = False
     # group -> how many of its placed instances are at each location (site, rack, host), kept by placement in
     # step with `placed` (None: counted from `placed` when asked). Distances depend on the location alone, so
@@ -92,6 +108,8 @@ class Context:
         return self.placed.get(me, [])
 
     def free(self, node: Node, attribute: str) -> float:
+        """What is left of `attribute` on `node` for this instance: its free capacity (all of its capacity
+        when `ignore_usage`) less the demand this request already put there."""
         mine = self.tentative.get(node.key)
         taken = mine.get(attribute, 0.0) if mine else 0.0
         if self.ignore_usage:
@@ -118,6 +136,15 @@ class Filter:
     * `host_passes(node, ctx)` -> bool, or `checker(ctx)` -> a function of the node (to do the per-instance
       work once; placement calls it for every candidate it examines);
     * optionally `relevant(ctx)`: False when it passes every node for this group, to be skipped.
+
+    `node` is a cross_resource_scheduler.view.Node: `key`, `manager`, `physical_id`, `resource_type`,
+    `capacity`, `used`, `assumed`, `avail` (capacity - used - assumed) and `free(attribute)`, `properties`,
+    `traits`, `location` (site, rack, host); `ctx` a Context (the group being placed, its constraints, what
+    this request placed so far, the topology, `ctx.free(node, attribute)`: see Context). A filter decides
+    both "may it go here now?" and "could it ever go here?": to prove that a request never fits (refused
+    FAILED_PRECONDITION NEVER_FITS, "change the request") the CRS runs the filters over the nodes as they are
+    on an empty cloud (`used` and `assumed` empty, `avail` == `capacity`, ctx.ignore_usage True), so a rule
+    on usage passes there, and a busy cloud is told RESOURCE_EXHAUSTED CAPACITY_IN_USE (retry later).
 
     It is made once at start-up with no arguments and called from many threads; it must be pure: read the
     node and ctx, change neither (nor itself), no I/O, no clock, and be quick. An exception fails that
@@ -265,9 +292,11 @@ class Weigher:
     naming the weigher.
 
     A plug-in subclasses it and sets `name` (its own, not a built-in's) and `weigh(node, ctx)` -> float,
-    or `scorer(ctx)` (below). Made once at start-up with no arguments, called from many threads: pure as
-    a Filter is (read node and ctx, change nothing, no I/O, no clock); an exception fails that request
-    with INTERNAL naming the weigher (PluginFailed); the CRS goes on.
+    or `scorer(ctx)` (below). `node` and `ctx` are a filter's (see Filter: a Node, a Context); weighers
+    also order the candidates of the never-fits proof, where the nodes are shown on an empty cloud. Made
+    once at start-up with no arguments, called from many threads: pure as a Filter is (read node and ctx,
+    change nothing, no I/O, no clock); an exception fails that request with INTERNAL naming the weigher
+    (PluginFailed); the CRS goes on.
     """
 
     name = "weigher"
@@ -479,7 +508,9 @@ class PipelineError(ValueError):
 class PluginFailed(HarnessError):
     """A plug-in filter or weigher raised, or scored NaN or a non-number, while placing: that request fails
     with INTERNAL (HarnessError's code) naming it; the CRS and its view are untouched (placement changes
-    nothing until it returns)."""
+    nothing until it returns). `problem`: which plug-in failed and how, on one line (the message's start)."""
+
+    problem: str = ""
 
 
 # Entry point groups a distribution registers its plug-ins in: `[project.entry-points."harness.crs_filters"]`.
@@ -604,9 +635,22 @@ def _made(kind: _Kind, name: str, found: tuple[type, str]) -> Filter | Weigher:
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - as _resolve's import
-        raise PipelineError(f"{kind.what} {name!r}: {cls.__qualname__}() raised {_said(e)} (a plug-in is made "
-                            "with no arguments)") from None
+        # The hint only when it is the arguments that failed, not whatever its constructor does.
+        hint = (" (a plug-in is made with no arguments)" if isinstance(e, TypeError) and _wants_arguments(cls)
+                else f"; fix it, or drop it from the CRS's `{kind.what}s` setting")
+        raise PipelineError(f"{kind.what} {name!r}: {cls.__qualname__}() raised {_said(e)}{hint}") from None
     return _GuardedFilter(plugin, origin) if kind is _FILTER else _GuardedWeigher(plugin, origin)
+
+
+def _wants_arguments(cls: type) -> bool:
+    """Whether `cls` cannot be called with no arguments (its signature requires some)."""
+    try:
+        inspect.signature(cls).bind()
+    except TypeError:
+        return True
+    except Exception:  # noqa: BLE001 - no signature to be had (a C type, an odd metaclass): not known
+        return False
+    return False
 
 
 def _unknown(kind: _Kind, names: list[str]) -> PipelineError:
@@ -693,8 +737,11 @@ def _failed(what: str, plugin: _GuardedFilter | _GuardedWeigher, doing: str, e: 
 
 
 def _refused(what: str, plugin: _GuardedFilter | _GuardedWeigher, problem: str) -> PluginFailed:
-    return PluginFailed(f"the CRS's {what} plug-in {plugin.name!r} ({plugin.origin}) {problem}; the request was "
-                        "not placed and nothing was reserved: the CRS's operator must fix or disable the plug-in")
+    said = " ".join(f"{what} plug-in {plugin.name!r} ({plugin.origin}) {problem}".split())
+    failed = PluginFailed(f"the CRS's {said}; the request was not placed and nothing was reserved: the CRS's "
+                          "operator must fix or disable the plug-in")
+    failed.problem = f"the {said}"
+    return failed
 
 
 @dataclass

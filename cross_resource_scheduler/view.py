@@ -18,6 +18,19 @@ from harness.v1 import common_pb2
 
 @dataclass
 class Node:
+    """One physical resource as the CRS sees it; placement's filters and weighers read it (never change it).
+
+    * `manager`, `physical_id`, `key` ("<manager>/<physical id>", unique), `resource_type`;
+    * `capacity`, `used` (as its manager last reported), `assumed` (demand the CRS placed whose commit the
+      manager has not reported yet), `avail` (capacity - used - assumed, per attribute; `free(attribute)` is
+      one of them): consumable attributes (cores, memory_gb, ...) -> amount;
+    * `properties` (fixed numbers, e.g. frequency_ghz), `traits` (a frozenset of strings), `location`
+      (`site`, `rack`, `host`), `generation` and `epoch` (the manager's version of it).
+
+    `empty()` is the same resource on an empty cloud (nothing used or assumed): what plug-ins see while
+    the CRS proves that a request can never fit.
+    """
+
     manager: str
     physical_id: str
     resource_type: str
@@ -36,15 +49,32 @@ class Node:
     # free() of every attribute, as of the last change the view made (placement reads it
     # for every candidate); refresh() after changing capacity, used or assumed.
     avail: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    # empty()'s node, made when first asked for after the last refresh().
+    _empty: Node | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.key = f"{self.manager}/{self.physical_id}"
         self.refresh()
 
+    def empty(self) -> Node:
+        """This resource as it is on an empty cloud: `used` and `assumed` empty, `avail` equal to `capacity`,
+        everything else the same (shared: read-only, as every Node for placement). The never-fits proof
+        shows these to the filters and weighers, so that one reading usage any way (`used`, `avail`,
+        `free()`, Context.free) judges the empty cloud. Made once until the node next changes (refresh())."""
+        twin = self._empty
+        if twin is None:
+            twin = Node.__new__(Node)
+            twin.__dict__.update(self.__dict__)
+            twin.used, twin.assumed, twin.avail = {}, {}, dict(self.capacity)
+            twin._empty = twin
+            self._empty = twin
+        return twin
+
     def free(self, attribute: str) -> float:
         return self.capacity.get(attribute, 0.0) - self.used.get(attribute, 0.0) - self.assumed.get(attribute, 0.0)
 
     def refresh(self) -> None:
+        self._empty = None
         cap, used, assumed = self.capacity, self.used, self.assumed
         self.avail = {k: cap.get(k, 0.0) - used.get(k, 0.0) - assumed.get(k, 0.0)
                       for k in (cap.keys() | used.keys() | assumed.keys())}

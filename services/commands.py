@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import signal
 import sys
@@ -486,8 +487,78 @@ def cmd_discover(args: argparse.Namespace) -> int:
                                                       timeout=10))
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _number_text(value: float) -> str:
+    """`value` as --group reads it back to the same float."""
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
+def _group_text(g) -> str:  # type: ignore[no-untyped-def]
+    """The --group text `_group` parses into `g` (the same ResourceGroup)."""
+    parts = [f"name={g.name}"] if g.name else []
+    if g.resource_type != "vm":
+        parts.append(f"type={g.resource_type}")
+    if g.count != 1:
+        parts.append(f"count={g.count}")
+    if g.required_traits:
+        parts.append("traits=" + "+".join(g.required_traits))
+    if g.forbidden_traits:
+        parts.append("not_traits=" + "+".join(g.forbidden_traits))
+    for key, a in g.attributes.items():
+        which = a.WhichOneof("value")
+        if which == "range":
+            lo = _number_text(a.range.min) if a.range.HasField("min") else ""
+            hi = _number_text(a.range.max) if a.range.HasField("max") else ""
+            parts.append(f"{key}={lo}..{hi}")
+        elif which == "text":
+            parts.append(f"{key}={a.text}")
+        else:
+            parts.append(f"{key}={_number_text(a.number)}")
+    return ",".join(parts)
+
+
+def _reserve_command(args: argparse.Namespace, req) -> str:  # type: ignore[no-untyped-def]
+    """The `harness reserve` command that sends `req` again, request id included (a shell line)."""
+    import shlex
+
+    argv = ["harness", "reserve"]
+    if args.state_dir != DEFAULT_STATE:
+        argv += ["--state-dir", args.state_dir]
+    if args.crs:
+        argv += ["--crs", args.crs]
+    argv += ["--tenant", req.tenant]
+    for g in req.groups:
+        argv += ["--group", _group_text(g)]
+    for c in req.constraints:
+        argv += ["--constraint", c.expression]
+    if req.priority:
+        argv += ["--priority", str(req.priority)]
+    if req.HasField("max_price_per_minute"):
+        argv += ["--max-price", repr(req.max_price_per_minute)]
+    if args.timeout is not None:
+        argv += ["--timeout", _number_text(args.timeout)]
+    argv += ["--request-id", req.request_id]
+    return shlex.join(argv)
+
+
+# A Reserve that failed so may have been made all the same (the answer was lost, or the call given up on).
+_IN_DOUBT = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.UNKNOWN)
+
+
 def cmd_reserve(args: argparse.Namespace) -> int:
     from harness.v1 import irm_pb2
+    from services.errors import error_info
 
     req = irm_pb2.ReserveRequest(tenant=args.tenant, request_id=args.request_id or uuid.uuid4().hex,
                                  groups=args.group, priority=args.priority,
@@ -496,8 +567,26 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         req.max_price_per_minute = args.max_price
     if args.quote:
         return _show(lambda: _irm(args).QuotePrice(irm_pb2.QuotePriceRequest(
-            tenant=args.tenant, groups=req.groups, constraints=req.constraints), timeout=30))
-    return _show(lambda: _irm(args).Reserve(req, timeout=60))
+            tenant=args.tenant, groups=req.groups, constraints=req.constraints), timeout=args.timeout or 30))
+    try:
+        _print(_irm(args).Reserve(req, timeout=args.timeout or 60))
+    except grpc.RpcError as e:
+        status = _fail(e)
+        # (Not when nothing was reached: the request was never sent.)
+        if e.code() in _IN_DOUBT and not (e.code() == grpc.StatusCode.UNAVAILABLE
+                                          and "failed to connect" in (e.details() or "")):
+            # Retrying under the same request id is safe (Reserve is idempotent on it); a random one the user
+            # never saw could not be retried, nor the reservation found.
+            rid = req.request_id
+            doubt = ("no answer came, so the reservation may have been made all the same. "
+                     if error_info(e) is None else "")
+            print(f"  {doubt}Its request id is {rid}. To retry without reserving twice (the answer is the "
+                  "reservation if it was made, else it is made now; ABORTED RESERVATION_PENDING: still being "
+                  "placed, run it again in a moment):", file=sys.stderr)
+            print(f"    {_reserve_command(args, req)}", file=sys.stderr)
+            print(f"  If it was made, `harness reservations` lists it with request_id {rid}.", file=sys.stderr)
+        return status
+    return 0
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -853,10 +942,13 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--group", action="append", type=_group, required=True,
                    help="name=web,count=2,cores=2,memory_gb=4[,traits=ssd+avx512][,frequency_ghz=2.0..3.0]")
     p.add_argument("--constraint", action="append", help='e.g. "hops(web, db) <= 2", "same_host(a, b)"')
-    p.add_argument("--request-id", help="idempotency key (default: random)")
+    p.add_argument("--request-id", help="idempotency key (default: a random one, printed with the command to retry "
+                                        "when the call fails with no definite answer)")
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--max-price", type=float, help="refuse if the price per minute is higher")
     p.add_argument("--quote", action="store_true", help="only quote the price")
+    p.add_argument("--timeout", type=_seconds, help="seconds to wait for the CRS's answer (default 60; 30 with "
+                                                   "--quote)")
     p.set_defaults(func=cmd_reserve)
 
     p = sub.add_parser("release", help="release a reservation")

@@ -1,5 +1,6 @@
 """CRS plug-ins, as a researcher would write them, for the tests of loading them by name
-(tests/unit/test_crs_plugins_external.py, tests/integration/test_crs_plugins_external_grpc.py).
+(tests/unit/test_crs_plugins_external.py, tests/integration/test_crs_plugins_external_grpc.py, the
+test_crs_review19_plugins_* tests).
 
 Named in a CRS's settings as `tests.crs_plugin_examples:AvoidHostA` (the repository's root on PYTHONPATH).
 """
@@ -109,3 +110,100 @@ class NeedsArguments(Weigher):
 
     def weigh(self, node: Node, ctx: Context) -> float:
         return self.table.get(node.physical_id, 0.0)
+
+
+class LowLoad(Filter):
+    """Keeps instances off hosts with more than half their cores in use, read from `node.used` (as a
+    researcher writes it naturally: the never-fits proof shows it the nodes empty, so a busy cloud is
+    "in use", not "never fits")."""
+
+    name = "lowload"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        cap = node.capacity.get("cores", 0.0)
+        return cap > 0 and node.used.get("cores", 0.0) <= cap / 2
+
+
+class LowLoadAvail(Filter):
+    """LowLoad's rule read from `node.avail` and `node.free()` instead (either must agree)."""
+
+    name = "lowload_avail"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        cap = node.capacity.get("cores", 0.0)
+        return cap > 0 and node.avail.get("cores", 0.0) >= cap / 2 and node.free("cores") >= cap / 2
+
+
+class IdleFirst(Weigher):
+    """Scores a host by the share of its cores not in use, read from `node.used`."""
+
+    name = "idle_first"
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        cap = node.capacity.get("cores", 0.0)
+        return 1.0 - node.used.get("cores", 0.0) / cap if cap > 0 else 0.0
+
+
+class AlwaysBoom(Filter):
+    """Raises for every node of every group."""
+
+    name = "always_boom"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        raise RuntimeError("the always_boom filter broke")
+
+
+class ExitsWhenMade(Filter):
+    """Its constructor calls sys.exit(4) (no argument is missing)."""
+
+    name = "exits_when_made"
+
+    def __init__(self) -> None:
+        sys.exit(4)
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        return True
+
+
+class BrokenWhenMade(Weigher):
+    """Its constructor raises RuntimeError (a table it reads is missing, say)."""
+
+    name = "broken_when_made"
+
+    def __init__(self) -> None:
+        raise RuntimeError("the weights table is missing")
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        return 0.5
+
+
+class TypeErrorWhenMade(Filter):
+    """Its constructor raises a TypeError of its own (no argument is missing)."""
+
+    name = "type_error_when_made"
+
+    def __init__(self) -> None:
+        int([])  # type: ignore[call-overload]
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        return True
+
+
+class AlwaysNaN(Weigher):
+    """Scores NaN for every node."""
+
+    name = "always_nan"
+
+    def weigh(self, node: Node, ctx: Context) -> float:
+        return float("nan")
+
+
+class FailsPastH999(Filter):
+    """Raises for hosts h1000 and up (`harness bench crs` has them only in its 5,000-host latency view)."""
+
+    name = "fails_past_h999"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        if node.physical_id.startswith("h") and node.physical_id[1:].isdigit() and int(node.physical_id[1:]) > 999:
+            raise LookupError(f"no rule for {node.physical_id}")
+        return True

@@ -1,0 +1,53 @@
+"""Review 19: `harness reserve` used a random request id it never printed, so a call that failed with no definite
+answer (DEADLINE_EXCEEDED, UNAVAILABLE, CANCELLED, UNKNOWN: the reservation may have been made) could be neither
+retried nor found. It now prints the id and the command that sends the same request again under it; that command
+must parse back to the very request (tests/integration/test_crs_review19_plugins_grpc.py runs it against a slow
+CRS)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from harness.v1 import irm_pb2
+from services import cli
+from services.commands import _group, _group_text, _reserve_command
+
+
+@pytest.mark.parametrize("text", [
+    "name=web,count=2,cores=2,memory_gb=4",
+    "cores=1",
+    "name=db,type=vm,cores=4,memory_gb=16,traits=ssd+avx512,not_traits=gpu",
+    "name=f,type=vfpga,devices=2,design=sleep",
+    "name=x,cores=0.1,memory_gb=1e-07,frequency_ghz=2.0..3.0",
+    "name=y,frequency_ghz=2.5..,bandwidth=..10,latency=..,count=0",
+    "name=z,type=,cores=123456789012345678",
+])
+def test_a_group_is_written_back_as_the_text_that_parses_to_it(text: str) -> None:
+    g = _group(text)
+    assert _group(_group_text(g)) == g
+
+
+def test_the_retry_command_parses_to_the_same_request() -> None:
+    argv = ["reserve", "--state-dir", "/tmp/it's here", "--crs", "h:1", "--tenant", "t", "--priority", "-3",
+            "--max-price", "0.1", "--timeout", "2.5", "--group", "name=a,cores=2",
+            "--group", "name=b,type=gadget,units=1", "--constraint", "hops(a, b) <= 2",
+            "--constraint", "different_host(b, b)"]
+    args = cli.build_parser().parse_args(argv)
+    req = irm_pb2.ReserveRequest(tenant=args.tenant, request_id="rid-1", groups=args.group, priority=args.priority,
+                                 constraints=[irm_pb2.GroupConstraint(expression=c) for c in args.constraint],
+                                 max_price_per_minute=args.max_price)
+    line = _reserve_command(args, req)
+    words = shlex.split(line)
+    assert words[:2] == ["harness", "reserve"]
+    parse = cli.build_parser().parse_args
+    assert parse(words[1:]) == parse([*argv, "--request-id", "rid-1"])
+
+
+def test_a_crs_that_is_not_there_is_no_doubt(unused_address, capsys) -> None:
+    # Nothing listens there: the request was never sent, so there is no reservation to retry or find.
+    assert cli.main(["reserve", "--crs", unused_address(), "--tenant", "t", "--group", "cores=1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: UNAVAILABLE") and "is a suite running there?" in err, err
+    assert "request id" not in err and "--request-id" not in err, err
