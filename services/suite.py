@@ -369,9 +369,7 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     if not (Path(state_dir) / ".lock").exists() and (old := _unlocked_suite_answering(state_dir)):
         # Its services share these databases and would be migrated under it: two suites on one state directory.
-        raise SuiteRunning(f"a suite started by an earlier Harness (one without a state-directory lock) still "
-                           f"answers at {old}, from {state_dir}: stop it first (Ctrl-C where it runs, or kill the "
-                           f"pids of {processes_file(state_dir)}), then start this one")
+        raise SuiteRunning(_unlocked_message(state_dir, old))
     procs = Suite()
     procs.lock_fd = _lock(state_dir)
     procs.state_dir = state_dir
@@ -672,7 +670,7 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
     state_dir = str(Path(state_dir).expanduser())
     lock = Path(state_dir) / ".lock"
     if not lock.exists():
-        return f"no suite runs from {state_dir}"
+        return _down_unlocked(state_dir, timeout)
 
     def free() -> bool:
         try:
@@ -723,6 +721,33 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
                            f"{processes_file(state_dir)}: stop that process yourself")
     names = ", ".join(f"{n} (pid {pid})" for n, pid in live.items()) or "none running"
     return tidy(f"stopped the services of {state_dir}: {names}")
+
+
+def _down_unlocked(state_dir: str, timeout: float) -> str:
+    """`down` of a state directory without a lock file: nothing, or a suite of a Harness from before the lock
+    (`_unlocked_suite_answering`), stopped through the processes it recorded that still run their command line."""
+    old = _unlocked_suite_answering(state_dir)
+    if old is None:
+        return f"no suite runs from {state_dir}"
+    live = _live_services(state_dir)
+    for pid in live.values():
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while (_live_services(state_dir) or _unlocked_suite_answering(state_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if (still := _unlocked_suite_answering(state_dir)) is not None:
+        raise SuiteRunning(_unlocked_message(state_dir, still))
+    state_file(state_dir).unlink(missing_ok=True)
+    processes_file(state_dir).unlink(missing_ok=True)
+    names = ", ".join(f"{n} (pid {pid})" for n, pid in live.items()) or "none running"
+    return f"stopped the services of {state_dir} (a suite of an earlier Harness): {names}"
+
+
+def _unlocked_message(state_dir: str, address: str) -> str:
+    return (f"a suite started by an earlier Harness (one without a state-directory lock) still answers at {address}, "
+            f"from {state_dir}: stop it (Ctrl-C where it runs, or `harness down --state-dir {state_dir}`, which "
+            f"stops the processes it recorded); if what answers there is not that suite (its suite.json is left "
+            f"from before a reboot), remove {state_file(state_dir)}")
 
 
 class NoSuite(SystemExit):

@@ -148,3 +148,43 @@ def test_a_suite_of_a_harness_from_before_the_lock_still_answering_is_seen_and_n
         assert not (state / ".lock").exists()                      # nothing started, no lock taken
     # Nothing answers any more: no suite runs there.
     assert suite._stopped(str(state))
+
+
+def test_harness_down_stops_a_suite_of_a_harness_from_before_the_lock(tmp_path: Path) -> None:
+    # Its services recorded in processes.json, no lock file: `down` said "no suite runs" and stopped nothing, while
+    # `up` refused (the state directory stuck).
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    state.mkdir()
+    code = ("import socket, sys, time\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            "print(s.getsockname()[1], flush=True)\ntime.sleep(600)\n")
+    argv = [sys.executable, "-c", code]
+    old = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(old.stdout.readline())
+        (state / "suite.json").write_text(json.dumps({"crs": f"127.0.0.1:{port}"}))
+        (state / "processes.json").write_text(json.dumps({"crs": {"pid": old.pid, "argv": argv}}))
+        assert not suite._stopped(str(state))
+        said = suite.down(str(state))
+        assert said.startswith(f"stopped the services of {state}") and f"crs (pid {old.pid})" in said
+        assert old.wait(10) is not None
+        assert not (state / "suite.json").exists() and suite._stopped(str(state))
+    finally:
+        old.kill()
+        old.wait()
+
+
+def test_harness_down_of_a_stale_suite_json_that_something_else_answers_says_what_to_remove(tmp_path: Path) -> None:
+    import socket
+
+    state = tmp_path / "state"
+    state.mkdir()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        (state / "suite.json").write_text(json.dumps({"crs": f"127.0.0.1:{other.getsockname()[1]}"}))
+        with pytest.raises(suite.SuiteRunning, match="remove .*suite.json"):
+            suite.down(str(state), timeout=0.5)
+        assert (state / "suite.json").exists()              # not the CLI's to decide: the operator removes it
