@@ -527,8 +527,9 @@ def _group_text(g) -> str:  # type: ignore[no-untyped-def]
     return ",".join(parts)
 
 
-def _reserve_command(args: argparse.Namespace, req) -> str:  # type: ignore[no-untyped-def]
-    """The `harness reserve` command that sends `req` again, request id included (a shell line)."""
+def _reserve_command(args: argparse.Namespace, req, timeout: float | None = None) -> str:  # type: ignore[no-untyped-def]
+    """The `harness reserve` command that sends `req` again, request id included (a shell line); `timeout`: its
+    --timeout (default: the one `args` gave)."""
     import shlex
 
     argv = ["harness", "reserve"]
@@ -545,8 +546,9 @@ def _reserve_command(args: argparse.Namespace, req) -> str:  # type: ignore[no-u
         argv += ["--priority", str(req.priority)]
     if req.HasField("max_price_per_minute"):
         argv += ["--max-price", repr(req.max_price_per_minute)]
-    if args.timeout is not None:
-        argv += ["--timeout", _number_text(args.timeout)]
+    timeout = args.timeout if timeout is None else timeout
+    if timeout is not None:
+        argv += ["--timeout", _number_text(timeout)]
     argv += ["--request-id", req.request_id]
     return shlex.join(argv)
 
@@ -568,8 +570,9 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     if args.quote:
         return _show(lambda: _irm(args).QuotePrice(irm_pb2.QuotePriceRequest(
             tenant=args.tenant, groups=req.groups, constraints=req.constraints), timeout=args.timeout or 30))
+    waited = args.timeout or 60
     try:
-        _print(_irm(args).Reserve(req, timeout=args.timeout or 60))
+        _print(_irm(args).Reserve(req, timeout=waited))
     except grpc.RpcError as e:
         status = _fail(e)
         # (Not when nothing was reached: the request was never sent.)
@@ -580,10 +583,14 @@ def cmd_reserve(args: argparse.Namespace) -> int:
             rid = req.request_id
             doubt = ("no answer came, so the reservation may have been made all the same. "
                      if error_info(e) is None else "")
+            # The CRS gives back what it placed for a caller gone before the reservation was made: a retry with
+            # the same deadline would time out the same way behind a slow manager.
+            longer = 2 * waited if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else None
             print(f"  {doubt}Its request id is {rid}. To retry without reserving twice (the answer is the "
                   "reservation if it was made, else it is made now; ABORTED RESERVATION_PENDING: still being "
-                  "placed, run it again in a moment):", file=sys.stderr)
-            print(f"    {_reserve_command(args, req)}", file=sys.stderr)
+                  f"placed, run it again in a moment){f', waiting {_number_text(longer)} s' if longer else ''}:",
+                  file=sys.stderr)
+            print(f"    {_reserve_command(args, req, longer)}", file=sys.stderr)
             print(f"  If it was made, `harness reservations` lists it with request_id {rid}.", file=sys.stderr)
         return status
     return 0

@@ -68,10 +68,12 @@ def test_reserve_with_no_answer_prints_its_request_id_and_the_command_retrying_i
         rid = lines[1].split("Its request id is ")[1].split(".")[0]
         assert len(rid) == 32, err
         retry = shlex.split(lines[2].strip())
-        # The same command, the request id added (options in an order of their own).
-        assert retry[0] == "harness"
+        # The same command, the request id added (options in an order of their own), waiting twice as long: the
+        # CRS gives back what it placed for a caller that left first, so the same deadline would fail again.
+        assert retry[0] == "harness" and lines[1].endswith(", waiting 2 s:"), err
         parse = cli.build_parser().parse_args
-        assert parse(retry[1:]) == parse([*argv, "--request-id", rid]), err
+        longer = [*argv[:argv.index("--timeout")], "--timeout", "2", *argv[argv.index("--timeout") + 2:]]
+        assert parse(retry[1:]) == parse([*longer, "--request-id", rid]), err
         assert lines[3] == f"  If it was made, `harness reservations` lists it with request_id {rid}."
 
         # Let the manager commit: the printed command answers the reservation (made by the first call, or by this

@@ -132,12 +132,15 @@ class ResourceManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetReservation(self, request, context):
-        """One reservation, by id or by the request id that created it. By request
-        id, a reservation whose Reserve is still being placed is answered as a
-        Reserve repeated under that id is: ABORTED with reason RESERVATION_PENDING
-        and a RetryInfo (ask again then; nothing is decided yet). NOT_FOUND only
-        when no reservation has that request id (never asked for, or its Reserve
-        failed and holds nothing).
+        """One reservation, by id or by the request id that created it. At the CRS,
+        by request id, a reservation whose Reserve is still being placed is
+        answered as a Reserve repeated under that id is: ABORTED with reason
+        RESERVATION_PENDING and a RetryInfo (ask again then; nothing is decided
+        yet), and NOT_FOUND means no reservation has that request id (never asked
+        for, or its Reserve failed, its caller went away first, or it was
+        recovered, and it holds nothing). An IRM may answer NOT_FOUND while its
+        own Reserve of that id is still under way (the FPGA IRM's takes seconds
+        of reconfiguration).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
