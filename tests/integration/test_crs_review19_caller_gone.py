@@ -6,7 +6,6 @@ the Reserve in flight until the caller has given up."""
 from __future__ import annotations
 
 import grpc
-import pytest
 
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services.tls import plain_channel
