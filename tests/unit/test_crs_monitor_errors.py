@@ -25,7 +25,7 @@ def test_a_database_error_in_a_pass_does_not_end_down_detection_or_compensation(
     crs.registry.managers["m"] = ManagerState("m", "127.0.0.1:9", ["vm"], crs.clock.now())
     crs._remember("m", "t", "crs-x#0@m")
     undone: list[str] = []
-    crs._undo = lambda m, t, rid: undone.append(rid) or "released"  # type: ignore[method-assign]
+    crs.compensator.undo = lambda m, t, rid: undone.append(rid) or "released"  # type: ignore[method-assign]
     # The database drops the connection once under the compensation poll (as psycopg does when PostgreSQL
     # restarts), and the liveness check fails once too.
     failures = {"poll": 1, "liveness": 1}

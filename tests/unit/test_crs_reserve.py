@@ -163,7 +163,7 @@ def test_the_rows_of_a_manager_that_is_down_do_not_crowd_out_the_others(crs: Crs
         "down": ManagerState("down", "127.0.0.1:1", ["vm"], 0.0, up=False),
         "up": ManagerState("up", "127.0.0.1:2", ["vm"], 0.0, up=True)})
     asked: list[str] = []
-    crs._undo = lambda m, t, rid: asked.append(m) or "released"  # type: ignore[method-assign]
+    crs.compensator.undo = lambda m, t, rid: asked.append(m) or "released"  # type: ignore[method-assign]
     crs._compensate_pending()
     assert asked == ["up"]
     with crs.db.read() as s:

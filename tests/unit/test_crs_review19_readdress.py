@@ -41,7 +41,7 @@ def test_a_read_answered_late_does_not_write_older_addresses_over_newer_ones(tmp
             w.parts.update(parts)
             return ""
 
-        crs._ask_where = ask_where  # type: ignore[method-assign]
+        crs.addresses.ask_where = ask_where  # type: ignore[method-assign]
         assert _addresses(_get(crs, res_id)) == ["127.0.0.1:2222"]   # what its manager told this read
         assert _stored(crs, res_id) == [NEWER]                       # the later read's addresses stand
     finally:

@@ -1,0 +1,82 @@
+"""The CRS's WatchCapacity streams: a snapshot of the capacity view, then its managers' changes as they come,
+to every open stream (services.watch.Broadcaster, which caps them).
+
+A manager marked down has its resources REMOVED downstream and UPDATED again when it is back; none of its own
+events may slip in between (see CapacityWatch.forward).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from cross_resource_scheduler.view import CapacityView
+from harness.v1 import irm_pb2
+from services import control
+from services.watch import Broadcaster
+
+# Open WatchCapacity streams at most (the Broadcaster refuses more): each holds one of the server's 32 worker
+# threads (services.server), which Reserve, the IRMs' heartbeats and the health checks share; 32 idle watches
+# froze the CRS.
+MAX_WATCHES = 8
+
+
+class CapacityWatch:
+    """The streams of one CRS, fed from its view (`view`) and its managers' changes (forward). `control_token`:
+    a stream without a tenant is the control plane's with it (services.control)."""
+
+    def __init__(self, view: CapacityView, control_token: str) -> None:
+        self.view = view
+        self.control_token = control_token
+        self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(
+            max_streams=MAX_WATCHES,
+            full="WatchCapacity streams are open on this CRS; close one, or poll DiscoverResources")
+        # Watch events are published under this lock, with a manager's state checked: a manager marked down
+        # has its resources REMOVED downstream, and no event of its stream may slip in after that.
+        self._publishing = threading.Lock()
+
+    def stream(self, request, context) -> Iterator[irm_pb2.CapacityEvent]:  # noqa: ANN001
+        """WatchCapacity's stream: the view's resources (of `request.resource_type`, if it names one) as a
+        snapshot, its end, then their changes as they come."""
+        # Its caps: a tenant's, or the control plane's for a caller with the control token (services.control).
+        who = control.watch_tenant(request.tenant, self.control_token, context)
+
+        def snapshot():
+            for n in self.view.up_nodes():
+                if not request.resource_type or n.resource_type == request.resource_type:
+                    yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=n.to_proto())
+            yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
+
+        # A stream over the Broadcaster's caps is refused there (RESOURCE_EXHAUSTED, STREAM_CAP).
+        for ev in self.watchers.stream(snapshot, context.is_active, who):
+            # The snapshot's end names no resource: it passes every filter (a client waits for it).
+            if (not request.resource_type or ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END
+                    or ev.resource.resource_type == request.resource_type):
+                yield ev
+
+    def forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
+        """A change of `manager`'s resources to the CRS's watchers (not while it is down: they have its
+        resources REMOVED then, and UPDATED again when it is back)."""
+        if (ev.kind in (irm_pb2.CapacityEvent.KIND_UPDATED, irm_pb2.CapacityEvent.KIND_REMOVED)
+                and self.watchers.has_subscribers()):
+            with self._publishing:
+                if self.view.is_down(manager):
+                    return
+                # One event per resource downstream, as the CRS always sent them.
+                out = []
+                for r in (ev.resource, *ev.more):
+                    one = irm_pb2.CapacityEvent(kind=ev.kind, resource=r)
+                    one.resource.manager = manager
+                    out.append(one)
+                self.watchers.publish(out)
+
+    def publish_all_of(self, manager: str, kind: irm_pb2.CapacityEvent.Kind.ValueType) -> None:
+        """Every resource of `manager` in the view, as `kind` events, to the watchers."""
+        if not self.watchers.has_subscribers():
+            return
+        with self._publishing:
+            if self.view.is_down(manager) != (kind == irm_pb2.CapacityEvent.KIND_REMOVED):
+                return  # it changed again meanwhile: that change publishes
+            with self.view.lock:
+                mine = [n.to_proto() for n in self.view.nodes.values() if n.manager == manager]
+            self.watchers.publish(irm_pb2.CapacityEvent(kind=kind, resource=r) for r in mine)

@@ -1,0 +1,46 @@
+"""A manager's answers as the CRS's tenant reads them: a refusal keeps its reason and advice, names the manager,
+and names its fields as the tenant's request does (the manager was sent its own part of that request); and which
+answers prove the manager did not commit what it was asked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import grpc
+
+from harness.v1 import irm_pb2
+from services.errors import MANAGER_UNAVAILABLE, RETRY_LATER_S, HarnessError, Unavailable, from_rpc_error
+
+# Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
+DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                     grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
+                     grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
+_GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
+
+
+def err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str] | None = None) -> HarnessError:
+    """A manager's refusal for the tenant: its reason (ErrorInfo) and RetryInfo kept, the manager named in the
+    metadata; a manager that did not answer is MANAGER_UNAVAILABLE."""
+    error = from_rpc_error(f"manager {manager!r}", e, "nothing was reserved", field_path)
+    if not error.reason and isinstance(error, Unavailable):
+        error.with_reason(MANAGER_UNAVAILABLE, RETRY_LATER_S)
+    if error.reason:
+        error.metadata.setdefault("manager", manager)
+    return error
+
+
+def tenant_paths(parts: list[irm_pb2.ResourceGroup], index: dict[str, int]) -> Callable[[str], str]:
+    """How a field of a manager's request (made of `parts`) is named in the tenant's, whose group `name` is
+    `groups[index[name]]`: the manager's `groups[j]` is the tenant's group of that name. Other fields are the
+    manager's own (its request id, say) and keep their names."""
+    def path(theirs: str) -> str:
+        m = _GROUP_PATH.fullmatch(theirs)
+        if m is None:
+            return theirs
+        j = int(m.group(1))
+        if j >= len(parts) or parts[j].name not in index:
+            return theirs
+        return f"groups[{index[parts[j].name]}]{m.group(2)}"
+    return path

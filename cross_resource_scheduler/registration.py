@@ -1,0 +1,115 @@
+"""The CRS's ManagerRegistry service: managers registering (by name, at the address of their ResourceManager
+service), heartbeating, and listed. A registration under a name another manager answers at is refused; one that
+says a new instance id tells the addresses that the manager's resources may have moved (addresses.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cross_resource_scheduler.addresses import Addresses
+from cross_resource_scheduler.models import Manager
+from cross_resource_scheduler.registry import Registry
+from cross_resource_scheduler.view import CapacityView
+from harness.v1 import registry_pb2
+from services import control, tls
+from services.clock import Clock
+from services.config import ConfigError, check_address
+from services.db import Database
+from services.errors import FailedPrecondition, Violations
+
+log = logging.getLogger(__name__)
+
+# A manager's instance id (RegisterManagerRequest.instance_id), at most this long.
+MAX_INSTANCE_ID = 128
+# How long a registration waits for the manager already registered under its name to answer a health check.
+PROBE_TIMEOUT_S = 1.0
+
+
+def serving_at(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a manager's ResourceManager answers SERVING at `address` now."""
+    # A channel of its own: the shared one may still be backing off from an earlier failure there.
+    with tls.open_channel(address) as ch:
+        try:
+            reply = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service="harness.v1.ResourceManager"), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+class Registrations:
+    """What the CRS's RegisterManager, Heartbeat and ListManagers do: the managers' rows (`db`), the registry
+    following them, their resources' count in `view`, `addresses` told of each registration. `control_token`:
+    what a manager must send (services.control); `heartbeat_interval_s`: how often it is told to heartbeat."""
+
+    def __init__(self, db: Database, registry: Registry, view: CapacityView, clock: Clock, addresses: Addresses,
+                 control_token: str, heartbeat_interval_s: float) -> None:
+        self.db = db
+        self.registry = registry
+        self.view = view
+        self.clock = clock
+        self.addresses = addresses
+        self.control_token = control_token
+        self.heartbeat_interval_s = heartbeat_interval_s
+
+    def register(self, request, context) -> registry_pb2.RegisterManagerResponse:  # noqa: ANN001
+        # Else anyone reaching the CRS could add a manager (or take a gone one's name) and be sent reservations.
+        control.check(self.control_token, context, "the CRS (RegisterManager)")
+        v = Violations()
+        v.check(bool(request.name) and len(request.name) <= 128, "name", "required, at most 128 characters")
+        v.check("/" not in request.name, "name", "must not contain '/'")
+        if v.check(bool(request.address), "address", "required: host:port of the manager's ResourceManager service"):
+            try:
+                check_address(request.address)
+                if request.address.rpartition(":")[2].lstrip("0") == "":
+                    raise ConfigError("port 0")
+            except ConfigError:
+                v.add("address", f"{request.address!r} is not HOST:PORT with PORT in 1..65535 (an IPv6 host in "
+                                 "brackets, e.g. [::1]:50061): the manager's ResourceManager address")
+        v.check(len(request.resource_types) > 0, "resource_types", "at least one resource type")
+        v.check(len(request.instance_id) <= MAX_INSTANCE_ID, "instance_id",
+                f"at most {MAX_INSTANCE_ID} characters: an id the manager makes once per start")
+        v.raise_if_any()
+        old = self.registry.get(request.name)
+        if old is not None and old.address != request.address and serving_at(old.address):
+            # The name is taken by a manager that answers: whoever this is must not take its place (and its
+            # tenants' reservations) by saying the name -- also while that one is marked down (a heartbeat gap
+            # is not a departure: it still holds its tenants' parts). One that stopped answering has moved
+            # (restarted on another port, say) and is let in.
+            state = (f"is up at {old.address}" if old.up else
+                     f"at {old.address} is marked down (its heartbeats stopped) but still answers there")
+            raise FailedPrecondition(f"the manager named {request.name!r} {state}; stop it first (the registry "
+                                     "has no deregistration), or register under another name")
+
+        def upsert(s):  # type: ignore[no-untyped-def]
+            row = s.get(Manager, request.name)
+            if row is None:
+                s.add(Manager(name=request.name, address=request.address,
+                              resource_types=list(request.resource_types), registered_at=self.clock.now()))
+            else:
+                row.address, row.resource_types = request.address, list(request.resource_types)
+        self.db.transact(upsert)
+        self.registry.register(request.name, request.address, list(request.resource_types))
+        # After the registry has its new address: a read in between asks there, into what this replaces.
+        moved = self.addresses.registered(request.name, request.address, request.instance_id)
+        log.info("manager registered", extra={"manager": request.name, "address": request.address,
+                                              "instance": request.instance_id, "new_instance": moved})
+        return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=self.heartbeat_interval_s)
+
+    def heartbeat(self, request, context) -> registry_pb2.HeartbeatResponse:  # noqa: ANN001
+        # Else anyone could keep a stopped manager "up", and reservations would be sent to it.
+        control.check(self.control_token, context, "the CRS (Heartbeat)")
+        return registry_pb2.HeartbeatResponse(known=self.registry.heartbeat(request.name, request.address))
+
+    def managers(self) -> registry_pb2.ListManagersResponse:
+        out = []
+        for m in self.registry.all():
+            count = sum(1 for n in list(self.view.nodes.values()) if n.manager == m.name)
+            out.append(registry_pb2.ManagerInfo(name=m.name, address=m.address, resource_types=m.resource_types,
+                                                up=m.up, last_heartbeat=max(m.last_heartbeat, 0.0),
+                                                resources=count, follow_error=m.follow_error))
+        return registry_pb2.ListManagersResponse(managers=out)
