@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, Index, Integer, LargeBinary, String, UniqueConstraint, false
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.db import metadata as db_metadata
@@ -62,7 +73,7 @@ class Compensation(Base):
     irm_request_id: Mapped[str] = mapped_column(String(256))
     # The part's reservation id at its manager (a released reservation's part, which the allocation names): given
     # back by that id, one row per part.
-    irm_reservation_id: Mapped[str] = mapped_column(String(128), default="", server_default="")
+    irm_reservation_id: Mapped[str] = mapped_column(Text, default="", server_default="")
     created_at: Mapped[float] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # The Reserve got no definite answer: the manager may still commit it, so "absent" is not final until

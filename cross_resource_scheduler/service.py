@@ -564,7 +564,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 _caller_still_there(context, request.request_id, "while its parts were reserved")
             except Aborted:
                 self.view.forget(token)
-                self._give_back_unrecorded(tenant, res_id, attempt, list(pinned))
+                # Never activated, so nothing to tell first (and a failing database must not leave the parts held
+                # with no row naming them, as "cannot tell" would).
+                for manager in pinned:
+                    self._undo_or_remember(manager, tenant, irm_request_id(res_id, attempt, manager))
                 raise
             self.view.commit(token, caught_up)
             allocated.sort(key=lambda g: by_name.get(g.name, 0))
@@ -641,7 +644,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             kinds: dict[tuple, object] = {}
             for node in self.view.of_type(g.resource_type):
                 key = price_key(node)
-                if key in kinds or not all(ok(node) for ok in checks):
+                # The node as on an empty cloud, as the never-fits proof shows it (`Node.empty`): a plug-in reading
+                # usage must not leave a busy kind unquoted (then scored the dearest).
+                if key in kinds or not all(ok(node.empty()) for ok in checks):
                     continue
                 kinds[key] = node
                 one = irm_pb2.ResourceGroup()

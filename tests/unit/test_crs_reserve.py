@@ -12,7 +12,7 @@ from cross_resource_scheduler.models import Compensation, Manager, Reservation
 from cross_resource_scheduler.registry import ManagerState
 from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import common_pb2, irm_pb2
-from services.errors import Unavailable
+from services.errors import Aborted, Unavailable
 from tests.unit.test_crs_service_parse import _group, _specs
 
 
@@ -168,3 +168,61 @@ def test_the_rows_of_a_manager_that_is_down_do_not_crowd_out_the_others(crs: Crs
     assert asked == ["up"]
     with crs.db.read() as s:
         assert {c.manager for c in s.scalars(select(Compensation))} == {"down"}
+
+
+class _GoneAfterDelegation:
+    """A gRPC context whose caller leaves once the parts are delegated (its deadline passed meanwhile)."""
+
+    def __init__(self) -> None:
+        self.delegated = False
+
+    def is_active(self) -> bool:
+        return not self.delegated
+
+
+def test_a_caller_gone_after_delegation_has_its_parts_given_back_even_if_the_database_fails(crs: Crs,
+                                                                                            monkeypatch) -> None:
+    # Never activated, so there is nothing to tell first: the parts go back whatever the database says (the
+    # "cannot tell" of a failed activation would leave them held with no row naming them).
+    context = _GoneAfterDelegation()
+    delegated: list[str] = []
+    _delegating(crs, delegated)
+    inner = crs._delegate
+
+    def delegate(*a):  # type: ignore[no-untyped-def]
+        out = inner(*a)
+        context.delegated = True
+        return out
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+    undone: list[tuple[str, str, str]] = []
+    crs._undo_or_remember = lambda m, t, rid, in_doubt=False: undone.append((m, t, rid))  # type: ignore[method-assign]
+    monkeypatch.setattr(crs.db, "fetch", lambda *a, **k: (_ for _ in ()).throw(Unavailable("the database went away")))
+    with pytest.raises(Aborted, match="went away while its parts were reserved"):
+        crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), context)
+    assert undone == [("m", "t", crs_service.irm_request_id(delegated[0], 0, "m"))]
+
+
+def test_unit_prices_ask_about_a_busy_host_kind_a_usage_filter_would_pass_when_empty(tmp_path) -> None:
+    # Under max_price_per_minute the CRS quotes one host of each kind that could hold the group; a plug-in reading
+    # node.used left a busy kind unquoted (then scored the dearest), unlike the never-fits proof's empty cloud.
+    crs = make_crs(tmp_path, filters=["traits", "properties", "capacity", "tests.crs_plugin_examples:LowLoad"])
+    try:
+        crs.view.upsert("m", common_pb2.PhysicalResource(
+            id="h0", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 6, "memory_gb": 0},
+            location=common_pb2.Location(site="s", rack="r", host="h0"), generation=2))
+        asked: list[list[str]] = []
+
+        class _Quotes:
+            def QuotePrice(self, request, timeout=None):  # noqa: N802, ANN001, ANN201
+                asked.append([p for g in request.groups for p in g.placement])
+                return irm_pb2.QuotePriceResponse(groups=[irm_pb2.GroupQuote(name=g.name, price_per_minute=0.5)
+                                                          for g in request.groups])
+
+        state = crs.registry.managers["m"] = ManagerState("m", "127.0.0.1:9", ["vm"], crs.clock.now())
+        state.stub = lambda: _Quotes()  # type: ignore[method-assign]
+        groups = [_group(2)]
+        prices = crs._unit_prices("t", groups, crs._parse(groups, []))
+        assert asked == [["h0"]] and list(prices.values()) == [0.5]
+    finally:
+        crs.db.dispose()

@@ -134,3 +134,27 @@ def test_a_crs_that_died_mid_release_leaves_the_parts_to_the_next_one_which_give
         assert _rows(again) == []
     finally:
         again.db.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def crs_on(request, tmp_path):  # type: ignore[no-untyped-def]
+    url = "" if request.param == "sqlite" else request.getfixturevalue("fresh_pg_url")
+    c = make_crs(tmp_path, VirtualClock(START), database=url)
+    yield c
+    c.db.dispose()
+
+
+def test_a_part_whose_id_at_its_manager_is_long_is_recorded_whole(crs_on: Crs) -> None:
+    # The protocol bounds no manager's reservation id: one of 200 characters made the Release's transaction fail on
+    # PostgreSQL (the column was VARCHAR(128)) -- the reservation could never be released.
+    m = _Manager()
+    _follow(crs_on, {"m": m})
+    long_id = "irm-" + "x" * 196
+    m.fail = _Down()
+    _active(crs_on, "crs-long", [("m", long_id)])
+    assert _release(crs_on, "crs-long").state == irm_pb2.Reservation.STATE_RELEASED
+    assert _rows(crs_on) == [("m", long_id, "")]
+    m.fail = None
+    crs_on.clock.advance(3600)
+    crs_on._compensate_pending()
+    assert m.released == [long_id] and _rows(crs_on) == []

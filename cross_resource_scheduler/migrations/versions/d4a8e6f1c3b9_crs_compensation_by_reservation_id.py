@@ -17,7 +17,7 @@ depends_on = None
 def upgrade() -> None:
     # Existing rows get "": given back by request id, as they were written.
     with op.batch_alter_table("crs_compensations", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("irm_reservation_id", sa.String(128), nullable=False, server_default=""))
+        batch_op.add_column(sa.Column("irm_reservation_id", sa.Text(), nullable=False, server_default=""))
         batch_op.drop_index(batch_op.f("ix_crs_compensations_manager"))
         batch_op.create_index("ix_crs_compensations_manager_next_try_at", ["manager", "next_try_at"], unique=False)
 
