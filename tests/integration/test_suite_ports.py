@@ -21,14 +21,15 @@ def listening():
         yield s.getsockname()[1]
 
 
-def _first_port_taken(monkeypatch, taken: int, times: int = 1) -> list[int]:
-    """The suite's choice of a free port answers `taken` the first `times` times (as if another process bound
-    it right after the check), then really free ports. Returns the ports it handed out."""
+def _first_port_taken(monkeypatch, taken: int, times: int = 1, at: int = 0) -> list[int]:
+    """The suite's choice of a free port answers `taken` at its `at`-th call and the `times` - 1 after it (as if
+    another process bound it right after the check), really free ports otherwise. Returns the ports it handed
+    out."""
     real = suite_mod._free_port
     handed: list[int] = []
 
     def free_port() -> int:
-        handed.append(taken if len(handed) < times else real())
+        handed.append(taken if at <= len(handed) < at + times else real())
         return handed[-1]
 
     monkeypatch.setattr(suite_mod, "_free_port", free_port)
@@ -47,6 +48,30 @@ def test_a_port_taken_before_its_service_listens_is_chosen_again(tmp_path, monke
         recorded = json.loads(suite_mod.processes_file(state).read_text())
         assert {name: v["pid"] for name, v in recorded.items()} == {p.name: p.proc.pid for p in procs}
         assert json.loads(suite_mod.state_file(state).read_text()) == addrs
+    finally:
+        suite_mod.stop(procs)
+
+
+def test_a_later_service_whose_port_was_taken_starts_the_started_ones_again_on_the_new_plan(tmp_path, monkeypatch,
+                                                                                           listening):
+    # The agent's port (the third service started) taken: the CRS and the compute IRM already run, wired to the
+    # old plan (the compute IRM to the agent's address), so they are stopped and started again with the new one.
+    state = str(tmp_path / "state")
+    order = list(suite_mod.DEFAULT_PORTS)
+    _first_port_taken(monkeypatch, listening, at=order.index("agent"))
+    first: list[int] = []
+    procs = suite_mod.start(state, auto_ports=True, on_started=lambda p: first.append(p.proc.pid))
+    try:
+        assert all(p.alive() for p in procs) and len(procs) == len(order)
+        addrs = {p.name: p.address for p in procs}
+        assert addrs["agent"] != f"127.0.0.1:{listening}"
+        # The compute IRM now runs wired to the agent's new address (its command line names it).
+        compute = next(p for p in procs if p.name == "compute")
+        assert any(addrs["agent"] in arg for arg in compute.proc.args)
+        # Each started once more after the failed plan's (its crs and compute were stopped, not kept).
+        assert len(first) == len(order) + 2 and {p.proc.pid for p in procs}.isdisjoint(first[:2])
+        recorded = json.loads(suite_mod.processes_file(state).read_text())
+        assert {name: v["pid"] for name, v in recorded.items()} == {p.name: p.proc.pid for p in procs}
     finally:
         suite_mod.stop(procs)
 
