@@ -46,6 +46,7 @@ from services.db import Database, default_url
 from services.errors import (
     MANAGER_UNAVAILABLE,
     OVER_PRICE,
+    RESERVATION_PENDING,
     RETRY_LATER_S,
     Aborted,
     FailedPrecondition,
@@ -68,6 +69,8 @@ from services.watch import Broadcaster
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
 VFPGA = "vfpga"
+# A reservation still being made (its groups' devices reconfiguring: seconds) is asked about again after this long.
+PENDING_RETRY_S = 1.0
 MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any cluster this emulates
 # Each WatchCapacity stream holds one of the server's 32 worker threads for as long as it is open; this component
 # shares them with FpgaJobs (whose WatchJobs takes up to jobs.MAX_WATCHES = 16) and every unary call.
@@ -159,6 +162,11 @@ class ServerHandle:
     def stub(self) -> fpga_pb2_grpc.FpgaServerStub:
         return fpga_pb2_grpc.FpgaServerStub(intercept(control.channel(rpc.channel(self.address), self.token),
                                                       self.breaker))
+
+
+def _pending(request_id: str) -> Aborted:
+    return Aborted(f"the reservation with request_id {request_id!r} is being made (its devices reconfigure); ask "
+                   "again shortly", reason=RESERVATION_PENDING, retry_after_s=PENDING_RETRY_S)
 
 
 def _check_id(field_path: str, value: str) -> None:
@@ -1130,7 +1138,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         except IntegrityError:
             existing = self._find_reservation(tenant, request.request_id)
             if existing is None:
-                raise Aborted("a reservation with this request_id is being made; retry shortly") from None
+                raise Aborted("a reservation with this request_id is being made; retry shortly",
+                              reason=RESERVATION_PENDING, retry_after_s=PENDING_RETRY_S) from None
             return self._replayed_reservation(existing, fingerprint)
         made: list[Group] = []
         entries = []
@@ -1164,7 +1173,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         if existing.request_hash and existing.request_hash != fingerprint:
             raise reused_request_id()
         if existing.state == "pending":
-            raise Aborted("a reservation with this request_id is being made; retry shortly")
+            raise _pending(existing.request_id)
         return self._reservation(existing)
 
     def _find_reservation(self, tenant: str, request_id: str) -> Reservation | None:
@@ -1179,6 +1188,11 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             else:
                 r = s.scalar(select(Reservation).where(Reservation.tenant == tenant,
                                                        Reservation.request_id == request_id))
+        if r is not None and r.state == "pending" and not reservation_id:
+            # By request id: "being made" -- NOT_FOUND would tell a caller in doubt (the CRS's compensator) that
+            # nothing is held, while the devices of its groups are still reconfiguring. (Its id is given out by
+            # no one yet: by id, it is not found.)
+            raise _pending(request_id)
         if r is None or r.state == "pending":
             raise NotFound(f"reservation {reservation_id or request_id!r} does not exist")
         owned(tenant, r.tenant, f"reservation {r.id!r}")

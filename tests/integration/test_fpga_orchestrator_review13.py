@@ -242,3 +242,42 @@ def test_allocation_spec_says_devices_is_whole_and_design_required_as_reserve_do
         with pytest.raises(InvalidArgument) as e:
             orch.Reserve(irm_pb2.ReserveRequest(tenant="erin", request_id="s1", groups=[group]), None)
         assert fields(e.value) == [field]
+
+
+# -- Review 19: a reservation still being made, asked about by its request id ------------------------------
+
+
+def test_get_reservation_by_request_id_of_one_being_made_is_pending_not_not_found(orch: Orchestrator,
+                                                                                  monkeypatch) -> None:
+    # The CRS's compensator asks by request id whether a Reserve it gave up on holds anything: NOT_FOUND while the
+    # devices were still reconfiguring told it "nothing", and the reservation made a moment later was held for good.
+    import threading
+
+    from services.errors import RESERVATION_PENDING, Aborted, NotFound
+
+    reached, go = threading.Event(), threading.Event()
+    create = orch.create_group
+
+    def slow_create(*a, **kw):  # type: ignore[no-untyped-def]
+        reached.set()
+        assert go.wait(30)
+        return create(*a, **kw)
+
+    monkeypatch.setattr(orch, "create_group", slow_create)
+    request = irm_pb2.ReserveRequest(tenant="gina", request_id="slow", groups=[vfpga()])
+    made: list[irm_pb2.Reservation] = []
+    t = threading.Thread(target=lambda: made.append(orch.Reserve(request, None)))
+    t.start()
+    try:
+        assert reached.wait(30)
+        by_request = irm_pb2.GetReservationRequest(tenant="gina", request_id="slow")
+        for call in (lambda: orch.GetReservation(by_request, None), lambda: orch.Reserve(request, None)):
+            with pytest.raises(Aborted) as e:
+                call()
+            assert e.value.reason == RESERVATION_PENDING and e.value.retry_after_s and e.value.retry_after_s > 0
+        with pytest.raises(NotFound):        # another tenant's id, and by reservation id: nothing given out yet
+            orch.GetReservation(irm_pb2.GetReservationRequest(tenant="hank", request_id="slow"), None)
+    finally:
+        go.set()
+        t.join(30)
+    assert made and orch.GetReservation(by_request, None).id == made[0].id

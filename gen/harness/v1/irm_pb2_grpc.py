@@ -138,9 +138,10 @@ class ResourceManagerServicer:
         RESERVATION_PENDING and a RetryInfo (ask again then; nothing is decided
         yet), and NOT_FOUND means no reservation has that request id (never asked
         for, or its Reserve failed, its caller went away first, or it was
-        recovered, and it holds nothing). An IRM may answer NOT_FOUND while its
-        own Reserve of that id is still under way (the FPGA IRM's takes seconds
-        of reconfiguration).
+        recovered, and it holds nothing). The FPGA IRM answers the same way
+        while its Reserve of that id is under way (seconds of reconfiguration);
+        the compute IRM's Reserve is one transaction (nothing is ever pending).
+        Another IRM may answer NOT_FOUND while its Reserve is under way.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
