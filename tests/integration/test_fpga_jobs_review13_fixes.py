@@ -21,6 +21,7 @@ from sqlalchemy import text
 from harness.v1 import fpga_jobs_pb2 as jp
 from harness.v1 import fpga_jobs_pb2_grpc
 from irm_fpga import jobs as jobs_mod
+from irm_fpga import jobs_watch
 from irm_fpga.jobs import SERVICE, JobManager, JobsConfig
 from irm_fpga.orchestrator import MIGRATIONS
 from services import errors
@@ -104,7 +105,7 @@ def test_a_stalled_watch_keeps_only_the_latest_state_of_each_of_its_jobs(irm_fac
 
 
 def test_a_watch_behind_more_jobs_than_its_backlog_ends_resource_exhausted(irm_factory, monkeypatch):
-    monkeypatch.setattr(jobs_mod, "MAX_WATCH_BACKLOG", 2)
+    monkeypatch.setattr(jobs_watch, "MAX_WATCH_BACKLOG", 2)
     irm = irm_factory("edf")
     mine = [in_order(irm, lambda i=i: irm.register(f"j{i}", **deadline(600.0 + i, 10**6))) for i in range(4)]
     stalled = irm.manager.WatchJobs(jp.WatchJobsRequest(tenant="alice"), client())
