@@ -24,7 +24,8 @@ from services import paging
 from services.clock import Clock
 from services.db import Database
 
-log = logging.getLogger(__name__)
+# Logged as the CRS service, as before this module was split out of it: log filters select by that name.
+log = logging.getLogger("cross_resource_scheduler.service")
 
 # A reservation read after its manager restarted (registered as a new instance) asks it where the resources are
 # now, for at most this long (less when the caller's deadline is nearer: `harness run` gives GetReservation 10 s); a

@@ -30,7 +30,8 @@ from harness.v1 import irm_pb2
 from services.clock import Clock
 from services.db import Database
 
-log = logging.getLogger(__name__)
+# Logged as the CRS service, as before this module was split out of it: log filters select by that name.
+log = logging.getLogger("cross_resource_scheduler.service")
 
 # A compensation row not done is tried again after 0.5 s x 2^attempts, at most this long after: a manager that
 # hangs is not asked for each of its rows every pass.

@@ -21,7 +21,8 @@ from services.config import ConfigError, check_address
 from services.db import Database
 from services.errors import FailedPrecondition, Violations
 
-log = logging.getLogger(__name__)
+# Logged as the CRS service, as before this module was split out of it: log filters select by that name.
+log = logging.getLogger("cross_resource_scheduler.service")
 
 # A manager's instance id (RegisterManagerRequest.instance_id), at most this long.
 MAX_INSTANCE_ID = 128

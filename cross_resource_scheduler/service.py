@@ -96,7 +96,8 @@ from services.watch import Broadcaster
 log = logging.getLogger(__name__)
 # Names this module held before they moved to the modules named for them are still reached through it (by tests;
 # a database call stood in for is told apart by its statement, `prepared is crs_service._ACTIVATE`): those imported
-# above as themselves ("re-exported"), and these.
+# above as themselves ("re-exported"), and these. Read them here, but change them where they live now: the code
+# that uses them reads its own module's.
 _ACTIVATE, _ANY_COMPENSATION, _Whereabouts = ACTIVATE, ANY_COMPENSATION, Whereabouts
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Over a max price, placement is made again preferring cheap nodes: the price weigher's multiplier (it must

@@ -34,9 +34,6 @@ class JobDevices:
         self.silent_since: dict[str, float] = {}             # server holding job groups -> first unanswered round
         self.gone_logged: set[str] = set()                   # servers taken as gone, already logged
 
-    def usable(self) -> int:
-        return sum(self.orch._free_total_capacity().values())
-
     def pool(self, active: list[FpgaJob], caps: dict[str, int] | None = None) -> int:
         """The broker's max: usable devices minus those of groups that are not active jobs' (seed 000 §III-B).
 

@@ -1,5 +1,5 @@
-"""What a release gives back is free in the CRS's view at once (cross_resource_scheduler.service._show_released):
-a Reserve right after a Release does not wait for the manager's capacity event. In-process CRS and compute IRM
+"""What a release gives back is free in the CRS's view at once
+(cross_resource_scheduler.compensation.Compensator._show_released): a Reserve right after a Release does not wait for the manager's capacity event. In-process CRS and compute IRM
 over loopback gRPC; the compute IRM's events held back while the release happens, as on a loaded stream."""
 
 from __future__ import annotations

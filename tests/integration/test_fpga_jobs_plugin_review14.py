@@ -2,7 +2,7 @@
 
 Before, the job manager asked a broken plug-in again on every control round and every registration (a full
 traceback each time; a hanging one's worker killed and started again every second), and a tenant saw only
-STATE_QUEUED. Now a failed decision backs the manager off (`irm_fpga.jobs._decision_failed`: again at once after a
+STATE_QUEUED. Now a failed decision backs the manager off (`irm_fpga.jobs_hydrogen.HydrogenDispatch._decision_failed`: again at once after a
 first failure, then after min(period, 1 s), doubling, up to 30 s), logs the traceback once per distinct error and one
 line after, and sets `Job.waiting_reason` on queued jobs until a decision succeeds.
 
