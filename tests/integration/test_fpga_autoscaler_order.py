@@ -43,7 +43,7 @@ def test_a_device_moves_from_one_group_to_another_on_its_server(make, servers):
     x = orch.create_group("alice", "x", "sleep", 2, min_size=1, max_size=3, elastic=True, pinned=["fpga-0"])
     y = orch.create_group("alice", "y", "fft", 2, min_size=1, max_size=3, elastic=True, pinned=["fpga-0"])
     for name in orch.servers:
-        orch._scalers[name] = autoscaler.Autoscaler(autoscaler.StaticPolicy(
+        orch.rounds.scalers[name] = autoscaler.Autoscaler(autoscaler.StaticPolicy(
             sizes={x.id: 3, y.id: 1} if name == "fpga-0" else {}))
     orch.autoscale_once()            # the policy's first look
     orch.autoscale_once()            # its decision: x 3, y 1 on fpga-0

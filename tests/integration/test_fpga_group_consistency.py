@@ -164,7 +164,7 @@ def test_a_revoke_while_a_resize_adds_a_part_leaves_the_client_on_no_part(orch, 
     g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
     orch.AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1"), None)
     reached, go = threading.Event(), threading.Event()
-    real = orch._to_servers
+    real = orch.clients._to_servers
 
     def held_before_the_servers(group, method, client_id):  # noqa: ANN001, ANN202 - a slow revoke
         if method == "RevokeClient":
@@ -172,7 +172,7 @@ def test_a_revoke_while_a_resize_adds_a_part_leaves_the_client_on_no_part(orch, 
             assert go.wait(10)
         return real(group, method, client_id)
 
-    monkeypatch.setattr(orch, "_to_servers", held_before_the_servers)
+    monkeypatch.setattr(orch.clients, "_to_servers", held_before_the_servers)
     revoke = threading.Thread(target=orch.RevokeClient, args=(fpga_pb2.ClientRequest(
         tenant="alice", group_id=g.id, client_id="c1"), None))
     revoke.start()
@@ -324,7 +324,7 @@ def test_concurrent_attaches_under_one_client_id_get_one_client(orch, other_orch
 def test_a_retry_that_comes_while_the_first_attach_fails_is_attached(orch, servers, monkeypatch):
     g = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
     request = fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id, client_id="c1")
-    real_handle, real_hold = orch._handle, getattr(orch, "_attach_lock", None)
+    real_handle, real_hold = orch._handle, getattr(orch.clients, "_attach_lock", None)
     retry: list[object] = []
     waiting = threading.Event()       # the retry is waiting for its turn, or (without turns) has finished
 
@@ -344,7 +344,7 @@ def test_a_retry_that_comes_while_the_first_attach_fails_is_attached(orch, serve
         return real_hold(client_id)
 
     monkeypatch.setattr(orch, "_handle", retry_arrives_then_this_server_fails)
-    monkeypatch.setattr(orch, "_attach_lock", turn, raising=False)   # (absent: calls do not take turns)
+    monkeypatch.setattr(orch.clients, "_attach_lock", turn, raising=False)   # (absent: calls do not take turns)
     with pytest.raises(Unavailable):
         orch.AttachClient(request, None)
     retry[0].join(10)
