@@ -13,6 +13,7 @@ answers UNAVAILABLE), watch_error (WatchCapacity fails FAILED_PRECONDITION with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -61,6 +62,25 @@ class Standin:
     def held(self, tenant: str) -> list[irm_pb2.Reservation]:
         """Its active reservations of `tenant`."""
         return list(self.stub.ListReservations(irm_pb2.ListReservationsRequest(tenant=tenant)).reservations)
+
+
+@contextlib.contextmanager
+def crs_with_a_gated_standin(suite, tmp: Path):  # type: ignore[no-untyped-def]  # noqa: ANN201
+    """A CRS (conftest `suite`) and a stand-in manager `slow` whose Reserve waits until the file `gate` exists,
+    its one host seen in the CRS: yields (the CRS's ResourceManager stub, gate, the stand-in); the stand-in is
+    killed after. The CRS's irm_timeout_s is over the time a test holds a Reserve at the manager."""
+    from tests.conftest import eventually
+
+    crs = suite.start("crs", heartbeat_interval_s=0.3, heartbeat_timeout_s=1.5, irm_timeout_s=20.0)
+    gate = Path(tmp) / "commit"
+    slow = Standin(str(tmp), crs.address, "slow", type="gadget", hb=0.3, reserve_gate=str(gate))
+    try:
+        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
+        eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
+                   what="the manager's host in the CRS")
+        yield stub, gate, slow
+    finally:
+        slow.kill()
 
 
 def gadget(name: str = "g", units: float = 1.0, rtype: str = "gadget", count: int = 1) -> irm_pb2.ResourceGroup:

@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import grpc
 
-from harness.v1 import irm_pb2, irm_pb2_grpc
-from services.tls import plain_channel
+from harness.v1 import irm_pb2
 from tests.conftest import eventually
-from tests.integration.standin_manager import Standin, gadget
+from tests.integration.standin_manager import crs_with_a_gated_standin, gadget
 
 
 def test_a_reserve_whose_caller_gave_up_gives_its_parts_back(suite, tmp_path) -> None:
-    # irm_timeout_s over the time the test holds the Reserve at the manager.
-    crs = suite.start("crs", heartbeat_interval_s=0.3, heartbeat_timeout_s=1.5, irm_timeout_s=20.0)
-    gate = tmp_path / "commit"
-    slow = Standin(tmp_path, crs.address, "slow", type="gadget", hb=0.3, reserve_gate=str(gate))
-    try:
-        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
-        eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
-                   what="the manager's host in the CRS")
+    with crs_with_a_gated_standin(suite, tmp_path) as (stub, gate, slow):
         request = irm_pb2.ReserveRequest(tenant="t", request_id="gone", groups=[gadget(units=1)])
         call = stub.Reserve.future(request, timeout=5.0)
         eventually(lambda: "Reserve crs-" in (tmp_path / "slow.standin.log").read_text(),
@@ -48,5 +40,3 @@ def test_a_reserve_whose_caller_gave_up_gives_its_parts_back(suite, tmp_path) ->
         again = stub.Reserve(request, timeout=30)
         assert again.state == irm_pb2.Reservation.STATE_ACTIVE
         assert [r.id for r in slow.held("t")] == [g.manager_reservation_id for g in again.groups]
-    finally:
-        slow.kill()

@@ -9,11 +9,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from harness.v1 import irm_pb2, irm_pb2_grpc
+from harness.v1 import irm_pb2
 from services.errors import RESERVATION_PENDING, error_info, retry_delay_s
-from services.tls import plain_channel
 from tests.conftest import eventually
-from tests.integration.standin_manager import Standin, gadget
+from tests.integration.standin_manager import crs_with_a_gated_standin, gadget
 
 REQUEST = irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[gadget(units=1)])
 
@@ -25,14 +24,7 @@ def _refused(call, request) -> grpc.RpcError:  # type: ignore[no-untyped-def]
 
 
 def test_get_reservation_by_request_id_says_pending_while_it_is_placed_then_answers_it(suite, tmp_path) -> None:
-    # irm_timeout_s over the time the test holds the Reserve at the manager.
-    crs = suite.start("crs", heartbeat_interval_s=0.3, heartbeat_timeout_s=1.5, irm_timeout_s=20.0)
-    gate = tmp_path / "commit"
-    slow = Standin(tmp_path, crs.address, "slow", type="gadget", hb=0.3, reserve_gate=str(gate))
-    try:
-        stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address))
-        eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 1,
-                   what="the manager's host in the CRS")
+    with crs_with_a_gated_standin(suite, tmp_path) as (stub, gate, slow):
         by_request = irm_pb2.GetReservationRequest(tenant="t", request_id="r1")
         placing = stub.Reserve.future(REQUEST, timeout=30)
         eventually(lambda: "Reserve crs-" in (tmp_path / "slow.standin.log").read_text(),
@@ -57,5 +49,3 @@ def test_get_reservation_by_request_id_says_pending_while_it_is_placed_then_answ
         got = stub.GetReservation(by_request, timeout=10)
         assert (got.id, got.state) == (placed.id, irm_pb2.Reservation.STATE_ACTIVE)
         assert [r.id for r in slow.held("t")] == [g.manager_reservation_id for g in got.groups]
-    finally:
-        slow.kill()
