@@ -1,4 +1,4 @@
-"""AttachClient racing a resize or a delete of its group (irm_fpga.orchestrator._attach): the client ends up on
+"""AttachClient racing a resize or a delete of its group (irm_fpga.orchestrator_clients.ClientAttachments.attach): the client ends up on
 every part the group has when the attach completes, and an attach to a group deleted meanwhile is refused and
 taken back. In-process FPGA-servers and Orchestrator; the attach is paused after its first server took it."""
 
