@@ -73,6 +73,11 @@ MAX_GROUP_REQUEST_ID_CHARS = 256    # CreateGroup's request_id (fpga_groups.requ
 
 
 class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.ResourceManagerServicer):
+    """FPGA groups over the FPGA-servers, and the FPGA IRM's APIs. Its parts: `clients` (attach, detach, revoke),
+    `irm` (vFPGA reservations), `rounds` (reconcile and autoscaler rounds). Methods left here that only pass a call
+    on to a part (`_attach`, `_find_reservation`, `reconcile_once`, `autoscale_once`, `_reassert`) are for callers
+    from outside: the parts call each other directly, so a stand-in for one of them goes on the part."""
+
     def __init__(self, config: OrchestratorConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
