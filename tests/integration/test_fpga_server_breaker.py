@@ -43,8 +43,12 @@ class Cloud:
         self.stopped: set[str] = set()
 
     def hang(self, name: str) -> None:
-        os.kill(self.servers[name].proc.pid, signal.SIGSTOP)
+        pid = self.servers[name].proc.pid
+        os.kill(pid, signal.SIGSTOP)
         self.stopped.add(name)
+        # kill() returns before the stop takes: a thread the kernel has not yet told (the gRPC poller, woken by a
+        # request) can still answer one. Hung means every thread stopped.
+        eventually(lambda: all_threads_stopped(pid), timeout=30, interval=0.01, what=f"FPGA-server {name} stopped")
 
     def resume(self, name: str) -> None:
         os.kill(self.servers[name].proc.pid, signal.SIGCONT)
@@ -73,6 +77,19 @@ def make_cloud(suite) -> Iterator[Callable[..., Cloud]]:
     yield make
     for c in made:
         c.close()
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of `pid` in state T (stopped), by /proc (the state follows the command name's last ')')."""
+    tasks = os.listdir(f"/proc/{pid}/task")
+    states = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:       # a thread that ended meanwhile
+            continue
+    return bool(states) and all(s == "T" for s in states)
 
 
 def timed(call: Callable[[], Any]) -> tuple[Any, float]:
