@@ -49,7 +49,9 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
         # A child of the command too: the whole tree must go, not just its leader.
         code = (f"import subprocess, time; subprocess.Popen([{PY!r}, '-c', 'import time; time.sleep(120)']); "
                 "print('ready', flush=True); time.sleep(120)")
-        call = stub.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[PY, "-c", code], timeout_s=3),
+        # A time limit far beyond the steps before the crash (a second agent's start-up among them): the tree
+        # must still be there when the agent dies, and still below the orphans' own 120 s.
+        call = stub.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[PY, "-c", code], timeout_s=60),
                             timeout=60)
         started = next(call).started
         assert next(e for e in call if e.WhichOneof("event") == "stdout").stdout == b"ready\n"
