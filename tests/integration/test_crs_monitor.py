@@ -86,9 +86,13 @@ def test_a_slow_manager_does_not_take_the_threads_of_the_others(suite, tmp_path)
         r = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="fast-1", groups=[gadget(rtype="widget")]),
                          timeout=60)
         took = time.monotonic() - t0
+        # Answered while the slow manager's 4 delegations still wait (they end at irm_timeout_s): it did not need
+        # one of their threads.
+        ended_meanwhile = sum(outcomes.values())
         for t in storm:
             t.join(30)
-        assert r.state == irm_pb2.Reservation.STATE_ACTIVE and took < 2, f"fast reserve took {took:.1f}s"
+        assert r.state == irm_pb2.Reservation.STATE_ACTIVE
+        assert ended_meanwhile == 36 and took < 5.0, f"fast reserve took {took:.1f}s, {ended_meanwhile} ended"
         assert "'slow' is slow" in refusals[0] and "retry" in refusals[0]
         assert outcomes == {"UNAVAILABLE": 40}, outcomes  # 36 refused, 4 timed out
         assert all(m.up for m in managers(crs.address).values())

@@ -94,8 +94,11 @@ def test_a_crs_restarted_after_a_kill_places_a_retry_at_once_and_gives_the_dead_
 
 def test_another_crs_leaves_a_live_processes_reserve_alone_and_recovers_it_once_that_process_is_killed(
         suite, tmp_path) -> None:
-    settings = _settings(tmp_path)
-    crs, slow, stub = _crs_and_standin(suite, tmp_path, settings, reserve_delay=4.0)
+    # The manager holds the first CRS's Reserve until the gate opens (after the kill), and the CRS waits that long:
+    # its Reserve is in flight for whatever the steps before the kill take on a loaded machine.
+    settings = {**_settings(tmp_path), "irm_timeout_s": 60.0}
+    gate = tmp_path / "commit"
+    crs, slow, stub = _crs_and_standin(suite, tmp_path, settings, reserve_gate=str(gate))
     other = Crs(CrsConfig(database=settings["database"], irm_timeout_s=5.0))   # this test's process
     future = stub.Reserve.future(REQUEST, timeout=30)
     try:
@@ -113,6 +116,7 @@ def test_another_crs_leaves_a_live_processes_reserve_alone_and_recovers_it_once_
         with pytest.raises(Aborted, match="still being placed"):
             retry()
         crs.kill()
+        gate.touch()                                # the manager commits now, after the process died
         with pytest.raises(Aborted, match="is gone") as e:
             retry()
         assert "retry" in str(e.value)

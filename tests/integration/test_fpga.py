@@ -240,8 +240,8 @@ def test_in_flight_is_bounded_and_waiting_is_not(fpga):
     att = fpga["stub"].AttachClient(fpga_pb2.AttachClientRequest(tenant="alice", group_id=g.id))
     f = VirtualFpga(att, max_in_flight=10, batch_size=5)
     try:
-        futures = [f.submit({"duration": 0.005}) for _ in range(200)]  # returns at once: nothing blocks
-        assert f.pending() > 100  # most wait: 200 x 5 ms on one device
+        futures = [f.submit({"duration": 0.01}) for _ in range(200)]  # returns at once: nothing blocks
+        assert f.pending() > 100  # most wait: 200 x 10 ms on one device (half of it done: a 1 s stall here)
         peak = 0
         while not all(fu.done() for fu in futures):
             peak = max(peak, f.in_flight())

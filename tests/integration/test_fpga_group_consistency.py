@@ -23,7 +23,7 @@ from irm_fpga.models import Client
 from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig, ServerHandle
 from services.errors import Aborted, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
 from services.tls import plain_channel
-from tests.conftest import eventually
+from tests.conftest import eventually, start_again
 
 FAST = {"devices": 4, "reconfig_mean_s": 0.01, "reconfig_std_s": 0.0}
 NOWHERE = "127.0.0.1:9"        # nothing answers there: a partition
@@ -475,7 +475,7 @@ def test_an_orchestrator_starts_with_a_server_down_and_uses_it_once_it_answers(s
     g = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g1", design="sleep", size=2),
                          timeout=20)
     assert dict(g.parts) == {"A": 2}
-    suite.start("fpga-server", name="B", address=b_address, **FAST)
+    start_again(lambda: suite.start("fpga-server", name="B", address=b_address, **FAST), "FPGA-server B")
 
     if reconcile_s > 0:       # mapped by a reconcile round (else the placement below must map it itself)
         eventually(lambda: "B" in {s.name for s in stub.ListDevices(fpga_pb2.ListDevicesRequest(tenant="t"),

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 
-from tests.conftest import eventually
+from tests.conftest import eventually, start_again
 from tests.integration.test_suite_review14 import HARNESS, _alive, _recorded, _up
 
 
@@ -56,7 +56,8 @@ def test_after_a_kill_of_the_whole_suite_no_suite_runs_even_with_another_service
         proc.wait()
         eventually(lambda: not any(_alive(pid) for pid in pids.values()), what="the services gone")
         # Another CRS (another suite's, say) now serves where this suite's did.
-        suite.start("crs", address=addresses["crs"], state_dir=str(tmp_path / "other"))
+        start_again(lambda: suite.start("crs", address=addresses["crs"], state_dir=str(tmp_path / "other")),
+                    "another CRS on the killed suite's CRS port")
 
         none = f"no suite runs from {state}: start one with `harness up`"
         discover = _harness("discover", "--state-dir", str(state))
