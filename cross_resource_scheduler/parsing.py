@@ -24,6 +24,8 @@ MAX_COUNT = 1000
 MAX_INSTANCES = 4096
 # A group's name, at most (it is echoed in replies, stored, and part of the parse cache's keys).
 MAX_GROUP_NAME = 128
+# A pinned resource's name ("<manager>/<physical id>"; deeper stacks add a manager each).
+MAX_PIN = 512
 
 
 def merged_attribute(old: irm_pb2.AttributeSpec | None, new: irm_pb2.AttributeSpec) -> irm_pb2.AttributeSpec:
@@ -105,7 +107,16 @@ def parse(groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupCo
         v.check(g.name not in names, f"{p}.name", f"duplicate group name {g.name!r}")
         names.add(g.name)
         v.check(1 <= g.count <= MAX_COUNT, f"{p}.count", f"must be between 1 and {MAX_COUNT}")
-        v.check(not g.placement, f"{p}.placement", "leave empty: the CRS chooses placements")
+        if g.placement:
+            # Pins, as a CRS above sends them (Crs._pinned): each instance's resource, "<manager>/<physical id>" as
+            # this CRS offers it (DiscoverResources: `manager` and `id`). Whether it exists is placement's to say.
+            v.check(len(g.placement) == g.count, f"{p}.placement",
+                    f"one resource per instance: {g.count} expected, got {len(g.placement)}; or leave it empty "
+                    "for the CRS to choose")
+            for j, pin in enumerate(g.placement):
+                v.check("/" in pin.strip("/") and len(pin) <= MAX_PIN, f"{p}.placement[{j}]",
+                        f"a resource as '<manager>/<id>' (DiscoverResources lists both), at most {MAX_PIN} "
+                        f"characters; got {pin[:MAX_PIN]!r}")
         # No resource has a trait and lacks it: said as the managers say it, not as "never fits".
         clash = set(g.required_traits) & set(g.forbidden_traits)
         v.check(not clash, f"{p}.forbidden_traits", f"traits both required and forbidden: {sorted(clash)}")
@@ -178,7 +189,7 @@ def parse(groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupCo
                 if amount is not None:
                     demand[key] = amount
         demands.append(GroupDemand(g.name, g.resource_type, g.count, demand, props,
-                                   frozenset(g.required_traits), frozenset(g.forbidden_traits)))
+                                   frozenset(g.required_traits), frozenset(g.forbidden_traits), tuple(g.placement)))
     total = sum(g.count for g in groups if g.count > 0)
     v.check(total <= MAX_INSTANCES, "groups",
             f"the groups' counts add up to {total} instances; at most {MAX_INSTANCES} per request: split it")

@@ -15,6 +15,10 @@ removed how many candidates, and whether the request could ever fit
 when that is proven (a group alone cannot fit the empty cloud, or a complete
 search of the empty cloud found nothing); a request that would fit on the
 resources of a manager that is down is told to come back.
+
+A pinned group (GroupDemand.pins: what a CRS above this one sends, having placed the request on the resources
+this one offers it) has one candidate per instance, its own resource: the filters still judge it, and the other
+groups are placed around it.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cross_resource_scheduler.constraints import Constraint
 from cross_resource_scheduler.plugins import Context, GroupDemand, Pipeline, location_of
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView, Node
-from services.errors import CAPACITY_IN_USE, MANAGER_DOWN, NEVER_FITS, SEARCH_GAVE_UP
+from services.errors import CAPACITY_IN_USE, MANAGER_DOWN, NEVER_FITS, PIN_UNKNOWN, SEARCH_GAVE_UP
 
 
 @dataclass
@@ -90,6 +94,9 @@ def _order(req: PlacementRequest) -> list[GroupDemand]:
 
 def _pool(view: CapacityView, ctx: Context) -> list[Node]:
     g, topo = ctx.group, ctx.topology
+    if g.pins:          # the next instance's own resource (schedule checked that each is known and up)
+        node = view.nodes.get(g.pins[len(ctx.placed[g.name])])
+        return [node] if node is not None and not view.is_down(node.manager) else []
     # A link may make another rack or site faster than its level: latency bounds cannot narrow the pool by
     # level then (the distance filter still checks each candidate). Links never change hops.
     by_latency = not any(link.latency_ms for link in topo.links.values())
@@ -218,6 +225,7 @@ class _Classes:
                 if (n.location.site, n.location.host) in clash:
                     by_key[seen[(n.location.site, n.location.host)] + (n.key,)] = [n]
             by_key = {k: v for k, v in by_key.items() if v}
+        self.nodes = {n.key: n for n in nodes}      # a pinned instance's resource, by key
         # Every node's rank: a class's members are consecutive (see _candidates).
         self.rank: dict[str, int] = {}
         self.by_type: dict[str, list[list[Node]]] = defaultdict(list)
@@ -268,9 +276,14 @@ def _candidates(ctx: Context, classes: _Classes, on: dict[str, tuple[Node, int]]
     g = ctx.group
     rank = classes.rank
     mine = ctx.placed[g.name]
-    floor = rank[mine[-1].key] if mine else -1
-    pool = [n for n, _ in on.values() if n.resource_type == g.resource_type and rank[n.key] >= floor]
-    if not any(c.kind == "same_host" and ctx.peers(c) for c in ctx.constraints):  # else only `on` can do
+    if g.pins:          # its own resource, or none (not among these nodes): pinned instances are not alike
+        key = g.pins[len(mine)]
+        pool = [on[key][0]] if key in on else [classes.shown(classes.nodes[key])] if key in classes.nodes else []
+    else:
+        floor = rank[mine[-1].key] if mine else -1
+        pool = [n for n, _ in on.values() if n.resource_type == g.resource_type and rank[n.key] >= floor]
+    if not g.pins and not any(c.kind == "same_host" and ctx.peers(c) for c in ctx.constraints):
+        # (else only `on` can do)
         for members in classes.narrowed(ctx):
             if rank[members[-1].key] < floor:
                 continue
@@ -390,6 +403,11 @@ def _group_never_fits(req: PlacementRequest, classes: _Classes, pipeline: Pipeli
     for g in req.groups:
         ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], {}, {}, topology, ignore_usage)
         checks = [f.checker(ctx) for f in pipeline.filters if f.relevant(ctx)]
+        if g.pins:
+            why = _pins_never_fit(g, ctx, checks, classes, pipeline, ignore_usage)
+            if why is not None:
+                return why
+            continue
         shown = [(classes.shown(members[0]), len(members)) for members in classes.by_type.get(g.resource_type, [])]
         fits = [(_instances_fit(node, g, ignore_usage), n) for node, n in shown if all(ok(node) for ok in checks)]
         own = {c.kind for c in ctx.constraints if c.a == c.b == g.name}
@@ -404,6 +422,44 @@ def _group_never_fits(req: PlacementRequest, classes: _Classes, pipeline: Pipeli
                     f"{' ' + how if how else ''}; the {g.resource_type} resources that could hold it have room "
                     f"for {room}")
     return None
+
+
+def _pins_never_fit(g: GroupDemand, ctx: Context, checks: list, classes: _Classes, pipeline: Pipeline,
+                    ignore_usage: bool) -> str | None:
+    """Why a pinned group cannot sit on its resources (among the classes' nodes), judged by itself alone; None if
+    it could. Exact: each resource must pass every filter and hold the instances pinned to it."""
+    for key, n in Counter(g.pins).items():
+        node = classes.nodes.get(key)
+        if node is None:
+            return f"group {g.name!r} is pinned to {key}, which is not among the resources judged"
+        shown = classes.shown(node)
+        failed = next((f.name for f, ok in zip((f for f in pipeline.filters if f.relevant(ctx)), checks,
+                                                strict=True) if not ok(shown)), None)
+        if failed is not None:
+            return f"group {g.name!r} is pinned to {key}, which the {failed!r} filter refuses for it"
+        room = _instances_fit(shown, replace(g, count=n), ignore_usage)
+        if room < n:
+            return (f"group {g.name!r} has {n} instance{'s' if n > 1 else ''} pinned to {key}, which has room "
+                    f"for {room}")
+    return None
+
+
+def _check_pins(req: PlacementRequest, view: CapacityView) -> None:
+    """Each pinned instance's resource is known, of its group's type, and its manager up: else Unschedulable,
+    saying which (a pin is a CRS above's choice, from what this CRS offered it)."""
+    for g in req.groups:
+        for key in dict.fromkeys(g.pins):
+            node = view.nodes.get(key)
+            if node is None:
+                raise Unschedulable(f"group {g.name!r} is pinned to {key!r}, which this CRS does not know (now): "
+                                    "DiscoverResources lists its resources as manager/id; place again",
+                                    reason=PIN_UNKNOWN)
+            if node.resource_type != g.resource_type:
+                raise Unschedulable(f"group {g.name!r} is pinned to {key!r}, a {node.resource_type} resource, not "
+                                    f"a {g.resource_type}; pin it to one of its type", unresolvable=True)
+            if view.is_down(node.manager):
+                raise Unschedulable(f"group {g.name!r} is pinned to {key!r}, whose manager {node.manager!r} is "
+                                    "down; retry later, or place it elsewhere", down=[node.manager])
 
 
 def _fits_empty(req: PlacementRequest, order: list[GroupDemand], nodes: list[Node], pipeline: Pipeline,
@@ -466,6 +522,8 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
         # Placing without the filter would silently break the tenant's constraints.
         raise Unschedulable(missing, unresolvable=True)
     order = _order(req)
+    with view.lock:
+        _check_pins(req, view)
     # Greedy placement can paint itself into a corner when groups constrain
     # each other; with constraints, retry once with each group leading.
     orders = [order] + ([order[i:] + order[:i] for i in range(1, min(len(order), MAX_ORDERS))]

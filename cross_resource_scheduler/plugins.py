@@ -42,6 +42,9 @@ class GroupDemand:
     properties: dict[str, tuple[float, float]] = field(default_factory=dict)
     required_traits: frozenset[str] = frozenset()
     forbidden_traits: frozenset[str] = frozenset()
+    # Pinned: instance i goes on the resource whose view key ("<manager>/<physical id>") is pins[i], or nowhere.
+    # A CRS above this one sends them (it placed the request on the resources this CRS offers it); empty: free.
+    pins: tuple[str, ...] = ()
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from cross_resource_scheduler.delegation import Delegator
+from cross_resource_scheduler.stacking import offered
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from services import client, control, tenants
@@ -190,6 +191,7 @@ class Registry:
                     if state.stop.is_set():
                         break
                     backoff = 0.1
+                    ev = offered(state.name, ev)
                     if ev.kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END:
                         pruned = []
                         for node in list(self.view.nodes.values()):
@@ -203,6 +205,7 @@ class Registry:
                         state.follow_error = ""
                         continue
                     changed = []
+                    joined = False
                     # One message may carry several resources (`more`: the IRM coalesced them).
                     for r in (ev.resource, *ev.more):
                         if ev.kind == irm_pb2.CapacityEvent.KIND_REMOVED:
@@ -213,6 +216,7 @@ class Registry:
                                 seen.add(r.id)
                                 before = self.view.nodes.get(f"{state.name}/{r.id}")
                                 was = before.to_proto() if before is not None else None
+                            joined = joined or f"{state.name}/{r.id}" not in self.view.nodes
                             # A stream's snapshot is the manager's state now, even with older generations
                             # (restarted on an older or fresh database); updates within a stream are ordered.
                             node = self.view.upsert(state.name, r, snapshot=snapshot)
@@ -220,6 +224,11 @@ class Registry:
                                 now = node.to_proto()
                                 if now != was:
                                     changed.append(now)  # new (it joined), or changed while not followed
+                    if joined and ev.kind == irm_pb2.CapacityEvent.KIND_UPDATED:
+                        # A resource new since the snapshot: a CRS below offers another manager's (of a type, or
+                        # with attribute ranges, its description had not had).
+                        state.specs = list(stub.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(),
+                                                                       timeout=5).resource_types)
                     self.on_change(state.name, ev)
                     if changed:
                         self.on_change(state.name, irm_pb2.CapacityEvent(

@@ -48,6 +48,7 @@ from cross_resource_scheduler.registration import MAX_INSTANCE_ID as MAX_INSTANC
 from cross_resource_scheduler.registration import Registrations
 from cross_resource_scheduler.registration import serving_at as serving_at  # re-exported
 from cross_resource_scheduler.registry import ManagerState, Registry
+from cross_resource_scheduler.stacking import as_one_part
 from cross_resource_scheduler.statements import (
     ACTIVATE,
     ANY_COMPENSATION,
@@ -89,6 +90,7 @@ from services.errors import (
     require_tenant,
 )
 from services.idempotency import request_hash, reused_request_id
+from services.registration import Membership
 from services.server import Component
 from services.tls import TlsSettings
 from services.watch import Broadcaster
@@ -171,6 +173,12 @@ class CrsConfig(TlsSettings):
     # Sent with the calls the CRS makes at its managers for tenants (services.tenants); only with a tenants_file.
     # With `delegation_sha256` empty, the CRS takes the AM's calls for tenants with this token (the suite's one).
     delegation_token: str = ""
+    # Stacking (stacking.py): the CRSs above this one (comma-separated). It registers with each as the manager
+    # `name`, at `advertise_address` (empty: its own host and port), and offers them its managers' resources; they
+    # send it their `control_token` and `delegation_token` as to any manager. Empty: a CRS at the top.
+    crs_address: str = ""
+    name: str = "crs"
+    advertise_address: str = ""
 
 
 def _caller_still_there(context, request_id: str, when: str) -> None:  # noqa: ANN001
@@ -225,6 +233,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                                            config.control_token, config.heartbeat_interval_s)
         self._stop = threading.Event()
         self._kick = threading.Event()
+        self.memberships: list[Membership] = []     # in the CRSs above (`crs_address`)
         # What managers hold for reservations that are not (or no longer) a client's goes back through this
         # (compensation.py): at once where it can, else by the passes of the compensator thread, woken by _kick.
         self.compensator = Compensator(self.db, self.registry, self.view, self.clock, self.owner, self._attempts,
@@ -246,7 +255,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.capacity_watch.watchers = broadcaster
 
     # -- lifecycle -------------------------------------------------------
-    def start(self) -> None:
+    def start(self, port: int | None = None) -> None:
+        """Recover what a crash left, follow the known managers, and (with `crs_address`) register with the CRSs
+        above, as serving at `port` unless `advertise_address` says where."""
         # A pending row is a crash's leftover only once no live process can still be placing it: a restart may
         # overlap the old process winding down (its Reserves still delegating). Rows older than that, or whose
         # owner is provably gone (a crash on this machine), are recovered now; the others once that long has
@@ -263,9 +274,25 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             state.last_heartbeat = -math.inf
         self._monitor.start()
         self._compensating.start()
+        above = [a.strip() for a in self.config.crs_address.split(",") if a.strip()]
+        if above:
+            host = self.config.address.rsplit(":", 1)[0]
+            advertise = self.config.advertise_address or f"{host}:{port}"
+            for crs in above:
+                m = Membership(crs, self.config.name, advertise, self._offered_types,
+                               self.config.heartbeat_interval_s, control_token=self.config.control_token)
+                m.start()
+                self.memberships.append(m)
+
+    def _offered_types(self) -> list[str]:
+        """The resource types this CRS offers a CRS above: its managers' (none yet: it registers once it has)."""
+        return sorted({t for m in self.registry.all() for t in m.resource_types}
+                      | {spec.name for m in self.registry.all() for spec in m.specs})
 
     def quiesce(self) -> None:
-        """Shutting down, before the server stops: end the WatchCapacity streams."""
+        """Shutting down, before the server stops: leave the CRSs above, end the WatchCapacity streams."""
+        for m in self.memberships:
+            m.stop()
         self.watchers.close()
 
     def stop(self) -> None:
@@ -738,9 +765,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     # say so rather than double-book).
                     raise Aborted(f"manager {manager!r} answered with a reservation in state "
                                   f"{irm_pb2.Reservation.State.Name(reply.state)}; nothing was reserved, retry")
-                allocated.extend(reply.groups)
+                groups = as_one_part(manager, reply)        # a CRS below's reply: one part of it (stacking.py)
+                allocated.extend(groups)
                 notes.extend(f"{manager}: {n}" for n in reply.notes)
-                for g in reply.groups:
+                for g in groups:
                     for r in g.resources:
                         if r.physical_generation:
                             key = f"{manager}/{r.physical_id}"
@@ -903,7 +931,9 @@ def component(config: CrsConfig, clock: Clock | None = None) -> Component:
         irm_pb2_grpc.add_ResourceManagerServicer_to_server(crs, server)
         registry_pb2_grpc.add_ManagerRegistryServicer_to_server(crs, server)
 
-    return Component(name="crs", register=register,
+    comp = Component(name="crs", register=register,
                      service_names=["harness.v1.ResourceManager", "harness.v1.ManagerRegistry"],
-                     start=crs.start, quiesce=crs.quiesce, stop=crs.stop, probe=crs.db.probe, extra={"crs": crs},
+                     quiesce=crs.quiesce, stop=crs.stop, probe=crs.db.probe, extra={"crs": crs},
                      auth=auth)
+    comp.start = lambda: crs.start(comp.extra.get("port"))
+    return comp

@@ -7,6 +7,7 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import grpc
 
@@ -41,13 +42,15 @@ class Membership:
     manager about where its resources are while the id stays the same, and asks again once it changes (a restart
     may have moved them). `instance_id` given is sent instead (it must change whenever the manager restarts)."""
 
-    def __init__(self, crs_address: str, name: str, address: str, resource_types: list[str],
+    def __init__(self, crs_address: str, name: str, address: str,
+                 resource_types: list[str] | Callable[[], list[str]],
                  heartbeat_interval_s: float = 2.0, control_token: str = "", instance_id: str = "") -> None:
         self.crs_address = crs_address
         self.control_token = control_token
         self.instance_id = instance_id or uuid.uuid4().hex
+        # A function: asked at each registration (a CRS registering with one above offers what its managers do).
+        self._types = resource_types if callable(resource_types) else (lambda: list(resource_types))
         self.request = registry_pb2.RegisterManagerRequest(name=name, address=address,
-                                                           resource_types=resource_types,
                                                            instance_id=self.instance_id)
         self.interval = sane_interval(heartbeat_interval_s)
         self._stop = threading.Event()
@@ -70,6 +73,8 @@ class Membership:
         while not self._stop.is_set():
             try:
                 if not known:
+                    del self.request.resource_types[:]
+                    self.request.resource_types.extend(self._types())
                     reply = stub.RegisterManager(self.request, timeout=5)
                     asked = reply.heartbeat_interval_s or self.interval
                     self.interval = sane_interval(min(self.interval, asked), self.interval)

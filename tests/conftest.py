@@ -126,8 +126,8 @@ class Suite:
             settings.setdefault("work_dir", os.path.join(self.tmp, f"{name or service}-work"))
         if "state_dir" in fields:
             settings.setdefault("state_dir", self.tmp)
-        if name and "name" in fields and service in ("compute", "fpga-server"):
-            settings.setdefault("name", name)  # the name it registers / reports under
+        if name and "name" in fields and service in ("compute", "fpga-server", "crs"):
+            settings.setdefault("name", name)  # the name it registers / reports under (a CRS: with one above)
         p = spawn(service, name=name, address=address, settings=settings,
                   log_path=os.path.join(self.tmp, f"{name or service}.log"))
         self.procs.append(p)

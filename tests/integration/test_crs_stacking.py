@@ -1,0 +1,123 @@
+"""A CRS under a CRS (stacking.py): two site CRSs, each over a compute IRM, registered as managers with a CRS
+above them. Both compute IRMs name their hosts h1 and h2: the top CRS tells them apart by manager, places across
+both sites, pins its choice at the CRS below, which places exactly there; a release at the top goes down to the
+hosts. Every service is its own process."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
+from services.errors import PIN_UNKNOWN, error_info, field_violations
+from services.tls import plain_channel
+from tests.conftest import eventually
+
+HB = {"heartbeat_interval_s": 0.3, "heartbeat_timeout_s": 1.5}
+
+
+def inventory(site: str) -> str:
+    return ("hosts:\n"
+            f"  - {{id: h1, site: {site}, rack: r1, cores: 4, memory_gb: 8, frequency_ghz: 2.4}}\n"
+            f"  - {{id: h2, site: {site}, rack: r1, cores: 4, memory_gb: 8, frequency_ghz: 2.4}}\n")
+
+
+def vms(name: str, count: int, cores: float = 2, **kw) -> irm_pb2.ResourceGroup:
+    return irm_pb2.ResourceGroup(name=name, resource_type="vm", count=count, attributes={
+        "cores": common_pb2.AttributeRequest(number=cores), "memory_gb": common_pb2.AttributeRequest(number=1)}, **kw)
+
+
+@pytest.fixture
+def stack(suite, tmp_path):
+    top = suite.start("crs", name="top", database=f"sqlite:///{tmp_path / 'top.db'}", **HB)
+    below = {}
+    for site in ("a", "b"):
+        crs = suite.start("crs", name=f"crs-{site}", crs_address=top.address,
+                          database=f"sqlite:///{tmp_path / f'crs-{site}.db'}", **HB)
+        inv = tmp_path / f"{site}.yaml"
+        inv.write_text(inventory(f"site-{site}"))
+        compute = suite.start("compute", name=f"compute-{site}", crs_address=crs.address, inventory=str(inv),
+                              heartbeat_interval_s=0.3)
+        below[site] = (crs, compute)
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(top.address))
+    eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant="t")).resources) == 4,
+               timeout=30, what="the four hosts of both sites offered to the top CRS")
+    return top, below, stub
+
+
+def _compute(proc) -> irm_pb2_grpc.ResourceManagerStub:  # noqa: ANN001
+    return irm_pb2_grpc.ResourceManagerStub(plain_channel(proc.address))
+
+
+def test_a_crs_above_places_across_the_crss_below_and_releases_through_them(stack):
+    top, below, stub = stack
+    managers = registry_pb2_grpc.ManagerRegistryStub(plain_channel(top.address)).ListManagers(
+        registry_pb2.ListManagersRequest()).managers
+    assert sorted((m.name, list(m.resource_types)) for m in managers) == [("crs-a", ["vm"]), ("crs-b", ["vm"])]
+    offered = {(r.manager, r.id): r for r in stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
+    # The same host ids at two compute IRMs: told apart by the manager each is offered under.
+    assert set(offered) == {(f"crs-{s}", f"compute-{s}/{h}") for s in "ab" for h in ("h1", "h2")}
+    assert offered[("crs-b", "compute-b/h1")].location.site == "site-b"
+
+    # Four 2-core VMs on four different hosts: every host of both sites, the two h1s included.
+    spread = irm_pb2.GroupConstraint(kind=irm_pb2.GroupConstraint.KIND_DIFFERENT_HOST, group_a="x", group_b="x")
+    res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[vms("x", 4)],
+                                              constraints=[spread]), timeout=30)
+    assert res.state == irm_pb2.Reservation.STATE_ACTIVE
+    on = sorted(r.physical_id for g in res.groups for r in g.resources)
+    assert on == ["compute-a/h1", "compute-a/h2", "compute-b/h1", "compute-b/h2"]
+    # One part per CRS below, its reservation there.
+    parts = {g.manager: g.manager_reservation_id for g in res.groups}
+    assert sorted(parts) == ["crs-a", "crs-b"]
+    at_hosts = {}
+    for site, (crs, compute) in below.items():
+        there = irm_pb2_grpc.ResourceManagerStub(plain_channel(crs.address)).GetReservation(
+            irm_pb2.GetReservationRequest(tenant="t", reservation_id=parts[f"crs-{site}"]), timeout=10)
+        assert there.state == irm_pb2.Reservation.STATE_ACTIVE
+        held = _compute(compute).ListReservations(irm_pb2.ListReservationsRequest(tenant="t"), timeout=10)
+        [vm_res] = [r for r in held.reservations if r.state == irm_pb2.Reservation.STATE_ACTIVE]
+        assert sorted(r.physical_id for g in vm_res.groups for r in g.resources) == ["h1", "h2"]
+        at_hosts[site] = vm_res.id
+
+    # The use shows at the top (the CRSs below pass their managers' changes up).
+    def used() -> set[float]:
+        return {r.used["cores"] for r in stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
+    eventually(lambda: used() == {2.0}, what="each host's 2 cores in use, seen at the top")
+    # Room for one more 2-core VM per host, but not for a 3-core one anywhere.
+    with pytest.raises(grpc.RpcError) as full:
+        stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r2", groups=[vms("y", 1, cores=3)]), timeout=30)
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=res.id), timeout=30)
+    for site, (_, compute) in below.items():
+        held = _compute(compute).GetReservation(irm_pb2.GetReservationRequest(
+            tenant="t", reservation_id=at_hosts[site]), timeout=10)
+        assert held.state == irm_pb2.Reservation.STATE_RELEASED
+    eventually(lambda: used() == {0.0}, what="the hosts free again, seen at the top")
+
+
+def test_a_crs_places_pinned_instances_where_pinned_or_says_why_not(stack):
+    _, below, _ = stack
+    crs_a = irm_pb2_grpc.ResourceManagerStub(plain_channel(below["a"][0].address))
+    pinned = crs_a.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="p1", groups=[
+        vms("x", 2, placement=["compute-a/h2", "compute-a/h2"])]), timeout=30)
+    assert [r.physical_id for g in pinned.groups for r in g.resources] == ["h2", "h2"]
+
+    def refusal(request_id: str, group: irm_pb2.ResourceGroup) -> grpc.RpcError:
+        with pytest.raises(grpc.RpcError) as e:
+            crs_a.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id=request_id, groups=[group]), timeout=30)
+        return e.value
+
+    gone = refusal("p2", vms("x", 1, placement=["compute-a/h9"]))
+    assert gone.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_info(gone)[0] == PIN_UNKNOWN
+    assert "'compute-a/h9'" in gone.details()
+    # h2 is full now (2 x 2 of its 4 cores): a pin there is refused, not moved to h1.
+    full = refusal("p3", vms("x", 1, placement=["compute-a/h2"]))
+    assert full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    too_big = refusal("p4", vms("x", 1, cores=8, placement=["compute-a/h1"]))
+    assert too_big.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+    miscounted = refusal("p5", vms("x", 2, placement=["compute-a/h1"]))
+    assert miscounted.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [f for f, _ in field_violations(miscounted)] == ["groups[0].placement"]
+    bare = refusal("p6", vms("x", 1, placement=["h1"]))
+    assert [f for f, _ in field_violations(bare)] == ["groups[0].placement[0]"]

@@ -1,0 +1,119 @@
+"""Pinned groups (GroupDemand.pins: a CRS above's placement, sent down as ResourceGroup.placement) and what a CRS
+above makes of what a CRS below offers and answers (cross_resource_scheduler.stacking)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cross_resource_scheduler.placement import Unschedulable
+from cross_resource_scheduler.stacking import as_one_part, offered
+from cross_resource_scheduler.view import CapacityView
+from harness.v1 import common_pb2, irm_pb2
+from services.errors import CAPACITY_IN_USE, MANAGER_DOWN, NEVER_FITS, PIN_UNKNOWN
+from tests.unit.test_crs_placement import add, group, hosts, place
+
+
+@pytest.fixture
+def view() -> CapacityView:
+    v = CapacityView()
+    for m in ("a", "b"):
+        for h in ("h1", "h2"):                       # the same host ids at both managers
+            add(v, h, cores=4, manager=m, site=f"site-{m}")
+    add(v, "f1", manager="a", rtype="fpga")
+    return v
+
+
+def pinned(name: str, *pins: str, cores: float = 1, count: int | None = None):  # noqa: ANN201
+    return replace(group(name, count or len(pins), cores), pins=pins)
+
+
+def test_each_instance_goes_on_its_pin_whatever_the_weighers_prefer(view: CapacityView) -> None:
+    p = place(view, [pinned("x", "b/h2", "a/h1", "b/h2", cores=2)], weighers={"pack": 1.0, "spread": 5.0})
+    assert [n.key for n in p.nodes["x"]] == ["b/h2", "a/h1", "b/h2"]
+    assert p.demand == {"b/h2": {"cores": 4.0, "memory_gb": 2.0}, "a/h1": {"cores": 2.0, "memory_gb": 1.0}}
+
+
+def test_free_groups_are_placed_around_pinned_ones(view: CapacityView) -> None:
+    # y must share x's host: the pin decides for both.
+    p = place(view, [pinned("x", "b/h1"), group("y", 1)], ["same_host(x, y)"])
+    assert hosts(p, "y") == ["h1"] and p.nodes["y"][0].key == "b/h1"
+    p = place(view, [pinned("x", "a/h2"), group("y", 3)], ["different_host(x, y)", "different_host(y, y)"])
+    assert "a/h2" not in {n.key for n in p.nodes["y"]} and len({n.key for n in p.nodes["y"]}) == 3
+
+
+def test_a_pin_the_crs_does_not_know_is_placed_again_not_never(view: CapacityView) -> None:
+    with pytest.raises(Unschedulable) as e:
+        place(view, [pinned("x", "a/h9")])
+    assert e.value.reason == PIN_UNKNOWN and not e.value.unresolvable and "'a/h9'" in str(e.value)
+
+
+def test_a_pin_on_another_type_never_fits(view: CapacityView) -> None:
+    with pytest.raises(Unschedulable) as e:
+        place(view, [pinned("x", "a/f1")])
+    assert e.value.reason == NEVER_FITS and "a fpga resource, not a vm" in str(e.value)
+
+
+def test_a_pin_on_a_down_manager_is_retried_later(view: CapacityView) -> None:
+    view.set_down("b", True)
+    with pytest.raises(Unschedulable) as e:
+        place(view, [pinned("x", "b/h1")])
+    assert e.value.reason == MANAGER_DOWN and e.value.down == ["b"]
+
+
+def test_a_pinned_resource_too_small_never_fits_and_one_in_use_fits_later(view: CapacityView) -> None:
+    # Three 2-core instances on a 4-core host: never, whatever is free elsewhere.
+    with pytest.raises(Unschedulable) as e:
+        place(view, [pinned("x", "a/h1", "a/h1", "a/h1", cores=2)])
+    assert e.value.unresolvable and e.value.reason == NEVER_FITS
+    assert "3 instances pinned to a/h1, which has room for 2" in str(e.value)
+    # In use now: refused, not moved to the free host next to it.
+    add(view, "h1", cores=4, used=3, manager="a", site="site-a")
+    with pytest.raises(Unschedulable) as e:
+        place(view, [pinned("x", "a/h1", cores=2)])
+    assert not e.value.unresolvable and e.value.reason == CAPACITY_IN_USE
+    # The filters judge a pin as any candidate: a required trait it lacks never fits.
+    with pytest.raises(Unschedulable) as e:
+        place(view, [replace(group("x", 1, required=("gpu",)), pins=("a/h2",))])
+    assert e.value.unresolvable and "'traits' filter" in str(e.value)
+
+
+def test_pins_that_break_the_groups_own_constraint_never_fit(view: CapacityView) -> None:
+    with pytest.raises(Unschedulable) as e:
+        place(view, [pinned("x", "a/h1", "a/h1")], ["different_host(x, x)"])
+    assert e.value.unresolvable
+
+
+# -- stacking.py -------------------------------------------------------------------------------------------------
+
+def _resource(rid: str, manager: str) -> common_pb2.PhysicalResource:
+    return common_pb2.PhysicalResource(id=rid, resource_type="vm", manager=manager)
+
+
+def test_resources_a_crs_below_offers_are_known_by_their_managers_names() -> None:
+    ev = irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=_resource("h1", "compute-a"),
+                               more=[_resource("h1", "compute-b"), _resource("h2", "crs-a"), _resource("h3", "")])
+    out = offered("crs-a", ev)
+    assert [r.id for r in (out.resource, *out.more)] == ["compute-a/h1", "compute-b/h1", "h2", "h3"]
+    assert ev.resource.id == "h1"                                    # the event as it came is left alone
+    own = irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=_resource("h1", "compute-a"))
+    assert offered("compute-a", own) is own                          # a manager's own: as they are
+    end = irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
+    assert offered("crs-a", end) == end
+
+
+def test_a_crs_below_s_reservation_is_one_part_of_it() -> None:
+    reply = irm_pb2.Reservation(id="crs-res-1", groups=[
+        irm_pb2.AllocatedGroup(name="x", manager="compute-a", manager_reservation_id="vm-res-7", resources=[
+            irm_pb2.AllocatedResource(id="vm-1", physical_id="h1", physical_generation=4)]),
+        irm_pb2.AllocatedGroup(name="y", manager="crs-a", manager_reservation_id="crs-res-1", resources=[
+            irm_pb2.AllocatedResource(id="vm-2", physical_id="h2")])])
+    x, y = as_one_part("crs-a", reply)
+    assert (x.manager, x.manager_reservation_id) == ("crs-a", "crs-res-1")
+    assert [(r.id, r.physical_id, r.physical_generation) for r in x.resources] == [("vm-1", "compute-a/h1", 4)]
+    assert y == reply.groups[1]
+    assert reply.groups[0].manager == "compute-a"                   # the reply itself is left alone
+    direct = irm_pb2.Reservation(id="r", groups=[irm_pb2.AllocatedGroup(name="x", manager="compute-a",
+                                                                        manager_reservation_id="r")])
+    assert as_one_part("compute-a", direct) == list(direct.groups)
