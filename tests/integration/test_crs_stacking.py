@@ -121,3 +121,34 @@ def test_a_crs_places_pinned_instances_where_pinned_or_says_why_not(stack):
     assert [f for f, _ in field_violations(miscounted)] == ["groups[0].placement"]
     bare = refusal("p6", vms("x", 1, placement=["h1"]))
     assert [f for f, _ in field_violations(bare)] == ["groups[0].placement[0]"]
+
+
+def test_three_levels_name_a_host_by_each_manager_on_the_way_and_reserve_through_them(suite, tmp_path):
+    top = suite.start("crs", name="top", database=f"sqlite:///{tmp_path / 'top.db'}", **HB)
+    mid = suite.start("crs", name="mid", crs_address=top.address, database=f"sqlite:///{tmp_path / 'mid.db'}", **HB)
+    low = suite.start("crs", name="low", crs_address=mid.address, database=f"sqlite:///{tmp_path / 'low.db'}", **HB)
+    inv = tmp_path / "a.yaml"
+    inv.write_text(inventory("site-a"))
+    compute = suite.start("compute", name="compute-a", crs_address=low.address, inventory=str(inv),
+                          heartbeat_interval_s=0.3)
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(top.address))
+    eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) == 2, timeout=30,
+               what="the two hosts offered up two levels")
+    offered = sorted((r.manager, r.id) for r in stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources)
+    assert offered == [("mid", "low/compute-a/h1"), ("mid", "low/compute-a/h2")]
+    res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[vms("x", 1, cores=3)]),
+                       timeout=60)
+    [g] = res.groups
+    assert g.manager == "mid" and g.resources[0].physical_id in ("low/compute-a/h1", "low/compute-a/h2")
+    host = g.resources[0].physical_id.rsplit("/", 1)[1]
+    held = _compute(compute).ListReservations(irm_pb2.ListReservationsRequest(tenant="t"), timeout=10)
+    [at_host] = [r for r in held.reservations if r.state == irm_pb2.Reservation.STATE_ACTIVE]
+    assert [r.physical_id for x in at_host.groups for r in x.resources] == [host]
+
+    def used() -> dict[str, float]:
+        return {r.id: r.used["cores"] for r in stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
+    eventually(lambda: used()[g.resources[0].physical_id] == 3.0, what="the use seen two levels up")
+    stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=res.id), timeout=60)
+    assert _compute(compute).GetReservation(irm_pb2.GetReservationRequest(
+        tenant="t", reservation_id=at_host.id), timeout=10).state == irm_pb2.Reservation.STATE_RELEASED
+    eventually(lambda: set(used().values()) == {0.0}, what="the hosts free again, seen two levels up")
