@@ -84,19 +84,22 @@ NOT_FOUND = ("no placement meeting the constraints was found in what is free now
 
 
 def _order(req: PlacementRequest) -> list[GroupDemand]:
-    """Most constrained groups first, then bigger ones, so tight fits are decided early."""
+    """Pinned groups first (their places are given: the others are placed around them), then the most
+    constrained, then bigger ones, so tight fits are decided early."""
     weight = Counter()
     for c in req.constraints:
         weight[c.a] += 1
         weight[c.b] += 1
-    return sorted(req.groups, key=lambda g: (-weight[g.name], -g.count * sum(g.demand.values())))
+    return sorted(req.groups, key=lambda g: (not g.pins, -weight[g.name], -g.count * sum(g.demand.values())))
 
 
 def _pool(view: CapacityView, ctx: Context) -> list[Node]:
     g, topo = ctx.group, ctx.topology
     if g.pins:          # the next instance's own resource (schedule checked that each is known and up)
         node = view.nodes.get(g.pins[len(ctx.placed[g.name])])
-        return [node] if node is not None and not view.is_down(node.manager) else []
+        if node is None or view.is_down(node.manager):
+            return []
+        return [node.empty() if ctx.ignore_usage else node]     # judged empty: as the plug-ins are to see it
     # A link may make another rack or site faster than its level: latency bounds cannot narrow the pool by
     # level then (the distance filter still checks each candidate). Links never change hops.
     by_latency = not any(link.latency_ms for link in topo.links.values())
@@ -199,7 +202,7 @@ class _Classes:
     any way judges the empty cloud (and a class's members, alike but for usage, look alike to it).
     """
 
-    def __init__(self, nodes: list[Node], ignore_usage: bool) -> None:
+    def __init__(self, nodes: list[Node], ignore_usage: bool, pinned: frozenset[str] = frozenset()) -> None:
         self.empty = ignore_usage
         by_key: dict[tuple, list[Node]] = {}
         seen: dict[tuple[str, str], tuple] = {}
@@ -210,6 +213,10 @@ class _Classes:
             # (Unsorted items: the same dict in another order only splits a class, which stays sound.)
             key = (n.resource_type, site, loc.rack, tuple(n.capacity.items()),
                    () if ignore_usage else tuple(n.avail.items()), tuple(n.properties.items()), n.traits)
+            if n.key in pinned:
+                # A resource a group is pinned to is like no other: the free groups must be able to try it and
+                # its look-alikes apart (a class tries only its first member the request does not use).
+                key += (n.key,)
             if host:
                 if (site, host) in seen:
                     shared.append(n)
@@ -444,6 +451,10 @@ def _pins_never_fit(g: GroupDemand, ctx: Context, checks: list, classes: _Classe
     return None
 
 
+def _pinned_keys(req: PlacementRequest) -> frozenset[str]:
+    return frozenset(key for g in req.groups for key in g.pins)
+
+
 def _check_pins(req: PlacementRequest, view: CapacityView) -> None:
     """Each pinned instance's resource is known, of its group's type, and its manager up: else Unschedulable,
     saying which (a pin is a CRS above's choice, from what this CRS offered it)."""
@@ -462,11 +473,19 @@ def _check_pins(req: PlacementRequest, view: CapacityView) -> None:
                                     "down; retry later, or place it elsewhere", down=[node.manager])
 
 
+def as_pinned(req: PlacementRequest, view: CapacityView) -> Placement:
+    """A request whose every group is pinned, where it is pinned, whatever is in use there (a price is asked so,
+    as an IRM prices a pinned host); Unschedulable if a pin is unknown, of another type or on a manager down."""
+    with view.lock:
+        _check_pins(req, view)
+        return Placement({g.name: [view.nodes[k] for k in g.pins] for g in req.groups}, {})
+
+
 def _fits_empty(req: PlacementRequest, order: list[GroupDemand], nodes: list[Node], pipeline: Pipeline,
                 topology: TopologyModel) -> tuple[bool | None, str, Placement | None]:
     """Whether the request fits these nodes when they are empty: True (with a placement), False (with the
     reason; proven), or None (not known: the search ran out of budget)."""
-    classes = _Classes(nodes, ignore_usage=True)
+    classes = _Classes(nodes, ignore_usage=True, pinned=_pinned_keys(req))
     reason = _group_never_fits(req, classes, pipeline, topology, ignore_usage=True)
     if reason is not None:
         return False, reason, None
@@ -536,9 +555,25 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
                 return placement
             first = first or (where, removed, pool)
         where, removed, pool = first  # type: ignore[misc]
+        if all(g.pins for g in req.groups):
+            # Every instance's place is given: no search, the verdict is exact -- it fits the empty resources
+            # (then it is their use that stands in the way) or it never does.
+            fits, *_ = _attempt(req, order, view, pipeline, topology, rng, ignore_usage=True)
+            never = fits is None
+            said = ", ".join(f"{n} removed {c}" for n, c in removed.most_common())
+            if not never:
+                raise Unschedulable(f"{where}: the resource it is pinned to does not take it now ({said}); "
+                                    f"{IN_USE}", False, dict(removed), [], CAPACITY_IN_USE)
+            pinned = _Classes([view.nodes[k] for k in _pinned_keys(req)], True, _pinned_keys(req))
+            why = _group_never_fits(req, pinned, pipeline, topology, ignore_usage=True) or (
+                "together they need more than the resources they are pinned to have, or the constraints are not met "
+                "there")
+            raise Unschedulable(f"{where}: the resource it is pinned to does not take it ({said}); it cannot fit "
+                                f"even on an empty cloud ({why}); change the request", True, dict(removed), [],
+                                NEVER_FITS)
         types = {g.resource_type for g in req.groups}
         up = [n for n in view.nodes.values() if n.resource_type in types and not view.is_down(n.manager)]
-        now = _Classes(up, ignore_usage=False)
+        now = _Classes(up, ignore_usage=False, pinned=_pinned_keys(req))
         # A group with too little room now needs no search (the common refusal on a loaded cloud).
         searched = _group_never_fits(req, now, pipeline, topology, ignore_usage=False) is not None
         if not searched:

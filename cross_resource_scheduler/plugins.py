@@ -473,8 +473,10 @@ class TopologyWeigher(Weigher):
 
 
 def price_key(node: Node) -> tuple:
-    """What a manager's price for an instance may depend on: nodes alike in it are quoted once."""
-    return (node.manager, tuple(node.capacity.items()), tuple(node.properties.items()), node.traits)
+    """What a manager's price for an instance may depend on: nodes alike in it are quoted once. A CRS below
+    offers several managers' nodes ("<manager>/<id>": stacking.py), each manager with its own prices."""
+    return (node.manager, node.physical_id.rpartition("/")[0], tuple(node.capacity.items()),
+            tuple(node.properties.items()), node.traits)
 
 
 class PriceWeigher(Weigher):

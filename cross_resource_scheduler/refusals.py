@@ -11,12 +11,33 @@ from collections.abc import Callable
 import grpc
 
 from harness.v1 import irm_pb2
-from services.errors import MANAGER_UNAVAILABLE, RETRY_LATER_S, HarnessError, Unavailable, from_rpc_error
+from services.errors import (
+    MANAGER_DOWN,
+    MANAGER_UNAVAILABLE,
+    RETRY_LATER_S,
+    HarnessError,
+    Unavailable,
+    error_info,
+    from_rpc_error,
+)
 
 # Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
 DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                      grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
                      grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
+# UNAVAILABLE with these reasons is a CRS below answering that it reserved nothing (a manager of its down, or slow
+# to take more): a definite refusal, not a call in doubt (which carries no reason: it was not answered).
+ANSWERED_UNAVAILABLE = {MANAGER_DOWN, MANAGER_UNAVAILABLE}
+
+
+def definite(e: grpc.RpcError) -> bool:
+    """Whether a manager's failed Reserve certainly reserved nothing (else it may commit it yet: in doubt)."""
+    if e.code() in DEFINITE_REFUSALS:
+        return True
+    info = error_info(e) if e.code() == grpc.StatusCode.UNAVAILABLE else None
+    return info is not None and info[0] in ANSWERED_UNAVAILABLE
+
+
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
 
 

@@ -6,6 +6,7 @@ says a new instance id tells the addresses that the manager's resources may have
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -45,10 +46,13 @@ def serving_at(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
 class Registrations:
     """What the CRS's RegisterManager, Heartbeat and ListManagers do: the managers' rows (`db`), the registry
     following them, their resources' count in `view`, `addresses` told of each registration. `control_token`:
-    what a manager must send (services.control); `heartbeat_interval_s`: how often it is told to heartbeat."""
+    what a manager must send (services.control); `heartbeat_interval_s`: how often it is told to heartbeat;
+    `on_new_instance`: called after a manager registers as a new instance (a CRS tells the CRSs above it)."""
 
     def __init__(self, db: Database, registry: Registry, view: CapacityView, clock: Clock, addresses: Addresses,
-                 control_token: str, heartbeat_interval_s: float) -> None:
+                 control_token: str, heartbeat_interval_s: float,
+                 on_new_instance: Callable[[], None] = lambda: None) -> None:
+        self.on_new_instance = on_new_instance
         self.db = db
         self.registry = registry
         self.view = view
@@ -99,6 +103,8 @@ class Registrations:
         moved = self.addresses.registered(request.name, request.address, request.instance_id)
         log.info("manager registered", extra={"manager": request.name, "address": request.address,
                                               "instance": request.instance_id, "new_instance": moved})
+        if moved:
+            self.on_new_instance()
         return registry_pb2.RegisterManagerResponse(heartbeat_interval_s=self.heartbeat_interval_s)
 
     def heartbeat(self, request, context) -> registry_pb2.HeartbeatResponse:  # noqa: ANN001

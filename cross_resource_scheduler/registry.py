@@ -168,6 +168,16 @@ class Registry:
             for s in self.managers.values():
                 s.stop.set()
 
+    @staticmethod
+    def _describe_again(state: ManagerState, stub: irm_pb2_grpc.ResourceManagerStub) -> None:
+        """`state.specs` as the manager describes them now; as they were if it does not answer (the event that
+        prompted it is passed on all the same, and the next reconnect describes it again)."""
+        try:
+            state.specs = list(stub.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(),
+                                                           timeout=5).resource_types)
+        except grpc.RpcError as e:
+            log.info("manager not described again", extra={"manager": state.name, "code": str(e.code())})
+
     def _follow(self, state: ManagerState) -> None:
         """Keep the view in step with one manager, reconnecting until told to stop."""
         def cancel_on_stop() -> None:
@@ -227,8 +237,7 @@ class Registry:
                     if joined and ev.kind == irm_pb2.CapacityEvent.KIND_UPDATED:
                         # A resource new since the snapshot: a CRS below offers another manager's (of a type, or
                         # with attribute ranges, its description had not had).
-                        state.specs = list(stub.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(),
-                                                                       timeout=5).resource_types)
+                        self._describe_again(state, stub)
                     self.on_change(state.name, ev)
                     if changed:
                         self.on_change(state.name, irm_pb2.CapacityEvent(

@@ -41,9 +41,9 @@ from cross_resource_scheduler.gate import PriorityGate
 from cross_resource_scheduler.models import Manager, Reservation
 from cross_resource_scheduler.parsing import MAX_INSTANCES as MAX_INSTANCES  # re-exported
 from cross_resource_scheduler.parsing import merged_attribute
-from cross_resource_scheduler.placement import Placement, PlacementRequest, Unschedulable, schedule
+from cross_resource_scheduler.placement import Placement, PlacementRequest, Unschedulable, as_pinned, schedule
 from cross_resource_scheduler.plugins import Context, Pipeline, PipelineError, PriceWeigher, price_key
-from cross_resource_scheduler.refusals import DEFINITE_REFUSALS, err_from_rpc, tenant_paths
+from cross_resource_scheduler.refusals import definite, err_from_rpc, tenant_paths
 from cross_resource_scheduler.registration import MAX_INSTANCE_ID as MAX_INSTANCE_ID  # re-exported
 from cross_resource_scheduler.registration import Registrations
 from cross_resource_scheduler.registration import serving_at as serving_at  # re-exported
@@ -77,6 +77,7 @@ from services.errors import (
     MANAGER_DOWN,
     MANAGER_UNAVAILABLE,
     OVER_PRICE,
+    PIN_UNKNOWN,
     RESERVATION_PENDING,
     RETRY_LATER_S,
     Aborted,
@@ -181,6 +182,15 @@ class CrsConfig(TlsSettings):
     advertise_address: str = ""
 
 
+def _refusal(e: Unschedulable) -> HarnessError:
+    """What the tenant is answered for a request placement refused."""
+    # A manager down that could hold it: it is the manager the client waits for (README's contract).
+    error = Unavailable if e.down else FailedPrecondition if e.unresolvable else ResourceExhausted
+    return error(str(e), reason=e.reason,
+                 retry_after_s=RETRY_LATER_S if e.reason in (CAPACITY_IN_USE, MANAGER_DOWN, PIN_UNKNOWN) else None,
+                 metadata={"manager": ",".join(e.down)} if e.down else {})
+
+
 def _caller_still_there(context, request_id: str, when: str) -> None:  # noqa: ANN001
     """ABORTED when the Reserve's caller is gone (its deadline passed, it cancelled): nothing is reserved."""
     if context is not None and not context.is_active():
@@ -229,8 +239,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # Where each manager says its parts' resources are, asked again after it restarts (addresses.py).
         self.addresses = Addresses(self.db, self.registry, self.clock)
         # The ManagerRegistry service's work (registration.py).
+        # A manager of ours registering as a new instance (started, restarted: its resources may have moved, its
+        # types changed): the CRSs above ask us again, as we register with them as a new instance too.
         self.registrations = Registrations(self.db, self.registry, self.view, self.clock, self.addresses,
-                                           config.control_token, config.heartbeat_interval_s)
+                                           config.control_token, config.heartbeat_interval_s,
+                                           on_new_instance=lambda: [m.renew() for m in self.memberships])
         self._stop = threading.Event()
         self._kick = threading.Event()
         self.memberships: list[Membership] = []     # in the CRSs above (`crs_address`)
@@ -415,8 +428,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         if hit is not None:
             return hit
         req = parsing.parse(groups, constraints, specs, self.registry.providing, self.config.seed)
-        if sum(map(len, key[0])) + sum(map(len, key[1])) > _PARSE_CACHE_MAX_BYTES:
-            return req  # not kept: a few such requests would hold megabytes
+        if sum(map(len, key[0])) + sum(map(len, key[1])) > _PARSE_CACHE_MAX_BYTES or any(g.placement for g in groups):
+            # Not kept: a few such requests would hold megabytes; pinned ones (a CRS above's) never repeat.
+            return req
         if len(cache[1]) >= _PARSE_CACHE:
             cache[1].clear()
         cache[1][key] = req
@@ -451,7 +465,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def QuotePrice(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
         req = self._parse(list(request.groups), list(request.constraints))
-        placement = self._place(req, priority=0, assume_token=None)
+        if all(g.pins for g in req.groups):
+            # Priced where pinned, busy or not, as an IRM prices a pinned host: a CRS above asks for one host of
+            # each kind in one call (its unit prices under max_price_per_minute), in use or not.
+            try:
+                placement = as_pinned(req, self.view)
+            except Unschedulable as e:
+                raise _refusal(e) from None
+        else:
+            placement = self._place(req, priority=0, assume_token=None)
         return self._quote(tenant, list(request.groups), placement)
 
     def _quote(self, tenant: str, groups: list[irm_pb2.ResourceGroup], placement: Placement
@@ -482,11 +504,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, rng)
             except Unschedulable as e:
                 log.info("unschedulable", extra={"reason": str(e), "removed_by": e.removed_by})
-                # A manager down that could hold it: it is the manager the client waits for (README's contract).
-                error = Unavailable if e.down else FailedPrecondition if e.unresolvable else ResourceExhausted
-                raise error(str(e), reason=e.reason,
-                            retry_after_s=RETRY_LATER_S if e.reason in (CAPACITY_IN_USE, MANAGER_DOWN) else None,
-                            metadata={"manager": ",".join(e.down)} if e.down else {}) from None
+                raise _refusal(e) from None
             if assume_token is not None:
                 nodes = [(self.view.nodes.get(key), demand) for key, demand in placement.demand.items()]
                 gone = sorted(key for key, (node, _) in zip(placement.demand, nodes, strict=True) if node is None)
@@ -755,7 +773,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                                                groups=parts),
                         timeout=self.config.irm_timeout_s)
                 except grpc.RpcError as e:
-                    if e.code() not in DEFINITE_REFUSALS:
+                    if not definite(e):
                         in_doubt.add(manager)
                     raise err_from_rpc(manager, e, tenant_paths(parts, index)) from None
                 finally:

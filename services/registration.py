@@ -54,6 +54,7 @@ class Membership:
                                                            instance_id=self.instance_id)
         self.interval = sane_interval(heartbeat_interval_s)
         self._stop = threading.Event()
+        self._renew = threading.Event()
         self.registered = threading.Event()
         self._thread = threading.Thread(target=self._run, name="membership", daemon=True)
 
@@ -64,6 +65,12 @@ class Membership:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def renew(self) -> None:
+        """Register again soon (at the next heartbeat), as a new instance: what the CRS learned of where this
+        manager's resources are may be out of date (a CRS below whose own manager restarted), and the types it
+        offers may have changed."""
+        self._renew.set()
+
     def _run(self) -> None:
         stub = registry_pb2_grpc.ManagerRegistryStub(control.channel(client.channel(self.crs_address),
                                                                      self.control_token))
@@ -71,10 +78,18 @@ class Membership:
         failing_since: float | None = None     # first registration failing since then
         warned = -math.inf
         while not self._stop.is_set():
+            if self._renew.is_set():
+                self._renew.clear()
+                self.instance_id = self.request.instance_id = uuid.uuid4().hex
+                known = False
             try:
                 if not known:
+                    types = self._types()
+                    if not types:       # a CRS with no manager yet: it registers once it offers something
+                        self._stop.wait(min(1.0, self.interval))
+                        continue
                     del self.request.resource_types[:]
-                    self.request.resource_types.extend(self._types())
+                    self.request.resource_types.extend(types)
                     reply = stub.RegisterManager(self.request, timeout=5)
                     asked = reply.heartbeat_interval_s or self.interval
                     self.interval = sane_interval(min(self.interval, asked), self.interval)

@@ -11,7 +11,7 @@ import pytest
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.errors import PIN_UNKNOWN, error_info, field_violations
 from services.tls import plain_channel
-from tests.conftest import eventually
+from tests.conftest import eventually, start_again
 
 HB = {"heartbeat_interval_s": 0.3, "heartbeat_timeout_s": 1.5}
 
@@ -114,6 +114,13 @@ def test_a_crs_places_pinned_instances_where_pinned_or_says_why_not(stack):
     # h2 is full now (2 x 2 of its 4 cores): a pin there is refused, not moved to h1.
     full = refusal("p3", vms("x", 1, placement=["compute-a/h2"]))
     assert full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # ... but priced, as its IRM prices a pinned host (a CRS above asks so for a host of each kind, busy or not),
+    # and two instances pinned to h1 priced together even where their sum would not fit.
+    quote = crs_a.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[
+        vms("q0", 1, placement=["compute-a/h2"]), vms("q1", 1, cores=3, placement=["compute-a/h1"]),
+        vms("q2", 1, cores=3, placement=["compute-a/h1"])]), timeout=30)
+    prices = {q.name: q.price_per_minute for q in quote.groups}
+    assert sorted(prices) == ["q0", "q1", "q2"] and 0 < prices["q0"] < prices["q1"] == prices["q2"]
     too_big = refusal("p4", vms("x", 1, cores=8, placement=["compute-a/h1"]))
     assert too_big.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
     miscounted = refusal("p5", vms("x", 2, placement=["compute-a/h1"]))
@@ -152,3 +159,28 @@ def test_three_levels_name_a_host_by_each_manager_on_the_way_and_reserve_through
     assert _compute(compute).GetReservation(irm_pb2.GetReservationRequest(
         tenant="t", reservation_id=at_host.id), timeout=10).state == irm_pb2.Reservation.STATE_RELEASED
     eventually(lambda: set(used().values()) == {0.0}, what="the hosts free again, seen two levels up")
+
+
+def test_a_vm_s_new_address_after_an_irm_below_restarts_shows_at_the_top(suite, tmp_path):
+    top = suite.start("crs", name="top", database=f"sqlite:///{tmp_path / 'top.db'}", **HB)
+    below = suite.start("crs", name="crs-a", crs_address=top.address, database=f"sqlite:///{tmp_path / 'a.db'}",
+                        **HB)
+    settings = dict(name="compute-a", crs_address=below.address, heartbeat_interval_s=0.3)
+    compute, agent = suite.compute_and_agent(compute=settings)
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(top.address))
+    eventually(lambda: stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources, timeout=30,
+               what="the compute IRM's hosts at the top")
+    res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[vms("w", 1, cores=1)]),
+                       timeout=30)
+
+    def addresses() -> list[str]:
+        got = stub.GetReservation(irm_pb2.GetReservationRequest(tenant="t", reservation_id=res.id), timeout=10)
+        return [x.address for g in got.groups for x in g.resources]
+    assert addresses() == [agent.address]
+    # The VM's agent moves: the compute IRM restarts (a new instance) telling another agent's address.
+    moved = suite.start("agent", name="agent2", compute_address=compute.address)
+    compute.stop()
+    start_again(lambda: suite.start("compute", address=compute.address, agent_address=moved.address, **settings),
+                "the compute IRM")
+    # The CRS below registers with the top again as a new instance: the top asks it, and it asks its IRM.
+    eventually(lambda: addresses() == [moved.address], timeout=30, what="the new address read at the top")

@@ -117,3 +117,52 @@ def test_a_crs_below_s_reservation_is_one_part_of_it() -> None:
     direct = irm_pb2.Reservation(id="r", groups=[irm_pb2.AllocatedGroup(name="x", manager="compute-a",
                                                                         manager_reservation_id="r")])
     assert as_one_part("compute-a", direct) == list(direct.groups)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_free_group_makes_way_for_a_pinned_one_on_look_alike_hosts(seed: int) -> None:
+    # h1 and h2 alike: the free 4-core VM must take h2, whatever the seed, for the pinned one to have h1.
+    v = CapacityView()
+    add(v, "h1", cores=4)
+    add(v, "h2", cores=4)
+    p = place(v, [group("free", 1, 4), pinned("pin", "m/h1", cores=2)], seed=seed)
+    assert [n.key for n in p.nodes["free"]] == ["m/h2"] and [n.key for n in p.nodes["pin"]] == ["m/h1"]
+
+
+def test_a_large_pinned_group_is_judged_exactly_not_by_a_bounded_search() -> None:
+    v = CapacityView()
+    for i in range(100):
+        add(v, f"h{i}", cores=64, memory=1024)
+    add(v, "h0", cores=64, used=63, memory=1024)          # 1 core free, 10 instances pinned there
+    pins = tuple(f"m/h{i % 100}" for i in range(1000))
+    with pytest.raises(Unschedulable) as e:
+        place(v, [pinned("x", *pins)])
+    assert e.value.reason == CAPACITY_IN_USE and not e.value.unresolvable
+    add(v, "h0", cores=64, memory=1024)
+    assert len(place(v, [pinned("x", *pins)]).nodes["x"]) == 1000
+
+
+def test_a_crs_below_saying_it_reserved_nothing_is_a_definite_refusal_not_a_part_in_doubt() -> None:
+    import grpc
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2
+
+    from cross_resource_scheduler.delegation import Refused
+    from cross_resource_scheduler.refusals import definite
+    from services.errors import DOMAIN, MANAGER_UNAVAILABLE
+
+    def refused(code: grpc.StatusCode, reason: str = "") -> Refused:
+        rich = []
+        if reason:
+            detail = any_pb2.Any()
+            detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN))
+            rich.append(detail)
+        return Refused(code, "nothing was reserved", rich=rich)
+
+    assert definite(refused(grpc.StatusCode.UNAVAILABLE, MANAGER_DOWN))
+    assert definite(refused(grpc.StatusCode.UNAVAILABLE, MANAGER_UNAVAILABLE))
+    assert definite(refused(grpc.StatusCode.RESOURCE_EXHAUSTED, PIN_UNKNOWN))
+    # Not answered (no reason: the transport's), or not yet decided: it may commit yet.
+    assert not definite(refused(grpc.StatusCode.UNAVAILABLE))
+    assert not definite(refused(grpc.StatusCode.DEADLINE_EXCEEDED))
+    assert not definite(refused(grpc.StatusCode.ABORTED, "RESERVATION_PENDING"))
