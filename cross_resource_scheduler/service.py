@@ -926,6 +926,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     # -- registry (registration.py) ----------------------------------------
     def RegisterManager(self, request, context):  # noqa: N802
+        if self.memberships and request.name == self.config.name:
+            # Its resources would be offered above under this CRS's own name, as if they were this CRS's: the CRSs
+            # above could not pin them (stacking.py).
+            raise FailedPrecondition(f"manager name {request.name!r} is this CRS's own name in the CRSs above it "
+                                     "(its `name`): register under another name")
         return self.registrations.register(request, context)
 
     def Heartbeat(self, request, context):  # noqa: N802

@@ -128,6 +128,12 @@ def test_a_crs_places_pinned_instances_where_pinned_or_says_why_not(stack):
     assert [f for f, _ in field_violations(miscounted)] == ["groups[0].placement"]
     bare = refusal("p6", vms("x", 1, placement=["h1"]))
     assert [f for f, _ in field_violations(bare)] == ["groups[0].placement[0]"]
+    # A manager may not take the name this CRS has above: its resources would be offered as the CRS's own.
+    with pytest.raises(grpc.RpcError) as taken:
+        registry_pb2_grpc.ManagerRegistryStub(plain_channel(below["a"][0].address)).RegisterManager(
+            registry_pb2.RegisterManagerRequest(name="crs-a", address="127.0.0.1:1", resource_types=["vm"]),
+            timeout=10)
+    assert taken.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "own name" in taken.value.details()
 
 
 def test_three_levels_name_a_host_by_each_manager_on_the_way_and_reserve_through_them(suite, tmp_path):
