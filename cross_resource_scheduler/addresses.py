@@ -103,6 +103,7 @@ class Addresses:
         outs = [to_proto(r) for r in rows]
         where: dict[str, Whereabouts] = {}
         unknown: dict[str, set[str]] = defaultdict(set)     # manager -> its parts not asked about since it registered
+        relays: dict[str, bool] = {}
         for r, out in zip(rows, outs, strict=True):
             if r.state != "active":
                 continue
@@ -110,12 +111,13 @@ class Addresses:
                 if g.manager and g.manager_reservation_id and any(x.address for x in g.resources):
                     if g.manager not in where:
                         where[g.manager] = self.where(g.manager)
+                        relays[g.manager] = self._relays(g.manager)
                     w = where[g.manager]
-                    if (r.created_at < w.since and tenant not in w.tenants
-                            and g.manager_reservation_id not in w.parts):
+                    if relays[g.manager] or (r.created_at < w.since and tenant not in w.tenants
+                                             and g.manager_reservation_id not in w.parts):
                         unknown[g.manager].add(g.manager_reservation_id)
         silent = {m: why for m, parts in unknown.items() if (why := self.ask_where(m, where[m], tenant, parts,
-                                                                                     context))}
+                                                                                     context, relays[m]))}
         for r, out in zip(rows, outs, strict=True):
             if r.state != "active":
                 continue
@@ -137,10 +139,17 @@ class Addresses:
                 self._readdress(r.id, r.allocation or b"", out)
         return outs
 
+    def _relays(self, manager: str) -> bool:
+        """Whether `manager` is a CRS below this one (it offers other managers' resources: stacking.py). What it
+        says of where they are is only as fresh as what it last heard from them: it is asked at every read (it
+        asks its own managers as this CRS asks its own)."""
+        state = self.registry.get(manager)
+        return state is not None and bool(state.below)
+
     def ask_where(self, manager: str, w: Whereabouts, tenant: str, parts: set[str],
-                   context) -> str:  # noqa: ANN001
+                   context, relay: bool = False) -> str:  # noqa: ANN001
         """Ask `manager` where the resources of `tenant`'s `parts` there are now (into `w`, its Whereabouts);
-        "" once it answered, else why not."""
+        "" once it answered, else why not. `relay`: asked even about parts it answered before (`_relays`)."""
         # Within the caller's deadline, with time left to answer it, the wait for another read's call included.
         left = context.time_remaining() if context is not None else None
         cut = left is not None and left - 0.5 < ADDRESS_TIMEOUT_S
@@ -150,9 +159,10 @@ class Addresses:
         if not w.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return f"{manager} is slow to answer where its resources are"
         try:
-            parts = {p for p in parts if p not in w.parts}
-            if tenant in w.tenants or not parts:
-                return ""
+            if not relay:
+                parts = {p for p in parts if p not in w.parts}
+                if tenant in w.tenants or not parts:
+                    return ""
             if self.clock.now() < w.silent_until:
                 return w.silence
             state = self.registry.get(manager)

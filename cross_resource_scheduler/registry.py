@@ -41,6 +41,8 @@ class ManagerState:
     # Why its capacity is not followed now (the last failure of its WatchCapacity stream; "" once a snapshot
     # arrived): `harness status` shows it, as a token mismatch otherwise shows only as an empty view.
     follow_error: str = ""
+    # Managers whose resources it offers under their names (it is a CRS: stacking.py), as its stream showed them.
+    below: set[str] = field(default_factory=set)
     _stub: irm_pb2_grpc.ResourceManagerStub | None = field(default=None, repr=False)
     # Its Reserve calls, batched when they overlap (see delegation.py).
     delegator: Delegator = field(init=False, repr=False)
@@ -197,6 +199,7 @@ class Registry:
                                                                timeout=5).resource_types)
                 call = state.call = watch.WatchCapacity(irm_pb2.WatchCapacityRequest())
                 seen: set[str] = set()
+                state.below = set()
                 for ev in call:
                     if state.stop.is_set():
                         break
@@ -213,11 +216,18 @@ class Registry:
                                 kind=irm_pb2.CapacityEvent.KIND_REMOVED, resource=pruned[0], more=pruned[1:]))
                         state.synced.set()
                         state.follow_error = ""
+                        if state.below:
+                            # A CRS below: a manager of its may have joined between its description and its
+                            # snapshot.
+                            self._describe_again(state, stub)
                         continue
                     changed = []
                     joined = False
                     # One message may carry several resources (`more`: the IRM coalesced them).
                     for r in (ev.resource, *ev.more):
+                        if r.manager and r.manager != state.name and r.manager not in state.below:
+                            state.below.add(r.manager)
+                            joined = True       # a manager new below it (of a type, or ranges, not described)
                         if ev.kind == irm_pb2.CapacityEvent.KIND_REMOVED:
                             self.view.remove(state.name, r.id)
                         else:
@@ -226,7 +236,6 @@ class Registry:
                                 seen.add(r.id)
                                 before = self.view.nodes.get(f"{state.name}/{r.id}")
                                 was = before.to_proto() if before is not None else None
-                            joined = joined or f"{state.name}/{r.id}" not in self.view.nodes
                             # A stream's snapshot is the manager's state now, even with older generations
                             # (restarted on an older or fresh database); updates within a stream are ordered.
                             node = self.view.upsert(state.name, r, snapshot=snapshot)
@@ -235,8 +244,7 @@ class Registry:
                                 if now != was:
                                     changed.append(now)  # new (it joined), or changed while not followed
                     if joined and ev.kind == irm_pb2.CapacityEvent.KIND_UPDATED:
-                        # A resource new since the snapshot: a CRS below offers another manager's (of a type, or
-                        # with attribute ranges, its description had not had).
+                        # Since the snapshot (the snapshot's end describes it again for those in the snapshot).
                         self._describe_again(state, stub)
                     self.on_change(state.name, ev)
                     if changed:

@@ -190,3 +190,25 @@ def test_a_vm_s_new_address_after_an_irm_below_restarts_shows_at_the_top(suite, 
                 "the compute IRM")
     # The CRS below registers with the top again as a new instance: the top asks it, and it asks its IRM.
     eventually(lambda: addresses() == [moved.address], timeout=30, what="the new address read at the top")
+
+
+def test_a_manager_joining_a_crs_below_is_described_above(stack, suite, tmp_path):
+    top, below, stub = stack
+    big = tmp_path / "big.yaml"
+    big.write_text("hosts:\n  - {id: big1, site: site-a, rack: r2, cores: 16, memory_gb: 64, frequency_ghz: 3.0}\n")
+    # 8 cores: more than any host the top has been described (4): refused there until it learns of the new IRM.
+    eight = irm_pb2.ReserveRequest(tenant="t", request_id="big", groups=[vms("x", 1, cores=8)])
+    with pytest.raises(grpc.RpcError) as before:
+        stub.Reserve(eight, timeout=30)
+    assert before.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    suite.start("compute", name="compute-c", crs_address=below["a"][0].address, inventory=str(big),
+                heartbeat_interval_s=0.3)
+
+    def reserved() -> irm_pb2.Reservation | None:
+        try:
+            return stub.Reserve(eight, timeout=30)
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), e
+            return None
+    res = eventually(reserved, timeout=30, what="the new IRM's 16-core host placeable from the top")
+    assert [r.physical_id for g in res.groups for r in g.resources] == ["compute-c/big1"]

@@ -29,7 +29,8 @@ def test_a_read_answered_late_does_not_write_older_addresses_over_newer_ones(tmp
         res_id = _recorded(crs, 0, START - 100)          # reserved before m registered: a read asks m
         assert _stored(crs, res_id) == [OLD]
 
-        def ask_where(manager: str, w: _Whereabouts, tenant: str, parts: set[str], context) -> str:  # noqa: ANN001
+        def ask_where(manager: str, w: _Whereabouts, tenant: str, parts: set[str], context,  # noqa: ANN001
+                      relay: bool = False) -> str:
             # Meanwhile m registered again and another read learned (and wrote) where the VM is now.
             row = crs._get("t", res_id)
             newer = irm_pb2.Reservation.FromString(row.allocation)
