@@ -24,6 +24,7 @@ from sqlalchemy import delete, select
 from cross_resource_scheduler import owners
 from cross_resource_scheduler.models import Compensation, Manager, Reservation
 from cross_resource_scheduler.registry import Registry
+from cross_resource_scheduler.stacking import as_one_part
 from cross_resource_scheduler.statements import ANY_COMPENSATION
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import irm_pb2
@@ -158,10 +159,13 @@ class Compensator:
                 "manager": manager, "irm_request_id": irm_request_id, "code": str(e.code())})
             return "unreachable"
 
-    def release_part(self, manager: str, tenant: str, irm_reservation_id: str, show: bool = True) -> str:
+    def release_part(self, manager: str, tenant: str, irm_reservation_id: str, show: bool = True,
+                     generations: dict[tuple[str, str], int] | None = None) -> str:
         """Give back the part `irm_reservation_id` at `manager`: "released" (also if it was already), "absent"
         (the manager knows no such reservation) or "unreachable". `show`: free in the view at once (the
-        compensator's retries do not: a part the Release showed freed already would be counted free twice)."""
+        compensator's retries do not: a part the Release showed freed already would be counted free twice).
+        `generations`: gets, per (manager, resource id) of the part, its host's generation after the release,
+        where the manager says it (a CRS passes them up: stacking.py)."""
         state = self.registry.get(manager)
         if state is None or not irm_reservation_id:
             return "unreachable"
@@ -176,6 +180,9 @@ class Compensator:
             return "unreachable"
         if show:
             self._show_released(manager, reply)
+        if generations is not None:
+            generations.update(((manager, r.id), r.physical_generation) for g in reply.groups for r in g.resources
+                               if r.physical_generation)
         return "released"
 
     def _show_released(self, manager: str, reply: irm_pb2.Reservation) -> None:
@@ -185,7 +192,7 @@ class Compensator:
         token = f"release:{manager}:{reply.id}"      # a release gives back once: one token per reservation
         caught_up: dict[str, int] = {}
         with self.view.lock:
-            for g in reply.groups:
+            for g in as_one_part(manager, reply):     # a CRS below's: its resources as this CRS knows them
                 for r in g.resources:
                     node = self.view.nodes.get(f"{manager}/{r.physical_id}")
                     if not r.physical_generation or node is None or node.generation >= r.physical_generation:

@@ -875,8 +875,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         recorded = self.db.run(mark)
         if recorded is None:
             return self._to_proto(self._get(tenant, r.id))   # released meanwhile by another call
+        generations: dict[tuple[str, str], int] = {}
         for (manager, irm_id), ids in recorded.items():
-            given_back = self.compensator.release_part(manager, tenant, irm_id) == "released"
+            given_back = self.compensator.release_part(manager, tenant, irm_id, generations=generations) == "released"
             try:
                 # Given back: nothing left for the compensator. Else (the manager did not answer just now, or knows
                 # no such reservation: said final only once it cannot still be settling) it is asked again at once.
@@ -888,7 +889,13 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             if not given_back:
                 self._kick.set()
         r.state, r.released_at = "released", now
-        return self._to_proto(r)
+        out = self._to_proto(r)
+        # Each resource's host generation as its manager says the release made it: a CRS above frees them in its
+        # view at once, as this one does (stacking.py).
+        for g in out.groups:
+            for x in g.resources:
+                x.physical_generation = generations.get((g.manager, x.id), x.physical_generation)
+        return out
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

@@ -67,3 +67,41 @@ def test_a_reserve_right_after_a_release_finds_the_capacity_free(cloud) -> None:
     eventually(lambda: node.used.get("cores") == 4 and not crs.view._assumptions.get(node.key),
                what="the view to settle on the manager's usage")
     assert node.free("cores") == 0
+
+
+def test_through_a_crs_below_too(tmp_path) -> None:
+    """A CRS above a CRS below the compute IRM: the CRS below passes up, in its release's answer, the generations
+    its IRM's release made, and the CRS above frees the host in its view at once (stacking.py)."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(ONE_HOST)
+    hb = dict(heartbeat_interval_s=0.3, heartbeat_timeout_s=3.0)
+    top_run = srv.start("127.0.0.1:0", [crs_mod.component(CrsConfig(database=f"sqlite:///{tmp_path}/top.db", **hb))])
+    top: Crs = top_run.components[0].extra["crs"]
+    low_run = srv.start("127.0.0.1:0", [crs_mod.component(CrsConfig(
+        database=f"sqlite:///{tmp_path}/low.db", name="low", crs_address=f"127.0.0.1:{top_run.port}", **hb))])
+    low: Crs = low_run.components[0].extra["crs"]
+    c_run = srv.start("127.0.0.1:0", [comp_mod.component(comp_mod.ComputeConfig(
+        database=f"sqlite:///{tmp_path}/compute.db", state_dir=str(tmp_path), inventory=str(inventory),
+        crs_address=f"127.0.0.1:{low_run.port}", heartbeat_interval_s=0.3))])
+    try:
+        eventually(lambda: "low/compute/h1" in top.view.nodes, timeout=30, what="the host seen by the CRS above")
+        node = top.view.nodes["low/compute/h1"]
+        first = top.Reserve(whole_host("r0"), None)
+        eventually(lambda: node.used.get("cores") == 4, what="the CRS above to show h1 full")
+        held: list = []
+        forward = low.registry.on_change
+        low.registry.on_change = lambda manager, ev: held.append((manager, ev))   # events up held back
+        top.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=first.id), None)
+        eventually(lambda: held, what="the release's event at the CRS below, held back")
+        assert node.used.get("cores") == 4                # the CRS above has not heard of it from the events
+        again = top.Reserve(whole_host("r1"), None)       # was RESOURCE_EXHAUSTED "capacity is in use"
+        assert again.state == irm_pb2.Reservation.STATE_ACTIVE
+        low.registry.on_change = forward
+        for manager, ev in held:
+            forward(manager, ev)
+        eventually(lambda: node.used.get("cores") == 4 and not top.view._assumptions.get(node.key),
+                   what="the CRS above to settle on the manager's usage")
+    finally:
+        c_run.stop(0)
+        low_run.stop(0)
+        top_run.stop(0)
