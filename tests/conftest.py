@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -27,6 +28,19 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, interval: float 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}; last value {last!r}")
+
+
+@pytest.fixture(autouse=True)
+def _service_log_handlers_removed() -> Iterator[None]:
+    """A test that runs `harness serve` in-process leaves its JSON handler on the root logger, writing to the
+    stderr of that test (captured, then closed): a later log record (matplotlib's first import announces its font
+    cache) would print "--- Logging error ---" into another test's stderr. Only plain StreamHandlers the test added
+    go: pytest's own capture handlers are subclasses and come and go by themselves."""
+    root = logging.getLogger()
+    before = set(root.handlers)
+    yield
+    for h in [h for h in root.handlers if type(h) is logging.StreamHandler and h not in before]:
+        root.removeHandler(h)
 
 
 # What a service says when the port it was told to listen on is taken: `harness serve` in its log (LaunchError),
