@@ -18,7 +18,8 @@ resources of a manager that is down is told to come back.
 
 A pinned group (GroupDemand.pins: what a CRS above this one sends, having placed the request on the resources
 this one offers it) has one candidate per instance, its own resource: the filters still judge it, and the other
-groups are placed around it.
+groups are placed around it. A resource a CRS below refused a group on (GroupDemand.avoid) is removed for that
+group by a filter of its own, "refused_below", which no configuration names.
 """
 
 from __future__ import annotations
@@ -29,10 +30,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from cross_resource_scheduler.constraints import Constraint
-from cross_resource_scheduler.plugins import Context, GroupDemand, Pipeline, location_of
+from cross_resource_scheduler.plugins import Context, Filter, GroupDemand, Pipeline, location_of
+from cross_resource_scheduler.stacking import refused_metadata
 from cross_resource_scheduler.topology import TopologyModel
 from cross_resource_scheduler.view import CapacityView, Node
-from services.errors import CAPACITY_IN_USE, MANAGER_DOWN, NEVER_FITS, PIN_UNKNOWN, SEARCH_GAVE_UP
+from services.errors import (
+    CAPACITY_IN_USE,
+    MANAGER_DOWN,
+    NEVER_FITS,
+    PIN_REFUSED,
+    PIN_UNKNOWN,
+    SEARCH_GAVE_UP,
+)
 
 
 @dataclass
@@ -63,6 +72,8 @@ class Unschedulable(Exception):
     # Which of the refusals it is, as a client branches on it (services.errors: NEVER_FITS, MANAGER_DOWN,
     # CAPACITY_IN_USE, SEARCH_GAVE_UP); empty: said by the fields above.
     reason: str = ""
+    # The ErrorInfo metadata that goes with the reason (PIN_REFUSED's: stacking.refused_metadata).
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.reason:
@@ -81,6 +92,29 @@ LEVEL_COST = 20
 IN_USE = "capacity is in use; retry later or ask for less"
 NOT_FOUND = ("no placement meeting the constraints was found in what is free now (the search is bounded and "
              "did not prove that none exists); retry later, or loosen the constraints or ask for less")
+
+
+class _RefusedBelow(Filter):
+    """The resources a CRS below refused the group on (GroupDemand.avoid; stacking.py): always on, for the groups
+    that have some."""
+
+    name = "refused_below"
+
+    def relevant(self, ctx: Context) -> bool:
+        return bool(ctx.group.avoid)
+
+    def checker(self, ctx: Context):  # noqa: ANN201
+        avoid = ctx.group.avoid
+        return lambda node: node.key not in avoid
+
+
+_REFUSED_BELOW = _RefusedBelow()
+
+
+def filters_for(pipeline: Pipeline, ctx: Context) -> list[Filter]:
+    """The filters that judge ctx's group: the pipeline's that can remove something for it, and refused_below."""
+    found = [f for f in pipeline.filters if f.relevant(ctx)]
+    return [*found, _REFUSED_BELOW] if ctx.group.avoid else found
 
 
 def _order(req: PlacementRequest) -> list[GroupDemand]:
@@ -129,7 +163,7 @@ def _place_instance(view: CapacityView, ctx: Context, pipeline: Pipeline, rng: r
     start = rng.randrange(n)
     # Filters that cannot exclude anything for this group (no traits asked, no
     # constraints, ...) are skipped: placement runs them for every candidate.
-    checks = [(f.checker(ctx), f.name) for f in pipeline.filters if f.relevant(ctx)]
+    checks = [(f.checker(ctx), f.name) for f in filters_for(pipeline, ctx)]
     feasible: list[Node] = []
     sample = pipeline.sample_size
     for i in range(n):
@@ -202,7 +236,7 @@ class _Classes:
     any way judges the empty cloud (and a class's members, alike but for usage, look alike to it).
     """
 
-    def __init__(self, nodes: list[Node], ignore_usage: bool, pinned: frozenset[str] = frozenset()) -> None:
+    def __init__(self, nodes: list[Node], ignore_usage: bool, apart: frozenset[str] = frozenset()) -> None:
         self.empty = ignore_usage
         by_key: dict[tuple, list[Node]] = {}
         seen: dict[tuple[str, str], tuple] = {}
@@ -213,9 +247,9 @@ class _Classes:
             # (Unsorted items: the same dict in another order only splits a class, which stays sound.)
             key = (n.resource_type, site, loc.rack, tuple(n.capacity.items()),
                    () if ignore_usage else tuple(n.avail.items()), tuple(n.properties.items()), n.traits)
-            if n.key in pinned:
-                # A resource a group is pinned to is like no other: the free groups must be able to try it and
-                # its look-alikes apart (a class tries only its first member the request does not use).
+            if n.key in apart:
+                # A resource a group is pinned to (or must avoid) is like no other: the groups must be able to
+                # try it and its look-alikes apart (a class tries only its first member the request does not use).
                 key += (n.key,)
             if host:
                 if (site, host) in seen:
@@ -298,7 +332,7 @@ def _candidates(ctx: Context, classes: _Classes, on: dict[str, tuple[Node, int]]
                 if n.key not in on and rank[n.key] >= floor:
                     pool.append(classes.shown(n))
                     break
-    checks = [f.checker(ctx) for f in pipeline.filters if f.relevant(ctx)]
+    checks = [f.checker(ctx) for f in filters_for(pipeline, ctx)]
     feasible = [n for n in pool if all(ok(n) for ok in checks)]
     work = LEVEL_COST + len(pool)
     scorers = [(s, m) for s, m in ((w.scorer(ctx), m) for w, m in pipeline.weighers) if callable(s)]
@@ -409,11 +443,11 @@ def _group_never_fits(req: PlacementRequest, classes: _Classes, pipeline: Pipeli
     """
     for g in req.groups:
         ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], {}, {}, topology, ignore_usage)
-        checks = [f.checker(ctx) for f in pipeline.filters if f.relevant(ctx)]
+        checks = [f.checker(ctx) for f in filters_for(pipeline, ctx)]
         if g.pins:
-            why = _pins_never_fit(g, ctx, checks, classes, pipeline, ignore_usage)
-            if why is not None:
-                return why
+            refused = _pins_never_fit(g, ctx, checks, classes, pipeline, ignore_usage)
+            if refused is not None:
+                return refused[1]
             continue
         shown = [(classes.shown(members[0]), len(members)) for members in classes.by_type.get(g.resource_type, [])]
         fits = [(_instances_fit(node, g, ignore_usage), n) for node, n in shown if all(ok(node) for ok in checks)]
@@ -432,27 +466,56 @@ def _group_never_fits(req: PlacementRequest, classes: _Classes, pipeline: Pipeli
 
 
 def _pins_never_fit(g: GroupDemand, ctx: Context, checks: list, classes: _Classes, pipeline: Pipeline,
-                    ignore_usage: bool) -> str | None:
-    """Why a pinned group cannot sit on its resources (among the classes' nodes), judged by itself alone; None if
-    it could. Exact: each resource must pass every filter and hold the instances pinned to it."""
+                    ignore_usage: bool) -> tuple[str, str] | None:
+    """The resource a pinned group cannot sit on (among the classes' nodes), judged by itself alone, and why;
+    None if it could. Exact: each resource must pass every filter and hold the instances pinned to it."""
     for key, n in Counter(g.pins).items():
         node = classes.nodes.get(key)
         if node is None:
-            return f"group {g.name!r} is pinned to {key}, which is not among the resources judged"
+            return key, f"group {g.name!r} is pinned to {key}, which is not among the resources judged"
         shown = classes.shown(node)
-        failed = next((f.name for f, ok in zip((f for f in pipeline.filters if f.relevant(ctx)), checks,
-                                                strict=True) if not ok(shown)), None)
+        failed = next((f.name for f, ok in zip(filters_for(pipeline, ctx), checks, strict=True) if not ok(shown)),
+                      None)
         if failed is not None:
-            return f"group {g.name!r} is pinned to {key}, which the {failed!r} filter refuses for it"
+            return key, f"group {g.name!r} is pinned to {key}, which the {failed!r} filter refuses for it"
         room = _instances_fit(shown, replace(g, count=n), ignore_usage)
         if room < n:
-            return (f"group {g.name!r} has {n} instance{'s' if n > 1 else ''} pinned to {key}, which has room "
-                    f"for {room}")
+            return key, (f"group {g.name!r} has {n} instance{'s' if n > 1 else ''} pinned to {key}, which has room "
+                         f"for {room}")
+    return None
+
+
+def _refused_pin(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel
+                 ) -> Unschedulable | None:
+    """PIN_REFUSED, if a pinned group cannot sit on one of its resources even on an empty cloud (judged alone):
+    naming, besides, the resources of its type that would refuse it too, for a CRS above to place it clear of
+    them (stacking.refused_metadata). None if each pinned resource could take its instances."""
+    for g in req.groups:
+        if not g.pins:
+            continue
+        ctx = Context(g, [c for c in req.constraints if c.involves(g.name)], {}, {}, topology, ignore_usage=True)
+        checks = [f.checker(ctx) for f in filters_for(pipeline, ctx)]
+        pinned = _Classes([view.nodes[k] for k in dict.fromkeys(g.pins)], True, frozenset(g.pins))
+        found = _pins_never_fit(g, ctx, checks, pinned, pipeline, ignore_usage=True)
+        if found is None:
+            continue
+        key, why = found
+        of_type = view.of_type(g.resource_type)
+        one = replace(g, count=1)
+        refused = [n.key for n in of_type
+                   if not all(ok(n.empty()) for ok in checks) or _instances_fit(n, one, ignore_usage=True) < 1]
+        return Unschedulable(f"{why}; it never fits there: pin it elsewhere", True, {}, [], PIN_REFUSED,
+                             refused_metadata(g.name, key, refused, [n.key for n in of_type]))
     return None
 
 
 def _pinned_keys(req: PlacementRequest) -> frozenset[str]:
     return frozenset(key for g in req.groups for key in g.pins)
+
+
+def _apart(req: PlacementRequest) -> frozenset[str]:
+    """The resources the complete search must tell from their look-alikes: pinned, or refused a group below."""
+    return _pinned_keys(req) | frozenset(key for g in req.groups for key in g.avoid)
 
 
 def _check_pins(req: PlacementRequest, view: CapacityView) -> None:
@@ -485,7 +548,7 @@ def _fits_empty(req: PlacementRequest, order: list[GroupDemand], nodes: list[Nod
                 topology: TopologyModel) -> tuple[bool | None, str, Placement | None]:
     """Whether the request fits these nodes when they are empty: True (with a placement), False (with the
     reason; proven), or None (not known: the search ran out of budget)."""
-    classes = _Classes(nodes, ignore_usage=True, pinned=_pinned_keys(req))
+    classes = _Classes(nodes, ignore_usage=True, apart=_apart(req))
     reason = _group_never_fits(req, classes, pipeline, topology, ignore_usage=True)
     if reason is not None:
         return False, reason, None
@@ -564,6 +627,12 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
             if not never:
                 raise Unschedulable(f"{where}: the resource it is pinned to does not take it now ({said}); "
                                     f"{IN_USE}", False, dict(removed), [], CAPACITY_IN_USE)
+            # A resource that never takes its group: a CRS above, which pinned it there, places it elsewhere.
+            refused = _refused_pin(req, view, pipeline, topology)
+            if refused is not None:
+                refused.message = f"{where}: {refused.message}"
+                refused.removed_by = dict(removed)
+                raise refused
             pinned = _Classes([view.nodes[k] for k in _pinned_keys(req)], True, _pinned_keys(req))
             why = _group_never_fits(req, pinned, pipeline, topology, ignore_usage=True) or (
                 "together they need more than the resources they are pinned to have, or the constraints are not met "
@@ -573,7 +642,7 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
                                 NEVER_FITS)
         types = {g.resource_type for g in req.groups}
         up = [n for n in view.nodes.values() if n.resource_type in types and not view.is_down(n.manager)]
-        now = _Classes(up, ignore_usage=False, pinned=_pinned_keys(req))
+        now = _Classes(up, ignore_usage=False, apart=_apart(req))
         # A group with too little room now needs no search (the common refusal on a loaded cloud).
         searched = _group_never_fits(req, now, pipeline, topology, ignore_usage=False) is not None
         if not searched:

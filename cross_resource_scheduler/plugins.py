@@ -45,6 +45,8 @@ class GroupDemand:
     # Pinned: instance i goes on the resource whose view key ("<manager>/<physical id>") is pins[i], or nowhere.
     # A CRS above this one sends them (it placed the request on the resources this CRS offers it); empty: free.
     pins: tuple[str, ...] = ()
+    # Resources (view keys) a CRS below refused this group on (stacking.py): placed clear of them.
+    avoid: frozenset[str] = frozenset()
 
 
 @dataclass

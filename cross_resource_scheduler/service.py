@@ -24,7 +24,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -41,14 +41,21 @@ from cross_resource_scheduler.gate import PriorityGate
 from cross_resource_scheduler.models import Manager, Reservation
 from cross_resource_scheduler.parsing import MAX_INSTANCES as MAX_INSTANCES  # re-exported
 from cross_resource_scheduler.parsing import merged_attribute
-from cross_resource_scheduler.placement import Placement, PlacementRequest, Unschedulable, as_pinned, schedule
+from cross_resource_scheduler.placement import (
+    Placement,
+    PlacementRequest,
+    Unschedulable,
+    as_pinned,
+    filters_for,
+    schedule,
+)
 from cross_resource_scheduler.plugins import Context, Pipeline, PipelineError, PriceWeigher, price_key
 from cross_resource_scheduler.refusals import definite, err_from_rpc, tenant_paths
 from cross_resource_scheduler.registration import MAX_INSTANCE_ID as MAX_INSTANCE_ID  # re-exported
 from cross_resource_scheduler.registration import Registrations
 from cross_resource_scheduler.registration import serving_at as serving_at  # re-exported
 from cross_resource_scheduler.registry import ManagerState, Registry
-from cross_resource_scheduler.stacking import as_one_part
+from cross_resource_scheduler.stacking import as_one_part, refused_keys, refused_metadata
 from cross_resource_scheduler.statements import (
     ACTIVATE,
     ANY_COMPENSATION,
@@ -77,6 +84,7 @@ from services.errors import (
     MANAGER_DOWN,
     MANAGER_UNAVAILABLE,
     OVER_PRICE,
+    PIN_REFUSED,
     PIN_UNKNOWN,
     RESERVATION_PENDING,
     RETRY_LATER_S,
@@ -130,6 +138,14 @@ PENDING_STAMP_S = 1.0
 
 class _ViewChanged(Unavailable):
     """A resource a placement chose left the view before it was assumed: placing again may succeed."""
+
+
+class _PinRefused(Exception):
+    """A CRS below refused a resource this CRS pinned a group to (PIN_REFUSED): placing it elsewhere may succeed."""
+
+    def __init__(self, manager: str, error: HarnessError) -> None:
+        super().__init__(str(error))
+        self.manager, self.error = manager, error
 
 
 @dataclass
@@ -188,7 +204,7 @@ def _refusal(e: Unschedulable) -> HarnessError:
     error = Unavailable if e.down else FailedPrecondition if e.unresolvable else ResourceExhausted
     return error(str(e), reason=e.reason,
                  retry_after_s=RETRY_LATER_S if e.reason in (CAPACITY_IN_USE, MANAGER_DOWN, PIN_UNKNOWN) else None,
-                 metadata={"manager": ",".join(e.down)} if e.down else {})
+                 metadata={"manager": ",".join(e.down)} if e.down else dict(e.metadata))
 
 
 def _caller_still_there(context, request_id: str, when: str) -> None:  # noqa: ANN001
@@ -600,6 +616,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 # again.
                 last_error = e
                 continue
+            except _PinRefused as e:
+                self.view.forget(token)
+                req = self._clear_of(req, e)
+                last_error = e.error
+                continue
             except BaseException:
                 self.view.forget(token)
                 raise
@@ -638,10 +659,41 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             out.notes.extend(notes)
             return out
         assert last_error is not None
+        if last_error.reason == PIN_REFUSED:
+            # The tenant pinned nothing: it is this CRS's choices that were refused, each time.
+            raise FailedPrecondition(
+                f"the CRSs below refused the resources this CRS placed the request on, {self._attempts()} times "
+                f"(filters of their own, which this CRS does not run); the last time {last_error}; ask for "
+                "something else, or the operator may raise place_attempts", reason=PIN_REFUSED,
+                metadata={k: v for k, v in last_error.metadata.items() if k == "group"})
+        if last_error.reason == PIN_UNKNOWN and not any(g.pins for g in req.groups):
+            raise ResourceExhausted(
+                f"the CRSs below no longer knew resources this CRS placed the request on, {self._attempts()} times "
+                f"(they changed meanwhile); the last time {last_error}; nothing was reserved: retry",
+                reason=PIN_UNKNOWN, retry_after_s=RETRY_LATER_S)
         if isinstance(last_error, ResourceExhausted) and not last_error.reason:
             # A manager refused what the view showed free without saying why (an older manager): in use.
             last_error.with_reason(CAPACITY_IN_USE, RETRY_LATER_S)
         raise last_error
+
+    def _clear_of(self, req: PlacementRequest, refusal: _PinRefused) -> PlacementRequest:
+        """`req` with the group a CRS below refused placed clear of what it refused (stacking.py). A group pinned
+        here was pinned by the CRS above: its refusal goes up, in the keys that CRS pinned."""
+        error, below = refusal.error, refusal.manager
+        name = error.metadata.get("group", "")
+        g = next((g for g in req.groups if g.name == name), None)
+        if g is None:
+            raise error  # a group not sent: passed on as it came
+        with self.view.lock:
+            of_type = self.view.of_type(g.resource_type)
+            keys = refused_keys(below, error.metadata, of_type)
+            every = [n.key for n in of_type]
+        if g.pins:
+            raise FailedPrecondition(str(error), reason=PIN_REFUSED, metadata=refused_metadata(
+                name, f"{below}/{error.metadata.get('pin', '')}", keys, every))
+        log.info("a CRS below refused a group's resources: placed again clear of them",
+                 extra={"manager": below, "group": name, "refused": len(keys)})
+        return replace(req, groups=[replace(x, avoid=x.avoid | keys) if x is g else x for x in req.groups])
 
     def _stamp(self, res_id: str, stamped: float, request_id: str) -> float:
         """The pending row `res_id`'s stamp: `stamped`, or now once that is PENDING_STAMP_S old (the row is stamped
@@ -686,7 +738,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         by_name = {g.name: g for g in groups}
         for g in req.groups:
             ctx = Context(g, [], {}, {}, self.topology, ignore_usage=True)
-            checks = [f.checker(ctx) for f in self.pipeline.filters if f.relevant(ctx)]
+            checks = [f.checker(ctx) for f in filters_for(self.pipeline, ctx)]
             kinds: dict[tuple, object] = {}
             for node in self.view.of_type(g.resource_type):
                 key = price_key(node)
@@ -775,7 +827,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 except grpc.RpcError as e:
                     if not definite(e):
                         in_doubt.add(manager)
-                    raise err_from_rpc(manager, e, tenant_paths(parts, index)) from None
+                    error = err_from_rpc(manager, e, tenant_paths(parts, index))
+                    if error.reason == PIN_REFUSED:
+                        raise _PinRefused(manager, error) from None
+                    raise error from None
                 finally:
                     state.slots.release()
                 if reply.state != irm_pb2.Reservation.STATE_ACTIVE:

@@ -9,10 +9,18 @@ instances on (placement.py). A stack of three repeats the step: each level's key
 
 A reply of the CRS below names its own managers' parts; to the CRS above the whole is one part, the CRS below's
 reservation, released and asked about there (`as_one_part`).
+
+A CRS below may refuse a resource the one above pinned (a filter of its own, a site policy the CRS above does not
+run): it answers FAILED_PRECONDITION PIN_REFUSED naming the resources of that type it refuses the group on
+(`refused_metadata`), and the CRS above places the group again clear of them (`refused_keys`,
+GroupDemand.avoid), or, its own group pinned from further up, passes the refusal up in its own keys.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
+
+from cross_resource_scheduler.view import Node
 from harness.v1 import irm_pb2
 
 
@@ -49,3 +57,37 @@ def _copy(g: irm_pb2.AllocatedGroup) -> irm_pb2.AllocatedGroup:
     out = irm_pb2.AllocatedGroup()
     out.CopyFrom(g)
     return out
+
+
+# A refusal's list of the resources a CRS below refuses for a group rides in a gRPC trailer (8 KiB by default,
+# with the message): past this many characters the list is cut, the pinned one kept first. "*": every resource of
+# the group's type the CRS below has (a site policy refusing the group outright).
+REFUSED_CHARS = 2048
+EVERY = "*"
+
+
+def refused_metadata(group: str, pin: str, refused: Collection[str], of_type: Collection[str]) -> dict[str, str]:
+    """The ErrorInfo metadata of a PIN_REFUSED refusal: the group, the resource it was pinned to, and the keys of
+    the others of its type that would refuse it too (judged alone, on an empty cloud), so that the CRS above places
+    it again clear of all of them at once rather than one a try."""
+    if set(of_type) <= set(refused):
+        return {"group": group, "pin": pin, "refused": EVERY}
+    listed, size = [pin], len(pin)
+    for key in sorted(set(refused) - {pin}):
+        size += len(key) + 1
+        if size > REFUSED_CHARS:
+            break
+        listed.append(key)
+    return {"group": group, "pin": pin, "refused": "\n".join(listed)}
+
+
+def refused_keys(manager: str, metadata: Mapping[str, str], of_type: Iterable[Node]) -> frozenset[str]:
+    """The keys, here, of the resources `manager` (a CRS below) refused a group on (`refused_metadata`);
+    `of_type`: this CRS's nodes of the group's type."""
+    listed = metadata.get("refused", "")
+    if listed == EVERY:
+        return frozenset(n.key for n in of_type if n.manager == manager)
+    keys = {f"{manager}/{k}" for k in listed.split("\n") if k}
+    if metadata.get("pin"):
+        keys.add(f"{manager}/{metadata['pin']}")
+    return frozenset(keys)

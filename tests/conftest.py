@@ -130,7 +130,7 @@ class Suite:
         self.procs: list[ServiceProcess] = []
 
     def start(self, service: str, name: str | None = None, address: str = "127.0.0.1:0",
-              **settings: Any) -> ServiceProcess:
+              env: Mapping[str, str] | None = None, **settings: Any) -> ServiceProcess:
         import dataclasses
 
         from services.catalog import SERVICES
@@ -142,7 +142,7 @@ class Suite:
             settings.setdefault("state_dir", self.tmp)
         if name and "name" in fields and service in ("compute", "fpga-server", "crs"):
             settings.setdefault("name", name)  # the name it registers / reports under (a CRS: with one above)
-        p = spawn(service, name=name, address=address, settings=settings,
+        p = spawn(service, name=name, address=address, settings=settings, env=dict(env or {}),
                   log_path=os.path.join(self.tmp, f"{name or service}.log"))
         self.procs.append(p)
         p.wait_ready()

@@ -22,6 +22,18 @@ class AvoidHostA(Filter):
         return node.physical_id != "a"
 
 
+class NoBatch(Filter):
+    """A site that takes no batch work: no host for a group whose name starts with "batch"."""
+
+    name = "no_batch"
+
+    def relevant(self, ctx: Context) -> bool:
+        return ctx.group.name.startswith("batch")
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        return False
+
+
 class PreferHostC(Weigher):
     """Scores the host whose id is "c" 1, every other 0."""
 

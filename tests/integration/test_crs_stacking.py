@@ -5,15 +5,20 @@ hosts. Every service is its own process."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
-from services.errors import PIN_UNKNOWN, error_info, field_violations
+from services.errors import NEVER_FITS, PIN_REFUSED, PIN_UNKNOWN, error_info, field_violations
 from services.tls import plain_channel
 from tests.conftest import eventually, start_again
 
 HB = {"heartbeat_interval_s": 0.3, "heartbeat_timeout_s": 1.5}
+# A site policy the CRSs above do not run (tests/crs_plugin_examples.py), the repository's root on the path.
+NO_BATCH = dict(filters="traits,properties,capacity,affinity,distance,tests.crs_plugin_examples:NoBatch",
+                env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
 
 
 def inventory(site: str) -> str:
@@ -27,13 +32,12 @@ def vms(name: str, count: int, cores: float = 2, **kw) -> irm_pb2.ResourceGroup:
         "cores": common_pb2.AttributeRequest(number=cores), "memory_gb": common_pb2.AttributeRequest(number=1)}, **kw)
 
 
-@pytest.fixture
-def stack(suite, tmp_path):
+def _stack(suite, tmp_path, **site_a):  # noqa: ANN001, ANN202
     top = suite.start("crs", name="top", database=f"sqlite:///{tmp_path / 'top.db'}", **HB)
     below = {}
     for site in ("a", "b"):
         crs = suite.start("crs", name=f"crs-{site}", crs_address=top.address,
-                          database=f"sqlite:///{tmp_path / f'crs-{site}.db'}", **HB)
+                          database=f"sqlite:///{tmp_path / f'crs-{site}.db'}", **HB, **(site_a if site == "a" else {}))
         inv = tmp_path / f"{site}.yaml"
         inv.write_text(inventory(f"site-{site}"))
         compute = suite.start("compute", name=f"compute-{site}", crs_address=crs.address, inventory=str(inv),
@@ -43,6 +47,11 @@ def stack(suite, tmp_path):
     eventually(lambda: len(stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest(tenant="t")).resources) == 4,
                timeout=30, what="the four hosts of both sites offered to the top CRS")
     return top, below, stub
+
+
+@pytest.fixture
+def stack(suite, tmp_path):
+    return _stack(suite, tmp_path)
 
 
 def _compute(proc) -> irm_pb2_grpc.ResourceManagerStub:  # noqa: ANN001
@@ -139,7 +148,8 @@ def test_a_crs_places_pinned_instances_where_pinned_or_says_why_not(stack):
 def test_three_levels_name_a_host_by_each_manager_on_the_way_and_reserve_through_them(suite, tmp_path):
     top = suite.start("crs", name="top", database=f"sqlite:///{tmp_path / 'top.db'}", **HB)
     mid = suite.start("crs", name="mid", crs_address=top.address, database=f"sqlite:///{tmp_path / 'mid.db'}", **HB)
-    low = suite.start("crs", name="low", crs_address=mid.address, database=f"sqlite:///{tmp_path / 'low.db'}", **HB)
+    low = suite.start("crs", name="low", crs_address=mid.address, database=f"sqlite:///{tmp_path / 'low.db'}", **HB,
+                      **NO_BATCH)
     inv = tmp_path / "a.yaml"
     inv.write_text(inventory("site-a"))
     compute = suite.start("compute", name="compute-a", crs_address=low.address, inventory=str(inv),
@@ -165,6 +175,17 @@ def test_three_levels_name_a_host_by_each_manager_on_the_way_and_reserve_through
     assert _compute(compute).GetReservation(irm_pb2.GetReservationRequest(
         tenant="t", reservation_id=at_host.id), timeout=10).state == irm_pb2.Reservation.STATE_RELEASED
     eventually(lambda: set(used().values()) == {0.0}, what="the hosts free again, seen two levels up")
+
+    # The lowest takes no batch work: its refusal reaches the top in the top's keys, through the middle (pinned
+    # there by the top: not the middle's to place again).
+    with pytest.raises(grpc.RpcError) as pinned:
+        stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="b1", groups=[
+            vms("batch", 1, placement=["mid/low/compute-a/h1"])]), timeout=60)
+    reason, meta = error_info(pinned.value)
+    assert reason == PIN_REFUSED and meta["pin"] == "mid/low/compute-a/h1" and meta["refused"] == "*"
+    with pytest.raises(grpc.RpcError) as never:
+        stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="b2", groups=[vms("batch", 1)]), timeout=60)
+    assert error_info(never.value)[0] == NEVER_FITS and "refused_below removed 2" in never.value.details()
 
 
 def test_a_vm_s_new_address_after_an_irm_below_restarts_shows_at_the_top(suite, tmp_path):
@@ -212,3 +233,47 @@ def test_a_manager_joining_a_crs_below_is_described_above(stack, suite, tmp_path
             return None
     res = eventually(reserved, timeout=30, what="the new IRM's 16-core host placeable from the top")
     assert [r.physical_id for g in res.groups for r in g.resources] == ["compute-c/big1"]
+
+
+def test_a_group_a_crs_below_refuses_is_placed_again_clear_of_what_it_refused(suite, tmp_path):
+    # Site a takes no batch work (a filter the top does not run): what the top puts there comes back refused,
+    # naming every host of site a, and the top places it again on site b.
+    top, below, stub = _stack(suite, tmp_path, **NO_BATCH)
+    warm = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="warm", groups=[
+        vms("warm", 2, cores=1, placement=["crs-a/compute-a/h1", "crs-a/compute-a/h2"])]), timeout=30)
+
+    def used() -> dict[str, float]:
+        return {r.id: r.used["cores"] for r in stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
+    eventually(lambda: used() == {"compute-a/h1": 1.0, "compute-a/h2": 1.0, "compute-b/h1": 0.0,
+                                  "compute-b/h2": 0.0}, what="site a's hosts in use at the top")
+    # The pack weigher sends the batch to the fuller hosts, site a's, first.
+    res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="b1", groups=[vms("batch", 2)]), timeout=30)
+    on = [r.physical_id for g in res.groups for r in g.resources]
+    assert len(on) == 2 and set(on) <= {"compute-b/h1", "compute-b/h2"}
+    assert {g.manager for g in res.groups} == {"crs-b"}
+    assert any("a CRS below refused" in line for line in top.log_tail)
+    stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=res.id), timeout=30)
+
+    # Pinned at the top by its tenant: the refusal is the tenant's, in the top's keys, naming site a's hosts.
+    with pytest.raises(grpc.RpcError) as pinned:
+        stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="b2", groups=[
+            vms("batch", 1, placement=["crs-a/compute-a/h2"])]), timeout=30)
+    assert pinned.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    reason, meta = error_info(pinned.value)
+    assert reason == PIN_REFUSED and meta["pin"] == "crs-a/compute-a/h2" and meta["group"] == "batch"
+    assert sorted(meta["refused"].split("\n")) == ["crs-a/compute-a/h1", "crs-a/compute-a/h2"]
+    assert "no_batch" in pinned.value.details()
+
+    # Three 3-core VMs: site b holds two; what the top offers site a is refused; it never fits as the sites are.
+    with pytest.raises(grpc.RpcError) as never:
+        stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="b3", groups=[vms("batch", 3, cores=3)]),
+                     timeout=30)
+    assert never.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(never.value)[0] == NEVER_FITS and "refused_below removed" in never.value.details()
+    # Nothing was left held: site b is free, site a holds only the warm VMs.
+    eventually(lambda: used() == {"compute-a/h1": 1.0, "compute-a/h2": 1.0, "compute-b/h1": 0.0,
+                                  "compute-b/h2": 0.0}, what="only the warm VMs held")
+    # Other groups still go to site a.
+    other = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="o1", groups=[vms("web", 2, cores=3)]),
+                         timeout=30)
+    assert len(other.groups) >= 1 and warm.state == irm_pb2.Reservation.STATE_ACTIVE

@@ -7,12 +7,29 @@ from dataclasses import replace
 
 import pytest
 
+from cross_resource_scheduler import service as crs_service
 from cross_resource_scheduler.placement import Unschedulable
-from cross_resource_scheduler.stacking import as_one_part, offered
+from cross_resource_scheduler.stacking import (
+    REFUSED_CHARS,
+    as_one_part,
+    offered,
+    refused_keys,
+    refused_metadata,
+)
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import common_pb2, irm_pb2
-from services.errors import CAPACITY_IN_USE, MANAGER_DOWN, NEVER_FITS, PIN_UNKNOWN
+from services.errors import (
+    CAPACITY_IN_USE,
+    MANAGER_DOWN,
+    NEVER_FITS,
+    PIN_REFUSED,
+    PIN_UNKNOWN,
+    FailedPrecondition,
+    ResourceExhausted,
+)
 from tests.unit.test_crs_placement import add, group, hosts, place
+from tests.unit.test_crs_reserve import make_crs
+from tests.unit.test_crs_service_parse import _group
 
 
 @pytest.fixture
@@ -63,26 +80,57 @@ def test_a_pin_on_a_down_manager_is_retried_later(view: CapacityView) -> None:
 
 
 def test_a_pinned_resource_too_small_never_fits_and_one_in_use_fits_later(view: CapacityView) -> None:
-    # Three 2-core instances on a 4-core host: never, whatever is free elsewhere.
+    # Three 2-core instances on a 4-core host: never, whatever is free elsewhere. The others of its type would take
+    # one such instance each: only the pin is named refused.
     with pytest.raises(Unschedulable) as e:
         place(view, [pinned("x", "a/h1", "a/h1", "a/h1", cores=2)])
-    assert e.value.unresolvable and e.value.reason == NEVER_FITS
+    assert e.value.unresolvable and e.value.reason == PIN_REFUSED
+    assert e.value.metadata == {"group": "x", "pin": "a/h1", "refused": "a/h1"}
     assert "3 instances pinned to a/h1, which has room for 2" in str(e.value)
     # In use now: refused, not moved to the free host next to it.
     add(view, "h1", cores=4, used=3, manager="a", site="site-a")
     with pytest.raises(Unschedulable) as e:
         place(view, [pinned("x", "a/h1", cores=2)])
     assert not e.value.unresolvable and e.value.reason == CAPACITY_IN_USE
-    # The filters judge a pin as any candidate: a required trait it lacks never fits.
+    # The filters judge a pin as any candidate: a required trait it lacks never fits, nor on any other vm host here.
     with pytest.raises(Unschedulable) as e:
         place(view, [replace(group("x", 1, required=("gpu",)), pins=("a/h2",))])
     assert e.value.unresolvable and "'traits' filter" in str(e.value)
+    assert e.value.reason == PIN_REFUSED and e.value.metadata["refused"] == "*"
 
 
 def test_pins_that_break_the_groups_own_constraint_never_fit(view: CapacityView) -> None:
+    # Each resource takes its instance: it is the request's own constraint that the pins break, not a refusal.
     with pytest.raises(Unschedulable) as e:
         place(view, [pinned("x", "a/h1", "a/h1")], ["different_host(x, x)"])
-    assert e.value.unresolvable
+    assert e.value.unresolvable and e.value.reason == NEVER_FITS
+
+
+def test_a_pin_a_filter_refuses_names_every_resource_of_its_type_that_refuses_it(view: CapacityView) -> None:
+    add(view, "h3", cores=4, manager="a", site="site-a", traits=("gpu",))
+    with pytest.raises(Unschedulable) as e:
+        place(view, [replace(group("x", 1, required=("gpu",)), pins=("a/h2",))])
+    assert e.value.reason == PIN_REFUSED and e.value.metadata["pin"] == "a/h2"
+    assert e.value.metadata["refused"].split("\n") == ["a/h2", "a/h1", "b/h1", "b/h2"]
+
+
+def test_a_group_is_placed_clear_of_what_a_crs_below_refused(view: CapacityView) -> None:
+    avoid = frozenset({"a/h1", "a/h2", "b/h1"})
+    for seed in range(20):
+        p = place(view, [replace(group("x", 1), avoid=avoid)], seed=seed)
+        assert [n.key for n in p.nodes["x"]] == ["b/h2"]
+    # The proofs judge a class of look-alikes by one member: a refused one must not stand for the others (here
+    # the first of each class), or the busy a/h2 and b/h2 would be taken for never fitting.
+    for m in ("a", "b"):
+        add(view, "h2", cores=4, used=4, manager=m, site=f"site-{m}")
+    with pytest.raises(Unschedulable) as e:
+        place(view, [replace(group("x", 1), avoid=frozenset({"a/h1", "b/h1"}))])
+    assert e.value.reason == CAPACITY_IN_USE and not e.value.unresolvable
+    for m in ("a", "b"):
+        add(view, "h2", cores=4, manager=m, site=f"site-{m}")
+    with pytest.raises(Unschedulable) as e:
+        place(view, [replace(group("x", 1), avoid=avoid | {"b/h2"})])
+    assert e.value.removed_by == {"refused_below": 4}
 
 
 # -- stacking.py -------------------------------------------------------------------------------------------------
@@ -166,3 +214,65 @@ def test_a_crs_below_saying_it_reserved_nothing_is_a_definite_refusal_not_a_part
     assert not definite(refused(grpc.StatusCode.UNAVAILABLE))
     assert not definite(refused(grpc.StatusCode.DEADLINE_EXCEEDED))
     assert not definite(refused(grpc.StatusCode.ABORTED, "RESERVATION_PENDING"))
+
+
+def test_a_refusal_names_the_refused_resources_within_a_trailers_room() -> None:
+    every = [f"a/h{i:04d}" for i in range(1000)]
+    assert refused_metadata("x", "a/h0007", every, every) == {"group": "x", "pin": "a/h0007", "refused": "*"}
+    cut = refused_metadata("x", "a/h0007", every[:900], every)["refused"].split("\n")
+    assert cut[0] == "a/h0007" and len("\n".join(cut)) <= REFUSED_CHARS < len("\n".join(cut)) + 8
+    assert len(set(cut)) == len(cut) and set(cut) <= set(every[:900])
+
+
+def test_refused_resources_are_named_in_the_keys_of_the_crs_above(view: CapacityView) -> None:
+    # The CRS below "a" refused its h1 and h2 (its keys are this CRS's ids under "a"); "*": all it has of the type.
+    assert refused_keys("a", {"pin": "h2", "refused": "h2\nh1"}, view.of_type("vm")) == {"a/h1", "a/h2"}
+    assert refused_keys("b", {"pin": "h1", "refused": "*"}, view.of_type("vm")) == {"b/h1", "b/h2"}
+    assert refused_keys("b", {"pin": "h1"}, view.of_type("vm")) == {"b/h1"}
+
+
+def test_a_request_the_crss_below_refuse_at_every_attempt_says_so_in_the_tenants_terms(tmp_path) -> None:
+    # Two CRSs below (m, n), each refusing the group wherever it is put ("*"): the second attempt goes to the
+    # other one, and after place_attempts the tenant, who pinned nothing, is told what happened.
+    crs = make_crs(tmp_path, place_attempts=2)
+    crs.view.upsert("n", common_pb2.PhysicalResource(
+        id="h1", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+        location=common_pb2.Location(site="s", rack="r", host="h1"), generation=1))
+    tried: list[str] = []
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        [(manager, parts)] = pinned.items()
+        tried.append(manager)
+        raise crs_service._PinRefused(manager, FailedPrecondition(
+            f"group 'g' is pinned to {parts[0].placement[0]}, which the 'site_policy' filter refuses for it",
+            reason=PIN_REFUSED, metadata={"group": "g", "pin": parts[0].placement[0], "refused": "*"}))
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+    try:
+        with pytest.raises(FailedPrecondition) as e:
+            crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+        assert sorted(tried) == ["m", "n"]
+        assert e.value.reason == PIN_REFUSED and e.value.metadata == {"group": "g"}
+        assert "refused the resources this CRS placed the request on, 2 times" in str(e.value)
+        assert "'site_policy' filter" in str(e.value)
+        assert not any(n.assumed for n in crs.view.nodes.values())  # nothing left assumed
+    finally:
+        crs.db.dispose()
+
+
+def test_a_request_whose_pins_a_crs_below_no_longer_knows_each_time_is_told_to_retry(tmp_path) -> None:
+    crs = make_crs(tmp_path, place_attempts=2)
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        raise ResourceExhausted("manager 'm': group 'g' is pinned to 'c/h0', which this CRS does not know (now)",
+                                reason=PIN_UNKNOWN, retry_after_s=5.0)
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ResourceExhausted) as e:
+            crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+        # The tenant pinned nothing: told that the CRSs below changed, and to retry (not to pin afresh).
+        assert e.value.reason == PIN_UNKNOWN and e.value.retry_after_s == 5.0
+        assert str(e.value).startswith("the CRSs below no longer knew resources this CRS placed the request on, 2 ")
+    finally:
+        crs.db.dispose()
