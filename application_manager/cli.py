@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from services.client import all_pages
+from services.stream_reader import StreamReader
 from services.tenants import tenant_channel
 
 DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
@@ -129,8 +130,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         with Progress(TextColumn("[bold]profiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                       console=console) as progress:
             task = progress.add_task("p", total=args.runs, last="")
-            call = stub.StartProfiling(req, timeout=None)
-            for ev in call:
+            # Read on a thread of its own: Ctrl-C must not interrupt the call itself (services/stream_reader.py).
+            call = StreamReader(stub.StartProfiling(req, timeout=None))
+            for ev in call.start():
                 if ev.HasField("run"):
                     r = ev.run
                     if r.ok:
@@ -194,23 +196,16 @@ def _stop_session(stub, call, final, tenant: str) -> None:  # type: ignore[no-un
     print(f"[stopped profiling session {session}]", file=sys.stderr)
 
 
-def _session_id(call, wait_s: float) -> str:  # type: ignore[no-untyped-def]
+def _session_id(call: StreamReader | None, wait_s: float) -> str:
     """The session id from the next event of the StartProfiling stream `call` ("" if none within `wait_s`:
     the stream is then cancelled)."""
-    import threading
-
     if call is None:
         return ""
-    timer = threading.Timer(wait_s, call.cancel)
-    timer.start()
-    try:
-        for ev in call:
-            return ev.session.id
-    except grpc.RpcError:
-        pass
-    finally:
-        timer.cancel()
-    return ""
+    ev = call.start().first(lambda ev: True, wait_s)
+    if ev is None:
+        call.cancel()
+        return ""
+    return ev.session.id
 
 
 def cmd_model(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from google.protobuf import json_format
 
 from services import tls
 from services.client import all_pages
+from services.stream_reader import StreamReader
 
 DEFAULT_STATE = os.environ.get("HARNESS_HOME", "~/.harness")
 
@@ -647,7 +648,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # alone leaves it running (the agent keeps it for GetExecution), with no limit unless --timeout was given.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_stopped)
-    stub = call = None
+    stub = events = None
     execution = ""
     try:
         res = _irm(args).GetReservation(irm_pb2.GetReservationRequest(tenant=args.tenant,
@@ -664,9 +665,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         env = dict(args.env or [])
         stub = agent_pb2_grpc.ExecutionAgentStub(tenant_channel(vm.address))
         exited = None
-        call = stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv, env=env,
-                                                     timeout_s=args.timeout))
-        for ev in call:
+        # Read on a thread of its own: a signal must not interrupt the call itself (stream_reader.py).
+        events = StreamReader(stub.Execute(agent_pb2.ExecuteRequest(tenant=args.tenant, vm_id=vm.id, argv=argv,
+                                                                    env=env, timeout_s=args.timeout)))
+        for ev in events.start():
             kind = ev.WhichOneof("event")
             if kind == "stdout":
                 sys.stdout.buffer.write(ev.stdout)
@@ -705,12 +707,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = {KeyboardInterrupt: 128 + signal.SIGINT, BrokenPipeError: 128 + signal.SIGPIPE}.get(
             type(e), 128 + getattr(e, "signum", 0))
-        if call is not None and not execution:
+        if events is not None and not execution:
             # Stopped before the agent's "started" came: the command may be running already (its first output
             # can come before that event reaches us), so wait a little for its id rather than leave it running.
-            execution = _started_id(call, STARTED_WAIT_S)
+            started = events.start().first(lambda ev: ev.WhichOneof("event") == "started", STARTED_WAIT_S)
+            execution = started.started.execution_id if started is not None else ""
         if stub is not None and execution:
             _stop_execution(stub, args.tenant, execution, 10.0)
+        if events is not None:
+            events.cancel()
         return status
 
 
@@ -727,22 +732,6 @@ def _stop_execution(stub, tenant: str, execution: str, timeout: float) -> None: 
 
 
 STARTED_WAIT_S = 10.0     # `harness run` stopped early: how long it waits for the execution's id to stop it
-
-
-def _started_id(call, wait_s: float) -> str:  # type: ignore[no-untyped-def]
-    """The execution id of the Execute stream `call` from its next "started" event ("" if none within `wait_s`:
-    the stream is cancelled, which ends the wait)."""
-    timer = threading.Timer(wait_s, call.cancel)
-    timer.start()
-    try:
-        for ev in call:
-            if ev.WhichOneof("event") == "started":
-                return ev.started.execution_id
-    except grpc.RpcError:
-        pass
-    finally:
-        timer.cancel()
-    return ""
 
 
 def _say(text: str) -> None:

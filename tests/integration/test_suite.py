@@ -423,8 +423,9 @@ def test_harness_run_passes_the_exit_status_on_and_stops_the_command_when_it_is_
         pid = int(eventually(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30,
                              what="the command to run"))
         p.send_signal(signal.SIGINT)
-        assert p.wait(30) == 130
+        status = p.wait(30)
         err = p.stderr.read()
+        assert status == 130, err
         assert "stopped execution" in err and "Traceback" not in err, err
         eventually(lambda: not psutil.pid_exists(pid), what=f"the remote command {pid} to be gone")
 

@@ -56,6 +56,7 @@ def profile(monkeypatch: pytest.MonkeyPatch, events: list[pb.ProfilingEvent],
     args = argparse.Namespace(tenant="t", app="app-1", profiler="bo", runs=3, budget=0.0, duration=0.0, seed=0,
                               warm=False, am="127.0.0.1:1", state_dir=None)
     saved = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)     # Ctrl-C's KeyboardInterrupt, whatever runs us
     try:
         return am_cli.cmd_profile(args), am
     finally:

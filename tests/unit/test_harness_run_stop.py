@@ -5,6 +5,7 @@ same path against real processes."""
 
 import argparse
 import signal
+import threading
 
 import grpc
 
@@ -13,7 +14,8 @@ from services import commands
 
 
 class _Call:
-    """An Execute stream: its events, with a Ctrl-C raised in the middle of reading it."""
+    """An Execute stream: its events, with a Ctrl-C (SIGINT to the main thread, where the command waits) when the
+    reading reaches event `interrupt_at`; the stream reads on after it, as a real one would."""
 
     def __init__(self, events: list, interrupt_at: int) -> None:
         self.events, self.interrupt_at, self.i, self.cancelled = events, interrupt_at, 0, False
@@ -26,7 +28,7 @@ class _Call:
             raise grpc.RpcError()
         if self.i == self.interrupt_at:
             self.interrupt_at = -1
-            raise KeyboardInterrupt
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         if self.i >= len(self.events):
             raise StopIteration
         self.i += 1
@@ -62,6 +64,7 @@ def run(monkeypatch, call: _Call) -> tuple[int, _Agent]:  # noqa: ANN001
                               crs="127.0.0.1:1", state_dir=None)
     # cmd_run ignores these signals while it stops the command: put this process's handlers back after it.
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)     # Ctrl-C's KeyboardInterrupt, whatever runs us
     try:
         return commands.cmd_run(args), agent
     finally:
