@@ -470,8 +470,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     # -- IRM API ---------------------------------------------------------
     def DescribeAllocationSpec(self, request, context):  # noqa: N802
+        # Every registered manager's types as it last described them, a down one's too: what may be asked for
+        # (DiscoverResources says what is there now). A CRS above describing this one while its IRMs are down must
+        # not take their types for unknown: a request then waits for them (retry later), it is not invalid.
         return irm_pb2.DescribeAllocationSpecResponse(
-            resource_types=[spec for m in self.registry.up() for spec in m.specs])
+            resource_types=[spec for m in self.registry.all() for spec in m.specs])
 
     def DiscoverResources(self, request, context):  # noqa: N802
         nodes = [n for n in self.view.up_nodes() if not request.resource_type or n.resource_type == request.resource_type]

@@ -87,3 +87,13 @@ def test_a_refusal_without_a_rich_status_is_passed_on_with_its_text() -> None:
                        "nothing was reserved", tenant_paths([irm_pb2.ResourceGroup(name="g")], {"g": 3}))
     assert isinstance(e, InvalidArgument) and e.violations == []
     assert e.message == "manager 'm': groups[0].count: too many; nothing was reserved"
+
+
+def test_a_crs_describes_the_types_of_its_managers_that_are_down_too(crs: Crs) -> None:
+    # What may be asked for, not what is free: a CRS above that describes this one while its IRMs are down must not
+    # take their type for unknown (INVALID_ARGUMENT) rather than waiting for them (they are down: retry later).
+    _known(crs, "compute-a", up=False, described=True)
+    _known(crs, "compute-b", up=True, described=False)
+    spec = crs.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(), None)
+    assert [(t.name, sorted(a.name for a in t.attributes)) for t in spec.resource_types] == [
+        ("vm", ["cores", "memory_gb"])]

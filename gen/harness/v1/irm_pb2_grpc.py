@@ -91,7 +91,9 @@ class ResourceManagerServicer:
 
     def DescribeAllocationSpec(self, request, context):
         """What can be asked for: resource types, their attributes (domain, unit)
-        and the metric names reported for them.
+        and the metric names reported for them. At a CRS: each registered
+        manager's, as it last described them, down managers' too (one entry per
+        manager and type; DiscoverResources says what is there now).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
