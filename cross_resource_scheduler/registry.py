@@ -222,6 +222,7 @@ class Registry:
                             self._describe_again(state, stub)
                         continue
                     changed = []
+                    went_back = []
                     joined = False
                     # One message may carry several resources (`more`: the IRM coalesced them).
                     for r in (ev.resource, *ev.more):
@@ -243,10 +244,17 @@ class Registry:
                                 now = node.to_proto()
                                 if now != was:
                                     changed.append(now)  # new (it joined), or changed while not followed
+                                    if was is not None and now.generation < was.generation:
+                                        # Restarted on an older or fresh database: a watcher (a CRS above)
+                                        # would take the change for stale; told it left first, it takes it new.
+                                        went_back.append(was)
                     if joined and ev.kind == irm_pb2.CapacityEvent.KIND_UPDATED:
                         # Since the snapshot (the snapshot's end describes it again for those in the snapshot).
                         self._describe_again(state, stub)
                     self.on_change(state.name, ev)
+                    if went_back:
+                        self.on_change(state.name, irm_pb2.CapacityEvent(
+                            kind=irm_pb2.CapacityEvent.KIND_REMOVED, resource=went_back[0], more=went_back[1:]))
                     if changed:
                         self.on_change(state.name, irm_pb2.CapacityEvent(
                             kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=changed[0], more=changed[1:]))

@@ -277,3 +277,33 @@ def test_a_group_a_crs_below_refuses_is_placed_again_clear_of_what_it_refused(su
     other = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="o1", groups=[vms("web", 2, cores=3)]),
                          timeout=30)
     assert len(other.groups) >= 1 and warm.state == irm_pb2.Reservation.STATE_ACTIVE
+
+
+def test_an_irm_below_restarted_on_a_fresh_database_shows_its_hosts_free_at_the_top(suite, tmp_path):
+    # Its generations start again from 1: the CRS below takes its new snapshot as its state now, and the top must
+    # too, though every generation it hears is older than those it holds (within the heartbeat timeout: never down).
+    top = suite.start("crs", name="top", database=f"sqlite:///{tmp_path / 'top.db'}", **HB)
+    below = suite.start("crs", name="crs-a", crs_address=top.address, database=f"sqlite:///{tmp_path / 'a.db'}",
+                        heartbeat_interval_s=0.3, heartbeat_timeout_s=30.0)
+    inv = tmp_path / "a.yaml"
+    inv.write_text(inventory("site-a"))
+    settings = dict(name="compute-a", crs_address=below.address, inventory=str(inv), heartbeat_interval_s=0.3)
+    compute = suite.start("compute", database=f"sqlite:///{tmp_path / 'compute-1.db'}", **settings)
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(top.address))
+
+    def used() -> dict[str, float]:
+        return {r.id: r.used["cores"] for r in stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources}
+    eventually(lambda: len(used()) == 2, timeout=30, what="the two hosts at the top")
+    # Generations go up with each reservation and release.
+    for i in range(3):
+        res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id=f"r{i}", groups=[vms("x", 2, cores=3)]),
+                           timeout=30)
+        if i < 2:
+            stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=res.id),
+                                    timeout=30)
+    eventually(lambda: used() == {"compute-a/h1": 3.0, "compute-a/h2": 3.0}, what="both hosts in use at the top")
+    compute.stop()
+    start_again(lambda: suite.start("compute", address=compute.address,
+                                    database=f"sqlite:///{tmp_path / 'compute-2.db'}", **settings), "the compute IRM")
+    eventually(lambda: used() == {"compute-a/h1": 0.0, "compute-a/h2": 0.0}, timeout=30,
+               what="the fresh IRM's free hosts at the top")
