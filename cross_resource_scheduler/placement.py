@@ -236,7 +236,8 @@ class _Classes:
     any way judges the empty cloud (and a class's members, alike but for usage, look alike to it).
     """
 
-    def __init__(self, nodes: list[Node], ignore_usage: bool, apart: frozenset[str] = frozenset()) -> None:
+    def __init__(self, nodes: list[Node], ignore_usage: bool, pinned: frozenset[str] = frozenset(),
+                 avoided: dict[str, tuple[str, ...]] | None = None) -> None:
         self.empty = ignore_usage
         by_key: dict[tuple, list[Node]] = {}
         seen: dict[tuple[str, str], tuple] = {}
@@ -247,10 +248,12 @@ class _Classes:
             # (Unsorted items: the same dict in another order only splits a class, which stays sound.)
             key = (n.resource_type, site, loc.rack, tuple(n.capacity.items()),
                    () if ignore_usage else tuple(n.avail.items()), tuple(n.properties.items()), n.traits)
-            if n.key in apart:
-                # A resource a group is pinned to (or must avoid) is like no other: the groups must be able to
-                # try it and its look-alikes apart (a class tries only its first member the request does not use).
+            if n.key in pinned:
+                # A resource a group is pinned to is like no other: the free groups must be able to try it and
+                # its look-alikes apart (a class tries only its first member the request does not use).
                 key += (n.key,)
+            elif avoided and n.key in avoided:
+                key += (avoided[n.key],)
             if host:
                 if (site, host) in seen:
                     shared.append(n)
@@ -513,9 +516,14 @@ def _pinned_keys(req: PlacementRequest) -> frozenset[str]:
     return frozenset(key for g in req.groups for key in g.pins)
 
 
-def _apart(req: PlacementRequest) -> frozenset[str]:
-    """The resources the complete search must tell from their look-alikes: pinned, or refused a group below."""
-    return _pinned_keys(req) | frozenset(key for g in req.groups for key in g.avoid)
+def _avoided(req: PlacementRequest) -> dict[str, tuple[str, ...]]:
+    """Per resource a CRS below refused a group on, the groups that avoid it: the complete search must tell it from
+    its look-alikes (a class tries only its first member), but those that the same groups avoid stay alike."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for g in req.groups:
+        for key in g.avoid:
+            out[key].append(g.name)
+    return {key: tuple(names) for key, names in out.items()}
 
 
 def _check_pins(req: PlacementRequest, view: CapacityView) -> None:
@@ -536,11 +544,15 @@ def _check_pins(req: PlacementRequest, view: CapacityView) -> None:
                                     "down; retry later, or place it elsewhere", down=[node.manager])
 
 
-def as_pinned(req: PlacementRequest, view: CapacityView) -> Placement:
+def as_pinned(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel) -> Placement:
     """A request whose every group is pinned, where it is pinned, whatever is in use there (a price is asked so,
-    as an IRM prices a pinned host); Unschedulable if a pin is unknown, of another type or on a manager down."""
+    as an IRM prices a pinned host); Unschedulable if a pin is unknown, of another type or on a manager down, or
+    never takes its group (PIN_REFUSED, as Reserve would refuse it)."""
     with view.lock:
         _check_pins(req, view)
+        refused = _refused_pin(req, view, pipeline, topology)
+        if refused is not None:
+            raise refused
         return Placement({g.name: [view.nodes[k] for k in g.pins] for g in req.groups}, {})
 
 
@@ -548,7 +560,7 @@ def _fits_empty(req: PlacementRequest, order: list[GroupDemand], nodes: list[Nod
                 topology: TopologyModel) -> tuple[bool | None, str, Placement | None]:
     """Whether the request fits these nodes when they are empty: True (with a placement), False (with the
     reason; proven), or None (not known: the search ran out of budget)."""
-    classes = _Classes(nodes, ignore_usage=True, apart=_apart(req))
+    classes = _Classes(nodes, ignore_usage=True, pinned=_pinned_keys(req), avoided=_avoided(req))
     reason = _group_never_fits(req, classes, pipeline, topology, ignore_usage=True)
     if reason is not None:
         return False, reason, None
@@ -642,7 +654,7 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
                                 NEVER_FITS)
         types = {g.resource_type for g in req.groups}
         up = [n for n in view.nodes.values() if n.resource_type in types and not view.is_down(n.manager)]
-        now = _Classes(up, ignore_usage=False, apart=_apart(req))
+        now = _Classes(up, ignore_usage=False, pinned=_pinned_keys(req), avoided=_avoided(req))
         # A group with too little room now needs no search (the common refusal on a loaded cloud).
         searched = _group_never_fits(req, now, pipeline, topology, ignore_usage=False) is not None
         if not searched:

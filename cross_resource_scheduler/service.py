@@ -88,6 +88,7 @@ from services.errors import (
     PIN_UNKNOWN,
     RESERVATION_PENDING,
     RETRY_LATER_S,
+    SEARCH_GAVE_UP,
     Aborted,
     FailedPrecondition,
     HarnessError,
@@ -146,6 +147,12 @@ class _PinRefused(Exception):
     def __init__(self, manager: str, error: HarnessError) -> None:
         super().__init__(str(error))
         self.manager, self.error = manager, error
+
+
+def _refused_by(manager: str, e: grpc.RpcError, field_path: Callable[[str], str]) -> Exception:
+    """A manager's failed call as the CRS passes it on (refusals.err_from_rpc), or _PinRefused: to place again."""
+    error = err_from_rpc(manager, e, field_path)
+    return _PinRefused(manager, error) if error.reason == PIN_REFUSED else error
 
 
 @dataclass
@@ -486,14 +493,27 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         req = self._parse(list(request.groups), list(request.constraints))
         if all(g.pins for g in req.groups):
             # Priced where pinned, busy or not, as an IRM prices a pinned host: a CRS above asks for one host of
-            # each kind in one call (its unit prices under max_price_per_minute), in use or not.
+            # each kind in one call (its unit prices under max_price_per_minute), in use or not. A resource that
+            # never takes its group is refused as Reserve refuses it (PIN_REFUSED: the CRS above prices elsewhere).
             try:
-                placement = as_pinned(req, self.view)
+                placement = as_pinned(req, self.view, self.pipeline, self.topology)
             except Unschedulable as e:
                 raise _refusal(e) from None
-        else:
+            try:
+                return self._quote(tenant, list(request.groups), placement)
+            except _PinRefused as e:
+                self._clear_of(req, e, placement)       # pinned here from above: the refusal goes up
+                raise
+        refusals: list[_PinRefused] = []
+        for _ in range(self._attempts()):
             placement = self._place(req, priority=0, assume_token=None)
-        return self._quote(tenant, list(request.groups), placement)
+            try:
+                return self._quote(tenant, list(request.groups), placement)
+            except _PinRefused as e:
+                # What Reserve does: placed again clear of what a CRS below refused, so both price the same hosts.
+                req = self._clear_of(req, e, placement)
+                refusals.append(e)
+        raise self._refused_each_time(req, 0, refusals)
 
     def _quote(self, tenant: str, groups: list[irm_pb2.ResourceGroup], placement: Placement
                ) -> irm_pb2.QuotePriceResponse:
@@ -506,7 +526,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 reply = state.stub().QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=parts),
                                                 timeout=self.config.irm_timeout_s)
             except grpc.RpcError as e:
-                raise err_from_rpc(manager, e, tenant_paths(parts, index)) from None
+                raise _refused_by(manager, e, tenant_paths(parts, index)) from None
             quotes.extend(reply.groups)
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
@@ -595,6 +615,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         groups = list(request.groups)
         by_name = {g.name: i for i, g in enumerate(groups)}
         last_error: HarnessError | None = None
+        refusals: list[_PinRefused] = []
         stamped = created_at
         for attempt in range(self._attempts()):
             token = f"{res_id}#{attempt}"
@@ -621,8 +642,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 continue
             except _PinRefused as e:
                 self.view.forget(token)
-                req = self._clear_of(req, e)
+                req = self._clear_of(req, e, placement)
                 last_error = e.error
+                refusals.append(e)
                 continue
             except BaseException:
                 self.view.forget(token)
@@ -663,12 +685,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return out
         assert last_error is not None
         if last_error.reason == PIN_REFUSED:
-            # The tenant pinned nothing: it is this CRS's choices that were refused, each time.
-            raise FailedPrecondition(
-                f"the CRSs below refused the resources this CRS placed the request on, {self._attempts()} times "
-                f"(filters of their own, which this CRS does not run); the last time {last_error}; ask for "
-                "something else, or the operator may raise place_attempts", reason=PIN_REFUSED,
-                metadata={k: v for k, v in last_error.metadata.items() if k == "group"})
+            raise self._refused_each_time(req, request.priority, refusals)
         if last_error.reason == PIN_UNKNOWN and not any(g.pins for g in req.groups):
             raise ResourceExhausted(
                 f"the CRSs below no longer knew resources this CRS placed the request on, {self._attempts()} times "
@@ -679,24 +696,42 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             last_error.with_reason(CAPACITY_IN_USE, RETRY_LATER_S)
         raise last_error
 
-    def _clear_of(self, req: PlacementRequest, refusal: _PinRefused) -> PlacementRequest:
+    def _clear_of(self, req: PlacementRequest, refusal: _PinRefused, placement: Placement) -> PlacementRequest:
         """`req` with the group a CRS below refused placed clear of what it refused (stacking.py). A group pinned
         here was pinned by the CRS above: its refusal goes up, in the keys that CRS pinned."""
         error, below = refusal.error, refusal.manager
-        name = error.metadata.get("group", "")
-        g = next((g for g in req.groups if g.name == name), None)
+        pin = f"{below}/{error.metadata.get('pin', '')}"
+        # The group by its name, or (a name cut to fit the status) as the one placed on the refused resource.
+        g = next((g for g in req.groups if g.name == error.metadata.get("group")), None) or next(
+            (g for g in req.groups if any(n.key == pin for n in placement.nodes.get(g.name, []))), None)
         if g is None:
-            raise error  # a group not sent: passed on as it came
+            raise error  # not a group of this request's: passed on as it came
         with self.view.lock:
             of_type = self.view.of_type(g.resource_type)
             keys = refused_keys(below, error.metadata, of_type)
             every = [n.key for n in of_type]
         if g.pins:
-            raise FailedPrecondition(str(error), reason=PIN_REFUSED, metadata=refused_metadata(
-                name, f"{below}/{error.metadata.get('pin', '')}", keys, every))
+            raise FailedPrecondition(str(error), reason=PIN_REFUSED,
+                                     metadata=refused_metadata(g.name, pin, keys, every))
         log.info("a CRS below refused a group's resources: placed again clear of them",
-                 extra={"manager": below, "group": name, "refused": len(keys)})
+                 extra={"manager": below, "group": g.name, "refused": len(keys)})
         return replace(req, groups=[replace(x, avoid=x.avoid | keys) if x is g else x for x in req.groups])
+
+    def _refused_each_time(self, req: PlacementRequest, priority: int, refusals: list[_PinRefused]
+                           ) -> HarnessError:
+        """The answer once every attempt ended in a CRS below refusing where it was put: where it could go, clear
+        of all they refused, is this CRS's own verdict (its refusal names refused_below); if somewhere remains
+        untried, the attempts ran out (not proven impossible: a retry places afresh)."""
+        try:
+            self._place(req, priority, assume_token=None)
+        except HarnessError as e:
+            return e
+        last = refusals[-1].error
+        return ResourceExhausted(
+            f"the CRSs below refused the resources this CRS placed the request on, {len(refusals)} "
+            f"time{'s' if len(refusals) > 1 else ''} (filters "
+            f"of their own, which this CRS does not run; the last: {last}); resources it has not tried remain: "
+            "retry, or the operator may raise place_attempts", reason=SEARCH_GAVE_UP, retry_after_s=RETRY_LATER_S)
 
     def _stamp(self, res_id: str, stamped: float, request_id: str) -> float:
         """The pending row `res_id`'s stamp: `stamped`, or now once that is PENDING_STAMP_S old (the row is stamped
@@ -830,10 +865,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 except grpc.RpcError as e:
                     if not definite(e):
                         in_doubt.add(manager)
-                    error = err_from_rpc(manager, e, tenant_paths(parts, index))
-                    if error.reason == PIN_REFUSED:
-                        raise _PinRefused(manager, error) from None
-                    raise error from None
+                    raise _refused_by(manager, e, tenant_paths(parts, index)) from None
                 finally:
                     state.slots.release()
                 if reply.state != irm_pb2.Reservation.STATE_ACTIVE:

@@ -59,35 +59,42 @@ def _copy(g: irm_pb2.AllocatedGroup) -> irm_pb2.AllocatedGroup:
     return out
 
 
-# A refusal's list of the resources a CRS below refuses for a group rides in a gRPC trailer (8 KiB by default,
-# with the message): past this many characters the list is cut, the pinned one kept first. "*": every resource of
-# the group's type the CRS below has (a site policy refusing the group outright).
-REFUSED_CHARS = 2048
-EVERY = "*"
+# A refusal's list of the resources a CRS below refuses a group on rides in an ErrorInfo, whose values are cut to
+# 256 bytes (services.errors): the list is cut at whole lines within this many, the pin first. A line is a key
+# ("<manager>/<id>") or "<manager>/*": every resource of the group's type that manager has (a site's policy refusing
+# the group outright, in a few bytes whatever the site's size).
+REFUSED_BYTES = 240
+ALL_OF = "/*"
 
 
 def refused_metadata(group: str, pin: str, refused: Collection[str], of_type: Collection[str]) -> dict[str, str]:
-    """The ErrorInfo metadata of a PIN_REFUSED refusal: the group, the resource it was pinned to, and the keys of
-    the others of its type that would refuse it too (judged alone, on an empty cloud), so that the CRS above places
-    it again clear of all of them at once rather than one a try."""
-    if set(of_type) <= set(refused):
-        return {"group": group, "pin": pin, "refused": EVERY}
-    listed, size = [pin], len(pin)
-    for key in sorted(set(refused) - {pin}):
-        size += len(key) + 1
-        if size > REFUSED_CHARS:
-            break
-        listed.append(key)
-    return {"group": group, "pin": pin, "refused": "\n".join(listed)}
+    """The ErrorInfo metadata of a PIN_REFUSED refusal: the group, the resource it was pinned to, and the others
+    of its type (keys here; `of_type`: all of them) that would refuse it too, judged alone on an empty cloud, so
+    that the CRS above places it again clear of all of them at once rather than one a try."""
+    refused = set(refused)
+    mine: dict[str, list[str]] = {}
+    for key in of_type:
+        mine.setdefault(key.split("/", 1)[0], []).append(key)
+    whole = sorted(m for m, keys in mine.items() if refused.issuperset(keys))
+    rest = sorted(k for k in refused - {pin} if k.split("/", 1)[0] not in whole)
+    lines, size = [], -1
+    for line in [pin, *(m + ALL_OF for m in whole), *rest]:
+        if size + 1 + len(line.encode()) > REFUSED_BYTES:
+            continue        # a pin too long to name leaves the room to the others
+        lines.append(line)
+        size += 1 + len(line.encode())
+    return {"group": group, "pin": pin, "refused": "\n".join(lines)}
 
 
 def refused_keys(manager: str, metadata: Mapping[str, str], of_type: Iterable[Node]) -> frozenset[str]:
     """The keys, here, of the resources `manager` (a CRS below) refused a group on (`refused_metadata`);
-    `of_type`: this CRS's nodes of the group's type."""
-    listed = metadata.get("refused", "")
-    if listed == EVERY:
-        return frozenset(n.key for n in of_type if n.manager == manager)
-    keys = {f"{manager}/{k}" for k in listed.split("\n") if k}
-    if metadata.get("pin"):
-        keys.add(f"{manager}/{metadata['pin']}")
+    `of_type`: this CRS's nodes of the group's type. Names this CRS does not know (cut, or gone) are left out."""
+    theirs = {n.physical_id: n.key for n in of_type if n.manager == manager}
+    keys: set[str] = set()
+    for line in metadata.get("refused", "").split("\n"):
+        if line.endswith(ALL_OF):
+            prefix = line[:-len(ALL_OF)] + "/"
+            keys.update(key for pid, key in theirs.items() if pid.startswith(prefix))
+        elif line in theirs:
+            keys.add(theirs[line])
     return frozenset(keys)

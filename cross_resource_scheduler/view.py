@@ -110,6 +110,10 @@ class CapacityView:
         self._down: set[str] = set()
         self._assumptions: dict[str, list[Assumption]] = defaultdict(list)  # node key -> assumptions
         self._tokens: dict[str, set[str]] = defaultdict(set)  # token -> node keys it assumed on
+        # Nodes removed while assumptions still named them: node key -> (generation, epoch) when removed. Back with
+        # older generations (its manager restarted on an older or fresh database meanwhile), the node starts a new
+        # epoch, as a snapshot that went back does: commits awaiting generations of the old history settle.
+        self._left: dict[str, tuple[int, int]] = {}
         self.version = 0  # bumped on every change a manager reports
         self.assumptions_made = 0  # bumped on every assume and forget: what the CRS's own placements change
 
@@ -147,10 +151,14 @@ class CapacityView:
         """A new node for `r` (new, or changed type or location), in the indexes in place of `old`."""
         if old is not None:
             self._unindex(old)
+        epoch = old.epoch if old is not None else 0
+        left = self._left.pop(f"{manager}/{r.id}", None) if old is None else None
+        if left is not None:
+            epoch = left[1] + (1 if r.generation < left[0] else 0)
         node = Node(manager, r.id, r.resource_type, dict(r.capacity), dict(r.used), dict(r.properties),
                     frozenset(r.traits), common_pb2.Location(site=r.location.site, rack=r.location.rack,
                                                              host=r.location.host), r.generation,
-                    epoch=old.epoch if old is not None else 0)
+                    epoch=epoch)
         self.nodes[node.key] = node
         self._index(node)
         self._recount(node)  # pending assumptions follow the resource
@@ -161,6 +169,7 @@ class CapacityView:
             node = self.nodes.pop(f"{manager}/{physical_id}", None)
             if node is not None:
                 self._unindex(node)
+                self._leaves(node)
                 self.version += 1
 
     def drop_manager(self, manager: str) -> None:
@@ -168,7 +177,12 @@ class CapacityView:
             for node in [n for n in self.nodes.values() if n.manager == manager]:
                 self.nodes.pop(node.key)
                 self._unindex(node)
+                self._leaves(node)
             self.version += 1
+
+    def _leaves(self, node: Node) -> None:
+        if self._assumptions.get(node.key):
+            self._left[node.key] = (node.generation, node.epoch)
 
     def set_down(self, manager: str, down: bool) -> None:
         with self.lock:

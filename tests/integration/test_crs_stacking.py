@@ -182,7 +182,8 @@ def test_three_levels_name_a_host_by_each_manager_on_the_way_and_reserve_through
         stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="b1", groups=[
             vms("batch", 1, placement=["mid/low/compute-a/h1"])]), timeout=60)
     reason, meta = error_info(pinned.value)
-    assert reason == PIN_REFUSED and meta["pin"] == "mid/low/compute-a/h1" and meta["refused"] == "*"
+    assert reason == PIN_REFUSED and meta["pin"] == "mid/low/compute-a/h1"
+    assert meta["refused"] == "mid/low/compute-a/h1\nmid/*"
     with pytest.raises(grpc.RpcError) as never:
         stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="b2", groups=[vms("batch", 1)]), timeout=60)
     assert error_info(never.value)[0] == NEVER_FITS and "refused_below removed 2" in never.value.details()
@@ -261,8 +262,16 @@ def test_a_group_a_crs_below_refuses_is_placed_again_clear_of_what_it_refused(su
     assert pinned.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     reason, meta = error_info(pinned.value)
     assert reason == PIN_REFUSED and meta["pin"] == "crs-a/compute-a/h2" and meta["group"] == "batch"
-    assert sorted(meta["refused"].split("\n")) == ["crs-a/compute-a/h1", "crs-a/compute-a/h2"]
+    assert meta["refused"] == "crs-a/compute-a/h2\ncrs-a/*"      # the pin, then all of crs-a's vm resources
     assert "no_batch" in pinned.value.details()
+    # A quote is refused alike there (it would price what Reserve cannot take), and placed clear of site a when
+    # not pinned: priced, as Reserve then takes it.
+    with pytest.raises(grpc.RpcError) as quoted:
+        stub.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[
+            vms("batch", 1, placement=["crs-a/compute-a/h2"])]), timeout=30)
+    assert error_info(quoted.value)[0] == PIN_REFUSED
+    assert stub.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[vms("batch", 2)]),
+                           timeout=30).price_per_minute > 0
 
     # Three 3-core VMs: site b holds two; what the top offers site a is refused; it never fits as the sites are.
     with pytest.raises(grpc.RpcError) as never:
@@ -273,10 +282,11 @@ def test_a_group_a_crs_below_refuses_is_placed_again_clear_of_what_it_refused(su
     # Nothing was left held: site b is free, site a holds only the warm VMs.
     eventually(lambda: used() == {"compute-a/h1": 1.0, "compute-a/h2": 1.0, "compute-b/h1": 0.0,
                                   "compute-b/h2": 0.0}, what="only the warm VMs held")
-    # Other groups still go to site a.
-    other = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="o1", groups=[vms("web", 2, cores=3)]),
-                         timeout=30)
-    assert len(other.groups) >= 1 and warm.state == irm_pb2.Reservation.STATE_ACTIVE
+    # Other groups still go to site a: two 3-core VMs pinned there by the tenant are taken.
+    other = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="o1", groups=[
+        vms("web", 2, cores=3, placement=["crs-b/compute-b/h1", "crs-a/compute-a/h1"])]), timeout=30)
+    assert sorted(r.physical_id for g in other.groups for r in g.resources) == ["compute-a/h1", "compute-b/h1"]
+    assert warm.state == irm_pb2.Reservation.STATE_ACTIVE
 
 
 def test_an_irm_below_restarted_on_a_fresh_database_shows_its_hosts_free_at_the_top(suite, tmp_path):

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import grpc
 import pytest
 
 from cross_resource_scheduler import service as crs_service
 from cross_resource_scheduler.placement import Unschedulable
 from cross_resource_scheduler.stacking import (
-    REFUSED_CHARS,
+    REFUSED_BYTES,
     as_one_part,
     offered,
     refused_keys,
@@ -24,8 +25,11 @@ from services.errors import (
     NEVER_FITS,
     PIN_REFUSED,
     PIN_UNKNOWN,
+    SEARCH_GAVE_UP,
     FailedPrecondition,
     ResourceExhausted,
+    error_info,
+    to_status,
 )
 from tests.unit.test_crs_placement import add, group, hosts, place
 from tests.unit.test_crs_reserve import make_crs
@@ -96,7 +100,7 @@ def test_a_pinned_resource_too_small_never_fits_and_one_in_use_fits_later(view: 
     with pytest.raises(Unschedulable) as e:
         place(view, [replace(group("x", 1, required=("gpu",)), pins=("a/h2",))])
     assert e.value.unresolvable and "'traits' filter" in str(e.value)
-    assert e.value.reason == PIN_REFUSED and e.value.metadata["refused"] == "*"
+    assert e.value.reason == PIN_REFUSED and e.value.metadata["refused"] == "a/h2\na/*\nb/*"
 
 
 def test_pins_that_break_the_groups_own_constraint_never_fit(view: CapacityView) -> None:
@@ -111,7 +115,8 @@ def test_a_pin_a_filter_refuses_names_every_resource_of_its_type_that_refuses_it
     with pytest.raises(Unschedulable) as e:
         place(view, [replace(group("x", 1, required=("gpu",)), pins=("a/h2",))])
     assert e.value.reason == PIN_REFUSED and e.value.metadata["pin"] == "a/h2"
-    assert e.value.metadata["refused"].split("\n") == ["a/h2", "a/h1", "b/h1", "b/h2"]
+    # The pin first, then each manager all of whose resources of the type refuse it, then the others one by one.
+    assert e.value.metadata["refused"].split("\n") == ["a/h2", "b/*", "a/h1"]
 
 
 def test_a_group_is_placed_clear_of_what_a_crs_below_refused(view: CapacityView) -> None:
@@ -216,25 +221,50 @@ def test_a_crs_below_saying_it_reserved_nothing_is_a_definite_refusal_not_a_part
     assert not definite(refused(grpc.StatusCode.ABORTED, "RESERVATION_PENDING"))
 
 
-def test_a_refusal_names_the_refused_resources_within_a_trailers_room() -> None:
-    every = [f"a/h{i:04d}" for i in range(1000)]
-    assert refused_metadata("x", "a/h0007", every, every) == {"group": "x", "pin": "a/h0007", "refused": "*"}
-    cut = refused_metadata("x", "a/h0007", every[:900], every)["refused"].split("\n")
-    assert cut[0] == "a/h0007" and len("\n".join(cut)) <= REFUSED_CHARS < len("\n".join(cut)) + 8
-    assert len(set(cut)) == len(cut) and set(cut) <= set(every[:900])
+class _Relayed(grpc.RpcError):
+    """An error as a peer's status carries it (services.errors.to_status: what a service sends)."""
+
+    def __init__(self, error: FailedPrecondition) -> None:
+        self._status = to_status(error)
+
+    def rich_status(self):  # noqa: ANN201
+        return self._status
+
+
+def test_a_refusal_names_the_refused_resources_within_what_a_status_keeps() -> None:
+    every = [f"a/h{i:04d}" for i in range(1000)] + ["b/h1", "b/h2"]
+    said = refused_metadata("x", "a/h0007", every[:1000], every)
+    assert said == {"group": "x", "pin": "a/h0007", "refused": "a/h0007\na/*"}
+    lines = refused_metadata("x", "a/h0007", every[:900] + ["b/h1"], every)["refused"].split("\n")
+    assert lines[0] == "a/h0007" and len("\n".join(lines).encode()) <= REFUSED_BYTES
+    assert len(lines) > 20 and set(lines) <= set(every[:900]) | {"b/h1"}
+    # Through a gRPC status and back (its ErrorInfo values are bounded): every line intact.
+    status = FailedPrecondition("refused", reason=PIN_REFUSED, metadata=refused_metadata(
+        "x" * 128, "a/h0007", every[:900], every))
+    kept = error_info(_Relayed(status))[1]
+    assert kept["refused"].split("\n") == lines[:len(kept["refused"].split("\n"))] and "[..." not in kept["refused"]
+    assert kept["group"] == "x" * 128
 
 
 def test_refused_resources_are_named_in_the_keys_of_the_crs_above(view: CapacityView) -> None:
-    # The CRS below "a" refused its h1 and h2 (its keys are this CRS's ids under "a"); "*": all it has of the type.
+    # The CRS below "a" refused its h1 and h2 (its keys are this CRS's ids under "a"); "<m>/*": all of m's.
     assert refused_keys("a", {"pin": "h2", "refused": "h2\nh1"}, view.of_type("vm")) == {"a/h1", "a/h2"}
-    assert refused_keys("b", {"pin": "h1", "refused": "*"}, view.of_type("vm")) == {"b/h1", "b/h2"}
-    assert refused_keys("b", {"pin": "h1"}, view.of_type("vm")) == {"b/h1"}
+    below = CapacityView()
+    for rid in ("low/c/h1", "low/c/h2", "c2/h9"):
+        add(below, rid, manager="mid")
+    add(below, "low/c/h3", manager="other")
+    assert refused_keys("mid", {"refused": "c2/h9\nlow/*"}, below.of_type("vm")) == {
+        "mid/low/c/h1", "mid/low/c/h2", "mid/c2/h9"}
+    # Names it does not know (cut, or gone since) are left out.
+    assert refused_keys("a", {"refused": "h1\nh7\nzz/*"}, view.of_type("vm")) == {"a/h1"}
 
 
-def test_a_request_the_crss_below_refuse_at_every_attempt_says_so_in_the_tenants_terms(tmp_path) -> None:
-    # Two CRSs below (m, n), each refusing the group wherever it is put ("*"): the second attempt goes to the
-    # other one, and after place_attempts the tenant, who pinned nothing, is told what happened.
-    crs = make_crs(tmp_path, place_attempts=2)
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_a_request_the_crss_below_refuse_at_every_attempt_gets_this_crss_verdict_clear_of_them(tmp_path,
+                                                                                               attempts) -> None:
+    # Two CRSs below (m, n), each refusing the group where it is put. Both refused (2 attempts): clear of them it
+    # never fits here, as this CRS's own verdict says. One refused (1 attempt): n is left untried: not "never".
+    crs = make_crs(tmp_path, place_attempts=attempts)
     crs.view.upsert("n", common_pb2.PhysicalResource(
         id="h1", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
         location=common_pb2.Location(site="s", rack="r", host="h1"), generation=1))
@@ -243,18 +273,24 @@ def test_a_request_the_crss_below_refuse_at_every_attempt_says_so_in_the_tenants
     def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
         [(manager, parts)] = pinned.items()
         tried.append(manager)
+        pin = parts[0].placement[0]
         raise crs_service._PinRefused(manager, FailedPrecondition(
-            f"group 'g' is pinned to {parts[0].placement[0]}, which the 'site_policy' filter refuses for it",
-            reason=PIN_REFUSED, metadata={"group": "g", "pin": parts[0].placement[0], "refused": "*"}))
+            f"group 'g' is pinned to {pin}, which the 'site_policy' filter refuses for it",
+            reason=PIN_REFUSED, metadata={"group": "g", "pin": pin, "refused": pin}))
 
     crs._delegate = delegate  # type: ignore[method-assign]
     try:
-        with pytest.raises(FailedPrecondition) as e:
-            crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
-        assert sorted(tried) == ["m", "n"]
-        assert e.value.reason == PIN_REFUSED and e.value.metadata == {"group": "g"}
-        assert "refused the resources this CRS placed the request on, 2 times" in str(e.value)
-        assert "'site_policy' filter" in str(e.value)
+        if attempts == 2:
+            with pytest.raises(FailedPrecondition) as never:
+                crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+            assert sorted(tried) == ["m", "n"]
+            assert never.value.reason == NEVER_FITS and "refused_below removed 2" in str(never.value)
+        else:
+            with pytest.raises(ResourceExhausted) as untried:
+                crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+            assert len(tried) == 1 and untried.value.reason == SEARCH_GAVE_UP
+            assert "refused the resources this CRS placed the request on, 1 time (" in str(untried.value)
+            assert "'site_policy' filter" in str(untried.value) and untried.value.retry_after_s == 5.0
         assert not any(n.assumed for n in crs.view.nodes.values())  # nothing left assumed
     finally:
         crs.db.dispose()

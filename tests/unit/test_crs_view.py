@@ -285,3 +285,26 @@ def test_a_snapshot_at_the_same_or_a_newer_generation_settles_as_an_update_does(
     assert n.free("cores") == 10 - 1 - 4
     v.upsert("m", res("h", 3, cores=10, used=5), snapshot=True)
     assert n.free("cores") == 5 and n.assumed == {}
+
+
+def test_a_resource_back_with_older_generations_after_it_left_settles_the_old_historys_commits() -> None:
+    # Removed (its manager's reconnect snapshot lacked it, a CRS below passed REMOVED on, the manager was down),
+    # then back from a manager restarted on a fresh database: a commit awaiting generation 9 would never settle.
+    for leave in ("remove", "drop_manager"):
+        v = CapacityView()
+        n = v.upsert("m", res("h", 5, cores=8))
+        v.assume("t", n, {"cores": 6})
+        v.commit("t", {"m/h": 9})
+        v.remove("m", "h") if leave == "remove" else v.drop_manager("m")
+        back = v.upsert("m", res("h", 1, cores=8))
+        assert back.free("cores") == 8 and back.assumed == {}, leave
+        # Back at a newer generation (the same history): the commit still waits for its generation.
+        v = CapacityView()
+        n = v.upsert("m", res("h", 5, cores=8))
+        v.assume("t", n, {"cores": 6})
+        v.commit("t", {"m/h": 9})
+        v.remove("m", "h") if leave == "remove" else v.drop_manager("m")
+        back = v.upsert("m", res("h", 7, cores=8))
+        assert back.free("cores") == 2, leave
+        v.upsert("m", res("h", 9, cores=8, used=6))
+        assert back.free("cores") == 2 and back.assumed == {}, leave
