@@ -35,13 +35,16 @@ class StreamReader:
         self._error: grpc.RpcError | None = None
         self._ended = self._cancelled = False
         self._changed = threading.Condition()
-        self._started = False
+        self._thread: threading.Thread | None = None
 
     def start(self) -> StreamReader:
         with self._changed:
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._read, name="stream-reader", daemon=True).start()
+            if self._thread is None:
+                # Marked started once it is: a signal in between leaves it to be started again (a second
+                # reader in that instant would still pass every message on; none would leave `first` waiting).
+                thread = threading.Thread(target=self._read, name="stream-reader", daemon=True)
+                thread.start()
+                self._thread = thread
         return self
 
     def _read(self) -> None:
@@ -73,8 +76,9 @@ class StreamReader:
                 message = self._buffered[0]
             yield message
             with self._changed:         # the caller asked for the next one: done with this one
-                self._buffered.popleft()
-                self._changed.notify_all()
+                if self._buffered and self._buffered[0] is message:     # (unless `first` passed it over)
+                    self._buffered.popleft()
+                    self._changed.notify_all()
 
     def first(self, wanted: Callable[[Any], bool], wait_s: float) -> Any | None:
         """The first message from the one being handled on that `wanted` accepts, waiting up to `wait_s` seconds

@@ -35,12 +35,18 @@ def _service_log_handlers_removed() -> Iterator[None]:
     """A test that runs `harness serve` in-process leaves its JSON handler on the root logger, writing to the
     stderr of that test (captured, then closed): a later log record (matplotlib's first import announces its font
     cache) would print "--- Logging error ---" into another test's stderr. Only plain StreamHandlers the test added
-    go: pytest's own capture handlers are subclasses and come and go by themselves."""
+    go: pytest's own capture handlers are subclasses and come and go by themselves. The levels and the time
+    converter services.logs.setup sets are put back."""
     root = logging.getLogger()
-    before = set(root.handlers)
+    before, level, converter = set(root.handlers), root.level, logging.Formatter.converter
+    alembic = logging.getLogger("alembic").level
     yield
     for h in [h for h in root.handlers if type(h) is logging.StreamHandler and h not in before]:
         root.removeHandler(h)
+    # What services.logs.setup sets besides: later tests' caplog must not depend on the order they run in.
+    root.setLevel(level)
+    logging.Formatter.converter = converter
+    logging.getLogger("alembic").setLevel(alembic)
 
 
 # What a service says when the port it was told to listen on is taken: `harness serve` in its log (LaunchError),

@@ -92,9 +92,8 @@ def signals_kept():  # noqa: ANN201
     """`harness run` sets the process's handlers for SIGINT, SIGTERM and SIGHUP: put back after the test."""
     import signal
 
-    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)}
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
     for s, handler in kept.items():
         signal.signal(s, handler)
 
@@ -103,6 +102,7 @@ def test_ctrl_c_before_the_started_event_still_stops_the_remote_command(capsys, 
     # Interrupted while it waited inside the stream's read, the call could not be read again ("Internal gRPC call
     # error 8"): a traceback, status 1, and the command left running at the agent. Now it waits for the id, stops it.
     import signal
+    import threading
     from concurrent import futures
 
     import grpc
@@ -120,11 +120,17 @@ def test_ctrl_c_before_the_started_event_still_stops_the_remote_command(capsys, 
                                                                                address=f"127.0.0.1:{port}")])]))
 
         def ctrl_c(signum, frame):  # noqa: ANN001, ANN202
-            agent.interrupted.set()
-            signal.default_int_handler(signal.SIGINT, frame)   # what Ctrl-C does: KeyboardInterrupt, here
-        signal.signal(signal.SIGALRM, ctrl_c)
-        signal.setitimer(signal.ITIMER_REAL, 0.5)   # while `harness run` waits for the stream's first event
-        assert cli.main(["run", "res-1", "--", "sleep", "300"]) == 130
+            agent.interrupted.set()              # the agent answers "started" only now
+            signal.default_int_handler(signum, frame)   # what Ctrl-C does: KeyboardInterrupt, here
+        signal.signal(signal.SIGINT, ctrl_c)
+        # Ctrl-C in 0.5 s, while `harness run` waits for the stream's first event (the agent holds it back).
+        main = threading.main_thread().ident
+        timer = threading.Timer(0.5, lambda: signal.pthread_kill(main, signal.SIGINT))
+        timer.start()
+        try:
+            assert cli.main(["run", "res-1", "--", "sleep", "300"]) == 130
+        finally:
+            timer.cancel()
     finally:
         server.stop(0)
     assert agent.interrupted.is_set() and agent.stopped == ["ex-1"]
