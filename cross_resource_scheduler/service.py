@@ -96,6 +96,7 @@ from services.errors import (
     NotFound,
     ResourceExhausted,
     Unavailable,
+    error_info,
     owned,
     require_tenant,
 )
@@ -505,8 +506,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 self._clear_of(req, e, placement)       # pinned here from above: the refusal goes up
                 raise
         refusals: list[_PinRefused] = []
-        for _ in range(self._attempts()):
-            placement = self._place(req, priority=0, assume_token=None)
+        basis = self._rng_basis(req)
+        for attempt in range(self._attempts()):
+            placement = self._place(req, priority=0, assume_token=None,
+                                    again=(basis, attempt) if refusals else None)
             try:
                 return self._quote(tenant, list(request.groups), placement)
             except _PinRefused as e:
@@ -530,15 +533,21 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             quotes.extend(reply.groups)
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
+    def _rng_basis(self, req: PlacementRequest) -> str:
+        return f"{self._salt}:{req.seed}:{self.view.version}:{self.view.assumptions_made}"
+
     def _place(self, req: PlacementRequest, priority: int, assume_token: str | None,
-               pipeline: Pipeline | None = None) -> Placement:
+               pipeline: Pipeline | None = None, again: tuple[str, int] | None = None) -> Placement:
+        """`again`: (the RNG basis at the call's start, the attempt) of a place again after a CRS below refused:
+        a quote and a Reserve placing again alike land alike (Reserve's own assume and forget moved the view's
+        basis on meanwhile)."""
         # The view's lock from placing to assuming: a watch thread must not remove a placed node in between.
         with self.gate.hold(priority), self.view.lock:
             # An RNG of the request and the view as they are: with one shared RNG, a quote and a Reserve of one
             # request on an unchanged view landed on hosts of different prices; with the request's alone, every
             # identical request scanned from one offset past the hosts the earlier ones had filled (placement
             # cost growing with the cloud), and a place again after a manager's refusal chose the same host.
-            rng = random.Random(f"{self._salt}:{req.seed}:{self.view.version}:{self.view.assumptions_made}")
+            rng = random.Random(f"{again[0]}:{again[1]}" if again else self._rng_basis(req))
             try:
                 placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, rng)
             except Unschedulable as e:
@@ -616,12 +625,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         by_name = {g.name: i for i, g in enumerate(groups)}
         last_error: HarnessError | None = None
         refusals: list[_PinRefused] = []
+        basis = self._rng_basis(req)
         stamped = created_at
         for attempt in range(self._attempts()):
             token = f"{res_id}#{attempt}"
             placed = False
             try:
-                placement = self._place(req, request.priority, token)
+                placement = self._place(req, request.priority, token,
+                                        again=(basis, attempt) if refusals else None)
                 placed = True
                 # Queued behind other placements (a slow plug-in, a burst) past the caller's deadline: nobody
                 # waits for what would be delegated now.
@@ -708,7 +719,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             raise error  # not a group of this request's: passed on as it came
         with self.view.lock:
             of_type = self.view.of_type(g.resource_type)
-            keys = refused_keys(below, error.metadata, of_type)
+            # The pin itself whatever the list kept (a pin too long for it, a list the status left out).
+            keys = refused_keys(below, error.metadata, of_type) | ({pin} & {n.key for n in of_type})
             every = [n.key for n in of_type]
         if g.pins:
             raise FailedPrecondition(str(error), reason=PIN_REFUSED,
@@ -797,16 +809,27 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             state = self.registry.get(manager)
             if state is None or not state.up:
                 continue
-            try:
-                reply = state.stub().QuotePrice(irm_pb2.QuotePriceRequest(
-                    tenant=tenant, groups=[one for _, _, one in items]), timeout=self.config.irm_timeout_s)
-            except grpc.RpcError:
-                continue  # not quoted: its nodes score as the dearest
-            quoted = {q.name: q.price_per_minute for q in reply.groups}
+            quoted = self._quoted(state, tenant, [one for _, _, one in items])
             for name, key, one in items:
                 if one.name in quoted:
                     prices[(name, key)] = quoted[one.name]
         return prices
+
+    def _quoted(self, state: ManagerState, tenant: str, ones: list[irm_pb2.ResourceGroup]) -> dict[str, float]:
+        """The price of each one-instance group `ones` at a manager, by group name: in one call, or, a CRS below
+        refusing some of them (PIN_REFUSED: not all of them), one call each. Unquoted: score as the dearest."""
+        stub = state.stub()
+        try:
+            reply = stub.QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=ones),
+                                    timeout=self.config.irm_timeout_s)
+            return {q.name: q.price_per_minute for q in reply.groups}
+        except grpc.RpcError as e:
+            if len(ones) == 1 or (error_info(e) or ("",))[0] != PIN_REFUSED:
+                return {}
+        quoted: dict[str, float] = {}
+        for one in ones:
+            quoted.update(self._quoted(state, tenant, [one]))
+        return quoted
 
     def _attempts(self) -> int:
         return max(1, self.config.place_attempts)

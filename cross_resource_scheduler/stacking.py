@@ -70,17 +70,31 @@ ALL_OF = "/*"
 def refused_metadata(group: str, pin: str, refused: Collection[str], of_type: Collection[str]) -> dict[str, str]:
     """The ErrorInfo metadata of a PIN_REFUSED refusal: the group, the resource it was pinned to, and the others
     of its type (keys here; `of_type`: all of them) that would refuse it too, judged alone on an empty cloud, so
-    that the CRS above places it again clear of all of them at once rather than one a try."""
+    that the CRS above places it again clear of them at once rather than one a try. A refused key is said by the
+    shortest prefix all of whose resources refuse ("<manager>/*", and, a CRS below a CRS, "<crs>/<manager>/*"):
+    a policy refusing a site's IRM is one line through any number of levels. Cut to fit, the single keys listed are
+    those after the pin (in order, round): refusals of different pins name different ones."""
     refused = set(refused)
-    mine: dict[str, list[str]] = {}
+    under: dict[str, list[str]] = {}
     for key in of_type:
-        mine.setdefault(key.split("/", 1)[0], []).append(key)
-    whole = sorted(m for m, keys in mine.items() if refused.issuperset(keys))
-    rest = sorted(k for k in refused - {pin} if k.split("/", 1)[0] not in whole)
+        parts = key.split("/")
+        for i in range(1, len(parts)):
+            under.setdefault("/".join(parts[:i]), []).append(key)
+    whole: set[str] = set()
+    single: list[str] = []
+    for key in sorted(refused):
+        parts = key.split("/")
+        prefix = next((p for p in ("/".join(parts[:i]) for i in range(1, len(parts)))
+                       if p in under and refused.issuperset(under[p])), None)
+        if prefix is not None:
+            whole.add(prefix)
+        elif key != pin:
+            single.append(key)
+    single = [k for k in single if k > pin] + [k for k in single if k < pin]
     lines, size = [], -1
-    for line in [pin, *(m + ALL_OF for m in whole), *rest]:
+    for line in [pin, *(p + ALL_OF for p in sorted(whole)), *single]:
         if size + 1 + len(line.encode()) > REFUSED_BYTES:
-            continue        # a pin too long to name leaves the room to the others
+            continue        # a line too long to name leaves the room to the others
         lines.append(line)
         size += 1 + len(line.encode())
     return {"group": group, "pin": pin, "refused": "\n".join(lines)}

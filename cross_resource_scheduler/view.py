@@ -181,8 +181,11 @@ class CapacityView:
             self.version += 1
 
     def _leaves(self, node: Node) -> None:
-        if self._assumptions.get(node.key):
-            self._left[node.key] = (node.generation, node.epoch)
+        items = self._assumptions.get(node.key)
+        if items:
+            # The newest generation of its history known here: its own, or one a commit's reply named (the IRM
+            # had reached it when it answered). Back below that, it is another history.
+            self._left[node.key] = (max([node.generation, *(a.until for a in items)]), node.epoch)
 
     def set_down(self, manager: str, down: bool) -> None:
         with self.lock:
@@ -267,6 +270,10 @@ class CapacityView:
                     self._assumptions[key] = keep
                     if key in self.nodes:
                         self._recount(self.nodes[key])
+                    elif not keep:
+                        # Gone from the view, and nothing of ours on it any more: nothing to remember of it.
+                        self._assumptions.pop(key, None)
+                        self._left.pop(key, None)
 
     def _settle(self, node: Node) -> None:
         items = self._assumptions.get(node.key)

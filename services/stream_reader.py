@@ -35,19 +35,22 @@ class StreamReader:
         self._error: grpc.RpcError | None = None
         self._ended = self._cancelled = False
         self._changed = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._claimed = False       # a reader thread took the call: the only one that ever touches it
 
     def start(self) -> StreamReader:
+        """Start reading (again: until a reader has claimed the call, a signal may have cut the last start short,
+        and a reader too many leaves at once, never touching the call: gRPC refuses two readers)."""
         with self._changed:
-            if self._thread is None:
-                # Marked started once it is: a signal in between leaves it to be started again (a second
-                # reader in that instant would still pass every message on; none would leave `first` waiting).
-                thread = threading.Thread(target=self._read, name="stream-reader", daemon=True)
-                thread.start()
-                self._thread = thread
+            if self._claimed:
+                return self
+        threading.Thread(target=self._read, name="stream-reader", daemon=True).start()
         return self
 
     def _read(self) -> None:
+        with self._changed:
+            if self._claimed:
+                return
+            self._claimed = True
         try:
             for message in self._call:
                 with self._changed:

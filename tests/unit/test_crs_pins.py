@@ -312,3 +312,92 @@ def test_a_request_whose_pins_a_crs_below_no_longer_knows_each_time_is_told_to_r
         assert str(e.value).startswith("the CRSs below no longer knew resources this CRS placed the request on, 2 ")
     finally:
         crs.db.dispose()
+
+
+def test_a_refusal_says_whole_irms_by_their_prefix_through_levels_and_cut_lists_differ_by_pin() -> None:
+    # At a CRS over a CRS "low" (IRMs irm1, irm2) and an IRM of its own: all of irm2's refuse, one of irm1's.
+    of_type = ["low/irm1/h1", "low/irm1/h2", *(f"low/irm2/h{i:02d}" for i in range(20)), "own/h1"]
+    refused = ["low/irm1/h1", *(f"low/irm2/h{i:02d}" for i in range(20))]
+    said = refused_metadata("x", "low/irm1/h1", refused, of_type)["refused"].split("\n")
+    assert said == ["low/irm1/h1", "low/irm2/*"]
+    # The CRS above this one ("mid") reads them as its own keys.
+    above = CapacityView()
+    for key in of_type:
+        add(above, key, manager="mid")
+    assert refused_keys("mid", {"refused": "\n".join(said)}, above.of_type("vm")) == {f"mid/{k}" for k in refused}
+    # Too many single keys to list: each refusal lists those after its own pin.
+    many = [f"a/h{i:03d}" for i in range(300)]
+    first = refused_metadata("x", "a/h000", many[:200], many)["refused"].split("\n")
+    later = refused_metadata("x", "a/h150", many[:200], many)["refused"].split("\n")
+    assert first[1] == "a/h001" and later[1] == "a/h151" and not set(first[1:]) & set(later[1:])
+
+
+class _Refusing:
+    """A CRS below's QuotePrice: refuses (PIN_REFUSED) any call naming a host of site a, prices the others."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def QuotePrice(self, request, timeout=None):  # noqa: N802, ANN001, ANN201
+        pins = [g.placement[0] for g in request.groups]
+        self.calls.append(pins)
+        if any(p.startswith("a/") for p in pins):
+            raise _Relayed(FailedPrecondition("no batch work here", reason=PIN_REFUSED,
+                                              metadata={"group": "q0", "pin": pins[0], "refused": pins[0]}))
+        return irm_pb2.QuotePriceResponse(groups=[irm_pb2.GroupQuote(name=g.name, price_per_minute=1.5)
+                                                  for g in request.groups])
+
+
+def test_unit_prices_at_a_crs_below_refusing_some_hosts_price_the_others(tmp_path) -> None:
+    # One call for every kind, refused because one kind is on a refused host: asked one by one, the others priced
+    # (all dropped, a capped Reserve found nothing cheaper and answered OVER_PRICE).
+    crs = make_crs(tmp_path)
+    try:
+        below = _Refusing()
+        state = crs_service.ManagerState("c", "127.0.0.1:9", ["vm"], 0.0)
+        state.stub = lambda: below  # type: ignore[method-assign]
+        ones = [irm_pb2.ResourceGroup(name=f"q{i}", resource_type="vm", count=1, placement=[pin])
+                for i, pin in enumerate(["a/h1", "b/h1", "b/h2"])]
+        assert crs._quoted(state, "t", ones) == {"q1": 1.5, "q2": 1.5}
+        assert below.calls == [["a/h1", "b/h1", "b/h2"], ["a/h1"], ["b/h1"], ["b/h2"]]
+    finally:
+        crs.db.dispose()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_quote_and_a_reserve_placing_again_after_a_refusal_land_alike(tmp_path, seed) -> None:
+    # A CRS below refuses the first host each call tries; both then place again from the same basis (Reserve's own
+    # assume and forget of its first try must not move it), and price what is then reserved.
+    crs = make_crs(tmp_path, seed=seed)
+    for i in range(1, 8):
+        crs.view.upsert("m", common_pb2.PhysicalResource(
+            id=f"h{i}", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+            location=common_pb2.Location(site="s", rack="r", host=f"h{i}"), generation=1))
+    tries: list[list[str]] = []
+
+    def refusing_first(manager: str, pins: list[str]) -> None:
+        tries[-1].append(pins[0])
+        if len(tries[-1]) == 1:
+            raise crs_service._PinRefused(manager, FailedPrecondition(
+                "refused", reason=PIN_REFUSED, metadata={"group": "g", "pin": pins[0], "refused": pins[0]}))
+
+    def quote(tenant, groups, placement):  # type: ignore[no-untyped-def]
+        [(manager, parts)] = crs._pinned(groups, placement).items()
+        refusing_first(manager, list(parts[0].placement))
+        return irm_pb2.QuotePriceResponse(price_per_minute=1.0)
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        [(manager, parts)] = pinned.items()
+        refusing_first(manager, list(parts[0].placement))
+        return [irm_pb2.AllocatedGroup(name="g", manager=manager, manager_reservation_id="r")], [], {}
+
+    crs._quote = quote  # type: ignore[method-assign]
+    crs._delegate = delegate  # type: ignore[method-assign]
+    try:
+        tries.append([])
+        crs.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[_group(2)]), None)
+        tries.append([])
+        crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+        assert len(tries[0]) == 2 and tries[0] == tries[1]
+    finally:
+        crs.db.dispose()

@@ -110,8 +110,8 @@ def test_one_part_that_cannot_be_given_back_does_not_keep_the_others(crs: Crs, m
     _delegating(crs, delegated)
     original_place = crs._place
 
-    def spread(req, priority, token):  # type: ignore[no-untyped-def]
-        placement = original_place(req, priority, token)
+    def spread(req, priority, token, **kw):  # type: ignore[no-untyped-def]
+        placement = original_place(req, priority, token, **kw)
         assert {n.manager for nodes in placement.nodes.values() for n in nodes} == {"m", "n"}
         return placement
 

@@ -81,3 +81,26 @@ def test_start_twice_reads_once_and_cancel_ends_a_reader_waiting_for_room() -> N
     assert call.cancelled
     rest = list(messages)   # what was buffered, then the end: no hang
     assert rest == list(range(1, len(rest) + 1)) and len(rest) <= MAX_BUFFERED
+
+
+def test_a_start_repeated_before_the_reader_claimed_the_call_reads_it_once() -> None:
+    # As after a Ctrl-C inside start(): a second start while the first thread has not run yet. Two readers of one
+    # gRPC call fail ("call error 8"); here the second leaves at once.
+    call = _Call(300)
+    reader = StreamReader(call)
+    gate = threading.Lock()
+    gate.acquire()
+    real = reader._read
+
+    def read_later() -> None:
+        with gate:
+            real()
+    reader._read = read_later  # type: ignore[method-assign]
+    reader.start()
+    reader.start()
+    gate.release()
+    assert list(reader) == list(range(300))
+    for t in threading.enumerate():
+        if t.name == "stream-reader":
+            t.join(10)
+    assert call.read == 300
