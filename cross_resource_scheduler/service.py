@@ -148,6 +148,7 @@ class _PinRefused(Exception):
     def __init__(self, manager: str, error: HarnessError) -> None:
         super().__init__(str(error))
         self.manager, self.error = manager, error
+        self.placement: Placement | None = None     # what was refused, when not the caller's own (a quote's)
 
 
 def _refused_by(manager: str, e: grpc.RpcError, field_path: Callable[[str], str]) -> Exception:
@@ -529,7 +530,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 reply = state.stub().QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=parts),
                                                 timeout=self.config.irm_timeout_s)
             except grpc.RpcError as e:
-                raise _refused_by(manager, e, tenant_paths(parts, index)) from None
+                error = _refused_by(manager, e, tenant_paths(parts, index))
+                if isinstance(error, _PinRefused):
+                    error.placement = placement     # (Reserve's price check quotes placements of its own)
+                raise error from None
             quotes.extend(reply.groups)
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
@@ -711,6 +715,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         """`req` with the group a CRS below refused placed clear of what it refused (stacking.py). A group pinned
         here was pinned by the CRS above: its refusal goes up, in the keys that CRS pinned."""
         error, below = refusal.error, refusal.manager
+        placement = refusal.placement or placement
         pin = f"{below}/{error.metadata.get('pin', '')}"
         # The group by its name, or (a name cut to fit the status) as the one placed on the refused resource.
         g = next((g for g in req.groups if g.name == error.metadata.get("group")), None) or next(
