@@ -17,6 +17,7 @@ import inspect
 import logging
 import math
 import numbers
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -668,33 +669,44 @@ def _unknown(kind: _Kind, names: list[str]) -> PipelineError:
 
 
 class _GuardedFilter(Filter):
-    """A plug-in filter, called so that what it raises fails the request naming it (PluginFailed)."""
+    """A plug-in filter, called so that what it raises fails the request naming it (PluginFailed), and the time
+    it takes counted (`spent`: placements run one at a time, so a slow plug-in delays every request)."""
 
     def __init__(self, plugin: Filter, origin: str) -> None:
         self.plugin, self.origin, self.name = plugin, origin, plugin.name
+        self.spent = 0.0
 
     def relevant(self, ctx: Context) -> bool:
+        t = time.perf_counter()
         try:
             return bool(self.plugin.relevant(ctx))
         except _FAILURES as e:
             raise _failed("filter", self, f"calling relevant() for group {ctx.group.name!r}", e) from e
+        finally:
+            self.spent += time.perf_counter() - t
 
     def host_passes(self, node: Node, ctx: Context) -> bool:
         return self.checker(ctx)(node)
 
     def checker(self, ctx: Context) -> Callable[[Node], bool]:
+        t = time.perf_counter()
         try:
             check = self.plugin.checker(ctx)
         except _FAILURES as e:
             raise _failed("filter", self, f"calling checker() for group {ctx.group.name!r}", e) from e
+        finally:
+            self.spent += time.perf_counter() - t
         if not callable(check):
             raise _refused("filter", self, f"checker() returned {_describe(check)}, not a function of the node")
 
         def passes(node: Node) -> bool:
+            t = time.perf_counter()
             try:
                 return bool(check(node))
             except _FAILURES as e:
                 raise _failed("filter", self, f"checking {node.key} for group {ctx.group.name!r}", e) from e
+            finally:
+                self.spent += time.perf_counter() - t
         return passes
 
 
@@ -704,24 +716,31 @@ class _GuardedWeigher(Weigher):
 
     def __init__(self, plugin: Weigher, origin: str) -> None:
         self.plugin, self.origin, self.name = plugin, origin, plugin.name
+        self.spent = 0.0
 
     def weigh(self, node: Node, ctx: Context) -> float:
         score = self.scorer(ctx)
         return score if isinstance(score, float) else score(node)
 
     def scorer(self, ctx: Context) -> Callable[[Node], float] | float:
+        t = time.perf_counter()
         try:
             score = self.plugin.scorer(ctx)
         except _FAILURES as e:
             raise _failed("weigher", self, f"calling scorer() for group {ctx.group.name!r}", e) from e
+        finally:
+            self.spent += time.perf_counter() - t
         if not callable(score):
             return self._clipped(score, "scorer()")  # every candidate alike: placement skips it
 
         def scored(node: Node) -> float:
+            t = time.perf_counter()
             try:
                 value = score(node)
             except _FAILURES as e:
                 raise _failed("weigher", self, f"weighing {node.key} for group {ctx.group.name!r}", e) from e
+            finally:
+                self.spent += time.perf_counter() - t
             return self._clipped(value, f"for {node.key}")
         return scored
 
@@ -785,6 +804,14 @@ class Pipeline:
             if twice:
                 raise PipelineError(f"{what}s named {twice} are enabled more than once; keep one of each")
         return cls(made_filters, made_weighers, sample_size)  # type: ignore[arg-type]
+
+    def take_spent(self) -> dict[str, float]:
+        """Seconds each plug-in took since the last call (built-ins are not timed), and start counting afresh."""
+        out: dict[str, float] = {}
+        for p in [*self.filters, *(w for w, _ in self.weighers)]:
+            if isinstance(p, _GuardedFilter | _GuardedWeigher):
+                out[p.name], p.spent = out.get(p.name, 0.0) + p.spent, 0.0
+        return out
 
     def missing_filters(self, constraints: list[Constraint]) -> dict[str, str]:
         """Filters the constraints need that this pipeline lacks: filter name -> the kinds needing it."""

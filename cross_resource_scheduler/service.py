@@ -133,6 +133,10 @@ QUOTE_ROUNDS = 3
 # A Reserve or GetReservation meeting a reservation still being placed tells the client to ask again after this
 # long: most Reserves are placed and delegated within it.
 PENDING_RETRY_S = 1.0
+# A placement this long, with plug-ins taking part, is logged as a warning naming their share (at most one a
+# SLOW_SAID_EVERY_S): placements run one at a time, so a slow plug-in delays every request.
+SLOW_PLACEMENT_S = 0.5
+SLOW_SAID_EVERY_S = 60.0
 # A Reserve stamps its pending row afresh at an attempt once the stamp is older than this: the common Reserve,
 # placed and delegated within a second, writes nothing more.
 PENDING_STAMP_S = 1.0
@@ -259,6 +263,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # an identical request sent to each would pick the same host and one be refused), unless `seed` makes them
         # repeat.
         self._salt = config.seed or random.SystemRandom().getrandbits(64)
+        self._slow_said = -math.inf
         # Named in the rows this process leaves pending while it places them (see owners.py).
         self.owner = owners.this_process()
         # Where each manager says its parts' resources are, asked again after it restarts (addresses.py).
@@ -537,6 +542,18 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             quotes.extend(reply.groups)
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
+    def _slow_placement(self, pipeline: Pipeline, seconds: float) -> None:
+        """A warning (at most one a minute) when a placement took SLOW_PLACEMENT_S or more and plug-ins took part:
+        placements run one at a time, so every request waited for it; the plug-ins' share says which to look at."""
+        spent = pipeline.take_spent()
+        if seconds < SLOW_PLACEMENT_S or not spent or time.monotonic() - self._slow_said < SLOW_SAID_EVERY_S:
+            return
+        self._slow_said = time.monotonic()
+        shares = ", ".join(f"{name} {s:.3f} s" for name, s in sorted(spent.items(), key=lambda x: -x[1]))
+        log.warning(f"a placement took {seconds:.3f} s, of which plug-ins: {shares}; placements run one at a time, "
+                    "so every request waited for it (said at most once a minute)",
+                    extra={"seconds": round(seconds, 3), "plugins": {k: round(v, 3) for k, v in spent.items()}})
+
     def _rng_basis(self, req: PlacementRequest) -> str:
         return f"{self._salt}:{req.seed}:{self.view.version}:{self.view.assumptions_made}"
 
@@ -552,11 +569,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             # identical request scanned from one offset past the hosts the earlier ones had filled (placement
             # cost growing with the cloud), and a place again after a manager's refusal chose the same host.
             rng = random.Random(f"{again[0]}:{again[1]}" if again else self._rng_basis(req))
+            started = time.monotonic()
             try:
                 placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, rng)
             except Unschedulable as e:
                 log.info("unschedulable", extra={"reason": str(e), "removed_by": e.removed_by})
                 raise _refusal(e) from None
+            finally:
+                self._slow_placement(pipeline or self.pipeline, time.monotonic() - started)
             if assume_token is not None:
                 nodes = [(self.view.nodes.get(key), demand) for key, demand in placement.demand.items()]
                 gone = sorted(key for key, (node, _) in zip(placement.demand, nodes, strict=True) if node is None)
