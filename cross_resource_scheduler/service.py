@@ -808,7 +808,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
     def _unit_prices(self, tenant: str, groups: list[irm_pb2.ResourceGroup], req: PlacementRequest
                      ) -> dict[tuple[str, tuple], float]:
         """Each group's price for one instance on each kind of node that could hold it (PriceWeigher's
-        table): one QuotePrice per manager, pinned to one node of each kind."""
+        table): one QuotePrice per manager, pinned to one node of each kind (again without a kind a CRS below
+        refused, PIN_REFUSED: see _quoted)."""
         asks: dict[str, list[tuple[str, tuple, irm_pb2.ResourceGroup]]] = defaultdict(list)
         by_name = {g.name: g for g in groups}
         for g in req.groups:
@@ -841,20 +842,23 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         return prices
 
     def _quoted(self, state: ManagerState, tenant: str, ones: list[irm_pb2.ResourceGroup]) -> dict[str, float]:
-        """The price of each one-instance group `ones` at a manager, by group name: in one call, or, a CRS below
-        refusing some of them (PIN_REFUSED: not all of them), one call each. Unquoted: score as the dearest."""
+        """The price of each one-instance group `ones` at a manager, by group name, in one call; a CRS below
+        refusing one of them (PIN_REFUSED, naming it), asked again without it. Unquoted: scored as the dearest."""
         stub = state.stub()
-        try:
-            reply = stub.QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=ones),
-                                    timeout=self.config.irm_timeout_s)
-            return {q.name: q.price_per_minute for q in reply.groups}
-        except grpc.RpcError as e:
-            if len(ones) == 1 or (error_info(e) or ("",))[0] != PIN_REFUSED:
-                return {}
-        quoted: dict[str, float] = {}
-        for one in ones:
-            quoted.update(self._quoted(state, tenant, [one]))
-        return quoted
+        while ones:
+            try:
+                reply = stub.QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=ones),
+                                        timeout=self.config.irm_timeout_s)
+                return {q.name: q.price_per_minute for q in reply.groups}
+            except grpc.RpcError as e:
+                info = error_info(e)
+                if info is None or info[0] != PIN_REFUSED:
+                    return {}
+                rest = [one for one in ones if one.name != info[1].get("group")]
+                if len(rest) == len(ones):
+                    return {}
+                ones = rest
+        return {}
 
     def _attempts(self) -> int:
         return max(1, self.config.place_attempts)

@@ -61,8 +61,8 @@ def _copy(g: irm_pb2.AllocatedGroup) -> irm_pb2.AllocatedGroup:
 
 # A refusal's list of the resources a CRS below refuses a group on rides in an ErrorInfo, whose values are cut to
 # 256 bytes (services.errors): the list is cut at whole lines within this many, the pin first. A line is a key
-# ("<manager>/<id>") or "<manager>/*": every resource of the group's type that manager has (a site's policy refusing
-# the group outright, in a few bytes whatever the site's size).
+# ("<manager>/<id>") or "<prefix>/*": every resource of the group's type under that prefix ("<manager>/*", through a
+# CRS below "<crs>/<manager>/*": a site's policy refusing the group outright, in a few bytes whatever its size).
 REFUSED_BYTES = 240
 ALL_OF = "/*"
 
@@ -82,10 +82,16 @@ def refused_metadata(group: str, pin: str, refused: Collection[str], of_type: Co
             under.setdefault("/".join(parts[:i]), []).append(key)
     whole: set[str] = set()
     single: list[str] = []
+    all_refused: dict[str, bool] = {}       # per prefix, judged once (a site of thousands: not once a key)
     for key in sorted(refused):
         parts = key.split("/")
-        prefix = next((p for p in ("/".join(parts[:i]) for i in range(1, len(parts)))
-                       if p in under and refused.issuperset(under[p])), None)
+        prefix = None
+        for p in ("/".join(parts[:i]) for i in range(1, len(parts))):
+            if p not in all_refused:
+                all_refused[p] = p in under and refused.issuperset(under[p])
+            if all_refused[p]:
+                prefix = p
+                break
         if prefix is not None:
             whole.add(prefix)
         elif key != pin:

@@ -256,6 +256,9 @@ class CapacityView:
                     if a.token == token:
                         a.committed = True
                         a.until = (caught_up or {}).get(key, 0)
+                        if key in self._left and a.until > self._left[key][0]:
+                            # Gone meanwhile: the IRM had reached `until` when it answered (see _leaves).
+                            self._left[key] = (a.until, self._left[key][1])
                 if key in self.nodes:
                     self._settle(self.nodes[key])
 

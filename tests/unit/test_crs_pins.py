@@ -341,25 +341,27 @@ class _Refusing:
     def QuotePrice(self, request, timeout=None):  # noqa: N802, ANN001, ANN201
         pins = [g.placement[0] for g in request.groups]
         self.calls.append(pins)
-        if any(p.startswith("a/") for p in pins):
+        refused = [g for g in request.groups if g.placement[0].startswith("a/")]
+        if refused:
+            pin = refused[0].placement[0]
             raise _Relayed(FailedPrecondition("no batch work here", reason=PIN_REFUSED,
-                                              metadata={"group": "q0", "pin": pins[0], "refused": pins[0]}))
+                                              metadata={"group": refused[0].name, "pin": pin, "refused": pin}))
         return irm_pb2.QuotePriceResponse(groups=[irm_pb2.GroupQuote(name=g.name, price_per_minute=1.5)
                                                   for g in request.groups])
 
 
 def test_unit_prices_at_a_crs_below_refusing_some_hosts_price_the_others(tmp_path) -> None:
-    # One call for every kind, refused because one kind is on a refused host: asked one by one, the others priced
-    # (all dropped, a capped Reserve found nothing cheaper and answered OVER_PRICE).
+    # One call for every kind, refused because some kinds are on refused hosts: asked again without each refused
+    # one, the others priced (all dropped, a capped Reserve found nothing cheaper and answered OVER_PRICE).
     crs = make_crs(tmp_path)
     try:
         below = _Refusing()
         state = crs_service.ManagerState("c", "127.0.0.1:9", ["vm"], 0.0)
         state.stub = lambda: below  # type: ignore[method-assign]
         ones = [irm_pb2.ResourceGroup(name=f"q{i}", resource_type="vm", count=1, placement=[pin])
-                for i, pin in enumerate(["a/h1", "b/h1", "b/h2"])]
-        assert crs._quoted(state, "t", ones) == {"q1": 1.5, "q2": 1.5}
-        assert below.calls == [["a/h1", "b/h1", "b/h2"], ["a/h1"], ["b/h1"], ["b/h2"]]
+                for i, pin in enumerate(["b/h1", "a/h1", "b/h2", "a/h2"])]
+        assert crs._quoted(state, "t", ones) == {"q0": 1.5, "q2": 1.5}
+        assert below.calls == [["b/h1", "a/h1", "b/h2", "a/h2"], ["b/h1", "b/h2", "a/h2"], ["b/h1", "b/h2"]]
     finally:
         crs.db.dispose()
 
@@ -399,5 +401,31 @@ def test_a_quote_and_a_reserve_placing_again_after_a_refusal_land_alike(tmp_path
         tries.append([])
         crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
         assert len(tries[0]) == 2 and tries[0] == tries[1]
+    finally:
+        crs.db.dispose()
+
+
+def test_the_refused_pin_is_avoided_even_when_the_refusal_could_not_list_it(tmp_path) -> None:
+    # A pin too long for the list (or a list the status left out): the CRS above still places clear of it.
+    crs = make_crs(tmp_path, place_attempts=2)
+    crs.view.upsert("m", common_pb2.PhysicalResource(
+        id="h1", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+        location=common_pb2.Location(site="s", rack="r", host="h1"), generation=1))
+    tried: list[str] = []
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        [(manager, parts)] = pinned.items()
+        tried.append(parts[0].placement[0])
+        if len(tried) == 1:
+            raise crs_service._PinRefused(manager, FailedPrecondition(
+                "refused", reason=PIN_REFUSED, metadata={"group": "g", "pin": parts[0].placement[0]}))
+        return [irm_pb2.AllocatedGroup(name="g", manager=manager, manager_reservation_id="r")], [], {}
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+    try:
+        for seed in range(4):       # whichever host it tries first, the second try is the other one
+            tried.clear()
+            crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id=f"r{seed}", groups=[_group(2)]), None)
+            assert len(tried) == 2 and tried[0] != tried[1]
     finally:
         crs.db.dispose()

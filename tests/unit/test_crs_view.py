@@ -329,3 +329,13 @@ def test_what_is_remembered_of_a_gone_resource_goes_with_the_last_assumption_on_
     assert "m/h" in v._left
     v.forget("t")
     assert "m/h" not in v._left and "m/h" not in v._assumptions
+
+
+def test_a_commit_answered_after_its_resource_left_counts_for_the_history_it_comes_back_in() -> None:
+    v = CapacityView()
+    n = v.upsert("m", res("h", 5, cores=8))
+    v.assume("t", n, {"cores": 6})
+    v.remove("m", "h")                 # its manager marked down, say, while the Reserve was answered
+    v.commit("t", {"m/h": 9})
+    back = v.upsert("m", res("h", 7, cores=8))     # below 9: another history
+    assert back.free("cores") == 8 and back.assumed == {}

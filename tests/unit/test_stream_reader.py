@@ -83,22 +83,23 @@ def test_start_twice_reads_once_and_cancel_ends_a_reader_waiting_for_room() -> N
     assert rest == list(range(1, len(rest) + 1)) and len(rest) <= MAX_BUFFERED
 
 
-def test_a_start_repeated_before_the_reader_claimed_the_call_reads_it_once() -> None:
-    # As after a Ctrl-C inside start(): a second start while the first thread has not run yet. Two readers of one
-    # gRPC call fail ("call error 8"); here the second leaves at once.
+def test_a_start_cut_short_by_a_signal_and_made_again_reads_the_call_once(monkeypatch) -> None:
+    # A Ctrl-C right after the reader thread started, before start() returned: `harness run` starts it again on its
+    # way out. Two readers of one gRPC call fail ("call error 8"); the second must leave the call alone.
     call = _Call(300)
     reader = StreamReader(call)
-    gate = threading.Lock()
-    gate.acquire()
-    real = reader._read
+    real_start = threading.Thread.start
+    interrupted: list[bool] = []
 
-    def read_later() -> None:
-        with gate:
-            real()
-    reader._read = read_later  # type: ignore[method-assign]
+    def start_then_interrupted(self):  # noqa: ANN001, ANN202
+        real_start(self)
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        reader.start()
     reader.start()
-    reader.start()
-    gate.release()
     assert list(reader) == list(range(300))
     for t in threading.enumerate():
         if t.name == "stream-reader":
