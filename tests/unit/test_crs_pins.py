@@ -259,15 +259,20 @@ def test_refused_resources_are_named_in_the_keys_of_the_crs_above(view: Capacity
     assert refused_keys("a", {"refused": "h1\nh7\nzz/*"}, view.of_type("vm")) == {"a/h1"}
 
 
+def _another_host(crs, manager: str, hid: str) -> None:  # noqa: ANN001
+    """An 8-core host like make_crs's h0, of `manager`, in the CRS's view."""
+    crs.view.upsert(manager, common_pb2.PhysicalResource(
+        id=hid, resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
+        location=common_pb2.Location(site="s", rack="r", host=hid), generation=1))
+
+
 @pytest.mark.parametrize("attempts", [1, 2])
 def test_a_request_the_crss_below_refuse_at_every_attempt_gets_this_crss_verdict_clear_of_them(tmp_path,
                                                                                                attempts) -> None:
     # Two CRSs below (m, n), each refusing the group where it is put. Both refused (2 attempts): clear of them it
     # never fits here, as this CRS's own verdict says. One refused (1 attempt): n is left untried: not "never".
     crs = make_crs(tmp_path, place_attempts=attempts)
-    crs.view.upsert("n", common_pb2.PhysicalResource(
-        id="h1", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
-        location=common_pb2.Location(site="s", rack="r", host="h1"), generation=1))
+    _another_host(crs, "n", "h1")
     tried: list[str] = []
 
     def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
@@ -372,9 +377,7 @@ def test_a_quote_and_a_reserve_placing_again_after_a_refusal_land_alike(tmp_path
     # assume and forget of its first try must not move it), and price what is then reserved.
     crs = make_crs(tmp_path, seed=seed)
     for i in range(1, 8):
-        crs.view.upsert("m", common_pb2.PhysicalResource(
-            id=f"h{i}", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
-            location=common_pb2.Location(site="s", rack="r", host=f"h{i}"), generation=1))
+        _another_host(crs, "m", f"h{i}")
     tries: list[list[str]] = []
 
     def refusing_first(manager: str, pins: list[str]) -> None:
@@ -408,9 +411,7 @@ def test_a_quote_and_a_reserve_placing_again_after_a_refusal_land_alike(tmp_path
 def test_the_refused_pin_is_avoided_even_when_the_refusal_could_not_list_it(tmp_path) -> None:
     # A pin too long for the list (or a list the status left out): the CRS above still places clear of it.
     crs = make_crs(tmp_path, place_attempts=2)
-    crs.view.upsert("m", common_pb2.PhysicalResource(
-        id="h1", resource_type="vm", capacity={"cores": 8, "memory_gb": 32}, used={"cores": 0, "memory_gb": 0},
-        location=common_pb2.Location(site="s", rack="r", host="h1"), generation=1))
+    _another_host(crs, "m", "h1")
     tried: list[str] = []
 
     def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
