@@ -723,8 +723,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             raise self._refused_each_time(req, request.priority, refusals)
         if last_error.reason == PIN_UNKNOWN and not any(g.pins for g in req.groups):
             raise ResourceExhausted(
-                f"the CRSs below no longer knew resources this CRS placed the request on, {self._attempts()} times "
-                f"(they changed meanwhile); the last time {last_error}; nothing was reserved: retry",
+                f"the CRSs below no longer knew resources this CRS placed the request on, {self._attempts()} "
+                f"time{'s' if self._attempts() > 1 else ''} (they changed meanwhile); the last: {last_error}; "
+                "nothing was reserved: retry",
                 reason=PIN_UNKNOWN, retry_after_s=RETRY_LATER_S)
         if isinstance(last_error, ResourceExhausted) and not last_error.reason:
             # A manager refused what the view showed free without saying why (an older manager): in use.
