@@ -100,7 +100,7 @@ from services.errors import (
     owned,
     require_tenant,
 )
-from services.idempotency import request_hash, reused_request_id
+from services.idempotency import request_hash, reservation_key, reused_request_id
 from services.registration import Membership
 from services.server import Component
 from services.tls import TlsSettings
@@ -960,23 +960,15 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def GetReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        key = request.WhichOneof("key")
-        if key == "reservation_id":
-            if not request.reservation_id:
-                raise InvalidArgument.of("reservation_id", "required: the id Reserve answered with (or give "
-                                                           "request_id instead)")
-            return self.addresses.current(tenant, [self._get(tenant, request.reservation_id)], context)[0]
-        if key == "request_id":
-            if not request.request_id:
-                raise InvalidArgument.of("request_id", "required: the request_id the reservation was made with "
-                                                       "(or give reservation_id instead)")
-            r = self._find(tenant, request.request_id)
-            if r is None:
-                raise NotFound(f"no reservation of this tenant has request id {request.request_id!r}")
-            # A pending one is answered as a Reserve repeated under its id would be (a leftover is recovered here
-            # too): NOT_FOUND would tell a client in doubt that it was never placed.
-            return self._existing(r, context)
-        raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
+        reservation_id, request_id = reservation_key(request)
+        if reservation_id:
+            return self.addresses.current(tenant, [self._get(tenant, reservation_id)], context)[0]
+        r = self._find(tenant, request_id)
+        if r is None:
+            raise NotFound(f"no reservation of this tenant has request id {request_id!r}")
+        # A pending one is answered as a Reserve repeated under its id would be (a leftover is recovered here
+        # too): NOT_FOUND would tell a client in doubt that it was never placed.
+        return self._existing(r, context)
 
     def ListReservations(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

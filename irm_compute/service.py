@@ -42,7 +42,7 @@ from services.errors import (
     require_tenant,
     to_status,
 )
-from services.idempotency import request_hash
+from services.idempotency import request_hash, reservation_key
 from services.registration import Membership
 from services.server import Component
 from services.tls import TlsSettings
@@ -468,13 +468,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     def GetReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        key = request.WhichOneof("key")
-        if key is None:
-            raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
-        if not getattr(request, key):
-            raise InvalidArgument.of(key, "required: not empty (the id Reserve answered)" if key == "reservation_id"
-                                     else "required: not empty (the request_id the reservation was made with)")
-        return self._reservation(self.store.get(tenant, request.reservation_id, request.request_id))
+        return self._reservation(self.store.get(tenant, *reservation_key(request)))
 
     def ListReservations(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

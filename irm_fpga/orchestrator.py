@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import grpc
@@ -39,7 +39,7 @@ from irm_fpga.orchestrator_config import OrchestratorConfig
 from irm_fpga.orchestrator_errors import check_id, rpc_error
 from irm_fpga.orchestrator_irm import VfpgaReservations
 from irm_fpga.orchestrator_rounds import Rounds
-from irm_fpga.orchestrator_servers import VFPGA, ServerGenerations, ServerHandle, physical
+from irm_fpga.orchestrator_servers import VFPGA, ServerGenerations, ServerHandle, physical, usable_devices
 from irm_fpga.server_breaker import ServerNotAnswering
 from irm_fpga.wire import choices
 from services import client as rpc
@@ -48,7 +48,9 @@ from services.clock import Clock, WallClock
 from services.config import check_seconds, check_settings
 from services.db import Database, default_url
 from services.errors import (
+    CAPACITY_IN_USE,
     MANAGER_UNAVAILABLE,
+    RETRY_LATER_S,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -213,8 +215,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _free(info: fpga_pb2.ServerInfo, recorded: int = 0) -> int:
         """Devices free on a server: what it reports held, or what the database gives it if more (a server
         that restarted reports nothing until it is reconciled: its devices must not be sold twice meanwhile)."""
-        usable = sum(1 for d in info.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
-        return usable - max(sum(g.target for g in info.groups), recorded)
+        return usable_devices(info) - max(sum(g.target for g in info.groups), recorded)
 
     def _recorded(self) -> dict[str, int]:
         """Devices the live groups hold per server, by the database."""
@@ -226,11 +227,13 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return out
 
     def _spread(self, size: int, current: dict[str, int], pinned: list[str] | None = None,
-                silent: set[str] | None = None, evict: Iterable[str] = ()) -> dict[str, int]:
+                silent: set[str] | None = None, evict: Iterable[str] = (),
+                only: Collection[str] | None = None) -> dict[str, int]:
         """Devices per server for a group of `size`: keep what it has, grow where room is, shrink the largest.
 
         A shrink cuts the parts on servers that do not answer first (nothing is served there; the caller records
-        them cut without a call, and the reconcile rounds set those servers' parts once they answer). `silent`, if
+        them cut without a call, and the reconcile rounds set those servers' parts once they answer). `only`: the
+        servers a new group may grow onto (those with its traits), unless `pinned` names them. `silent`, if
         given, gets the servers of `current` that did not answer. `evict`: servers the caller has given up on
         (the job manager's, silent past jobs_silent_server_s); those of them that still do not answer lose their
         parts whatever the size, and the group is made `size` on the others, in one step: cutting to the live
@@ -256,6 +259,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             if pinned:
                 # Chosen by the CRS for its hop, latency and same-host constraints: only there, or not at all.
                 order = [n for n in pinned if n in infos]
+            elif only is not None:
+                order = [n for n in order if n in only]
             for name in order:
                 take = min(need, max(0, free_of[name]))
                 if take:
@@ -267,10 +272,17 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 if pinned:
                     free = sum(max(0, free_of[n]) for n in order)
                     raise ResourceExhausted(f"{size - total} more device(s) needed on {', '.join(pinned)}; {free} "
-                                            f"free there{'' if order else ' (not reachable)'}; place again")
+                                            f"free there{'' if order else ' (not reachable)'}; place again",
+                                            reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
+                if only is not None:
+                    free = sum(max(0, free_of[n]) for n in order)
+                    raise ResourceExhausted(f"{size - total} more device(s) needed; {free} free on the {len(order)} "
+                                            "reachable FPGA-server(s) with the group's traits; retry later",
+                                            reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
                 free = sum(max(0, f) for f in free_of.values())
                 raise ResourceExhausted(f"{size - total} more device(s) needed; {free} free on "
-                                        f"{len(infos)} reachable FPGA-server(s)")
+                                        f"{len(infos)} reachable FPGA-server(s); retry later",
+                                        reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
         elif size < total:
             # Every part keeps a device while it can: a part shrunk to nothing would
             # strand the tasks clients already queued there. Below one device per
@@ -413,16 +425,17 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return mn, mx
 
     def _free_total_capacity(self) -> dict[str, int]:
-        return {n: sum(1 for d in i.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
-                for n, i in self._server_infos().items()}
+        return {n: usable_devices(i) for n, i in self._server_infos().items()}
 
     def create_group(self, tenant: str, request_id: str, design: str, size: int, min_size: int = 0,
                      max_size: int = 0, shared: bool = False, elastic: bool = False,
                      pinned: list[str] | None = None, reservation_id: str = "",
-                     violations: Violations | None = None, fingerprint: str = "") -> Group:
+                     violations: Violations | None = None, fingerprint: str = "",
+                     only: Collection[str] | None = None) -> Group:
         """`violations`: problems the caller found in its request already, reported with these. `fingerprint`:
         the request's hash (services.idempotency) when a tenant asked (CreateGroup); a group made under the same
-        request_id for another request is not its replay: INVALID_ARGUMENT."""
+        request_id for another request is not its replay: INVALID_ARGUMENT. `only`: the servers it may be made on
+        (`_spread`)."""
         v = Violations() if violations is None else violations
         v.check(bool(request_id) and len(request_id) <= MAX_GROUP_REQUEST_ID_CHARS, "request_id",
                 f"required: an idempotency key of 1-{MAX_GROUP_REQUEST_ID_CHARS} characters")
@@ -433,7 +446,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 existing = s.scalar(select(Group).where(Group.tenant == tenant, Group.request_id == request_id))
             if existing is not None:
                 return self._replayed_group(existing, fingerprint)
-            parts = self._spread(size, {}, pinned)
+            parts = self._spread(size, {}, pinned, only=only)
             g = Group(id=f"fg-{uuid.uuid4().hex[:16]}", tenant=tenant, request_id=request_id,
                       request_hash=fingerprint, design=design,
                       size=size, min_size=mn, max_size=mx, shared=shared, elastic=elastic, parts=dict(parts),

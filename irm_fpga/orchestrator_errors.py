@@ -13,7 +13,9 @@ MAX_ID_CHARS = 64      # group and client ids are stored in 64 characters: a lon
 
 
 def check_id(field_path: str, value: str) -> None:
-    """INVALID_ARGUMENT for an id longer than any this service makes (it is not echoed back)."""
+    """INVALID_ARGUMENT for an empty id, or one longer than any this service makes (it is not echoed back)."""
+    if not value:
+        raise InvalidArgument.of(field_path, "required: the id as this service returned it")
     if len(value) > MAX_ID_CHARS:
         raise InvalidArgument.of(field_path, f"at most {MAX_ID_CHARS} characters (got {len(value)}): an id as this "
                                              f"service returned it")

@@ -15,21 +15,26 @@ from sqlalchemy.exc import IntegrityError
 from harness.v1 import common_pb2, fpga_pb2, irm_pb2
 from irm_fpga import designs as design_lib
 from irm_fpga.models import Group, Reservation
-from irm_fpga.orchestrator_servers import VFPGA, physical
+from irm_fpga.orchestrator_servers import VFPGA, physical, server_traits, usable_devices
 from services import control, paging
 from services.errors import (
+    CAPACITY_IN_USE,
+    MANAGER_UNAVAILABLE,
+    NEVER_FITS,
     OVER_PRICE,
     RESERVATION_PENDING,
+    RETRY_LATER_S,
     Aborted,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     Unavailable,
     Violations,
     owned,
     require_tenant,
 )
-from services.idempotency import request_hash, reused_request_id
+from services.idempotency import request_hash, reservation_key, reused_request_id
 
 if TYPE_CHECKING:
     from irm_fpga.orchestrator import Orchestrator
@@ -39,6 +44,36 @@ PENDING_RETRY_S = 1.0
 MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any cluster this emulates
 MAX_RESERVE_REQUEST_ID_CHARS = 128  # Reserve's, as every resource manager's (irm.proto)
 PRICE_SLACK = 1e-9     # a cap equal to the quote, give or take float rounding, is met (as the compute IRM's)
+
+
+def _devices(attr: common_pb2.AttributeRequest, path: str, v: Violations) -> int:
+    """A group's devices per virtual FPGA: a whole number, or the smallest whole number in a range (irm.proto's
+    AttributeRequest.range: the smallest that fits; a CRS passes a tenant's range on as it was asked)."""
+    which = attr.WhichOneof("value")
+    if which == "range":
+        lo, hi = attr.range.min, attr.range.max if attr.range.HasField("max") else math.inf
+        if not attr.range.HasField("min") or not math.isfinite(lo):
+            v.add(f"{path}.range.min", "a range of devices needs a finite lower bound")
+            return 1
+        devices = float(max(1, math.ceil(lo - 1e-9)))
+        if not devices <= hi:       # NaN too
+            v.add(f"{path}.range", f"no whole number of devices from 1 to {MAX_DEVICES} in [{lo:g}, {hi:g}]")
+            return 1
+    elif which == "number":
+        devices = attr.number
+    else:
+        v.add(path, f"a whole number of devices from 1 to {MAX_DEVICES} (or a range)")
+        return 1
+    # Finite first: int(inf) raises (it read as INTERNAL).
+    if not (math.isfinite(devices) and 1 <= devices <= MAX_DEVICES and devices == int(devices)):
+        v.add(path, f"a whole number from 1 to {MAX_DEVICES}, got {devices:g}")
+        return 1
+    return int(devices)
+
+
+def _no_constraints(request: irm_pb2.ReserveRequest | irm_pb2.QuotePriceRequest, v: Violations) -> None:
+    v.check(len(request.constraints) == 0, "constraints",
+            "the FPGA IRM places each virtual FPGA on its own; send constraints between groups to the CRS")
 
 
 def _pending(request_id: str) -> Aborted:
@@ -90,20 +125,24 @@ class VfpgaReservations:
         """`violations`: problems the caller found in its request already, reported with these."""
         v = Violations() if violations is None else violations
         out = []
+        names: set[str] = set()
         v.check(len(groups) > 0, "groups", "at least one group is required")
         for i, g in enumerate(groups):
             p = f"groups[{i}]"
             v.check(bool(g.name) and len(g.name) <= 128, f"{p}.name", "required, at most 128 characters")
+            # Each group's virtual FPGAs are made under request ids named by it: a second group of one name would
+            # be answered with the first's.
+            v.check(g.name not in names, f"{p}.name", f"duplicate group name {g.name!r}")
+            names.add(g.name)
             v.check(g.resource_type == VFPGA, f"{p}.resource_type", f"this manager provides {VFPGA!r}")
             v.check(1 <= g.count <= 64, f"{p}.count", "between 1 and 64 virtual FPGAs")
             design = g.attributes["design"].text if "design" in g.attributes else ""
             v.check(design in design_lib.DESIGNS, f"{p}.attributes[design]",
                     f"required: one of {sorted(design_lib.DESIGNS)}")
-            devices = g.attributes["devices"].number if "devices" in g.attributes else 1
-            # Finite first: int(inf) raises (it read as INTERNAL).
-            if not (math.isfinite(devices) and 1 <= devices <= MAX_DEVICES and devices == int(devices)):
-                v.add(f"{p}.attributes[devices]", f"a whole number from 1 to {MAX_DEVICES}, got {devices:g}")
-                devices = 1
+            devices = _devices(g.attributes["devices"], f"{p}.attributes[devices]", v) if "devices" in g.attributes \
+                else 1
+            clash = set(g.required_traits) & set(g.forbidden_traits)
+            v.check(not clash, f"{p}.forbidden_traits", f"traits both required and forbidden: {sorted(clash)}")
             for key in g.attributes:
                 v.check(key in ("design", "devices"), f"{p}.attributes[{key}]", "unknown; use design, devices")
             if g.placement:
@@ -115,6 +154,71 @@ class VfpgaReservations:
         v.raise_if_any()
         return out
 
+    def _servers_for(self, parsed: list[tuple[irm_pb2.ResourceGroup, str, int]], *,
+                     in_use: bool) -> list[list[str] | None]:
+        """Per group, the FPGA-servers it may be made on (those with its traits; None: any). Refused here, before
+        any device is taken: what no set of the servers could hold, even all free (FAILED_PRECONDITION,
+        NEVER_FITS); what only the servers that answer cannot hold (UNAVAILABLE: the others' devices are unknown
+        now); with `in_use`, what the free devices cannot hold now (RESOURCE_EXHAUSTED, CAPACITY_IN_USE: making
+        its first groups would cost their reconfigurations for nothing)."""
+        infos = self.orch._server_infos()
+        if not infos:
+            raise Unavailable("no FPGA-server answers; nothing was reserved, retry", reason=MANAGER_UNAVAILABLE,
+                              retry_after_s=PENDING_RETRY_S)
+        silent = len(self.config.servers) - len(infos)
+        usable = {n: usable_devices(i) for n, i in infos.items()}
+        total = sum(usable.values())
+
+        def short(what: str) -> Exception:
+            if silent:
+                return Unavailable(f"{what}: {len(infos)} of the {len(self.config.servers)} FPGA-servers answer, "
+                                   f"with {total} usable devices; nothing was reserved, retry once the others are "
+                                   "back",
+                                   reason=MANAGER_UNAVAILABLE, retry_after_s=PENDING_RETRY_S)
+            return FailedPrecondition(f"{what}: it never fits as asked; nothing was reserved", reason=NEVER_FITS)
+
+        v = Violations()
+        for i, (g, _, devices) in enumerate(parsed):
+            v.check(devices <= total, f"groups[{i}].attributes[devices]",
+                    f"group {g.name!r} asks for {devices} devices per virtual FPGA; the FPGA-servers have {total} "
+                    "usable devices in all")
+        if v.items and silent:
+            raise short(f"{max(n for _, _, n in parsed)} devices per virtual FPGA do not fit")
+        v.raise_if_any()
+        out: list[list[str] | None] = []
+        for g, _, devices in parsed:
+            where: list[str] | None = None
+            if g.required_traits or g.forbidden_traits:
+                required, forbidden = set(g.required_traits), set(g.forbidden_traits)
+                where = [n for n, i in infos.items()
+                         if required <= set(server_traits(i)) and not forbidden & set(server_traits(i))]
+                wrong = [n for n in g.placement if n in infos and n not in where]
+                if wrong:
+                    raise FailedPrecondition(
+                        f"group {g.name!r} is pinned to FPGA-server(s) {wrong} whose traits do not match its "
+                        f"required_traits {sorted(required)} and forbidden_traits {sorted(forbidden)}; nothing was "
+                        "reserved", reason=NEVER_FITS, metadata={"group": g.name})
+                if not where:
+                    raise short(f"group {g.name!r}: no FPGA-server has the required_traits {sorted(required)} "
+                                f"without the forbidden_traits {sorted(forbidden)} (their traits: "
+                                f"{sorted({t for i in infos.values() for t in server_traits(i)})})")
+            room = sum(usable[n] for n in (where if where is not None else usable))
+            if g.count * devices > room:
+                raise short(f"group {g.name!r} asks for {g.count} x {devices} devices; the FPGA-servers"
+                            f"{' with its traits' if where is not None else ''} have {room} usable")
+            out.append(where)
+        asked = sum(g.count * devices for g, _, devices in parsed)
+        if asked > total:
+            raise short(f"the groups ask for {asked} devices in all; the FPGA-servers have {total} usable")
+        if in_use:
+            recorded = self.orch._recorded()
+            free = sum(max(0, self.orch._free(i, recorded.get(n, 0))) for n, i in infos.items())
+            if asked > free:
+                raise ResourceExhausted(f"the groups ask for {asked} devices; {free} of the {total} usable are free "
+                                        "now; nothing was reserved, retry later (or ask for fewer)",
+                                        reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
+        return out
+
     def _group_price(self, count: int, devices: int) -> float:
         """Per minute, for `count` virtual FPGAs of `devices` each: what QuotePrice quotes and Reserve charges."""
         return count * devices * self.config.price_per_device_minute
@@ -124,7 +228,10 @@ class VfpgaReservations:
 
     def QuotePrice(self, request, context):  # noqa: N802
         require_tenant(request.tenant)
-        parsed = self._parse(list(request.groups))
+        v = Violations()
+        _no_constraints(request, v)
+        parsed = self._parse(list(request.groups), v)
+        self._servers_for(parsed, in_use=False)     # what Reserve refuses as never fitting
         quotes = [irm_pb2.GroupQuote(name=g.name, manager=self.config.name,
                                      price_per_minute=self._group_price(g.count, n)) for g, _, n in parsed]
         return irm_pb2.QuotePriceResponse(price_per_minute=self._price(parsed), groups=quotes)
@@ -165,6 +272,7 @@ class VfpgaReservations:
         cap = request.max_price_per_minute if request.HasField("max_price_per_minute") else None
         v.check(cap is None or (math.isfinite(cap) and cap >= 0), "max_price_per_minute",
                 f"a finite price per minute >= 0 (or leave it unset), got {cap}")
+        _no_constraints(request, v)
         parsed = self._parse(list(request.groups), v)
         fingerprint = request_hash(request)
         # A retry of a request already made is answered first, whatever the servers' state (or prices) now.
@@ -179,20 +287,7 @@ class VfpgaReservations:
                 "cap, or ask for fewer or smaller virtual FPGAs (QuotePrice says what a request costs)",
                 reason=OVER_PRICE, metadata={"pricePerMinute": f"{price:.4f}", "maxPricePerMinute": f"{cap:.4f}"})
         # Checked here, in this request's terms: create_group would name its own fields (max_size).
-        capacity = self.orch._free_total_capacity()
-        if not capacity:
-            raise Unavailable("no FPGA-server answers; nothing was reserved, retry")
-        total = sum(capacity.values())
-        if len(capacity) < len(self.config.servers) and any(devices > total for _, _, devices in parsed):
-            # Short only of servers that do not answer now: not the request's fault.
-            raise Unavailable(f"{len(capacity)} of the {len(self.config.servers)} FPGA-servers answer, with {total} "
-                              "usable devices; nothing was reserved, retry once the others are back")
-        v = Violations()
-        for i, (g, _, devices) in enumerate(parsed):
-            v.check(devices <= total, f"groups[{i}].attributes[devices]",
-                    f"group {g.name!r} asks for {devices} devices per virtual FPGA; the FPGA-servers have {total} "
-                    "usable devices in all")
-        v.raise_if_any()
+        servers = self._servers_for(parsed, in_use=True)
         rid = f"fres-{uuid.uuid4().hex[:16]}"
         claim = dict(id=rid, tenant=tenant, request_id=request.request_id, request_hash=fingerprint, state="pending",
                      price_per_minute=0.0, created_at=self.clock.now(), released_at=0.0, groups=[])
@@ -208,12 +303,12 @@ class VfpgaReservations:
         made: list[Group] = []
         entries = []
         try:
-            for g, design, devices in parsed:
+            for (g, design, devices), where in zip(parsed, servers, strict=True):
                 ids = []
                 for i in range(g.count):
                     pinned = [g.placement[i]] if g.placement else None
                     grp = self.orch.create_group(tenant, f"{rid}/{g.name}/{i}", design, devices, min_size=devices,
-                                                 max_size=devices, pinned=pinned, reservation_id=rid)
+                                                 max_size=devices, pinned=pinned, reservation_id=rid, only=where)
                     made.append(grp)
                     ids.append(grp.id)
                 entries.append({"name": g.name, "groups": ids, "price": self._group_price(g.count, devices)})
@@ -246,6 +341,8 @@ class VfpgaReservations:
                                                       Reservation.request_id == request_id))
 
     def _get_reservation(self, tenant: str, reservation_id: str = "", request_id: str = "") -> Reservation:
+        if not (reservation_id or request_id):
+            raise InvalidArgument.of("reservation_id", "required: the id Reserve answered with")
         with self.db.read() as s:
             if reservation_id:
                 r = s.get(Reservation, reservation_id)
@@ -264,7 +361,7 @@ class VfpgaReservations:
 
     def GetReservation(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        return self._reservation(self._get_reservation(tenant, request.reservation_id, request.request_id))
+        return self._reservation(self._get_reservation(tenant, *reservation_key(request)))
 
     def ListReservations(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

@@ -71,12 +71,22 @@ class ServerGenerations:
             return info, self._generation
 
 
+def server_traits(info: fpga_pb2.ServerInfo) -> list[str]:
+    """A server's traits, as groups' required_traits and forbidden_traits name them: "fpga" and its designs."""
+    return ["fpga", *info.designs]
+
+
+def usable_devices(info: fpga_pb2.ServerInfo) -> int:
+    """A server's devices that can take groups: all but the blacklisted."""
+    return sum(1 for d in info.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
+
+
 def physical(info: fpga_pb2.ServerInfo, generation: int, config: OrchestratorConfig) -> common_pb2.PhysicalResource:
     """A server's state as the IRM API offers it: its usable devices, those its groups hold, under `generation`."""
-    usable = sum(1 for d in info.devices if d.state != fpga_pb2.DeviceInfo.STATE_BLACKLISTED)
+    usable = usable_devices(info)
     used = sum(g.target for g in info.groups)
     return common_pb2.PhysicalResource(
         id=info.name, resource_type=VFPGA, capacity={"devices": usable}, used={"devices": used},
-        properties={"reconfiguration_s": info.reconfiguration_s}, traits=["fpga", *info.designs],
+        properties={"reconfiguration_s": info.reconfiguration_s}, traits=server_traits(info),
         location=common_pb2.Location(site=config.site, rack=config.rack, host=info.name),
         manager=config.name, generation=generation)

@@ -25,3 +25,21 @@ def request_hash(request: Message) -> str:
 
 def reused_request_id() -> InvalidArgument:
     return InvalidArgument.of("request_id", "request_id reused with a different request; use a new request_id")
+
+
+def reservation_key(request: Message) -> tuple[str, str]:
+    """A GetReservationRequest's key as (reservation_id, request_id), one of them set: INVALID_ARGUMENT naming the
+    field when neither is given or the one given is empty (an empty id is no reservation's: NOT_FOUND would say
+    the request was fine)."""
+    key = request.WhichOneof("key")
+    if key == "reservation_id" and request.reservation_id:      # type: ignore[attr-defined]
+        return request.reservation_id, ""                       # type: ignore[attr-defined]
+    if key == "request_id" and request.request_id:              # type: ignore[attr-defined]
+        return "", request.request_id                           # type: ignore[attr-defined]
+    if key == "reservation_id":
+        raise InvalidArgument.of("reservation_id", "required: the id Reserve answered with (or give request_id "
+                                                   "instead)")
+    if key == "request_id":
+        raise InvalidArgument.of("request_id", "required: the request_id the reservation was made with (or give "
+                                               "reservation_id instead)")
+    raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
