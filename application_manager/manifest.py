@@ -30,7 +30,6 @@ saying what is expected.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 import reprlib
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from application_manager import expr
+from services import json_text
 from services.errors import Violations
 
 # Resource types a manifest group may name, and the CRS resource type each maps to.
@@ -619,14 +619,9 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
     """Parse JSON text or a decoded object; raises services.errors.InvalidArgument listing every problem."""
     v = Violations()
     if isinstance(data, str | bytes):
-        try:
-            data = json.loads(data)
-        except RecursionError:
-            v.add(field_prefix, "not valid JSON: nested too deeply")
-            v.raise_if_any()
-        except ValueError as e:
-            v.add(field_prefix, f"not valid JSON: {e}")
-            v.raise_if_any()
+        data = json_text.loads(data, field_prefix)
+    else:
+        json_text.require_storable(data, field_prefix)
     if not isinstance(data, dict):
         v.add(field_prefix, "expected a JSON object with Name and Modules")
         v.raise_if_any()

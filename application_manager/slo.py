@@ -12,13 +12,13 @@ meets the time bound).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from application_manager import expr
 from application_manager.manifest import Manifest, _get
+from services import json_text
 from services.errors import Violations
 
 METRICS = ("%cost", "%execution_time")
@@ -92,14 +92,9 @@ def parse_slo(data: Any, manifest: Manifest | None = None, field_prefix: str = "
     """Parse JSON text or an object; raises InvalidArgument naming each bad field."""
     v = Violations()
     if isinstance(data, str | bytes):
-        try:
-            data = json.loads(data) if data else {}
-        except RecursionError:
-            v.add(field_prefix, "not valid JSON: nested too deeply")
-            v.raise_if_any()
-        except ValueError as e:
-            v.add(field_prefix, f"not valid JSON: {e}")
-            v.raise_if_any()
+        data = json_text.loads(data, field_prefix) if data else {}
+    else:
+        json_text.require_storable(data, field_prefix)
     if not isinstance(data, dict):
         v.add(field_prefix, "expected a JSON object with Manifest, Parameters and Objective")
         v.raise_if_any()

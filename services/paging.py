@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Select, tuple_
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from services import json_text
 from services.errors import InvalidArgument
 
 PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
@@ -32,7 +33,8 @@ def page_size(requested: int) -> int:
 def _fits(value: Any, column: InstrumentedAttribute) -> bool:
     """Whether a token's key value has its column's type (PostgreSQL refuses to compare text with numbers)."""
     if column.type.python_type is str:
-        return isinstance(value, str)
+        # A string our tokens never hold (a NUL, a lone surrogate) fails in the database driver, not as a token.
+        return isinstance(value, str) and json_text.unstorable(value, "") is None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     if column.type.python_type is int:
