@@ -79,6 +79,8 @@ ENDED_FROM_OUTSIDE = frozenset({"vm released", "agent stopped", "stopped"})
 # How the agent says the kernel's OOM killer ended a run below its own memory limit (irm_compute.sandbox
 # `exit_reason`): the machine ran out of memory first (other VMs, other processes), not the configuration.
 MACHINE_OUT_OF_MEMORY = "out of memory: the kernel's OOM killer"
+# How a replaying agent says it ended a run at the ExecuteRequest's replay_cost_limit (irm_compute.replay).
+COST_LIMIT = "cost limit"
 
 
 def never_quoted(e: grpc.RpcError) -> bool:
@@ -99,7 +101,12 @@ def reserve_in_doubt(e: grpc.RpcError) -> bool:
 def run_cost(exited: agent_pb2.ExecutionExited, live_cost: float) -> float:
     """What a run cost: a replaying agent knows what the measured run cost (0 included: a free run), a live run
     costs its reservation (`live_cost`). An agent from before `replayed` says a replay only by a cost above 0."""
-    return exited.replayed_cost if exited.replayed or exited.replayed_cost else live_cost
+    return exited.replayed_cost if replayed(exited) else live_cost
+
+
+def replayed(exited: agent_pb2.ExecutionExited) -> bool:
+    """Whether a replaying agent ran it (`run_cost`)."""
+    return exited.replayed or exited.replayed_cost > 0
 
 
 def transient_error(error: str) -> bool:
@@ -198,6 +205,9 @@ class LocalBackend:
         # Where a reservation the run could not release goes, to be released later (by the service, which keeps
         # it across restarts); without it, it is only logged.
         self.release_later = release_later
+        # Whether the agents replay measured runs (irm_compute.replay), as the last run that ended said (None: no
+        # run yet): a replayed run costs what it was measured to, not the reservation's price for its time.
+        self.replaying: bool | None = None
 
     def implementation(self, config: dict[str, Any]) -> Implementation | Variant:
         name = config.get(IMPLEMENTATION)
@@ -291,7 +301,11 @@ class LocalBackend:
                          res.id if res is not None else "", module.tail()[-2000:] if module else "",
                          module.notes if module else [], cancelled=True)
 
-    def run(self, proposal: Proposal, *, request_id: str = "", timeout_s: float = 0.0) -> RunDetail:
+    def run(self, proposal: Proposal, *, request_id: str = "", timeout_s: float = 0.0,
+            cost_limit: float = 0.0) -> RunDetail:
+        """One real run of `proposal`: reserved, run through the agents, measured, released. `timeout_s` bounds its
+        time (0: this backend's), `cost_limit` a replayed run's cost (0: none; a live run's cost is its
+        reservation's for its time, which `timeout_s` bounds)."""
         config = self.space.configs[proposal.config]
         groups, constraints = self.request(config)
         variant = self.implementation(config)
@@ -330,7 +344,8 @@ class LocalBackend:
                                      res.id, svc.tail())
                 env_common[f"HARNESS_MODULE_{_env_key(part.module)}_ENDPOINT"] = svc.endpoint
             startup_s = time.monotonic() - t0
-            main = self._start(variant.parts[0], res, config, proposal.input, env_common, addresses, limit)
+            main = self._start(variant.parts[0], res, config, proposal.input, env_common, addresses, limit,
+                               cost_limit)
             if not main.join(self.cancelled):
                 # Stopped through the agent, as its timeout would stop it: the process must not outlive the
                 # reservation released below.
@@ -350,6 +365,7 @@ class LocalBackend:
                                  res.id, main.tail())
             minutes = (exited.wall_time_s + startup_s) / 60.0
             cost = run_cost(exited, res.price_per_minute * minutes)
+            self.replaying = replayed(exited)
             ok = exited.exit_code == 0 and not exited.reason
             tail = main.tail()
             error = ""
@@ -404,14 +420,15 @@ class LocalBackend:
                               extra={"reservation": left.reservation_id, "request_id": left.request_id})
 
     def _start(self, part: Implementation, res: irm_pb2.Reservation, config: dict[str, Any], input: str,
-               env_common: dict[str, str], addresses: dict[str, str], limit: float) -> _ModuleRun:
+               env_common: dict[str, str], addresses: dict[str, str], limit: float,
+               cost_limit: float = 0.0) -> _ModuleRun:
         vm = next(r for g in res.groups if g.name == part.master().id for r in g.resources)
         argv, env = self.argv_env(config, input, part, addresses)
         env.update(env_common)
         stub = agent_pb2_grpc.ExecutionAgentStub(tenants.delegating(client.channel(vm.address),
                                                                     self.delegation_token))
         run = _ModuleRun(part, stub, self.tenant, vm.id)
-        run.start(argv, env, limit)
+        run.start(argv, env, limit, cost_limit)
         return run
 
 
@@ -443,9 +460,10 @@ class _ModuleRun:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, argv: list[str], env: dict[str, str], limit: float) -> None:
+    def start(self, argv: list[str], env: dict[str, str], limit: float, cost_limit: float = 0.0) -> None:
         stream = self.stub.Execute(agent_pb2.ExecuteRequest(tenant=self.tenant, vm_id=self.vm_id, argv=argv,
-                                                            env=env, timeout_s=limit), timeout=limit + 60)
+                                                            env=env, timeout_s=limit, replay_cost_limit=cost_limit),
+                                   timeout=limit + 60)
         self._stream = stream
         self._thread = threading.Thread(target=self._drain, args=(stream,), name=f"module-{self.part.module}",
                                         daemon=True)

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session as DbSession
 from application_manager import models as m
 from application_manager.limits import MAX_RUN_TIMEOUT_S, MAX_RUNS, bounded_error
 from application_manager.loaded import Loaded, StaleApplication
-from application_manager.local import cloud_away, transient_error
+from application_manager.local import COST_LIMIT, cloud_away, transient_error
 from application_manager.messages import run_pb, session_pb
 from application_manager.model import Point
 from application_manager.profilers import PRODUCTION, PROFILERS, History, Observation, Proposal
@@ -296,7 +296,11 @@ class ProfilingSessions:
                     if left < limit:
                         limit, rule = left, "duration"
                 price = float(prices[p.config])     # per second; NaN: the CRS could not quote it
-                if request.max_cost > 0 and math.isfinite(price) and price > 0:
+                if request.max_cost > 0 and spent >= request.max_cost:
+                    limit, rule = 0.0, "budget"
+                elif request.max_cost > 0 and math.isfinite(price) and price > 0 and not backend.replaying:
+                    # A live run costs its price for its time. A replayed one costs what was measured: the agent
+                    # ends it at `cost_left` (execute), and a limit from the price could cut it short of that.
                     left = (request.max_cost - spent) / price
                     if left < limit:
                         limit, rule = left, "budget"
@@ -314,12 +318,21 @@ class ProfilingSessions:
                     return unrun
                 made += 1
                 reasons[p.config] = p.why
-                o = backend.run(p, request_id=reservation_request_id(sid, made), timeout_s=limit).observation
+                # A replayed run costs what the measured run cost, not the quoted price for its time: the agent
+                # ends it at what is left of the budget (a live run's time limit above already does).
+                cost_left = max(0.0, request.max_cost - spent) if request.max_cost > 0 else 0.0
+                o = backend.run(p, request_id=reservation_request_id(sid, made), timeout_s=limit,
+                                cost_limit=cost_left).observation
                 spent += o.cost
-                if (rule != "run_timeout_s" and not o.ok and not o.transient
-                        and o.error.split(":")[0].strip() == "timeout"):
+                ended = o.error.split(":")[0].strip() if not o.ok and not o.transient else ""
+                if ended == COST_LIMIT:
                     # Cut short by the session's own rule, not by run_timeout_s: says nothing of the configuration
                     # (as a run the agent ended from outside), and the rule ends the session.
+                    ended_by = "budget"
+                    return replace(o, transient=True, error=(
+                        f"cost limit: cut at {o.time_s:.4g} s, where its cost reached what was left of the "
+                        f"session's budget (max_cost={request.max_cost:g}); not a failure of the configuration"))
+                if rule != "run_timeout_s" and ended == "timeout":
                     ended_by = rule
                     setting = "max_duration_s" if rule == "duration" else "max_cost"
                     return replace(o, transient=True, error=(

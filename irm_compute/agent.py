@@ -392,6 +392,8 @@ class Agent:
             "timeout_s",
             "seconds >= 0 (0: no limit)",
         )
+        v.check(math.isfinite(request.replay_cost_limit) and request.replay_cost_limit >= 0, "replay_cost_limit",
+                "a cost >= 0 (0: no limit)")
         for key, value in request.env.items():
             if v.check(
                 bool(key) and "=" not in key and "\0" not in key + value,
@@ -421,7 +423,8 @@ class Agent:
         if self.replay is not None:
             # Nothing runs, so no scratch directory; a refused replay (no measured run) leaves nothing.
             execution = self.replay.execution(execution_id, list(request.argv), dict(request.env),
-                                              on_exit=self._finished_one, timeout_s=request.timeout_s)
+                                              on_exit=self._finished_one, timeout_s=request.timeout_s,
+                                              cost_limit=request.replay_cost_limit)
             scratch = None
         else:
             scratch = None if request.working_dir else Path(self.config.work_dir).expanduser() / execution_id

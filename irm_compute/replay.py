@@ -15,7 +15,11 @@ the measured wall time, the measured cost (`ExecutionExited.replayed_cost`,
 with `replayed` set) and the measured status (a failed run exits 1 with its
 error as the reason). A measured run longer than the execution's timeout
 ends as a live one would have: killed at the limit (reason "timeout"), its
-time the limit and its cost the measured cost for that much of the run.
+time the limit and its cost the measured cost for that much of the run. One
+costing more than the execution's `replay_cost_limit` ends where its cost
+reaches the limit (reason "cost limit"), whichever limit comes first: a
+profiling budget bounds a replayed run by what it costs, which the caller
+cannot know from its reservation's price.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ WORKLOAD_ENV = "HARNESS_REPLAY_WORKLOAD"
 INPUT_ENV = "HARNESS_REPLAY_INPUT_SIZE"
 # A live run past its timeout is SIGKILLed (irm_compute.sandbox), and exits with -signal.
 _KILLED = -int(signal.SIGKILL)
+COST_LIMIT = "cost limit"     # ExecutionExited.reason of a replayed run ended at its replay_cost_limit
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,8 @@ class ReplayBackend:
         return cls(Dataset.load(path), path)
 
     def execution(self, execution_id: str, argv: list[str], env: dict[str, str],
-                  on_exit: Callable[[Any], None] | None = None, timeout_s: float = 0.0) -> ReplayExecution:
+                  on_exit: Callable[[Any], None] | None = None, timeout_s: float = 0.0,
+                  cost_limit: float = 0.0) -> ReplayExecution:
         from application_manager.replay import parse_value
 
         workload = env.get(WORKLOAD_ENV, "")
@@ -71,18 +77,19 @@ class ReplayBackend:
         if run is None:
             config = ", ".join(f"{p}={v}" for p, v in zip(self.dataset.params, key, strict=True))
             raise FailedPrecondition(f"{self.source} has no measured run of {workload!r} with {config}")
-        return ReplayExecution(execution_id, argv, run, self.source, on_exit, timeout_s)
+        return ReplayExecution(execution_id, argv, run, self.source, on_exit, timeout_s, cost_limit)
 
 
 class ReplayExecution:
     """Duck-types irm_compute.sandbox.LocalExecution for a run that already happened."""
 
     def __init__(self, execution_id: str, argv: list[str], run: Any, source: str,
-                 on_exit: Callable[[Any], None] | None, timeout_s: float = 0.0) -> None:
+                 on_exit: Callable[[Any], None] | None, timeout_s: float = 0.0, cost_limit: float = 0.0) -> None:
         self.execution_id = execution_id
         self.argv = argv
         self._run = run
         self.timeout_s = timeout_s   # 0: no limit, as LocalExecution's
+        self.cost_limit = cost_limit     # 0: no limit
         self._source = source
         self._on_exit = on_exit
         self._started: Started | None = None
@@ -106,26 +113,35 @@ class ReplayExecution:
         return self._started
 
     @property
-    def timed_out(self) -> bool:
-        """Whether the measured run outlasts the timeout: a live one would have been killed at the limit, whatever
-        it went on to do (finish, or fail later)."""
-        return self.timeout_s > 0 and self._run.time_s > self.timeout_s
+    def cut(self) -> tuple[float, str] | None:
+        """Where a limit ends the measured run, (its time there, the reason), the earlier limit's; None: it runs to
+        its end. A live run would have been killed there, whatever it went on to do (finish, or fail later)."""
+        run = self._run
+        cuts = []
+        if self.timeout_s > 0 and run.time_s > self.timeout_s:
+            cuts.append((self.timeout_s, TIMEOUT))
+        if self.cost_limit > 0 and run.cost > self.cost_limit:
+            cuts.append((run.time_s * self.cost_limit / run.cost, COST_LIMIT))
+        return min(cuts) if cuts else None
 
     def _end(self) -> ReplayedExited:
         run = self._run
-        if self.timed_out:
+        if (cut := self.cut) is not None:
+            at, reason = cut
             # Billed as the measured run was, for the part of it a live run would have had.
-            cost = run.cost * self.timeout_s / run.time_s
-            return ReplayedExited(_KILLED, self.timeout_s, TIMEOUT, 0.0, 0.0, cost)
+            cost = self.cost_limit if reason == COST_LIMIT else run.cost * at / run.time_s
+            return ReplayedExited(_KILLED, at, reason, 0.0, 0.0, cost)
         return ReplayedExited(0 if run.ok else 1, run.time_s, "" if run.ok else (run.error or "failed"), 0.0, 0.0,
                               run.cost)
 
     def events(self) -> Iterator[Event]:
         assert self._started is not None and self._exited is not None
         yield self._started
-        if self.timed_out:
-            yield Output("stderr", f"replayed run of {self._run.time_s:g} s cut at the timeout of "
-                                   f"{self.timeout_s:g} s\n".encode())
+        if (cut := self.cut) is not None:
+            at, reason = cut
+            limit = f"the timeout of {self.timeout_s:g} s" if reason == TIMEOUT else \
+                f"its cost limit of {self.cost_limit:g} ({at:.4g} s in)"
+            yield Output("stderr", f"replayed run of {self._run.time_s:g} s cut at {limit}\n".encode())
         elif not self._run.ok:
             yield Output("stderr", f"replayed failure: {self._run.error}\n".encode())
         yield self._exited

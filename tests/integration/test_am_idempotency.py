@@ -127,7 +127,7 @@ def held_run(monkeypatch):
     state: dict[str, Any] = {"release": threading.Event(), "runs": 0}
     lock = threading.Lock()
 
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         with lock:
             state["runs"] += 1
         assert state["release"].wait(timeout=60), "never released"

@@ -93,3 +93,51 @@ def test_profiling_a_dataset_through_the_services_finds_its_frontier(suite, tmp_
             tenant="t", manifest_json=manifest.read_text(),
             slo_json=json.dumps({"Parameters": {"%cloud": "aws"}})), timeout=30)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Tunable" in e.value.details()
+
+
+# Runs of seconds that cost far more than their VMs' quoted price for that long (a budget bound by time from the
+# quote let a session overspend), and DATASET's runs of minutes that cost less (it cut runs short of the budget).
+EXPENSIVE = """workload,runtime_s,cost,status,cloud,vcpus
+sort,4,0.09,ok,aws,2
+sort,3,0.10,ok,aws,4
+sort,2,0.12,ok,aws,8
+sort,5,0.05,ok,gcp,2
+sort,3,0.08,ok,gcp,4
+sort,2,0.20,ok,gcp,8
+"""
+
+
+@pytest.mark.parametrize(("dataset", "budget"), [(DATASET, 0.45), (EXPENSIVE, 0.15)])
+def test_a_profiling_budget_bounds_replayed_runs_by_what_they_cost(suite, tmp_path, dataset, budget):
+    """A replayed run costs what the measured run cost, not the quoted price of its VMs for its time: the agent
+    ends the run that would overspend at what is left of the budget, and no limit from the quote cuts a run short
+    of it (a session of budget 0.15 spent 0.19; one of 0.45 ended at 0.39)."""
+    data = tmp_path / "runs.csv"
+    data.write_text(dataset)
+    manifest = tmp_path / "manifest.json"
+    out = subprocess.run([sys.executable, "-m", "services.cli", "app", "replay-manifest", str(data), "sort",
+                          "-o", str(manifest)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    crs, c = suite.compute_cloud(backend="replay", dataset=str(data))
+    am_proc = suite.start("am", crs_address=crs.address)
+    eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
+    am = pb_grpc.ApplicationManagerStub(plain_channel(am_proc.address))
+    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest.read_text()), timeout=30)
+    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                             max_runs=6, max_cost=budget, seed=1), timeout=120))
+    session = [e.session for e in events if e.HasField("session")][-1]
+    runs = [e.run for e in events if e.HasField("run")]
+    assert session.state == pb.ProfilingSession.STATE_DONE and session.message == "budget"
+    assert session.spent == pytest.approx(budget) and sum(r.cost for r in runs) == pytest.approx(budget)
+    # The runs before the last cost what was measured; the last one is cut where its cost reached what was left of
+    # the budget, and it is not taken as a measurement of its configuration.
+    measured = {(cloud, vcpus): float(cost) for _, _, cost, _, cloud, vcpus in
+                (line.split(",") for line in dataset.splitlines()[1:])}
+    *whole, cut = runs
+    for r in whole:
+        assert r.cost == pytest.approx(measured[(r.configuration.values["%cloud"], r.configuration.values["%vcpus"])])
+    assert sum(r.cost for r in whole) < budget and cut.cost == pytest.approx(budget - sum(r.cost for r in whole))
+    assert cut.cost < measured[(cut.configuration.values["%cloud"], cut.configuration.values["%vcpus"])]
+    assert not cut.ok and cut.error.startswith("cost limit: cut at") and f"max_cost={budget:g}" in cut.error
+    model = am.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), timeout=10)
+    assert cut.configuration not in [p.configuration for p in model.frontier]

@@ -47,7 +47,7 @@ class _HeldRuns:
         self.inside = 0
         self._lock = threading.Lock()
 
-    def run(self, backend, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN201
+    def run(self, backend, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN201
         with self._lock:
             self.inside += 1
         try:

@@ -33,7 +33,7 @@ def test_a_run_that_raises_leaves_a_failed_execution_not_a_running_one(tmp_path,
     monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
     monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
 
-    def measured(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def measured(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         t = 10.0 / self.space.configs[proposal.config]["%master_cores"]
         return RunDetail(Observation(proposal.config, True, t, t, proposal.input))
 
@@ -46,7 +46,7 @@ def test_a_run_that_raises_leaves_a_failed_execution_not_a_running_one(tmp_path,
         list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
                                                         max_runs=3), _Ctx()))
 
-        def broken(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+        def broken(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
             raise RuntimeError("the back-end broke")
 
         monkeypatch.setattr(LocalBackend, "run", broken)
@@ -101,7 +101,7 @@ def test_when_every_profiled_run_failed_the_answer_says_so_and_why(tmp_path, mon
     monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
     monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
 
-    def out_of_memory(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def out_of_memory(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         return RunDetail(Observation(proposal.config, False, 3.0, 0.01, proposal.input, 40.0, 100.0,
                                      "memory limit exceeded"))
 

@@ -37,7 +37,7 @@ class _Ctx:
         return True
 
 
-def _quick(backend, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+def _quick(backend, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
     cfg = backend.space.configs[proposal.config]
     t = 10.0 / (1 + sum(v for k, v in cfg.items() if k.startswith("%") and isinstance(v, int | float) and v < 100))
     return RunDetail(Observation(proposal.config, True, t, t * 0.01, proposal.input))
@@ -139,7 +139,7 @@ def test_a_page_of_large_applications_stays_within_a_clients_receive_limit_and_p
 
 
 # -- 3. extrapolated profiling with no successful benchmark run ----------------------------------------------------
-def _refused(backend, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+def _refused(backend, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
     return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
                                  error="could not reserve: RESOURCE_EXHAUSTED: no host has room", transient=True))
 

@@ -57,7 +57,7 @@ def _submit(am: svc.ApplicationManager) -> pb.Application:
 def _slow_app(clock: VirtualClock, limits: list[float]):  # noqa: ANN202
     """LocalBackend.run of an application that needs NEEDS_S s: killed ("timeout", as the agent says) at a
     smaller limit, having held its reservation that long."""
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         limits.append(timeout_s)
         took = min(NEEDS_S, timeout_s)
         clock.advance(took)
@@ -171,7 +171,7 @@ def _frontier(am: svc.ApplicationManager, app_id: str) -> list[tuple[dict, float
 def test_an_execution_with_no_timeout_may_take_twice_the_models_time(tmp_path, monkeypatch, predicted_s, limit_s):
     limits: list[float] = []
 
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         limits.append(timeout_s)
         return RunDetail(Observation(proposal.config, True, predicted_s, 1.0, proposal.input, 50.0, 50.0))
 
@@ -193,7 +193,7 @@ def test_an_execution_with_no_timeout_may_take_twice_the_models_time(tmp_path, m
 def test_a_timeout_at_the_limit_drawn_from_the_model_says_so_and_fails_the_configuration(tmp_path, monkeypatch):
     limits: list[float] = []
 
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         limits.append(timeout_s)
         return RunDetail(Observation(proposal.config, False, timeout_s, 1.0, proposal.input, error="timeout"))
 
@@ -213,7 +213,7 @@ def test_a_timeout_at_the_limit_drawn_from_the_model_says_so_and_fails_the_confi
         am.stop()
 
 
-def _times_out(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+def _times_out(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
     """A run killed at whatever limit it was given."""
     return RunDetail(Observation(proposal.config, False, timeout_s, 1.0, proposal.input, error="timeout"))
 

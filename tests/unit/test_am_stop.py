@@ -37,7 +37,7 @@ class _Held:
         self.started = threading.Event()
         self.cancelled: list[str] = []
 
-    def __call__(self, backend, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN204
+    def __call__(self, backend, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN204
         self.request_ids.append(request_id)
         self.started.set()
         end = time.monotonic() + 8.0

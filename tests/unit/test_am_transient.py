@@ -53,7 +53,7 @@ def test_a_momentary_capacity_refusal_leaves_the_configurations_in_the_search(tm
     full = {"on": True}
     tried: list[int] = []
 
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         tried.append(proposal.config)
         if full["on"] and self.space.configs[proposal.config]["%master_cores"] == 4:
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input, transient=flagged,
@@ -84,7 +84,7 @@ def test_a_momentary_capacity_refusal_leaves_the_configurations_in_the_search(tm
 
 
 def test_a_timeout_the_caller_chose_is_not_a_failure_of_the_configuration(tmp_path, monkeypatch):
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         if timeout_s == 1.0:
             return RunDetail(Observation(proposal.config, False, 1.0, 0.01, proposal.input, error="timeout"))
         return _measured(self, proposal)

@@ -144,7 +144,7 @@ def test_prices_with_a_configuration_that_never_fits_are_kept_and_it_is_never_ru
             raise _Refused(grpc.StatusCode.FAILED_PRECONDITION)
         return 60.0 * (config["%master_cores"] * 0.01 + config["%master_mem"] / 1024 * 0.01)
 
-    def run(self, proposal: Proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal: Proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         c = self.space.configs[proposal.config]
         tried.append(c)
         t = 10.0 * (1.0 / c["%master_cores"] + 25.6 / c["%master_mem"])
@@ -194,7 +194,7 @@ def test_quotes_are_asked_again_after_price_ttl_s_so_a_configuration_priced_out_
             raise _Refused(grpc.StatusCode.FAILED_PRECONDITION)
         return 60.0 * (config["%master_cores"] * 0.01 + config["%master_mem"] / 1024 * 0.01)
 
-    def run(self, proposal: Proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal: Proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         c = self.space.configs[proposal.config]
         tried.append(c["%master_cores"])
         t = 10.0 * (1.0 / c["%master_cores"] + 25.6 / c["%master_mem"])

@@ -100,3 +100,21 @@ def test_a_replayed_run_costs_what_was_measured_even_nothing(monkeypatch, exited
     o = b.run(Proposal(0)).observation
     assert o.ok and o.time_s == 30.0
     assert o.cost == pytest.approx(cost, rel=0.01)       # a live run's start-up time is billed too
+
+
+def test_a_replayed_run_ends_where_its_cost_reaches_the_cost_limit(replay):  # noqa: ANN001
+    # 0.60 measured over 120 s: 0.15 is reached 30 s in; the earlier of the two limits ends it.
+    for timeout_s, at, reason, cost in ((0.0, 30.0, "cost limit", 0.15), (100.0, 30.0, "cost limit", 0.15),
+                                        (20.0, 20.0, TIMEOUT, 0.10)):
+        ex = replay.execution("ex-1", ["app"], {"HARNESS_REPLAY_WORKLOAD": "sort", "vcpus": "4"},
+                              timeout_s=timeout_s, cost_limit=0.15)
+        ex.start()
+        events = list(ex.events())
+        exited = events[-1]
+        assert (exited.exit_code, exited.wall_time_s, exited.reason) == (-9, pytest.approx(at), reason)
+        assert exited.replayed_cost == pytest.approx(cost)
+        assert reason.encode() in b"".join(e.data for e in events if hasattr(e, "data"))
+    # A run that costs less than the limit is as measured; a free one too.
+    ex = replay.execution("ex-1", ["app"], {"HARNESS_REPLAY_WORKLOAD": "sort", "vcpus": "8"}, cost_limit=0.25)
+    ex.start()
+    assert (ex.wait(0).reason, ex.wait(0).replayed_cost, ex.wait(0).wall_time_s) == ("", 0.20, 40.0)

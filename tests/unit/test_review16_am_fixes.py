@@ -93,7 +93,7 @@ def test_an_execution_killed_at_the_limit_drawn_from_the_model_takes_its_configu
         tmp_path, monkeypatch):
     slow = {"on": False}
 
-    def run(self, proposal, *, request_id="", timeout_s=0.0):  # noqa: ANN001, ANN202
+    def run(self, proposal, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         if slow["on"]:
             return RunDetail(Observation(proposal.config, False, timeout_s, 1.0, proposal.input, error="timeout"))
         return _measured_rtm(self, proposal)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from harness.v1 import common_pb2 as harness_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16harness/v1/agent.proto\x12\nharness.v1\x1a\x17harness/v1/common.proto\"\xc3\x01\n\x0e\x45xecuteRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05vm_id\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x03 \x03(\t\x12\x30\n\x03\x65nv\x18\x04 \x03(\x0b\x32#.harness.v1.ExecuteRequest.EnvEntry\x12\x13\n\x0bworking_dir\x18\x05 \x01(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"a\n\x11UtilisationSample\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x02 \x01(\x01\x12\x16\n\x0ememory_percent\x18\x03 \x01(\x01\x12\x11\n\tmemory_mb\x18\x04 \x01(\x01\"k\n\x10\x45xecutionStarted\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0c\n\x04\x63pus\x18\x03 \x03(\x05\x12\x17\n\x0fmemory_limit_mb\x18\x04 \x01(\x01\x12\r\n\x05notes\x18\x05 \x03(\t\"\xa4\x01\n\x0f\x45xecutionExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x13\n\x0bwall_time_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0epeak_memory_mb\x18\x04 \x01(\x01\x12\x18\n\x10mean_cpu_percent\x18\x05 \x01(\x01\x12\x15\n\rreplayed_cost\x18\x06 \x01(\x01\x12\x10\n\x08replayed\x18\x07 \x01(\x08\"\xcc\x01\n\x0c\x45xecuteEvent\x12/\n\x07started\x18\x01 \x01(\x0b\x32\x1c.harness.v1.ExecutionStartedH\x00\x12\x10\n\x06stdout\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x03 \x01(\x0cH\x00\x12/\n\x06sample\x18\x04 \x01(\x0b\x32\x1d.harness.v1.UtilisationSampleH\x00\x12-\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x1b.harness.v1.ExecutionExitedH\x00\x42\x07\n\x05\x65vent\";\n\x13GetExecutionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\"\xcb\x02\n\tExecution\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\r\n\x05vm_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.harness.v1.Execution.State\x12\x0c\n\x04\x61rgv\x18\x05 \x03(\t\x12-\n\x07started\x18\x06 \x01(\x0b\x32\x1c.harness.v1.ExecutionStarted\x12+\n\x06\x65xited\x18\x07 \x01(\x0b\x32\x1b.harness.v1.ExecutionExited\x12.\n\x07samples\x18\x08 \x03(\x0b\x32\x1d.harness.v1.UtilisationSample\"C\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n\rSTATE_RUNNING\x10\x01\x12\x10\n\x0cSTATE_EXITED\x10\x02\"<\n\x14StopExecutionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\"!\n\x10ReleaseVmRequest\x12\r\n\x05vm_id\x18\x01 \x01(\t\"#\n\x11ReleaseVmResponse\x12\x0e\n\x06killed\x18\x01 \x01(\x05\"C\n\x13GetVmMetricsRequest\x12\r\n\x05vm_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\":\n\x14GetVmMetricsResponse\x12\"\n\x06series\x18\x01 \x03(\x0b\x32\x12.harness.v1.Series2\x82\x03\n\x0e\x45xecutionAgent\x12\x41\n\x07\x45xecute\x12\x1a.harness.v1.ExecuteRequest\x1a\x18.harness.v1.ExecuteEvent0\x01\x12\x46\n\x0cGetExecution\x12\x1f.harness.v1.GetExecutionRequest\x1a\x15.harness.v1.Execution\x12H\n\rStopExecution\x12 .harness.v1.StopExecutionRequest\x1a\x15.harness.v1.Execution\x12H\n\tReleaseVm\x12\x1c.harness.v1.ReleaseVmRequest\x1a\x1d.harness.v1.ReleaseVmResponse\x12Q\n\x0cGetVmMetrics\x12\x1f.harness.v1.GetVmMetricsRequest\x1a .harness.v1.GetVmMetricsResponseB\x16Z\x14harness/v1;harnessv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16harness/v1/agent.proto\x12\nharness.v1\x1a\x17harness/v1/common.proto\"\xde\x01\n\x0e\x45xecuteRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05vm_id\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x03 \x03(\t\x12\x30\n\x03\x65nv\x18\x04 \x03(\x0b\x32#.harness.v1.ExecuteRequest.EnvEntry\x12\x13\n\x0bworking_dir\x18\x05 \x01(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x19\n\x11replay_cost_limit\x18\x07 \x01(\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"a\n\x11UtilisationSample\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x02 \x01(\x01\x12\x16\n\x0ememory_percent\x18\x03 \x01(\x01\x12\x11\n\tmemory_mb\x18\x04 \x01(\x01\"k\n\x10\x45xecutionStarted\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0c\n\x04\x63pus\x18\x03 \x03(\x05\x12\x17\n\x0fmemory_limit_mb\x18\x04 \x01(\x01\x12\r\n\x05notes\x18\x05 \x03(\t\"\xa4\x01\n\x0f\x45xecutionExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x13\n\x0bwall_time_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0epeak_memory_mb\x18\x04 \x01(\x01\x12\x18\n\x10mean_cpu_percent\x18\x05 \x01(\x01\x12\x15\n\rreplayed_cost\x18\x06 \x01(\x01\x12\x10\n\x08replayed\x18\x07 \x01(\x08\"\xcc\x01\n\x0c\x45xecuteEvent\x12/\n\x07started\x18\x01 \x01(\x0b\x32\x1c.harness.v1.ExecutionStartedH\x00\x12\x10\n\x06stdout\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x03 \x01(\x0cH\x00\x12/\n\x06sample\x18\x04 \x01(\x0b\x32\x1d.harness.v1.UtilisationSampleH\x00\x12-\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x1b.harness.v1.ExecutionExitedH\x00\x42\x07\n\x05\x65vent\";\n\x13GetExecutionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\"\xcb\x02\n\tExecution\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\r\n\x05vm_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.harness.v1.Execution.State\x12\x0c\n\x04\x61rgv\x18\x05 \x03(\t\x12-\n\x07started\x18\x06 \x01(\x0b\x32\x1c.harness.v1.ExecutionStarted\x12+\n\x06\x65xited\x18\x07 \x01(\x0b\x32\x1b.harness.v1.ExecutionExited\x12.\n\x07samples\x18\x08 \x03(\x0b\x32\x1d.harness.v1.UtilisationSample\"C\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n\rSTATE_RUNNING\x10\x01\x12\x10\n\x0cSTATE_EXITED\x10\x02\"<\n\x14StopExecutionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\"!\n\x10ReleaseVmRequest\x12\r\n\x05vm_id\x18\x01 \x01(\t\"#\n\x11ReleaseVmResponse\x12\x0e\n\x06killed\x18\x01 \x01(\x05\"C\n\x13GetVmMetricsRequest\x12\r\n\x05vm_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\":\n\x14GetVmMetricsResponse\x12\"\n\x06series\x18\x01 \x03(\x0b\x32\x12.harness.v1.Series2\x82\x03\n\x0e\x45xecutionAgent\x12\x41\n\x07\x45xecute\x12\x1a.harness.v1.ExecuteRequest\x1a\x18.harness.v1.ExecuteEvent0\x01\x12\x46\n\x0cGetExecution\x12\x1f.harness.v1.GetExecutionRequest\x1a\x15.harness.v1.Execution\x12H\n\rStopExecution\x12 .harness.v1.StopExecutionRequest\x1a\x15.harness.v1.Execution\x12H\n\tReleaseVm\x12\x1c.harness.v1.ReleaseVmRequest\x1a\x1d.harness.v1.ReleaseVmResponse\x12Q\n\x0cGetVmMetrics\x12\x1f.harness.v1.GetVmMetricsRequest\x1a .harness.v1.GetVmMetricsResponseB\x16Z\x14harness/v1;harnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,33 +36,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTEREQUEST_ENVENTRY']._loaded_options = None
   _globals['_EXECUTEREQUEST_ENVENTRY']._serialized_options = b'8\001'
   _globals['_EXECUTEREQUEST']._serialized_start=64
-  _globals['_EXECUTEREQUEST']._serialized_end=259
-  _globals['_EXECUTEREQUEST_ENVENTRY']._serialized_start=217
-  _globals['_EXECUTEREQUEST_ENVENTRY']._serialized_end=259
-  _globals['_UTILISATIONSAMPLE']._serialized_start=261
-  _globals['_UTILISATIONSAMPLE']._serialized_end=358
-  _globals['_EXECUTIONSTARTED']._serialized_start=360
-  _globals['_EXECUTIONSTARTED']._serialized_end=467
-  _globals['_EXECUTIONEXITED']._serialized_start=470
-  _globals['_EXECUTIONEXITED']._serialized_end=634
-  _globals['_EXECUTEEVENT']._serialized_start=637
-  _globals['_EXECUTEEVENT']._serialized_end=841
-  _globals['_GETEXECUTIONREQUEST']._serialized_start=843
-  _globals['_GETEXECUTIONREQUEST']._serialized_end=902
-  _globals['_EXECUTION']._serialized_start=905
-  _globals['_EXECUTION']._serialized_end=1236
-  _globals['_EXECUTION_STATE']._serialized_start=1169
-  _globals['_EXECUTION_STATE']._serialized_end=1236
-  _globals['_STOPEXECUTIONREQUEST']._serialized_start=1238
-  _globals['_STOPEXECUTIONREQUEST']._serialized_end=1298
-  _globals['_RELEASEVMREQUEST']._serialized_start=1300
-  _globals['_RELEASEVMREQUEST']._serialized_end=1333
-  _globals['_RELEASEVMRESPONSE']._serialized_start=1335
-  _globals['_RELEASEVMRESPONSE']._serialized_end=1370
-  _globals['_GETVMMETRICSREQUEST']._serialized_start=1372
-  _globals['_GETVMMETRICSREQUEST']._serialized_end=1439
-  _globals['_GETVMMETRICSRESPONSE']._serialized_start=1441
-  _globals['_GETVMMETRICSRESPONSE']._serialized_end=1499
-  _globals['_EXECUTIONAGENT']._serialized_start=1502
-  _globals['_EXECUTIONAGENT']._serialized_end=1888
+  _globals['_EXECUTEREQUEST']._serialized_end=286
+  _globals['_EXECUTEREQUEST_ENVENTRY']._serialized_start=244
+  _globals['_EXECUTEREQUEST_ENVENTRY']._serialized_end=286
+  _globals['_UTILISATIONSAMPLE']._serialized_start=288
+  _globals['_UTILISATIONSAMPLE']._serialized_end=385
+  _globals['_EXECUTIONSTARTED']._serialized_start=387
+  _globals['_EXECUTIONSTARTED']._serialized_end=494
+  _globals['_EXECUTIONEXITED']._serialized_start=497
+  _globals['_EXECUTIONEXITED']._serialized_end=661
+  _globals['_EXECUTEEVENT']._serialized_start=664
+  _globals['_EXECUTEEVENT']._serialized_end=868
+  _globals['_GETEXECUTIONREQUEST']._serialized_start=870
+  _globals['_GETEXECUTIONREQUEST']._serialized_end=929
+  _globals['_EXECUTION']._serialized_start=932
+  _globals['_EXECUTION']._serialized_end=1263
+  _globals['_EXECUTION_STATE']._serialized_start=1196
+  _globals['_EXECUTION_STATE']._serialized_end=1263
+  _globals['_STOPEXECUTIONREQUEST']._serialized_start=1265
+  _globals['_STOPEXECUTIONREQUEST']._serialized_end=1325
+  _globals['_RELEASEVMREQUEST']._serialized_start=1327
+  _globals['_RELEASEVMREQUEST']._serialized_end=1360
+  _globals['_RELEASEVMRESPONSE']._serialized_start=1362
+  _globals['_RELEASEVMRESPONSE']._serialized_end=1397
+  _globals['_GETVMMETRICSREQUEST']._serialized_start=1399
+  _globals['_GETVMMETRICSREQUEST']._serialized_end=1466
+  _globals['_GETVMMETRICSRESPONSE']._serialized_start=1468
+  _globals['_GETVMMETRICSRESPONSE']._serialized_end=1526
+  _globals['_EXECUTIONAGENT']._serialized_start=1529
+  _globals['_EXECUTIONAGENT']._serialized_end=1915
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("tenant", "vm_id", "argv", "env", "working_dir", "timeout_s")
+    __slots__ = ("tenant", "vm_id", "argv", "env", "working_dir", "timeout_s", "replay_cost_limit")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,13 +23,15 @@ class ExecuteRequest(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_COST_LIMIT_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     vm_id: str
     argv: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
     working_dir: str
     timeout_s: float
-    def __init__(self, tenant: _Optional[str] = ..., vm_id: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    replay_cost_limit: float
+    def __init__(self, tenant: _Optional[str] = ..., vm_id: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., timeout_s: _Optional[float] = ..., replay_cost_limit: _Optional[float] = ...) -> None: ...
 
 class UtilisationSample(_message.Message):
     __slots__ = ("time", "cpu_percent", "memory_percent", "memory_mb")
