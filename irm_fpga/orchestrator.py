@@ -20,6 +20,7 @@ generations (orchestrator_servers), its settings (orchestrator_config).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -74,6 +75,11 @@ SILENT_RETRY_S = 15.0  # an unmapped server that timed out or refused the token:
 MAX_GROUP_REQUEST_ID_CHARS = 256    # CreateGroup's request_id (fpga_groups.request_id is String(256))
 
 
+def _offered(info: fpga_pb2.ServerInfo) -> tuple[int, int, tuple[str, ...]]:
+    """What watchers see of a server (orchestrator_servers.physical): usable devices, devices held, designs."""
+    return usable_devices(info), sum(g.target for g in info.groups), tuple(info.designs)
+
+
 class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.ResourceManagerServicer):
     """FPGA groups over the FPGA-servers, and the FPGA IRM's APIs. Its parts: `clients` (attach, detach, revoke),
     `irm` (vFPGA reservations), `rounds` (reconcile and autoscaler rounds). Methods left here that only pass a call
@@ -89,10 +95,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         # SIGTERM waiting behind it), a server_timeout_s of 0 failed every call to the servers at once; the
         # backoffs and reconcile_interval_s may be 0 (documented: no breaker, no reconcile rounds).
         check_seconds(config, "orchestrator")
+        price = config.price_per_device_minute
+        if not (isinstance(price, int | float) and math.isfinite(price) and price >= 0):
+            # A negative price passes any max_price_per_minute, and the CRS sums it into others' prices.
+            raise ValueError(f"orchestrator configuration: price_per_device_minute {price!r}: expected a finite "
+                             "price per minute >= 0")
         self.db = Database(config.database or default_url(config.state_dir, f"fpga-{config.name}"))
         self.db.migrate(MIGRATIONS, "alembic_version_fpga")
         self.servers: dict[str, ServerHandle] = {}
         self._silent_until: dict[str, float] = {}      # address -> monotonic time of its next discovery try
+        self._published: dict[str, tuple[int, int, tuple[str, ...]]] = {}   # server -> `_offered`, last published
         self.lock = threading.RLock()  # placement decisions over servers are serialised
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(   # WatchCapacity streams
             max_streams=MAX_WATCHES, full="WatchCapacity streams are open on this FPGA IRM; close one, or poll "
@@ -367,9 +379,16 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
 
     def _publish(self) -> None:
         infos, generations = self._stamped_infos()
+        self._published = {**self._published, **{n: _offered(i) for n, i in infos.items()}}
         self.watchers.publish(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED,
                                                     resource=physical(i, generations[n], self.config))
                               for n, i in infos.items())
+
+    def _offered_changed(self, infos: dict[str, fpga_pb2.ServerInfo]) -> bool:
+        """Whether a server answering now offers other than was last published: one mapped since (down when the
+        Orchestrator started), or one whose usable devices, use or designs changed by no call of this Orchestrator
+        (a device blacklisted, a restart). Watchers (the CRS) see only what is published."""
+        return any(self._published.get(n) != _offered(i) for n, i in infos.items())
 
     # -- groups ----------------------------------------------------------
     def _to_proto(self, g: Group, clients: list[str] | None = None) -> fpga_pb2.FpgaGroup:

@@ -116,13 +116,14 @@ class Rounds:
         left parts of other sizes than recorded, or parts the group's row does not have: they are set to the
         recorded size ("made" counts them) or dropped. A delete that could not reach a server left its part
         running (its clients served, its devices held): it is dropped now. Servers that did not answer at start
-        are mapped once they do. Under the lock: no group is being made, resized or deleted meanwhile.
+        are mapped once they do, and published to the watchers (the CRS), as is a server whose usable devices,
+        use or designs changed by themselves (a device blacklisted). Under the lock: no group is being made, resized or deleted meanwhile.
         """
         self.orch._discover_servers()
         infos = self.orch._server_infos()      # asked before the lock: a silent server must not stall placements
         with self.orch.lock:
             out = self.reconcile(infos)
-        if out["made"] or out["dropped"]:
+        if out["made"] or out["dropped"] or self.orch._offered_changed(infos):
             self.orch._publish()
         return out
 
