@@ -173,6 +173,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
               f"measured; the first: {failed[0][:500]} (`harness app model {args.app} --json` shows each)",
               file=sys.stderr)
         return PROFILE_FAILED
+    elif not final.runs and final.message == "exhausted":
+        # Earlier sessions measured every configuration: the model is whole, nothing was left to run.
+        print(f"harness app profile: session {final.id} ran nothing: earlier sessions measured every configuration "
+              f"(`harness app model {args.app}` shows them)", file=sys.stderr)
+    elif not final.runs:
+        print(f"harness app profile: session {final.id} ended by its {final.message or 'rule'} before any run; "
+              "nothing was measured", file=sys.stderr)
+        return PROFILE_FAILED
     return status
 
 

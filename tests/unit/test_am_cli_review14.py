@@ -122,3 +122,13 @@ def test_a_session_done_with_one_run_measured_exits_0(monkeypatch):
     bad.run.ok, bad.run.error = False, "exit code 1"
     rc, _ = profile(monkeypatch, [_session(S.STATE_RUNNING), bad, _run(2), _session(S.STATE_DONE, 2, "iterations")])
     assert rc == 0
+
+
+def test_a_session_done_before_any_run_exits_1_and_one_with_nothing_left_exits_0(monkeypatch, capsys):
+    # Its duration or budget ended it before a first run: nothing was measured (it exited 0; a review's finding).
+    rc, _ = profile(monkeypatch, [_session(S.STATE_RUNNING), _session(S.STATE_DONE, 0, "duration")])
+    assert rc == am_cli.PROFILE_FAILED and "ended by its duration before any run; nothing was measured" in \
+        capsys.readouterr().err
+    # Earlier sessions measured every configuration: the model is whole; said, and 0.
+    rc, _ = profile(monkeypatch, [_session(S.STATE_RUNNING), _session(S.STATE_DONE, 0, "exhausted")])
+    assert rc == 0 and "ran nothing: earlier sessions measured every configuration" in capsys.readouterr().err
