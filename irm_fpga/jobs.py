@@ -527,10 +527,13 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
             # A job's group never goes below one device: refuse before touching the others' groups.
             starved = [r.id for r in rows if alloc.get(r.id, 0) < 1]
             if starved:
+                # Each job keeps at least its minimum, and one device: what the others' minimums take is the limit.
+                floors = sum(max(1, r.min_devices) for r in rows)
                 raise ResourceExhausted(
-                    f"the job's minimum ({row.min_devices}) does not fit beside one device for each of the "
-                    f"{len(rows)} active job(s) ({pool} device(s) in the pool): {self.config.policy!r} would leave "
-                    f"{', '.join(starved[:5])} without one; ask for fewer devices or wait for a job to retire",
+                    f"the job's minimum ({max(1, row.min_devices)}) and the {len(rows)} active job(s)' minimums "
+                    f"({floors} device(s)) need {floors + max(1, row.min_devices)} device(s); the pool has {pool}: "
+                    f"{self.config.policy!r} would leave {', '.join(starved[:5])} without a device; ask for fewer "
+                    "devices or wait for a job to retire",
                     reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
             self.resizer.apply({k: v for k, v in alloc.items() if k != row.id}, [r for r in rows if alloc[r.id] < r.devices],
                         now, caps)

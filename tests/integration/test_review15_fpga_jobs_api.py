@@ -111,9 +111,22 @@ def test_no_device_for_the_minimum_is_capacity_in_use_with_a_retry_delay(irm_fac
         irm.register("a", min_devices=2, **deadline(60.0, 100))
     assert e.value.reason == CAPACITY_IN_USE and e.value.retry_after_s > 0
     irm.register("one", **deadline(60.0, 100))        # the last device
-    with pytest.raises(ResourceExhausted, match="does not fit beside one device") as e:
+    with pytest.raises(ResourceExhausted, match=r"the job's minimum \(1\) and the 1 active job\(s\)' minimums "
+                                                r"\(1 device\(s\)\) need 2 device\(s\); the pool has 1") as e:
         irm.register("b", **deadline(30.0, 100))
     assert e.value.reason == CAPACITY_IN_USE and e.value.retry_after_s > 0
+
+
+def test_a_refusal_names_the_minimums_that_do_not_fit(irm_factory):
+    # Under EDF the earlier deadlines get their minimums first: the latest job's 3 would not fit. The message said
+    # "does not fit beside one device for each of the 2 active job(s)", which 3 + 1 + 1 devices of 8 would.
+    irm = irm_factory("edf")
+    late = irm.register("late", min_devices=3, **deadline(100.0, 1000))
+    irm.register("mid", min_devices=3, **deadline(50.0, 1000))
+    with pytest.raises(ResourceExhausted) as e:
+        irm.register("early", min_devices=3, **deadline(10.0, 1000))
+    assert ("the job's minimum (3) and the 2 active job(s)' minimums (6 device(s)) need 9 device(s); the pool has "
+            f"{DEVICES}: 'edf' would leave {late.id} without a device") in str(e.value)
 
 
 def test_over_grpc_the_reason_and_the_retry_delay_reach_the_caller(irm_factory):
