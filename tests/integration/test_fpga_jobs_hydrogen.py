@@ -206,7 +206,7 @@ def test_an_edf_registration_that_cannot_fit_leaves_the_other_jobs_untouched(irm
     irm = irm_factory("edf")
     a = irm.register("a", **deadline(100.0, 10))
     assert irm.job(a.id).devices == DEVICES
-    with pytest.raises(ResourceExhausted, match="beside one device for each"):
+    with pytest.raises(ResourceExhausted, match=rf"minimums \(1 device\(s\)\) need {DEVICES + 1} device\(s\)"):
         irm.register("b", min_devices=DEVICES, **deadline(50.0, 10))
     assert irm.job(a.id).allocations == [[1000.0, DEVICES]]
     assert [g.size for g in live_groups(irm)] == [DEVICES]
