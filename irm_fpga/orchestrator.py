@@ -391,15 +391,31 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         return any(self._published.get(n) != _offered(i) for n, i in infos.items())
 
     # -- groups ----------------------------------------------------------
-    def _to_proto(self, g: Group, clients: list[str] | None = None) -> fpga_pb2.FpgaGroup:
-        """`g` as the API shows it; `clients`: its attached clients when already read (else read here)."""
+    def _serving(self, groups: list[Group]) -> dict[str, int]:
+        """Devices serving each of `groups` now, as its servers report them (a device reconfiguring, or
+        blacklisted, does not count); a part on a server that does not answer counts as recorded."""
+        infos = self._server_infos() if any(not g.deleted and g.parts for g in groups) else {}
+        out = {}
+        for g in groups:
+            n = 0
+            for name, size in (g.parts or {}).items() if not g.deleted else ():
+                info = infos.get(name)
+                n += size if info is None else next((p.active for p in info.groups if p.group_id == g.id), 0)
+            out[g.id] = n
+        return out
+
+    def _to_proto(self, g: Group, clients: list[str] | None = None, serving: int | None = None) -> fpga_pb2.FpgaGroup:
+        """`g` as the API shows it; `clients`: its attached clients, `serving` its devices serving now
+        (`_serving`), when already read (else read here)."""
         if clients is None:
             clients = self._attached([g.id]).get(g.id, [])
+        if serving is None:
+            serving = self._serving([g])[g.id]
         return fpga_pb2.FpgaGroup(
             id=g.id, tenant=g.tenant, design=g.design, size=g.size, min_size=g.min_size, max_size=g.max_size,
             sharing=fpga_pb2.FpgaGroup.SHARING_SHARED if g.shared else fpga_pb2.FpgaGroup.SHARING_PRIVATE,
             scaling=fpga_pb2.FpgaGroup.SCALING_ELASTIC if g.elastic else fpga_pb2.FpgaGroup.SCALING_STATIC,
-            parts={k: v for k, v in g.parts.items() if v}, active=sum(g.parts.values()), clients=clients,
+            parts={k: v for k, v in g.parts.items() if v}, active=serving, clients=clients,
             created_at=g.created_at, deleted=g.deleted)
 
     def _attached(self, group_ids: list[str]) -> dict[str, list[str]]:
@@ -571,8 +587,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             rows, token = paging.page(s, select(Group).where(Group.tenant == tenant, Group.deleted.is_(False)),
                                       [Group.created_at, Group.id], request.page_size, request.page_token)
         clients = self._attached([g.id for g in rows])      # one query for the page, not one per group
-        return fpga_pb2.ListGroupsResponse(groups=[self._to_proto(g, clients.get(g.id, [])) for g in rows],
-                                           next_page_token=token)
+        serving = self._serving(rows)                       # one round of the servers for the page
+        return fpga_pb2.ListGroupsResponse(groups=[self._to_proto(g, clients.get(g.id, []), serving[g.id])
+                                                   for g in rows], next_page_token=token)
 
     def ResizeGroup(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)

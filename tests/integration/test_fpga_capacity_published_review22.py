@@ -53,11 +53,18 @@ def test_a_device_a_server_blacklists_by_itself_leaves_the_crs_view(suite):
     # The group's creation is published at once; device 0 is blacklisted later, by the server, after its failed
     # reconfigurations: no call of the Orchestrator's changes anything then.
     o = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(orch.address))
-    o.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g", design="sleep", size=2), timeout=30)
+    g = o.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g", design="sleep", size=4), timeout=30)
     eventually(lambda: any(d.state == fpga_pb2.DeviceInfo.STATE_BLACKLISTED
                            for d in s.GetServer(fpga_pb2.GetServerRequest(), timeout=10).devices),
                what="device 0 blacklisted")
-    eventually(lambda: _offered(c) == {"A": (3, 2)}, what="the CRS to see 3 usable devices, 2 held")
+    eventually(lambda: _offered(c) == {"A": (3, 4)}, what="the CRS to see 3 usable devices, 4 held")
+    # The group asks for 4 and holds them, but 3 serve it: `active` says so (it said 4, the size).
+    eventually(lambda: o.GetGroup(fpga_pb2.GetGroupRequest(tenant="t", group_id=g.id), timeout=10).active == 3,
+               what="the group's active devices to be 3")
+    again = o.GetGroup(fpga_pb2.GetGroupRequest(tenant="t", group_id=g.id), timeout=10)
+    assert (again.size, dict(again.parts)) == (4, {"A": 4})
+    listed = o.ListGroups(fpga_pb2.ListGroupsRequest(tenant="t"), timeout=10).groups
+    assert [(x.id, x.active) for x in listed] == [(g.id, 3)]
 
 
 
