@@ -215,6 +215,14 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                 out[name], generations[name] = self._newest(name, reply)     # type: ignore[arg-type]
         return out, generations
 
+    def _last_known_infos(self) -> dict[str, fpga_pb2.ServerInfo]:
+        """Each mapped server's newest state seen, asked of no server unless one has not been seen yet (a quote's
+        view: what the reconcile rounds and placements last read)."""
+        known = self.generations.known()
+        if any(name not in known for name in self.servers) or not known:
+            return self._server_infos()
+        return {name: known[name] for name in self.servers}
+
     def _newest(self, server: str, info: fpga_pb2.ServerInfo) -> tuple[fpga_pb2.ServerInfo, int]:
         """`info` stamped with its generation, or the newest state of `server` seen (ServerGenerations.newest)."""
         return self.generations.newest(server, info)
@@ -394,7 +402,10 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
     def _serving(self, groups: list[Group]) -> dict[str, int]:
         """Devices serving each of `groups` now, as its servers report them (a device reconfiguring, or
         blacklisted, does not count); a part on a server that does not answer counts as recorded."""
-        infos = self._server_infos() if any(not g.deleted and g.parts for g in groups) else {}
+        holding = {n for g in groups if not g.deleted for n, size in (g.parts or {}).items() if size}
+        answers = self.ask_all({n: h for n, h in self.servers.items() if n in holding}, "GetServer",
+                               fpga_pb2.GetServerRequest()) if holding else {}
+        infos = {n: i for n, i in answers.items() if isinstance(i, fpga_pb2.ServerInfo)}
         out = {}
         for g in groups:
             n = 0

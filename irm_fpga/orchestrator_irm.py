@@ -22,6 +22,7 @@ from services.errors import (
     MANAGER_UNAVAILABLE,
     NEVER_FITS,
     OVER_PRICE,
+    PIN_REFUSED,
     RESERVATION_PENDING,
     RETRY_LATER_S,
     Aborted,
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 PENDING_RETRY_S = 1.0
 MAX_DEVICES = 4096     # devices per virtual FPGA of a reservation: beyond any cluster this emulates
 MAX_RESERVE_REQUEST_ID_CHARS = 128  # Reserve's, as every resource manager's (irm.proto)
+# A PIN_REFUSED's metadata values (common.proto: "group", "pin", "refused", a pin and the others a line each), cut
+# to fit an ErrorInfo value, as a CRS's are (cross_resource_scheduler.stacking).
+REFUSED_BYTES = 240
 PRICE_SLACK = 1e-9     # a cap equal to the quote, give or take float rounding, is met (as the compute IRM's)
 
 
@@ -69,6 +73,16 @@ def _devices(attr: common_pb2.AttributeRequest, path: str, v: Violations) -> int
         v.add(path, f"a whole number from 1 to {MAX_DEVICES}, got {devices:g}")
         return 1
     return int(devices)
+
+
+def _lines(names: list[str], limit: int) -> str:
+    """`names` one a line, as many whole lines as fit in `limit` bytes (an ErrorInfo value keeps 256)."""
+    out: list[str] = []
+    for name in names:
+        if len("\n".join([*out, name]).encode()) > limit:
+            break
+        out.append(name)
+    return "\n".join(out)
 
 
 def _no_constraints(request: irm_pb2.ReserveRequest | irm_pb2.QuotePriceRequest, v: Violations) -> None:
@@ -155,19 +169,27 @@ class VfpgaReservations:
         return out
 
     def _servers_for(self, parsed: list[tuple[irm_pb2.ResourceGroup, str, int]], *,
-                     in_use: bool) -> list[list[str] | None]:
+                     reserving: bool) -> list[list[str] | None]:
         """Per group, the FPGA-servers it may be made on (those with its traits; None: any). Refused here, before
         any device is taken: what no set of the servers could hold, even all free (FAILED_PRECONDITION,
         NEVER_FITS); what only the servers that answer cannot hold (UNAVAILABLE: the others' devices are unknown
-        now); with `in_use`, what the free devices cannot hold now (RESOURCE_EXHAUSTED, CAPACITY_IN_USE: making
-        its first groups would cost their reconfigurations for nothing)."""
-        infos = self.orch._server_infos()
+        now). A request with pinned groups is a CRS's placement from its view of these servers: where that view
+        is behind (a device blacklisted since), it is RESOURCE_EXHAUSTED (place again), and a pin on a server
+        without the group's traits is PIN_REFUSED (placed again clear of it), never NEVER_FITS, which would reach
+        the tenant as "change the request".
+
+        Reserving (`reserving`), the groups are judged together, on the servers' state now, and what the free
+        devices cannot hold now is RESOURCE_EXHAUSTED, CAPACITY_IN_USE (making its first groups would cost their
+        reconfigurations for nothing). A quote judges each group alone (a CRS asks unit prices of alternatives in
+        one call), on the servers' last known state: it calls no server."""
+        infos = self.orch._server_infos() if reserving else self.orch._last_known_infos()
         if not infos:
             raise Unavailable("no FPGA-server answers; nothing was reserved, retry", reason=MANAGER_UNAVAILABLE,
                               retry_after_s=PENDING_RETRY_S)
         silent = len(self.config.servers) - len(infos)
         usable = {n: usable_devices(i) for n, i in infos.items()}
         total = sum(usable.values())
+        pinned = any(g.placement for g, _, _ in parsed)
 
         def short(what: str) -> Exception:
             if silent:
@@ -175,6 +197,10 @@ class VfpgaReservations:
                                    f"with {total} usable devices; nothing was reserved, retry once the others are "
                                    "back",
                                    reason=MANAGER_UNAVAILABLE, retry_after_s=PENDING_RETRY_S)
+            if pinned:
+                return ResourceExhausted(f"{what}; nothing was reserved: place again (the servers changed since "
+                                         "the placement was made)", reason=CAPACITY_IN_USE,
+                                         retry_after_s=PENDING_RETRY_S)
             return FailedPrecondition(f"{what}: it never fits as asked; nothing was reserved", reason=NEVER_FITS)
 
         v = Violations()
@@ -182,7 +208,7 @@ class VfpgaReservations:
             v.check(devices <= total, f"groups[{i}].attributes[devices]",
                     f"group {g.name!r} asks for {devices} devices per virtual FPGA; the FPGA-servers have {total} "
                     "usable devices in all")
-        if v.items and silent:
+        if v.items and (silent or pinned):
             raise short(f"{max(n for _, _, n in parsed)} devices per virtual FPGA do not fit")
         v.raise_if_any()
         out: list[list[str] | None] = []
@@ -192,12 +218,14 @@ class VfpgaReservations:
                 required, forbidden = set(g.required_traits), set(g.forbidden_traits)
                 where = [n for n, i in infos.items()
                          if required <= set(server_traits(i)) and not forbidden & set(server_traits(i))]
-                wrong = [n for n in g.placement if n in infos and n not in where]
+                wrong = sorted({n for n in g.placement if n in infos and n not in where})
                 if wrong:
                     raise FailedPrecondition(
                         f"group {g.name!r} is pinned to FPGA-server(s) {wrong} whose traits do not match its "
                         f"required_traits {sorted(required)} and forbidden_traits {sorted(forbidden)}; nothing was "
-                        "reserved", reason=NEVER_FITS, metadata={"group": g.name})
+                        "reserved: place it elsewhere", reason=PIN_REFUSED,
+                        metadata={"group": g.name[:REFUSED_BYTES], "pin": wrong[0],
+                                  "refused": _lines(wrong, REFUSED_BYTES)})
                 if not where:
                     raise short(f"group {g.name!r}: no FPGA-server has the required_traits {sorted(required)} "
                                 f"without the forbidden_traits {sorted(forbidden)} (their traits: "
@@ -207,16 +235,17 @@ class VfpgaReservations:
                 raise short(f"group {g.name!r} asks for {g.count} x {devices} devices; the FPGA-servers"
                             f"{' with its traits' if where is not None else ''} have {room} usable")
             out.append(where)
+        if not reserving:
+            return out
         asked = sum(g.count * devices for g, _, devices in parsed)
         if asked > total:
             raise short(f"the groups ask for {asked} devices in all; the FPGA-servers have {total} usable")
-        if in_use:
-            recorded = self.orch._recorded()
-            free = sum(max(0, self.orch._free(i, recorded.get(n, 0))) for n, i in infos.items())
-            if asked > free:
-                raise ResourceExhausted(f"the groups ask for {asked} devices; {free} of the {total} usable are free "
-                                        "now; nothing was reserved, retry later (or ask for fewer)",
-                                        reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
+        recorded = self.orch._recorded()
+        free = sum(max(0, self.orch._free(i, recorded.get(n, 0))) for n, i in infos.items())
+        if asked > free:
+            raise ResourceExhausted(f"the groups ask for {asked} devices; {free} of the {total} usable are free "
+                                    "now; nothing was reserved, retry later (or ask for fewer)",
+                                    reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
         return out
 
     def _group_price(self, count: int, devices: int) -> float:
@@ -231,7 +260,7 @@ class VfpgaReservations:
         v = Violations()
         _no_constraints(request, v)
         parsed = self._parse(list(request.groups), v)
-        self._servers_for(parsed, in_use=False)     # what Reserve refuses as never fitting
+        self._servers_for(parsed, reserving=False)     # what Reserve refuses as never fitting
         quotes = [irm_pb2.GroupQuote(name=g.name, manager=self.config.name,
                                      price_per_minute=self._group_price(g.count, n)) for g, _, n in parsed]
         return irm_pb2.QuotePriceResponse(price_per_minute=self._price(parsed), groups=quotes)
@@ -287,7 +316,7 @@ class VfpgaReservations:
                 "cap, or ask for fewer or smaller virtual FPGAs (QuotePrice says what a request costs)",
                 reason=OVER_PRICE, metadata={"pricePerMinute": f"{price:.4f}", "maxPricePerMinute": f"{cap:.4f}"})
         # Checked here, in this request's terms: create_group would name its own fields (max_size).
-        servers = self._servers_for(parsed, in_use=True)
+        servers = self._servers_for(parsed, reserving=True)
         rid = f"fres-{uuid.uuid4().hex[:16]}"
         claim = dict(id=rid, tenant=tenant, request_id=request.request_id, request_hash=fingerprint, state="pending",
                      price_per_minute=0.0, created_at=self.clock.now(), released_at=0.0, groups=[])

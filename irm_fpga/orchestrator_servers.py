@@ -52,6 +52,11 @@ class ServerGenerations:
         self._newest_read: dict[str, tuple[str, int, fpga_pb2.ServerInfo, int]] = {}   # server -> boot, seq, info, gen
         self._old_boots: dict[str, deque[str]] = {}     # server -> its earlier runs' boot ids (answers still in flight)
 
+    def known(self) -> dict[str, fpga_pb2.ServerInfo]:
+        """The newest state seen of each server (whether it answers now or not)."""
+        with self._generation_lock:
+            return {server: read[2] for server, read in self._newest_read.items()}
+
     def newest(self, server: str, info: fpga_pb2.ServerInfo) -> tuple[fpga_pb2.ServerInfo, int]:
         """`info`, stamped with the next generation if it is the newest state of `server` seen yet; else the
         newest seen and its generation (an answer that took longer to reach us than a later read's).

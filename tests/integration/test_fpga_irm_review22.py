@@ -12,10 +12,13 @@ from harness.v1 import fpga_pb2, irm_pb2, irm_pb2_grpc
 from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
 from services.errors import (
     CAPACITY_IN_USE,
+    MANAGER_UNAVAILABLE,
     NEVER_FITS,
+    PIN_REFUSED,
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
+    Unavailable,
     error_info,
 )
 from services.tls import plain_channel
@@ -134,8 +137,9 @@ def test_more_devices_than_the_servers_have_never_fits_before_any_group_is_made(
         with pytest.raises(FailedPrecondition) as e:
             reserve(orch, request_id, *groups)
         assert e.value.reason == NEVER_FITS and "8 usable" in str(e.value)
-        with pytest.raises(FailedPrecondition):
-            orch.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=groups), None)
+    # A quote judges each group alone (a CRS's unit prices are alternatives): one group of 9 never fits.
+    with pytest.raises(FailedPrecondition):
+        orch.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[vfpga("f", 1, count=9)]), None)
     assert made == [] and devices_held(servers) == 0
 
 
@@ -211,3 +215,64 @@ def test_a_range_of_devices_through_the_crs_is_reserved(suite):
         c.Reserve(irm_pb2.ReserveRequest(tenant="alice", request_id="gpu", groups=[vfpga(required=("gpu",))]),
                   timeout=60)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and error_info(e.value)[0] == NEVER_FITS
+
+
+def test_a_pinned_request_short_of_devices_is_placed_again_not_never_fits(orch, servers):
+    # Pinned groups are a CRS's placement from its view of these servers: where the view is behind (a device
+    # blacklisted since), RESOURCE_EXHAUSTED makes it place again; NEVER_FITS would tell the tenant to change it.
+    names = sorted(orch.servers)
+    for request_id, group in (("p1", vfpga("f", 5, count=2)), ("p2", vfpga("g", 9))):
+        group.placement[:] = names[:group.count]
+        with pytest.raises(ResourceExhausted) as e:
+            reserve(orch, request_id, group)
+        assert e.value.reason == CAPACITY_IN_USE and "place again" in str(e.value)
+    assert devices_held(servers) == 0
+
+
+def test_a_pin_on_a_server_without_the_groups_traits_is_pin_refused(orch, servers, monkeypatch):
+    real = orch._stamped_infos
+
+    def without_fft_on_b():     # noqa: ANN202
+        infos, generations = real()
+        for name, info in infos.items():
+            if orch.servers[name].address == servers["B"].address:
+                trimmed = fpga_pb2.ServerInfo()
+                trimmed.CopyFrom(info)
+                trimmed.designs[:] = [d for d in info.designs if d != "fft"]
+                infos[name] = trimmed
+        return infos, generations
+    monkeypatch.setattr(orch, "_stamped_infos", without_fft_on_b)
+    b = next(name for name, h in orch.servers.items() if h.address == servers["B"].address)
+    g = vfpga("f", 1, design="fft", required=("fft",))
+    g.placement[:] = [b]
+    with pytest.raises(FailedPrecondition) as e:
+        reserve(orch, "pin", g)
+    assert e.value.reason == PIN_REFUSED
+    assert (e.value.metadata["group"], e.value.metadata["pin"], e.value.metadata["refused"]) == ("f", b, b)
+    assert devices_held(servers) == 0
+
+
+def test_a_quote_judges_each_group_alone_on_the_last_known_state(orch, servers, monkeypatch):
+    orch._server_infos()        # the servers' states, seen once
+    monkeypatch.setattr(orch, "_server_infos", lambda: pytest.fail("a quote called the servers"))
+    # A CRS asks unit prices of alternatives in one call: three groups of 3 devices on 8 are not one request.
+    names = sorted(orch.servers)
+    probes = []
+    for i, name in enumerate([names[0], names[0], names[1]]):
+        g = vfpga(f"k{i}", 3)
+        g.placement[:] = [name]
+        probes.append(g)
+    quote = orch.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=probes), None)
+    assert [q.price_per_minute for q in quote.groups] == [pytest.approx(3 * orch.config.price_per_device_minute)] * 3
+    with pytest.raises(FailedPrecondition) as e:        # one group alone larger than the servers: never fits
+        orch.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[vfpga("big", 3, count=3)]), None)
+    assert e.value.reason == NEVER_FITS
+
+
+def test_short_only_of_a_server_that_does_not_answer_is_unavailable(orch, servers):
+    servers["B"].stop()
+    for request_id, group in (("u1", vfpga("f", 4, count=2)), ("u2", vfpga("g", required=("gpu",)))):
+        with pytest.raises(Unavailable) as e:
+            reserve(orch, request_id, group)
+        assert e.value.reason == MANAGER_UNAVAILABLE and "1 of the 2 FPGA-servers answer" in str(e.value)
+    assert reserve(orch, "u3", vfpga("h", 4)).state == irm_pb2.Reservation.STATE_ACTIVE
