@@ -171,6 +171,13 @@ def parse(groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupCo
                 if not math.isfinite(lo):
                     v.add(ap, "a range for a consumable attribute needs a lower bound")
                     continue
+                if spec.integer and which == "range":
+                    # The smallest whole number in the range (irm.proto: the smallest that fits), as the managers
+                    # take it: counted at the range's fractional minimum, a host would look roomier than it is.
+                    lo = float(math.ceil(lo - 1e-9))
+                    if lo > hi:
+                        v.add(ap, f"no whole number in the range [{req.range.min:g}, {hi:g}] ({spec.unit})")
+                        continue
                 if (dom.HasField("min") and lo < dom.min - 1e-9) or (dom.HasField("max") and lo > dom.max + 1e-9):
                     v.add(ap, f"{lo:g} {spec.unit} is outside {_domain(dom)}")
                     continue

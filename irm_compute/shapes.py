@@ -43,7 +43,9 @@ class VmGroup:
         )
 
 
-def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations) -> float | None:
+def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations, whole: bool = False) -> float | None:
+    """The amount a group asks for: its number, or its range's lower bound (the smallest whole number in the
+    range when the attribute is `whole`: irm.proto's "the smallest that fits")."""
     which = attr.WhichOneof("value")
     if which == "number":
         return attr.number
@@ -56,6 +58,12 @@ def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations) -> floa
             v.add(f"{path}.range", f"min must not exceed max (nor NaN), got min {attr.range.min:g} "
                                    f"and max {attr.range.max:g}")
             return None
+        if whole and math.isfinite(attr.range.min):
+            least = float(math.ceil(attr.range.min - 1e-9))
+            if attr.range.HasField("max") and least > attr.range.max:
+                v.add(f"{path}.range", f"no whole number in [{attr.range.min:g}, {attr.range.max:g}]")
+                return None
+            return least
         return attr.range.min
     v.add(path, "expected a number or a range")
     return None
@@ -115,7 +123,7 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
                     f"unknown attribute; a vm has {', '.join(KNOWN_ATTRIBUTES)}")
         cores = None
         if "cores" in g.attributes:
-            cores = _number(g.attributes["cores"], f"{p}.attributes[cores]", v)
+            cores = _number(g.attributes["cores"], f"{p}.attributes[cores]", v, whole=True)
             # NaN, inf and absurd counts are bad input, not a shape to price or to store (int(inf) raised).
             if cores is not None and not (1 <= cores <= MAX_CORES and cores == int(cores)):
                 v.add(f"{p}.attributes[cores]", f"must be a whole number >= 1, got {cores:g} (at most {MAX_CORES})")

@@ -235,3 +235,12 @@ def test_pinned_placement_is_kept_in_order() -> None:
     g.placement.extend(["h2", "h1", "h2"])
     out, errs = parse([g])
     assert errs == [] and out[0].placement == ("h2", "h1", "h2")
+
+
+def test_a_range_of_cores_takes_its_smallest_whole_number() -> None:
+    # The CRS counts a range of an integer attribute at its smallest whole number: the IRM takes the same (1.2
+    # cores was refused as not whole, though the range holds 2).
+    out, errs = parse([vm(cores=rng(1.2, 3)), vm("b", cores=rng(0.5))])
+    assert errs == [] and [g.cores for g in out] == [2, 1]
+    _, errs = parse([vm(cores=rng(1.2, 1.8))])
+    assert errs == [("groups[0].attributes[cores].range", "no whole number in [1.2, 1.8]")]
