@@ -173,7 +173,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
               f"measured; the first: {failed[0][:500]} (`harness app model {args.app} --json` shows each)",
               file=sys.stderr)
         return PROFILE_FAILED
-    elif not final.runs and final.message == "exhausted":
+    elif not final.runs and final.message.startswith("exhausted"):     # "exhausted; <the profiler's note>"
         # Earlier sessions measured every configuration: the model is whole, nothing was left to run.
         print(f"harness app profile: session {final.id} ran nothing: earlier sessions measured every configuration "
               f"(`harness app model {args.app}` shows them)", file=sys.stderr)

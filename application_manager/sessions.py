@@ -332,6 +332,13 @@ class ProfilingSessions:
                     return replace(o, transient=True, error=(
                         f"cost limit: cut at {o.time_s:.4g} s, where its cost reached what was left of the "
                         f"session's budget (max_cost={request.max_cost:g}); not a failure of the configuration"))
+                if rule == "budget" and ended == "timeout" and backend.replaying and spent < request.max_cost:
+                    # The session's first run, bounded by a time from the quote before the agents were seen to
+                    # replay: it cost what was measured for that long, not what was left. Not a measurement of its
+                    # configuration, and the session goes on (its next runs are bounded by their cost).
+                    return replace(o, transient=True, error=(
+                        f"timeout: cut at {limit:.4g} s, a limit from the quoted price; the run was replayed (it "
+                        "costs what was measured) and left budget: not a failure of the configuration"))
                 if rule != "run_timeout_s" and ended == "timeout":
                     ended_by = rule
                     setting = "max_duration_s" if rule == "duration" else "max_cost"

@@ -141,3 +141,39 @@ def test_a_profiling_budget_bounds_replayed_runs_by_what_they_cost(suite, tmp_pa
     assert not cut.ok and cut.error.startswith("cost limit: cut at") and f"max_cost={budget:g}" in cut.error
     model = am.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), timeout=10)
     assert cut.configuration not in [p.configuration for p in model.frontier]
+
+
+CHEAP = """workload,runtime_s,cost,status,cloud,vcpus
+sort,400,0.010,ok,aws,2
+sort,300,0.012,ok,aws,4
+sort,200,0.014,ok,aws,8
+sort,500,0.008,ok,gcp,2
+sort,350,0.009,ok,gcp,4
+sort,250,0.011,ok,gcp,8
+"""
+
+
+def test_a_first_replayed_run_cut_by_a_time_from_the_quote_does_not_end_the_session(suite, tmp_path):
+    """Before its first run ends, a session cannot know its agents replay: that run is bounded by a time from the
+    quoted price (minutes of these VMs cost far more than these measured runs), and is cut. It is not a
+    measurement, and the session goes on to spend its budget (it ended there, 'budget', nearly all of it left)."""
+    data = tmp_path / "runs.csv"
+    data.write_text(CHEAP)
+    manifest = tmp_path / "manifest.json"
+    out = subprocess.run([sys.executable, "-m", "services.cli", "app", "replay-manifest", str(data), "sort",
+                          "-o", str(manifest)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    crs, c = suite.compute_cloud(backend="replay", dataset=str(data))
+    am_proc = suite.start("am", crs_address=crs.address)
+    eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
+    am = pb_grpc.ApplicationManagerStub(plain_channel(am_proc.address))
+    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest.read_text()), timeout=30)
+    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                             max_runs=12, max_cost=0.05, seed=1), timeout=120))
+    session = [e.session for e in events if e.HasField("session")][-1]
+    runs = [e.run for e in events if e.HasField("run")]
+    first, *rest = runs
+    assert not first.ok and "a limit from the quoted price; the run was replayed" in first.error
+    assert first.execution_time_s < 200 and first.cost < 0.01        # cut well short of any measured run
+    assert session.message == "budget" and session.spent == pytest.approx(0.05)
+    assert sum(r.ok for r in rest) >= 4 and rest[-1].error.startswith("cost limit: cut at")
