@@ -208,3 +208,16 @@ def test_job_policy_is_the_policy_managing_it_now(irm_factory):
     irm.policy = "edf"
     irm.restart()
     assert policy(kept.id) == "throughput"            # the last policy that managed it
+
+
+def test_a_refusal_with_the_minimums_fitting_names_what_counts_for_no_job(irm_factory, monkeypatch):
+    # Under throughput control a job's devices on a server taken as gone count for none: the broker may leave it
+    # without one though the minimums fit the pool. The message said the minimums "need" a number the pool has.
+    irm = irm_factory("throughput")
+    other = irm.register("other", throughput=jp.ThroughputGoal(actions_per_s=10))
+    monkeypatch.setattr(jobs_mod, "admit", lambda job, live, reqs, pool, priorities: {other.id: 0, job.job_id: 1})
+    with pytest.raises(ResourceExhausted) as e:
+        irm.register("new", throughput=jp.ThroughputGoal(actions_per_s=10))
+    assert str(e.value).startswith(f"{DEVICES} device(s) in the pool, the devices on servers taken as gone counting "
+                                   f"for no job: 'throughput' would leave {other.id} without a device")
+    assert e.value.reason == CAPACITY_IN_USE
