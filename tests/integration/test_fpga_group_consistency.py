@@ -117,7 +117,10 @@ def test_an_orchestrator_that_dies_while_making_a_group_leaves_a_whole_group(sui
                     server_timeout_s=2.0)
     stub = fpga_pb2_grpc.FpgaOrchestratorStub(plain_channel(o.address))
     (g,) = stub.ListGroups(fpga_pb2.ListGroupsRequest(tenant="alice"), timeout=10).groups
-    assert dict(g.parts) == {"A": 3} and g.active == 3
+    assert dict(g.parts) == {"A": 3}
+    # Serving once the re-made part's devices are configured (`active` counts devices serving now).
+    eventually(lambda: [x.active for x in stub.ListGroups(fpga_pb2.ListGroupsRequest(tenant="alice"),
+                                                          timeout=10).groups] == [3], what="the group serving")
     assert held(a.address) == {g.id: 3}         # made by the restarted Orchestrator, or found there
     retry = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="alice", request_id="req-1", design="sleep",
                                                          size=3), timeout=20)
