@@ -41,6 +41,7 @@ import errno
 import logging
 import math
 import os
+import re
 import resource
 import shutil
 import signal
@@ -107,7 +108,13 @@ _MERGED_OUTPUT = 64 * 1024
 # (at 0.5 s an unbounded series passed gRPC's 4 MiB message limit after ~14.5 h).
 MAX_SAMPLES = 1024
 _STDERR_TAIL = 8 * 1024
-_MEMORY_ERROR_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
+# How a program says it ran out of memory, in the last lines of its stderr (`said_out_of_memory`): a Python
+# exception line (MemoryError, numpy's _ArrayMemoryError), C++'s std::bad_alloc, Java's OutOfMemoryError, or
+# strerror(ENOMEM) ending a line ("malloc: Cannot allocate memory"). Not the words anywhere: a test named
+# test_evicts_on_MemoryError, or "Cannot allocate memory (remote side)" from another machine, is no such failure.
+_MEMORY_ERROR_LINE = re.compile(
+    rb"^[\w.]*MemoryError(?::.*)?$|std::bad_alloc|OutOfMemoryError|Cannot allocate memory[.!]?$")
+_MEMORY_ERROR_LINES = 10
 
 # The share of the machine's memory no VM may take, at least _RESERVE_MIN_MB and at most half the machine:
 # the kernel, the agent itself and whatever runs beside the VMs on one machine (the suite's other services, a
@@ -293,6 +300,9 @@ class Sample:
     cpu_percent: float  # of the pinned CPUs: 100 = all busy
     memory_percent: float  # of the memory allowance
     memory_mb: float  # PSS summed over the process tree
+    # The seconds it stands for, up to `time` (a merged sample: its parts'); 0: not known, counted as the others
+    # (merged CPU is their mean weighted by these, so an old sample merged again and again keeps its weight).
+    span_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -306,6 +316,12 @@ class Exited:
 
 
 Event = Started | Output | Sample | Exited
+
+
+def said_out_of_memory(stderr_tail: bytes) -> bool:
+    """Whether one of the last lines of a program's stderr says it ran out of memory (_MEMORY_ERROR_LINE)."""
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()][-_MEMORY_ERROR_LINES:]
+    return any(_MEMORY_ERROR_LINE.search(line) for line in lines)
 
 
 def exit_reason(
@@ -336,7 +352,7 @@ def exit_reason(
         return over if killed_for == MEMORY_LIMIT_EXCEEDED else killed_for
     if peak_mb > limit_mb:
         return over
-    if exit_code != 0 and (peak_mb >= 0.9 * limit_mb or any(m in stderr_tail for m in _MEMORY_ERROR_MARKERS)):
+    if exit_code != 0 and (peak_mb >= 0.9 * limit_mb or said_out_of_memory(stderr_tail)):
         return over
     if oom_killed:
         at = (f"at a peak of {peak_mb:.0f} MB of its {limit_mb:.0f} MB limit" if peak_mb > 0 else
@@ -590,9 +606,14 @@ class _EventQueue:
 
 
 def _merge_pair(a: Sample, b: Sample) -> Sample:
-    """One sample for two consecutive ones: the later time, the mean CPU, the peak memory."""
-    return Sample(b.time, (a.cpu_percent + b.cpu_percent) / 2, max(a.memory_percent, b.memory_percent),
-                  max(a.memory_mb, b.memory_mb))
+    """One sample for two consecutive ones: the later time, the CPU over both (their mean weighted by the time
+    each stands for; equal when a span is not known), the peak memory."""
+    if a.span_s > 0 and b.span_s > 0:
+        cpu = (a.cpu_percent * a.span_s + b.cpu_percent * b.span_s) / (a.span_s + b.span_s)
+    else:
+        cpu = (a.cpu_percent + b.cpu_percent) / 2
+    return Sample(b.time, cpu, max(a.memory_percent, b.memory_percent), max(a.memory_mb, b.memory_mb),
+                  a.span_s + b.span_s if a.span_s > 0 and b.span_s > 0 else 0.0)
 
 
 def keep_sample(samples: list[Sample], sample: Sample, limit: int | None = None) -> None:
@@ -887,8 +908,9 @@ class LocalExecution:
                 continue
             cpu_seconds, mem_mb, root_hwm_mb = measured
             cpu_percent = _cpu_percent(cpu_seconds - last_cpu, now - last_t, len(self.slot.cpus))
+            span = now - last_t
             last_t, last_cpu = now, cpu_seconds
-            sample = Sample(time.time(), cpu_percent, mem_mb / self.slot.memory_mb * 100, mem_mb)
+            sample = Sample(time.time(), cpu_percent, mem_mb / self.slot.memory_mb * 100, mem_mb, span)
             with self._lock:
                 keep_sample(self._samples, sample)
                 # The root's own high-water mark catches a spike of it between two samples.
@@ -994,7 +1016,7 @@ class LocalExecution:
         since = self._sampled_at or self._t0
         cpu = _cpu_percent(cpu_seconds - self._cpu_seconds, end - since, len(self.slot.cpus))
         at = max(peak_mb, self.slot.memory_mb)
-        sample = Sample(time.time(), cpu, at / self.slot.memory_mb * 100, at)
+        sample = Sample(time.time(), cpu, at / self.slot.memory_mb * 100, at, max(0.0, end - since))
         with self._lock:
             keep_sample(self._samples, sample)
         self._push(sample)
@@ -1161,6 +1183,8 @@ def merge_utilisation(runs: Sequence[tuple[Sequence[Sample], float | None]]) -> 
                 cpu_percent=sum(x.cpu_percent for x in live),
                 memory_percent=sum(x.memory_percent for x in live),
                 memory_mb=sum(x.memory_mb for x in live),
+                # What this point stands for in the merged series (decimate weighs by it): since the one before.
+                span_s=s.time - merged[-1].time if merged else s.span_s,
             )
         )
     return merged
