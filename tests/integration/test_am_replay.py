@@ -38,22 +38,37 @@ def pareto(rows: list[tuple[str, int, float, float]]) -> list[tuple[str, int]]:
                    if not any(t2 <= t and x2 <= x and (t2, x2) != (t, x) for _, _, t2, x2 in rows)])
 
 
-def test_profiling_a_dataset_through_the_services_finds_its_frontier(suite, tmp_path):
+def _replay_am(suite, tmp_path, dataset: str):  # type: ignore[no-untyped-def]
+    """A replay suite over `dataset` (the AM, the CRS, the compute IRM, a replaying agent): (AM stub, the manifest
+    `harness app replay-manifest` made of the dataset)."""
     data = tmp_path / "runs.csv"
-    data.write_text(DATASET)
+    data.write_text(dataset)
     manifest = tmp_path / "manifest.json"
     out = subprocess.run([sys.executable, "-m", "services.cli", "app", "replay-manifest", str(data), "sort",
                           "-o", str(manifest)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-
     crs, c = suite.compute_cloud(backend="replay", dataset=str(data))
     am_proc = suite.start("am", crs_address=crs.address)
     eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
-    am = pb_grpc.ApplicationManagerStub(plain_channel(am_proc.address))
+    return pb_grpc.ApplicationManagerStub(plain_channel(am_proc.address)), manifest.read_text()
 
+
+def _profiled(suite, tmp_path, dataset: str, **limits):  # type: ignore[no-untyped-def]
+    """`_replay_am`'s application profiled with `limits` (uniform, seed 1): (AM stub, application, its session as
+    it ended, its runs)."""
+    am, manifest = _replay_am(suite, tmp_path, dataset)
+    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest), timeout=30)
+    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                             seed=1, **limits), timeout=120))
+    session = [e.session for e in events if e.HasField("session")][-1]
+    return am, app, session, [e.run for e in events if e.HasField("run")]
+
+
+def test_profiling_a_dataset_through_the_services_finds_its_frontier(suite, tmp_path):
+    am, manifest = _replay_am(suite, tmp_path, DATASET)
     slo = json.dumps({"Manifest": "replay-sort", "Objective": {"Constraints": ["%execution_time <= 150"],
                                                                "Optimize": "%cost"}})
-    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest.read_text(),
+    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest,
                                                            slo_json=slo), timeout=30)
     assert app.configurations == 6 and set(app.dimensions) == {"%cloud", "%vcpus"}
     events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
@@ -90,7 +105,7 @@ def test_profiling_a_dataset_through_the_services_finds_its_frontier(suite, tmp_
     # A Tunable parameter is the manager's to choose: an SLO that fixes it is refused, naming it.
     with pytest.raises(grpc.RpcError) as e:
         am.SubmitApplication(pb.SubmitApplicationRequest(
-            tenant="t", manifest_json=manifest.read_text(),
+            tenant="t", manifest_json=manifest,
             slo_json=json.dumps({"Parameters": {"%cloud": "aws"}})), timeout=30)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Tunable" in e.value.details()
 
@@ -112,21 +127,7 @@ def test_a_profiling_budget_bounds_replayed_runs_by_what_they_cost(suite, tmp_pa
     """A replayed run costs what the measured run cost, not the quoted price of its VMs for its time: the agent
     ends the run that would overspend at what is left of the budget, and no limit from the quote cuts a run short
     of it (a session of budget 0.15 spent 0.19; one of 0.45 ended at 0.39)."""
-    data = tmp_path / "runs.csv"
-    data.write_text(dataset)
-    manifest = tmp_path / "manifest.json"
-    out = subprocess.run([sys.executable, "-m", "services.cli", "app", "replay-manifest", str(data), "sort",
-                          "-o", str(manifest)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    crs, c = suite.compute_cloud(backend="replay", dataset=str(data))
-    am_proc = suite.start("am", crs_address=crs.address)
-    eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
-    am = pb_grpc.ApplicationManagerStub(plain_channel(am_proc.address))
-    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest.read_text()), timeout=30)
-    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
-                                                             max_runs=6, max_cost=budget, seed=1), timeout=120))
-    session = [e.session for e in events if e.HasField("session")][-1]
-    runs = [e.run for e in events if e.HasField("run")]
+    am, app, session, runs = _profiled(suite, tmp_path, dataset, max_runs=6, max_cost=budget)
     assert session.state == pb.ProfilingSession.STATE_DONE and session.message == "budget"
     assert session.spent == pytest.approx(budget) and sum(r.cost for r in runs) == pytest.approx(budget)
     # The runs before the last cost what was measured; the last one is cut where its cost reached what was left of
@@ -157,21 +158,7 @@ def test_a_first_replayed_run_cut_by_a_time_from_the_quote_does_not_end_the_sess
     """Before its first run ends, a session cannot know its agents replay: that run is bounded by a time from the
     quoted price (minutes of these VMs cost far more than these measured runs), and is cut. It is not a
     measurement, and the session goes on to spend its budget (it ended there, 'budget', nearly all of it left)."""
-    data = tmp_path / "runs.csv"
-    data.write_text(CHEAP)
-    manifest = tmp_path / "manifest.json"
-    out = subprocess.run([sys.executable, "-m", "services.cli", "app", "replay-manifest", str(data), "sort",
-                          "-o", str(manifest)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    crs, c = suite.compute_cloud(backend="replay", dataset=str(data))
-    am_proc = suite.start("am", crs_address=crs.address)
-    eventually(lambda: len(c.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources) >= 6)
-    am = pb_grpc.ApplicationManagerStub(plain_channel(am_proc.address))
-    app = am.SubmitApplication(pb.SubmitApplicationRequest(tenant="t", manifest_json=manifest.read_text()), timeout=30)
-    events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
-                                                             max_runs=12, max_cost=0.05, seed=1), timeout=120))
-    session = [e.session for e in events if e.HasField("session")][-1]
-    runs = [e.run for e in events if e.HasField("run")]
+    am, app, session, runs = _profiled(suite, tmp_path, CHEAP, max_runs=12, max_cost=0.05)
     first, *rest = runs
     assert not first.ok and "a limit from the quoted price; the run was replayed" in first.error
     assert first.execution_time_s < 200 and first.cost < 0.01        # cut well short of any measured run

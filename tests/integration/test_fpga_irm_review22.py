@@ -61,6 +61,22 @@ def devices_held(servers) -> int:
     return sum(sum(held(p.address).values()) for p in servers.values())
 
 
+def _without_fft_on(orch: Orchestrator, address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server at `address` read as one without the fft design (every emulated server has every design)."""
+    real = orch._stamped_infos
+
+    def trimmed_infos():     # noqa: ANN202
+        infos, generations = real()
+        for name, info in infos.items():
+            if orch.servers[name].address == address:
+                trimmed = fpga_pb2.ServerInfo()
+                trimmed.CopyFrom(info)
+                trimmed.designs[:] = [d for d in info.designs if d != "fft"]
+                infos[name] = trimmed
+        return infos, generations
+    monkeypatch.setattr(orch, "_stamped_infos", trimmed_infos)
+
+
 def test_two_groups_of_one_name_are_refused_not_given_one_virtual_fpga_twice(orch, servers):
     with pytest.raises(InvalidArgument) as e:
         reserve(orch, "dup", vfpga("f", 2), vfpga("f", 3, design="fft"))
@@ -91,19 +107,8 @@ def test_traits_no_fpga_server_has_never_fit(orch, servers, traits):
 
 def test_a_group_is_made_only_on_the_servers_with_its_traits(orch, servers, monkeypatch):
     # Server B stands for one without the fft design (every emulated server has every design).
-    real = orch._stamped_infos
     b = servers["B"].address
-
-    def without_fft_on_b():     # noqa: ANN202
-        infos, generations = real()
-        for name, info in infos.items():
-            if orch.servers[name].address == b:
-                trimmed = fpga_pb2.ServerInfo()
-                trimmed.CopyFrom(info)
-                trimmed.designs[:] = [d for d in info.designs if d != "fft"]
-                infos[name] = trimmed
-        return infos, generations
-    monkeypatch.setattr(orch, "_stamped_infos", without_fft_on_b)
+    _without_fft_on(orch, b, monkeypatch)
     made = reserve(orch, "only-a", vfpga("f", 2, count=2, design="fft", required=("fft",)))
     a = next(name for name, h in orch.servers.items() if h.address == servers["A"].address)
     assert [r.physical_id for r in made.groups[0].resources] == [a, a]
@@ -230,18 +235,7 @@ def test_a_pinned_request_short_of_devices_is_placed_again_not_never_fits(orch, 
 
 
 def test_a_pin_on_a_server_without_the_groups_traits_is_pin_refused(orch, servers, monkeypatch):
-    real = orch._stamped_infos
-
-    def without_fft_on_b():     # noqa: ANN202
-        infos, generations = real()
-        for name, info in infos.items():
-            if orch.servers[name].address == servers["B"].address:
-                trimmed = fpga_pb2.ServerInfo()
-                trimmed.CopyFrom(info)
-                trimmed.designs[:] = [d for d in info.designs if d != "fft"]
-                infos[name] = trimmed
-        return infos, generations
-    monkeypatch.setattr(orch, "_stamped_infos", without_fft_on_b)
+    _without_fft_on(orch, servers["B"].address, monkeypatch)
     b = next(name for name, h in orch.servers.items() if h.address == servers["B"].address)
     g = vfpga("f", 1, design="fft", required=("fft",))
     g.placement[:] = [b]
