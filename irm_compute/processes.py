@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from irm_compute.cpu_ledger import CpuReading
+
 log = logging.getLogger(__name__)
 
 # The environment variable marking an execution's processes.
@@ -82,6 +84,24 @@ def _read_stat(pid: int) -> tuple[bytes, int, int, int, int] | None:
     fields = data[data.rfind(b")") + 2:].split()
     try:
         return fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _read_cpu(pid: int, start: int) -> CpuReading | None:
+    """A process's CPU reading (its time and its waited-for children's, its parent, whether a zombie), if `pid`
+    is still the process started at `start` (clock ticks since boot)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        if int(fields[19]) != start:
+            return None
+        return CpuReading((int(fields[11]) + int(fields[12])) / _CLK_TCK, (int(fields[13]) + int(fields[14])) / _CLK_TCK,
+                          int(fields[1]), fields[0] == b"Z")
     except (IndexError, ValueError):
         return None
 
@@ -218,6 +238,19 @@ class ProcessTable:
         with self._lock:
             self._ensure(time.monotonic() - max_age)
             return self._live(key)
+
+    def cpu_readings(self, key: Hashable, max_age: float) -> dict[tuple[int, int], tuple[int, CpuReading]]:
+        """`key`'s processes, zombies too, from a scan at most `max_age` old: (pid, start) -> (pid, its CPU
+        reading) (irm_compute.cpu_ledger)."""
+        with self._lock:
+            self._ensure(time.monotonic() - max_age)
+            procs = [(p.pid, p.start) for p in self._owned.get(key, ())]
+        out = {}
+        for pid, start in procs:
+            reading = _read_cpu(pid, start)
+            if reading is not None:
+                out[(pid, start)] = (pid, reading)
+        return out
 
     def kill(self, key: Hashable) -> None:
         """SIGKILL every process of `key` found now (its command included, if not yet reaped), scanning again

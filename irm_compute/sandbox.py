@@ -57,6 +57,7 @@ from typing import IO, Literal
 
 import psutil
 
+from irm_compute.cpu_ledger import CpuLedger
 from irm_compute.processes import EXECUTION_MARK, PROCESSES, ProcessTable, pin_threads
 
 log = logging.getLogger(__name__)
@@ -710,6 +711,10 @@ class LocalExecution:
         self._spawner_hwm_mb = math.inf  # the agent's high-water mark just after the spawn (see _reap)
         self._oom_kills_at_start: int | None = None  # the kernel's OOM kill count before the spawn
         self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
+        # Each process's last CPU reading, those gone since included (irm_compute.cpu_ledger); its own lock: a
+        # kill tallies it from the caller's thread while the monitor may sample.
+        self._cpu = CpuLedger()
+        self._cpu_lock = threading.Lock()
         self._sampled_at = 0.0  # monotonic time of the last sample
         self._popen: subprocess.Popen[bytes] | None = None
         self._t0 = 0.0
@@ -798,8 +803,25 @@ class LocalExecution:
         """The consumer left: drop what it did not read and queue nothing more (the command keeps running)."""
         self._events.close()
 
+    def _tally_cpu(self, max_age: float) -> float:
+        """The tree's CPU seconds so far (the ledger updated from a scan at most `max_age` old)."""
+        with self._cpu_lock:
+            return self._cpu.update(self._processes.cpu_readings(self, max_age))
+
+    def _tally_at_the_end(self) -> None:
+        """What the tree used up to now, before it is killed (its processes are then reaped by the agent, not by
+        a process of the run: their time since the last sample would be lost), best effort."""
+        try:
+            total = self._tally_cpu(0.0)
+            with self._lock:
+                self._cpu_seconds = max(self._cpu_seconds, total)
+        except Exception:  # noqa: BLE001 -- a measurement must never keep the tree from being killed
+            log.exception("could not read the CPU of a tree at its end", extra={"execution": self.execution_id})
+
     def kill(self, reason: str = STOPPED) -> bool:
         """SIGKILL the process tree; False if it had already exited. The first reason given is kept."""
+        if self._popen is not None and not self._leader_exited:
+            self._tally_at_the_end()
         with self._lock:
             if self._popen is None or self._leader_exited:
                 return False
@@ -945,13 +967,12 @@ class LocalExecution:
         except psutil.Error:
             return None
         allowed = frozenset(self.slot.cpus)
-        cpu = rss = 0.0
+        rss = 0.0
         alive: list[psutil.Process] = []
         rss_of: dict[int, int] = {}
         for p in procs:
             try:
                 with p.oneshot():
-                    t = p.cpu_times()
                     rss_of[p.pid] = p.memory_info().rss
             except psutil.Error:
                 continue  # exited between listing and reading
@@ -960,7 +981,6 @@ class LocalExecution:
             if allowed:
                 pin_threads(p.pid, allowed)
             # children_* hold descendants already reaped, so the total does not drop when one exits.
-            cpu += t.user + t.system + t.children_user + t.children_system
             alive.append(p)
         if rss <= 0:
             return None  # the tree is exiting (its memory already torn down): no sample, not "0 MB"
@@ -995,7 +1015,7 @@ class LocalExecution:
             self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
             if pss > 0:
                 self._tree_shared = max(0.0, read_rss - pss)
-        return cpu, mem / (1024 * 1024), _vm_hwm_mb(root.pid)
+        return self._tally_cpu(self.sample_interval_s / 2), mem / (1024 * 1024), _vm_hwm_mb(root.pid)
 
     def _root_pss_mb(self, root_rss_mb: float) -> float:
         """The PSS an RSS reading of the root (its VmHWM, ru_maxrss) stands for."""
@@ -1043,6 +1063,8 @@ class LocalExecution:
         # Wait without reaping, so the group can still be killed by its id without racing pid reuse:
         # the command's exit ends the execution, and whatever it left running goes with it.
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        # The command is a zombie now, its reading final; a child it left a zombie, or running, still reads too.
+        self._tally_at_the_end()
         with self._lock:
             _killpg(pid)
             self._leader_exited = True
@@ -1074,7 +1096,11 @@ class LocalExecution:
             elif died:
                 shared = max(self._root_shared, self._proc_shared)
                 peak = max(peak, maxrss_mb - shared / (1024 * 1024))
-        cpu_seconds = max(self._cpu_seconds, usage.ru_utime + usage.ru_stime)
+        # The command's own and its waited-for descendants' (rusage), and the processes of the run reaped
+        # outside it (the ledger's gone: in no one's rusage), or the ledger's total at the last sample if more.
+        with self._cpu_lock:
+            gone = self._cpu.gone
+        cpu_seconds = max(self._cpu_seconds, gone + usage.ru_utime + usage.ru_stime)
         reason = exit_reason(self._killed_for, exit_code, peak, self.slot.memory_mb, self._stderr_tail,
                              oom_killed=exit_code == -signal.SIGKILL and self._oom_killer_struck(),
                              vm_memory_mb=self.slot.vm_memory_mb)
