@@ -20,7 +20,8 @@ class CpuReading:
     own: float          # its own CPU seconds (utime + stime)
     children: float     # those of the children it waited for (cutime + cstime)
     ppid: int           # its parent when read
-    zombie: bool        # exited, not yet reaped: it waits for no one
+    zombie: bool        # exited, not yet reaped: it reaps no one from now on
+    start: int = 0      # when it started (clock ticks since boot): a parent is older than its child
 
     @property
     def seconds(self) -> float:
@@ -52,21 +53,26 @@ class CpuLedger:
         so on -- or by the agent, which adopts a process whose parent exits first. Which one is told by the
         reaper's children times: they grew by at least the last readings of what it reaped (a process's time
         only grows), nearest descendants first; what does not fit there was reaped outside."""
-        room: dict[int, float] = {}     # live process -> how much its children times grew since last read
+        # Per process of the tree now, how much its children times grew since it was last read: what it reaped
+        # meanwhile. A zombie too: it may have reaped before it exited, and its reading (counted) holds that.
+        room: dict[int, float] = {}
+        starts: dict[int, int] = {}
         for key, (pid, r) in readings.items():
-            if not r.zombie:
-                before = self._last.get(key)
-                room[pid] = r.children - (before[1].children if before is not None else 0.0)
+            before = self._last.get(key)
+            room[pid] = r.children - (before[1].children if before is not None else 0.0)
+            starts[pid] = r.start
         gone = [last for key, last in self._last.items() if key not in readings]
         gone_by_pid = {pid: r for pid, r in gone}
         candidates = []
         for pid, reading in gone:
-            reaper, depth = _reaper(pid, reading, gone_by_pid, room)
+            reaper, depth = _reaper(pid, reading, gone_by_pid, starts)
             if reaper is None:
                 self._gone += reading.seconds
             else:
                 candidates.append((reaper, depth, pid, reading))
-        for reaper, _, _, reading in sorted(candidates, key=lambda c: (c[0], c[1], c[2])):
+        # Nearest descendants first, and of those the larger first: the reaper's growth also holds processes
+        # never read (born and reaped between two readings), so what does not fit is the smaller share.
+        for reaper, _, _, reading in sorted(candidates, key=lambda c: (c[0], c[1], -c[3].seconds, c[2])):
             if reading.seconds <= room[reaper] + 1e-9:
                 room[reaper] -= reading.seconds
             else:
@@ -76,14 +82,15 @@ class CpuLedger:
 
 
 def _reaper(pid: int, reading: CpuReading, gone: Mapping[int, CpuReading],
-            live: Mapping[int, float]) -> tuple[int | None, int]:
-    """The live process of the tree that may have reaped a process gone since the last readings (its parent, or
-    the nearest ancestor that lives, through parents gone too), and how many generations up; None if the chain
-    leaves the tree (the agent reaped it)."""
+            live: Mapping[int, int]) -> tuple[int | None, int]:
+    """The process of the tree now (`live`: pid -> start) that may have reaped a process gone since the last
+    readings (its parent, or the nearest ancestor still there, through parents gone too), and how many
+    generations up; None if the chain leaves the tree (the agent reaped it). A pid now naming a process younger
+    than the one it stood for (pid reuse) is not that parent."""
     seen = {pid}
     parent, depth = reading.ppid, 1
     while parent not in seen:
-        if parent in live:
+        if parent in live and live[parent] <= reading.start:
             return parent, depth
         if parent not in gone:
             return None, depth

@@ -101,7 +101,7 @@ def _read_cpu(pid: int, start: int) -> CpuReading | None:
         if int(fields[19]) != start:
             return None
         return CpuReading((int(fields[11]) + int(fields[12])) / _CLK_TCK, (int(fields[13]) + int(fields[14])) / _CLK_TCK,
-                          int(fields[1]), fields[0] == b"Z")
+                          int(fields[1]), fields[0] == b"Z", start)
     except (IndexError, ValueError):
         return None
 

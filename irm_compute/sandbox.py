@@ -710,7 +710,8 @@ class LocalExecution:
         self._pss_pids: frozenset[int] = frozenset()    # the tree when PSS was last read
         self._spawner_hwm_mb = math.inf  # the agent's high-water mark just after the spawn (see _reap)
         self._oom_kills_at_start: int | None = None  # the kernel's OOM kill count before the spawn
-        self._cpu_seconds = 0.0  # cumulative CPU of the tree at the last sample
+        self._cpu_seconds = 0.0  # cumulative CPU of the tree: at the last sample, or the last tally if later
+        self._sampled_cpu = 0.0  # cumulative CPU of the tree at the last sample (`_sampled_at`)
         # Each process's last CPU reading, those gone since included (irm_compute.cpu_ledger); its own lock: a
         # kill tallies it from the caller's thread while the monitor may sample.
         self._cpu = CpuLedger()
@@ -820,8 +821,6 @@ class LocalExecution:
 
     def kill(self, reason: str = STOPPED) -> bool:
         """SIGKILL the process tree; False if it had already exited. The first reason given is kept."""
-        if self._popen is not None and not self._leader_exited:
-            self._tally_at_the_end()
         with self._lock:
             if self._popen is None or self._leader_exited:
                 return False
@@ -829,6 +828,9 @@ class LocalExecution:
                 self._killed_for = reason
             # Safe from pid reuse: the leader is not reaped while `_leader_exited` is False.
             _killpg(self._popen.pid)
+        # Read after the SIGKILL, which it does not delay: the killed processes read their final times until the
+        # agent reaps them, and what another session holds (a daemon) is read before it is killed below.
+        self._tally_at_the_end()
         self._processes.kill(self)
         return True
 
@@ -938,6 +940,7 @@ class LocalExecution:
                 # The root's own high-water mark catches a spike of it between two samples.
                 self._peak_mb = max(self._peak_mb, mem_mb, self._root_pss_mb(root_hwm_mb))
                 self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
+                self._sampled_cpu = cpu_seconds
                 self._sampled_at = now
             self._push(sample)
             over = self._memory.report(self, mem_mb)
@@ -1015,7 +1018,8 @@ class LocalExecution:
             self._pss_every = max(1, math.ceil(spent / (PSS_BUDGET * self.sample_interval_s)))
             if pss > 0:
                 self._tree_shared = max(0.0, read_rss - pss)
-        return self._tally_cpu(self.sample_interval_s / 2), mem / (1024 * 1024), _vm_hwm_mb(root.pid)
+        # From the scan `members` used (at most half an interval old then): never a second scan for this sample.
+        return self._tally_cpu(self.sample_interval_s), mem / (1024 * 1024), _vm_hwm_mb(root.pid)
 
     def _root_pss_mb(self, root_rss_mb: float) -> float:
         """The PSS an RSS reading of the root (its VmHWM, ru_maxrss) stands for."""
@@ -1034,7 +1038,7 @@ class LocalExecution:
         partial interval.
         """
         since = self._sampled_at or self._t0
-        cpu = _cpu_percent(cpu_seconds - self._cpu_seconds, end - since, len(self.slot.cpus))
+        cpu = _cpu_percent(cpu_seconds - self._sampled_cpu, end - since, len(self.slot.cpus))
         at = max(peak_mb, self.slot.memory_mb)
         sample = Sample(time.time(), cpu, at / self.slot.memory_mb * 100, at, max(0.0, end - since))
         with self._lock:

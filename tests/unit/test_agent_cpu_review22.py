@@ -102,3 +102,64 @@ def test_a_killed_run_counts_its_children_up_to_the_kill(tmp_path: Path) -> None
     child = float(out.read_text())          # the child's own CPU time, written every 10 ms until the kill
     measured = end.mean_cpu_percent / 100 * end.wall_time_s * len(slot.cpus)
     assert measured >= child - 0.02, (measured, child)     # it missed the last part-interval (up to 0.45 s)
+
+
+def test_what_a_zombie_reaped_before_it_exited_counts_once():
+    # A process that waited for its child and exited (a zombie now): the child is in its children times.
+    ledger = CpuLedger()
+    ledger.update({"root": (10, _r(0.0, 1)), "c": (11, _r(1.0, 10))})
+    assert ledger.update({"root": (10, _r(0.0, 1, children=1.2, zombie=True))}) == pytest.approx(1.2)
+    assert ledger.gone == 0.0
+
+
+def test_a_reused_pid_is_not_the_parent_and_larger_readings_fit_first():
+    ledger = CpuLedger()
+    ledger.update({"root": (10, CpuReading(0.0, 0.0, 1, False, 100)),
+                   "x": (20, CpuReading(0.5, 0.0, 10, False, 200)),
+                   "g": (30, CpuReading(2.0, 0.0, 20, False, 300))})
+    # x reaped g and the root reaped x; a new process took x's pid meanwhile: g is the root's, not the new one's.
+    ledger.update({"root": (10, CpuReading(0.0, 2.5, 1, False, 100)),
+                   "new": (20, CpuReading(0.0, 0.0, 10, False, 400))})
+    assert ledger.total == pytest.approx(2.5) and ledger.gone == 0.0
+    # Two grandchildren gone; the root's growth holds only the larger one's 3 s: the smaller went outside.
+    ledger = CpuLedger()
+    ledger.update({"root": (10, _r(0.0, 1)), "p": (20, _r(0.0, 10)), "g1": (31, _r(3.0, 20)),
+                   "g2": (32, _r(1.0, 20))})
+    assert ledger.update({"root": (10, _r(0.0, 1, children=3.0))}) == pytest.approx(4.0)
+    assert ledger.gone == pytest.approx(1.0)
+
+
+WAITS_AT_THE_END = """
+import subprocess, sys, time
+time.sleep(0.6)
+subprocess.run([sys.executable, "-c",
+                "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.8: pass"])
+"""
+
+
+def test_a_child_the_command_waits_for_at_its_end_counts_once(tmp_path: Path) -> None:
+    # The command is a zombie holding the child's time when the run ends: the child read earlier counted again
+    # (a reviewer measured ~2x the truth).
+    slot = CpuAllocator().slot("vm", 1, 1024)
+    events, _ = run(tmp_path, slot, WAITS_AT_THE_END, interval=0.25)
+    end = exited(events)
+    measured = end.mean_cpu_percent / 100 * end.wall_time_s * len(slot.cpus)
+    assert end.exit_code == 0 and 0.75 <= measured <= 1.2, (measured, end)
+
+
+BUSY_THEN_OVER = """
+import time
+t = time.process_time()
+while time.process_time() - t < 1.5:
+    pass
+b = bytearray(1 << 30)
+"""
+
+
+def test_the_death_sample_of_a_run_at_its_memory_limit_keeps_its_cpu(tmp_path: Path) -> None:
+    slot = CpuAllocator().slot("vm", 1, 512)
+    events, _ = run(tmp_path, slot, BUSY_THEN_OVER, interval=1.0)
+    end = exited(events)
+    assert end.reason.startswith("memory limit exceeded")
+    last = [e for e in events if type(e).__name__ == "Sample"][-1]
+    assert last.memory_percent >= 100 and last.cpu_percent >= 30, last    # it was busy to the end (read ~1 %)
