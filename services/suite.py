@@ -57,27 +57,55 @@ def ports_file(state_dir: str) -> Path:
     return Path(state_dir).expanduser() / "ports.json"
 
 
+def _hold(port: int) -> socket.socket | None:
+    """A socket bound to `port` on loopback as gRPC binds (SO_REUSEADDR, so a port whose last connections linger
+    in TIME_WAIT after a stop counts as free: else every quick restart moved every service's port, and the
+    addresses the databases remember went dead), or None if a service could not listen there. Port 0: any free
+    one. While it is open, the system gives that port to no other socket asking for any port."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
 def _is_free(port: int) -> bool:
-    """Whether a service could listen on `port`: as gRPC binds (SO_REUSEADDR), so a port whose last connections
-    linger in TIME_WAIT after a stop counts as free (else every quick restart moved every service's port, and
-    the addresses the databases remember went dead)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+    """Whether a service could listen on `port` (`_hold`)."""
+    s = _hold(port)
+    if s is None:
+        return False
+    s.close()
+    return True
 
 
 def _auto_ports(state_dir: str) -> dict[str, int]:
-    """Free ports, the same as the last start's where still free: the databases in `state_dir` remember
-    addresses (a VM's agent, an FPGA group's Orchestrator) that must still answer after a restart."""
+    """Free ports, one per service, the same as the last start's where still free: the databases in `state_dir`
+    remember addresses (a VM's agent, an FPGA group's Orchestrator) that must still answer after a restart. Each
+    port is held until all are chosen: ports asked for one at a time (bound and let go) could come back twice,
+    and two services of the suite were then planned on one port, again at every retry."""
     try:
         before = {k: int(v) for k, v in json.loads(ports_file(state_dir).read_text()).items()}
     except (OSError, ValueError, AttributeError):
         before = {}
-    ports = {k: before[k] if k in before and _is_free(before[k]) else _free_port() for k in DEFAULT_PORTS}
+    ports: dict[str, int] = {}
+    held: list[socket.socket] = []
+    try:
+        for k in DEFAULT_PORTS:
+            s = _hold(before[k]) if k in before and before[k] not in ports.values() else None
+            if s is not None:
+                ports[k] = before[k]
+            else:
+                ports[k] = _free_port()
+                # Held while the others are chosen (the system hands out no port twice meanwhile).
+                s = _hold(ports[k])
+            if s is not None:
+                held.append(s)
+    finally:
+        for s in held:
+            s.close()
     ports_file(state_dir).parent.mkdir(parents=True, exist_ok=True)
     ports_file(state_dir).write_text(json.dumps(ports, indent=2))
     return ports

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -73,3 +74,18 @@ def test_one_suite_per_state_directory_while_any_of_its_services_lives(tmp_path)
         suite._lock(str(tmp_path))
     child.communicate(b"")
     os.close(suite._lock(str(tmp_path)))      # the last holder is gone: free again
+
+
+def test_auto_ports_are_one_per_service_even_where_the_last_start_had_one_twice(tmp_path):
+    # Ports chosen one at a time (bound and let go) could come back twice: two services were planned on one
+    # port, and every retry kept it (seen in CI: the Orchestrator on the FPGA-server's port, three times).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    suite.ports_file(str(tmp_path)).write_text(json.dumps({name: port for name in suite.DEFAULT_PORTS}))
+    for _ in range(3):
+        ports = [p.address for p in suite.plan(str(tmp_path), auto_ports=True)]
+        assert len(set(ports)) == len(ports) == len(suite.DEFAULT_PORTS), ports
+    for _ in range(20):      # and afresh
+        ports = [p.address for p in suite.plan(str(tmp_path / f"fresh{_}"), auto_ports=True)]
+        assert len(set(ports)) == len(ports), ports
