@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from irm_compute import sandbox
+from irm_compute import processes, sandbox
 from irm_compute.sandbox import CpuAllocator, LocalExecution
 
 HOLD_MB = 64
@@ -32,6 +32,16 @@ class Members:
 
     def members(self, key: object, max_age: float) -> list[psutil.Process]:
         return list(self.procs)
+
+    def cpu_readings(self, key: object, max_age: float) -> dict:
+        """As ProcessTable's, of these processes (read from /proc as it does)."""
+        out = {}
+        for p in self.procs:
+            start = processes._read_stat(p.pid)
+            reading = processes._read_cpu(p.pid, start[4]) if start is not None else None
+            if reading is not None:
+                out[(p.pid, start[4])] = (p.pid, reading)
+        return out
 
 
 @pytest.fixture
