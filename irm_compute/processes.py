@@ -72,37 +72,37 @@ def _ticks_now() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK)
 
 
-def _read_stat(pid: int) -> tuple[bytes, int, int, int, int] | None:
-    """(state, parent pid, process group id, session id, start time in clock ticks since boot) of a process; None
-    if it is gone."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat's fields after the command name (the state first); None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold anything, parentheses and spaces included.
-    fields = data[data.rfind(b")") + 2:].split()
+    return data[data.rfind(b")") + 2:].split()
+
+
+def _read_stat(pid: int) -> tuple[bytes, int, int, int, int] | None:
+    """(state, parent pid, process group id, session id, start time in clock ticks since boot) of a process; None
+    if it is gone."""
+    fields = _stat_fields(pid)
     try:
         return fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
-    except (IndexError, ValueError):
+    except (TypeError, IndexError, ValueError):
         return None
 
 
 def _read_cpu(pid: int, start: int) -> CpuReading | None:
     """A process's CPU reading (its time and its waited-for children's, its parent, whether a zombie), if `pid`
     is still the process started at `start` (clock ticks since boot)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()
+    fields = _stat_fields(pid)
     try:
         if int(fields[19]) != start:
             return None
         return CpuReading((int(fields[11]) + int(fields[12])) / _CLK_TCK, (int(fields[13]) + int(fields[14])) / _CLK_TCK,
                           int(fields[1]), fields[0] == b"Z", start)
-    except (IndexError, ValueError):
+    except (TypeError, IndexError, ValueError):
         return None
 
 
