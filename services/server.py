@@ -52,6 +52,16 @@ class DocumentedReflection(reflection.ReflectionServicer):
         super().__init__(service_names)
         self._documented = documented_files()
 
+    def _file_containing_symbol(self, request, fully_qualified_name):  # type: ignore[no-untyped-def]
+        # The reflection protocol names a method as <package>.<service>.<method> (what `grpcurl describe
+        # harness.v1.ResourceManager.Reserve` asks); upb's pool finds services and messages but not methods.
+        service, _, method = fully_qualified_name.rpartition(".")
+        try:
+            found = self._pool.FindServiceByName(service).methods_by_name.get(method) if service else None
+        except KeyError:
+            found = None
+        return super()._file_containing_symbol(request, service if found is not None else fully_qualified_name)
+
     def ServerReflectionInfo(self, request_iterator, context):  # type: ignore[no-untyped-def]  # noqa: N802
         for reply in super().ServerReflectionInfo(request_iterator, context):
             if reply.HasField("file_descriptor_response"):
@@ -316,6 +326,39 @@ def _refuse_nul(request: Any) -> None:
         raise InvalidArgument.of(path, _NUL)
 
 
+class Undecodable:
+    """What a request's bytes became when they did not decode as its message (invalid UTF-8 in a string field --
+    protobuf.js encodes a lone surrogate so --, a truncated message, field number 0...). grpc itself answers
+    those INTERNAL "Exception deserializing request!" and logs a traceback per call; the guard answers this one
+    INVALID_ARGUMENT naming the message, and nothing is logged: it is the caller's input, not our fault."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument.of("request", self.message)
+
+
+def _decoding(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserializer`, answering `Undecodable` rather than raising for bytes that are no such message."""
+    if deserializer is None:
+        return None
+    owner = getattr(deserializer, "__self__", None)
+    name = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", "the method's request message")
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as e:  # noqa: BLE001 - whatever the bytes do to the parser, they are the caller's
+            return Undecodable(
+                f"the bytes sent do not decode as a {name} ({type(e).__name__}: {e}); check that every string "
+                "field is valid UTF-8 (no lone UTF-16 surrogates) and that the message is whole")
+
+    return decode
+
+
 def _reserve_batch(behaviour: Callable[[Any, Any], Any], request: irm_pb2.ReserveBatchRequest,
                    context: grpc.ServicerContext) -> irm_pb2.ReserveBatchResponse:
     """ReserveBatch answers each request as Reserve would: a request holding a NUL gets its own
@@ -370,6 +413,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guard_unary(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context):  # type: ignore[no-untyped-def]
                 try:
+                    if type(request) is Undecodable:
+                        raise request.error()
                     check(request, context)
                     if isinstance(request, irm_pb2.ReserveBatchRequest):
                         reply = _reserve_batch(behaviour, request, context)
@@ -391,6 +436,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guard_stream(behaviour):  # type: ignore[no-untyped-def]
             def wrapped(request, context) -> Iterator[Any]:  # type: ignore[no-untyped-def]
                 try:
+                    if type(request) is Undecodable:
+                        raise request.error()
                     check(request, context)
                     _refuse_nul(request)
                     yield from behaviour(request, context)
@@ -405,41 +452,44 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
             return wrapped
 
+        decode = _decoding(handler.request_deserializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 guard_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 guard_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )
 
         def check_each(behaviour):  # type: ignore[no-untyped-def]
             # A stream of requests: each is checked as it is read (a tenant named in the first or the hundredth).
+            # A message that did not decode ends the stream INVALID_ARGUMENT where it stands: the handler never
+            # sees it, and what it answered before stands (what came after it is not read).
             def wrapped(request_iterator, context):  # type: ignore[no-untyped-def]
                 def checked():  # type: ignore[no-untyped-def]
                     for request in request_iterator:
+                        if type(request) is Undecodable:
+                            raise request.error()
                         check(request, context)
                         yield request
                 return behaviour(checked(), context)
 
             return wrapped
 
-        if auth is None:                         # nothing to check: no generator hop per message (FPGA data plane)
-            check_each = lambda behaviour: behaviour  # noqa: E731
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
                 guard_unary(check_each(handler.stream_unary)),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )
         return grpc.stream_stream_rpc_method_handler(
             guard_stream(check_each(handler.stream_stream)),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=decode,
             response_serializer=handler.response_serializer,
         )
 

@@ -250,3 +250,33 @@ def test_two_clients_attached_as_one_each_get_their_own_results(server: Server) 
     finally:
         p1.close(detach=False)
         p2.close(detach=False)
+
+
+def test_an_undecodable_batch_ends_the_execute_stream_invalid_argument_after_the_results_it_owed(
+        server: Server) -> None:
+    # protobuf.js sends a lone surrogate in a string as invalid UTF-8: grpc answered INTERNAL and lost the stream.
+    server.part("g", 1, "c")
+    good = batch("c", sleep_task(1, 0.01)).SerializeToString()
+    bad = batch("c", sleep_task(2, 0.01)).SerializeToString().replace(b"tok-c", b"\xed\xa0\x80ok")
+    call = server.channel.stream_stream("/harness.v1.FpgaServer/Execute", request_serializer=None,
+                                        response_deserializer=fpga_pb2.ResultBatch.FromString)
+    sent: queue.SimpleQueue = queue.SimpleQueue()
+
+    def requests() -> Iterator[bytes]:
+        yield good
+        sent.get(timeout=10)        # the first task's result is in before the bad batch goes
+        yield bad
+
+    results = []
+    with pytest.raises(grpc.RpcError) as info:
+        for rb in call(requests(), timeout=10):
+            results.extend(rb.results)
+            sent.put(True)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert "harness.v1.TaskBatch" in info.value.details()
+    assert [r.id for r in results] == [1]
+    # The server goes on serving the client.
+    again = Call(server.stub, batch("c", sleep_task(3, 0.01)))
+    eventually(lambda: len(again.results) == 1, timeout=10)
+    again.end()
+    assert again.error is None

@@ -258,6 +258,25 @@ def test_reflection_serves_the_file_of_a_service(server: Server) -> None:
     assert replies[0].file_descriptor_response.file_descriptor_proto
 
 
+@pytest.mark.parametrize("symbol", [f"{RM}.Reserve", f"{RM}.WatchCapacity"])
+def test_reflection_finds_a_methods_file_by_its_full_name(server: Server, symbol: str) -> None:
+    # `grpcurl describe harness.v1.ResourceManager.Reserve` asks for <package>.<service>.<method>.
+    from google.protobuf import descriptor_pb2
+
+    for replies in (_reflect_v1(server, reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)),
+                    list(reflection_pb2_grpc.ServerReflectionStub(server.channel).ServerReflectionInfo(
+                        iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)]),
+                        timeout=TIMEOUT))):
+        reply, = replies
+        assert reply.WhichOneof("message_response") == "file_descriptor_response", reply
+        names = [descriptor_pb2.FileDescriptorProto.FromString(raw).name
+                 for raw in reply.file_descriptor_response.file_descriptor_proto]
+        assert names[0] == "harness/v1/irm.proto"
+    missing, = _reflect_v1(server, reflection_pb2.ServerReflectionRequest(file_containing_symbol=f"{RM}.NoSuch"))
+    assert missing.WhichOneof("message_response") == "error_response"
+    assert missing.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
 def test_reflection_serves_the_apis_comments_and_the_error_details(server: Server) -> None:
     # A client with reflection alone (grpcurl describe, another language) reads the documentation, and can
     # decode google.rpc.Status details.
@@ -362,3 +381,62 @@ def test_a_nul_character_is_refused_on_server_streams_too(server: Server) -> Non
     e = _error(lambda r, timeout: list(server.irm.WatchCapacity(r, timeout=timeout)),
                irm_pb2.WatchCapacityRequest(resource_type="vm\x00"))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "resource_type" in e.details()
+
+
+def _undecodable_cases() -> dict[str, bytes]:
+    whole = irm_pb2.GetReservationRequest(tenant="abc", reservation_id="ok").SerializeToString()
+    return {
+        # protobuf.js encodes a JS string holding a lone surrogate as these bytes: invalid UTF-8.
+        "lone surrogate": whole.replace(b"abc", b"\xed\xa0\x80"),
+        "truncated": whole[:-1],
+        "field number 0": b"\x00\x01" + whole,
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_undecodable_cases()))
+def test_bytes_that_are_no_such_message_are_bad_input_not_an_internal_error(server: Server, case: str,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    raw = server.channel.unary_unary(f"/{RM}/GetReservation", request_serializer=None,
+                                     response_deserializer=irm_pb2.Reservation.FromString)
+    with caplog.at_level("DEBUG"):
+        e = _error(raw, _undecodable_cases()[case])
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
+    assert "harness.v1.GetReservationRequest" in e.details() and "UTF-8" in e.details()
+    assert errors.field_violations(e)[0][0] == "request"
+    # grpc logs a traceback for each such call when its deserializer raises: nothing is logged now.
+    assert not [r for r in caplog.records if "deserializ" in r.getMessage()]
+    # The server goes on answering well-formed calls.
+    assert server.irm.GetReservation(irm_pb2.GetReservationRequest(tenant="t", reservation_id="ok"),
+                                     timeout=TIMEOUT).id == "ok"
+
+
+def test_an_undecodable_message_in_a_client_stream_ends_it_invalid_argument_after_what_was_answered() -> None:
+    seen: list[str] = []
+
+    def echo_each(requests, context):  # type: ignore[no-untyped-def]
+        for r in requests:
+            seen.append(r.tenant)
+            yield irm_pb2.Reservation(id=r.tenant)
+
+    handler = grpc.method_handlers_generic_handler("test.Streams", {
+        "Echo": grpc.stream_stream_rpc_method_handler(
+            echo_each, request_deserializer=irm_pb2.GetReservationRequest.FromString,
+            response_serializer=irm_pb2.Reservation.SerializeToString)})
+    running = start("127.0.0.1:0", [Component(name="streams", register=lambda s: s.add_generic_rpc_handlers((handler,)),
+                                              service_names=["test.Streams"])], max_workers=4)
+    try:
+        with plain_channel(f"127.0.0.1:{running.port}") as channel:
+            call = channel.stream_stream("/test.Streams/Echo", request_serializer=None,
+                                         response_deserializer=irm_pb2.Reservation.FromString)
+            good = irm_pb2.GetReservationRequest(tenant="fine").SerializeToString()
+            bad = irm_pb2.GetReservationRequest(tenant="xyz").SerializeToString().replace(b"xyz", b"\xed\xa0\x80")
+            replies = call(iter([good, bad, good]), timeout=TIMEOUT)
+            got = []
+            with pytest.raises(grpc.RpcError) as info:
+                for reply in replies:
+                    got.append(reply.id)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "harness.v1.GetReservationRequest" in info.value.details()
+        assert got == ["fine"] and seen == ["fine"]
+    finally:
+        running.stop(grace=0)
