@@ -29,7 +29,7 @@ from irm_compute import inventory as inv
 from irm_compute import sandbox
 from irm_compute.cost import CostModel
 from irm_compute.models import Host, Reservation
-from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, VmGroup, parse_groups
+from irm_compute.shapes import KNOWN_ATTRIBUTES, VM_TYPE, Domain, VmGroup, parse_groups
 from irm_compute.store import ComputeStore, HostUsage, Outcome, ReservationRecord, ReserveCall
 from services import client, control, tenants
 from services.clock import Clock, WallClock
@@ -311,26 +311,23 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     # -- IRM API ---------------------------------------------------------
     def DescribeAllocationSpec(self, request, context):  # noqa: N802
-        hosts = [h for h in self._hosts.values() if h.enabled]
-        max_cores = max(h.cores for h in hosts)
-        max_gb = max(h.memory_mb for h in hosts) / 1024
-        freqs = sorted({h.frequency_ghz for h in hosts})
+        domain = self._domain()
         spec = irm_pb2.ResourceTypeSpec(
             name=VM_TYPE, manager=self.config.name,
             description="A virtual machine of custom shape (thesis §4.2.4): any cores and memory within a host.",
             metrics=["cpu_percent", "memory_percent"],
             attributes=[
                 irm_pb2.AttributeSpec(name="cores", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="cores",
-                                      domain=common_pb2.Range(min=1, max=max_cores), consumable=True,
+                                      domain=common_pb2.Range(min=1, max=domain.max_cores), consumable=True,
                                       description="Whole CPU cores per VM.", required=True, integer=True),
                 irm_pb2.AttributeSpec(name="memory_gb", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="GB",
-                                      domain=common_pb2.Range(min=1 / 1024, max=max_gb), consumable=True,
+                                      domain=common_pb2.Range(min=1 / 1024, max=domain.max_memory_gb), consumable=True,
                                       description="Memory per VM.", required=True),
                 irm_pb2.AttributeSpec(name="frequency_ghz", kind=irm_pb2.AttributeSpec.KIND_NUMBER, unit="GHz",
-                                      domain=common_pb2.Range(min=freqs[0], max=freqs[-1]),
+                                      domain=common_pb2.Range(min=domain.freq_min, max=domain.freq_max),
                                       description="CPU frequency of the host; a number or a range.",
                                       default=common_pb2.AttributeRequest(
-                                          range=common_pb2.Range(min=freqs[0], max=freqs[-1]))),
+                                          range=common_pb2.Range(min=domain.freq_min, max=domain.freq_max))),
             ],
         )
         assert set(KNOWN_ATTRIBUTES) == {a.name for a in spec.attributes}
@@ -390,10 +387,14 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             quotes.append(irm_pb2.GroupQuote(name=g.name, price_per_minute=price, manager=self.config.name))
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
-    @staticmethod
-    def _parse_groups(request: irm_pb2.ReserveRequest | irm_pb2.QuotePriceRequest, v: Violations) -> list[VmGroup]:
+    def _domain(self) -> Domain:
+        """The attributes' ranges over the enabled hosts: what DescribeAllocationSpec advertises."""
+        return Domain.of([h for h in self._hosts.values() if h.enabled])
+
+    def _parse_groups(self, request: irm_pb2.ReserveRequest | irm_pb2.QuotePriceRequest,
+                      v: Violations) -> list[VmGroup]:
         """The groups of a Reserve or a QuotePrice, checked alike: a quote of what Reserve refuses is no quote."""
-        groups = parse_groups(list(request.groups), v)
+        groups = parse_groups(list(request.groups), v, domain=self._domain())
         v.check(len(request.constraints) == 0, "constraints",
                 "the compute IRM places groups one by one; send constraints between groups to the CRS")
         return groups

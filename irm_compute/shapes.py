@@ -43,6 +43,23 @@ class VmGroup:
         )
 
 
+@dataclass(frozen=True)
+class Domain:
+    """The ranges DescribeAllocationSpec advertises, from the enabled hosts: an unpinned group asking beyond them
+    is bad input on that attribute (common.proto: INVALID_ARGUMENT, as the CRS answers it), not NEVER_FITS,
+    which is for what is within the ranges but no host has together."""
+
+    max_cores: int
+    max_memory_gb: float
+    freq_min: float
+    freq_max: float
+
+    @classmethod
+    def of(cls, hosts: list) -> Domain:  # type: ignore[type-arg]
+        freqs = [h.frequency_ghz for h in hosts]
+        return cls(max(h.cores for h in hosts), max(h.memory_mb for h in hosts) / 1024, min(freqs), max(freqs))
+
+
 def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations, whole: bool = False) -> float | None:
     """The amount a group asks for: its number, or its range's lower bound (the smallest whole number in the
     range when the attribute is `whole`: irm.proto's "the smallest that fits")."""
@@ -69,7 +86,7 @@ def _number(attr: common_pb2.AttributeRequest, path: str, v: Violations, whole: 
     return None
 
 
-def _memory_mb(g: irm_pb2.ResourceGroup, p: str, v: Violations) -> int | None:
+def _memory_mb(g: irm_pb2.ResourceGroup, p: str, v: Violations, domain: Domain | None = None) -> int | None:
     """The group's memory per VM in whole MiB (what the store counts), or None after a violation."""
     path = f"{p}.attributes[memory_gb]"
     if "memory_gb" not in g.attributes:
@@ -77,6 +94,10 @@ def _memory_mb(g: irm_pb2.ResourceGroup, p: str, v: Violations) -> int | None:
         return None
     memory_gb = _number(g.attributes["memory_gb"], path, v)
     if memory_gb is None:
+        return None
+    if domain is not None and memory_gb > domain.max_memory_gb:
+        v.add(path, f"{memory_gb:g} GB is outside [{1 / 1024:g}, {domain.max_memory_gb:g}]: no host has more "
+                    "(DescribeAllocationSpec lists the ranges)")
         return None
     if not (0 < memory_gb <= MAX_MEMORY_GB):
         v.add(path, f"must be > 0 and at most {MAX_MEMORY_GB:g}, got {memory_gb:g}")
@@ -104,7 +125,10 @@ def whole_mib(memory_gb: float) -> int:
     return round(mib) if mib < 1 else math.floor(mib + 1e-6)
 
 
-def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefix: str = "groups") -> list[VmGroup]:
+def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefix: str = "groups",
+                 domain: Domain | None = None) -> list[VmGroup]:
+    """The groups, checked; with `domain`, an unpinned group's attributes must lie within it too (a pinned one
+    is judged on its hosts: PIN_REFUSED)."""
     out: list[VmGroup] = []
     names: set[str] = set()
     v.check(len(groups) > 0, field_prefix, "at least one group is required")
@@ -121,6 +145,7 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
         for key in g.attributes:
             v.check(key in KNOWN_ATTRIBUTES, f"{p}.attributes[{key}]",
                     f"unknown attribute; a vm has {', '.join(KNOWN_ATTRIBUTES)}")
+        within = domain if not g.placement else None
         cores = None
         if "cores" in g.attributes:
             cores = _number(g.attributes["cores"], f"{p}.attributes[cores]", v, whole=True)
@@ -128,9 +153,13 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
             if cores is not None and not (1 <= cores <= MAX_CORES and cores == int(cores)):
                 v.add(f"{p}.attributes[cores]", f"must be a whole number >= 1, got {cores:g} (at most {MAX_CORES})")
                 cores = None
+            elif cores is not None and within is not None and cores > within.max_cores:
+                v.add(f"{p}.attributes[cores]", f"{cores:g} cores is outside [1, {within.max_cores}]: no host has "
+                                                "more (DescribeAllocationSpec lists the ranges)")
+                cores = None
         else:
             v.add(f"{p}.attributes[cores]", "required: the number of cores per VM")
-        memory_mb = _memory_mb(g, p, v)
+        memory_mb = _memory_mb(g, p, v, within)
         fmin, fmax = 0.0, math.inf
         if "frequency_ghz" in g.attributes:
             f = g.attributes["frequency_ghz"]
@@ -145,6 +174,11 @@ def parse_groups(groups: list[irm_pb2.ResourceGroup], v: Violations, field_prefi
                 v.check(fmin <= fmax, f"{p}.attributes[frequency_ghz].range", "min must not exceed max (nor NaN)")
             else:
                 v.add(f"{p}.attributes[frequency_ghz]", "expected a number or a range of GHz")
+            if within is not None and fmin <= fmax and (fmax < within.freq_min - 1e-9 or fmin > within.freq_max + 1e-9):
+                asked = f"{fmin:g} GHz" if fmin == fmax else f"[{fmin:g}, {fmax:g}] GHz"
+                v.add(f"{p}.attributes[frequency_ghz]",
+                      f"{asked} is outside [{within.freq_min:g}, {within.freq_max:g}]: the hosts' frequencies "
+                      "(DescribeAllocationSpec lists the ranges)")
         if g.placement:
             v.check(len(g.placement) == g.count, f"{p}.placement",
                     f"give one host per instance ({g.count}), or none to let the manager place them")

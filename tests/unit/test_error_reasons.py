@@ -190,14 +190,42 @@ def test_compute_reserve_over_the_price_cap_is_over_price(compute: Compute) -> N
 @pytest.mark.parametrize("groups", [
     [group(count=40)],                                                 # more VMs than every host holds empty
     [group("x", cores=10, placement=["a"]), group("y", cores=10, placement=["a"])],   # pinned beyond one host
-    [group(cores=64)],                                                 # bigger than any host
+    [irm_pb2.ResourceGroup(name="g", resource_type="vm", count=1, required_traits=["gpu"],
+                           attributes=group().attributes)],           # a trait no host has
     [group(placement=["a"], frequency_ghz=common_pb2.AttributeRequest(number=3.0))],  # pinned host cannot match
-], ids=["too-many", "pinned-beyond-host", "too-big", "pinned-mismatch"])
+], ids=["too-many", "pinned-beyond-host", "no-such-trait", "pinned-mismatch"])
 def test_compute_reserve_that_can_never_fit_is_never_fits(compute: Compute, groups) -> None:  # type: ignore[no-untyped-def]
     e = refused(compute.rm.Reserve, reserve_request("r", *groups))
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
     got = rich(e)
     assert got.reason == "NEVER_FITS" and got.retry_s is None
+
+
+@pytest.mark.parametrize(("attrs", "path", "said"), [
+    ({"cores": common_pb2.AttributeRequest(number=64)}, "groups[0].attributes[cores]", "64 cores is outside [1, 16]"),
+    ({"memory_gb": common_pb2.AttributeRequest(number=100)}, "groups[0].attributes[memory_gb]",
+     "100 GB is outside [0.000976562, 64]"),
+    ({"frequency_ghz": common_pb2.AttributeRequest(number=9)}, "groups[0].attributes[frequency_ghz]",
+     "9 GHz is outside [2.2, 3]"),
+    ({"frequency_ghz": common_pb2.AttributeRequest(range=common_pb2.Range(min=3.5, max=4))},
+     "groups[0].attributes[frequency_ghz]", "[3.5, 4] GHz is outside [2.2, 3]"),
+], ids=["cores", "memory", "frequency", "frequency-range"])
+def test_compute_attribute_beyond_every_host_is_invalid_argument_on_it_as_at_the_crs(compute: Compute, attrs,  # type: ignore[no-untyped-def]
+                                                                                       path: str, said: str) -> None:
+    # common.proto: outside every resource's range is INVALID_ARGUMENT on that field; NEVER_FITS is for what is
+    # within the ranges but no host has together (the CRS answers so; the IRM said NEVER_FITS).
+    g = group()
+    for key, value in attrs.items():
+        g.attributes[key].CopyFrom(value)
+    for call, request in ((compute.rm.Reserve, reserve_request("r", g)),
+                          (compute.rm.QuotePrice, irm_pb2.QuotePriceRequest(tenant=T, groups=[g]))):
+        e = refused(call, request)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
+        (field, description), = errors.field_violations(e)
+        assert field == path and description.startswith(said), description
+    # Pinned, the same group is judged on its host (the CRS places again on PIN_REFUSED or NEVER_FITS).
+    g.placement.append("a")
+    assert refused(compute.rm.Reserve, reserve_request("p", g)).code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_compute_reserve_of_capacity_in_use_now_is_capacity_in_use_with_a_retry_delay(compute: Compute) -> None:

@@ -19,13 +19,13 @@ from services.errors import FailedPrecondition
 # "B1" < "a1" in code point order (Python, SQLite, PostgreSQL's "C"); "a1" < "B1" in English.
 INVENTORY = """hosts:
   - {id: B1, site: s, rack: r, cores: 16, memory_gb: 64, frequency_ghz: 2.0, traits: [ssd]}
-  - {id: a1, site: s, rack: r, cores: 16, memory_gb: 64, frequency_ghz: 3.6, traits: [ssd]}
+  - {id: a1, site: s, rack: r, cores: 32, memory_gb: 32, frequency_ghz: 3.6, traits: [ssd]}
 """
 
 
-def _group(cores: float = 4, **kw: object) -> irm_pb2.ResourceGroup:
+def _group(cores: float = 4, memory_gb: float = 8, **kw: object) -> irm_pb2.ResourceGroup:
     return irm_pb2.ResourceGroup(name="g", resource_type="vm", count=1, attributes={
-        "cores": common_pb2.AttributeRequest(number=cores), "memory_gb": common_pb2.AttributeRequest(number=8)},
+        "cores": common_pb2.AttributeRequest(number=cores), "memory_gb": common_pb2.AttributeRequest(number=memory_gb)},
         **kw)  # type: ignore[arg-type]
 
 
@@ -75,14 +75,14 @@ def test_an_unpinned_vm_is_quoted_on_the_host_reserve_takes_whatever_the_collati
 @pytest.mark.parametrize(("kw", "said"), [
     ({"required_traits": ["gpu"]}, "no host has the requested frequency and traits"),
     ({"forbidden_traits": ["ssd"]}, "no host has the requested frequency and traits"),
-    ({"attributes": {"frequency_ghz": common_pb2.AttributeRequest(number=5.0)}},
+    ({"attributes": {"frequency_ghz": common_pb2.AttributeRequest(number=3.0)}},     # within [2, 3.6]: none
      "no host has the requested frequency and traits"),
-    ({"cores": 32}, "no host can ever hold 32 cores / 8 GB"),
+    ({"cores": 32, "memory_gb": 40}, "no host can ever hold 32 cores / 40 GB"),   # each within range, not together
 ])
 def test_a_group_no_host_could_ever_hold_is_refused_by_quote_price_as_by_reserve(tmp_path: Path, kw: dict,
                                                                                   said: str) -> None:
     irm = _irm(tmp_path)
-    g = _group(kw.pop("cores", 4), **{k: v for k, v in kw.items() if k != "attributes"})
+    g = _group(kw.pop("cores", 4), kw.pop("memory_gb", 8), **{k: v for k, v in kw.items() if k != "attributes"})
     for key, value in kw.get("attributes", {}).items():
         g.attributes[key].CopyFrom(value)
     try:
