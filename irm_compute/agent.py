@@ -13,7 +13,11 @@ ones (with their samples, for GetExecution and GetVmMetrics) up to
 An agent that died without its shutdown (SIGKILL, the OOM killer, a crash)
 could not kill what it ran: its successor on the same `work_dir` does, at
 start-up, finding the processes by their execution mark (whose prefix names
-the work dir), and removes the scratch directories no execution owns any more.
+the work dir) and by the ledger the agent keeps in the work dir
+(`processes.json`: what its scans placed, and their groups and sessions: a
+child that dropped the mark with an environment of its own), and removes the
+scratch directories no execution owns any more. What those executions were is
+not kept: the successor knows none of them (GetExecution: NOT_FOUND).
 
 While it serves, the agent is a child subreaper (irm_compute.processes): what its
 executions' processes orphan becomes its child, not init's, so a daemon that
@@ -41,7 +45,7 @@ import grpc
 import psutil
 
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, compute_pb2, compute_pb2_grpc
-from irm_compute.processes import PROCESSES
+from irm_compute.processes import PROCESSES, leftovers
 from irm_compute.replay import ReplayBackend, ReplayedExited
 from irm_compute.sandbox import (
     CpuAllocator,
@@ -84,6 +88,8 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["ExecutionAgent"].full_name
 
 RELEASED = "vm released"
 AGENT_STOPPED = "agent stopped"
+# In the work dir: the processes of running executions, for a successor to kill (irm_compute.processes).
+LEDGER_NAME = "processes.json"
 # How long StopExecution / ReleaseVm / shutdown wait for a killed tree to be reaped.
 _KILL_WAIT_S = 5.0
 # Released VM ids remembered so a late Execute cannot start on one (bounded: ids are never reused).
@@ -231,12 +237,14 @@ class Agent:
         self._vms: dict[str, _Vm] = {}
         self._released: OrderedDict[str, str] = OrderedDict()  # vm_id -> tenant
         self._runs: dict[str, _Run] = {}
+        self._born = time.time()
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.replay: ReplayBackend | None = None
         self._stop = threading.Event()
         self._checker: threading.Thread | None = None
         self._work_lock: int | None = None     # see `_lock_work_dir`
         self._adopting = False                 # a child subreaper (see `open`)
+        self._ledger: Path | None = None       # the process ledger kept for a successor (see `open`)
         if config.backend == "replay":
             self.replay = ReplayBackend.load(config.dataset)
         elif config.backend != "local":
@@ -531,9 +539,11 @@ class Agent:
         with self._lock:
             run = self._runs.get(execution_id)
         if run is None:
+            born = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._born))
             raise NotFound(
-                f"execution {execution_id!r} not found (unknown, or dropped from the agent's history)"
-            )
+                f"execution {execution_id!r} not found: unknown, dropped from the agent's history, or run by an "
+                f"earlier agent process (this one started at {born}; executions are not kept across a restart, "
+                "and one still running when its agent died was killed)")
         owned(tenant, run.tenant, f"execution {execution_id}")
         return run
 
@@ -582,6 +592,9 @@ class Agent:
         work.mkdir(parents=True, exist_ok=True)
         self._work_lock = _lock_work_dir(work)
         self._reap_leftovers(work)
+        if self.replay is None and self._ledger is None:
+            self._ledger = work / LEDGER_NAME
+            PROCESSES.record(self._ledger, self.mark_prefix)
         if self.replay is None and not self._adopting:
             self._adopting = PROCESSES.adopt_orphans()
             if not self._adopting:
@@ -603,7 +616,7 @@ class Agent:
         on unwatched, past their timeouts and their VMs' releases, and nobody else knows of them."""
         killed = 0
         for _ in range(3):  # a process may fork between the scan and the kill: its child is found next round
-            left = find_marked(self.mark_prefix)
+            left = list({p.pid: p for p in [*find_marked(self.mark_prefix), *leftovers(work / LEDGER_NAME)]}.values())
             if not left:
                 break
             for p in left:
@@ -640,6 +653,9 @@ class Agent:
         `quiesce` too), then let go of the compute IRM and the work dir."""
         self.quiesce()
         self.compute.close()
+        if self._ledger is not None:
+            PROCESSES.stop_recording(self._ledger)
+            self._ledger = None
         if self._adopting:
             PROCESSES.release_orphans()
             self._adopting = False

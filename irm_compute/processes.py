@@ -23,6 +23,12 @@ A process belongs to an execution, for its whole life once placed, by the first 
   else: from the only one, it is that one's; from several, it is killed when the last of them ends (and is
   counted in none of their measurements).
 
+A successor agent (one started on the same work dir after this one was SIGKILLed) finds what this one ran through
+a ledger (`record`): after each scan and each spawn, the processes of the executions whose mark starts with the
+agent's prefix -- pid, start time, group and session -- written to a file when they change. A child that rewrote
+its environment (a program passing its own `env=`) or a daemon a scan saw is found there by its pid and start
+time, and whatever stays in a recorded session or group by that (`leftovers`).
+
 Killing an execution kills the process groups of its processes too (what a member forks meanwhile goes with
 them), and a process of an execution that has ended, found by a later scan, is killed then. With the agent a
 subreaper it scans every `_SWEEP_S` even when idle, reaping the orphans it adopted that died (nobody else will).
@@ -35,6 +41,7 @@ programs for measurement; it is not a security boundary (cgroups are).
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import math
 import os
@@ -44,6 +51,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -192,6 +200,7 @@ class ProcessTable:
         self._oldest = 0                   # (during a scan) the start of the oldest command running
         self._my_session = 0
         self._idle = threading.Event()     # set: the sweeper stops
+        self._ledgers: dict[Path, tuple[str, frozenset[tuple[int, int, int, int]] | None]] = {}
         self.scans = 0                     # how many scans ran (for tests and measurements)
 
     # --- executions ---------------------------------------------------------------
@@ -207,6 +216,7 @@ class ProcessTable:
             self._roots[(popen.pid, begun)] = key
             self._by_mark[mark] = key
             self._sessions[popen.pid] = key
+            self._write_ledgers()       # at once: the command's session and group hold what it forks
         return popen
 
     def unregister(self, key: Hashable) -> None:
@@ -272,6 +282,42 @@ class ProcessTable:
         if adopted:
             # No scan may follow (the agent idle): what it killed must not stay the agent's zombies.
             psutil.wait_procs(adopted, timeout=_ADOPTED_REAP_S)
+
+    # --- the ledger a successor reads -------------------------------------------------
+
+    def record(self, path: Path, prefix: str) -> None:
+        """Keep `path` listing the processes of the executions whose mark starts with `prefix` (see the module),
+        from now until `stop_recording`."""
+        with self._lock:
+            self._ledgers[path] = (prefix, None)
+            self._write_ledgers()
+
+    def stop_recording(self, path: Path) -> None:
+        """Stop keeping `path`, and remove it: what it listed has been killed (a shutdown)."""
+        with self._lock:
+            self._ledgers.pop(path, None)
+        path.unlink(missing_ok=True)
+
+    def _write_ledgers(self) -> None:
+        for path, (prefix, written) in list(self._ledgers.items()):
+            entries = {(ex.pid, ex.start, ex.pid, ex.pid) for ex in self._executions.values()
+                       if ex.mark.startswith(prefix)}
+            for key, procs in self._owned.items():
+                ex = self._executions.get(key)
+                if ex is not None and ex.mark.startswith(prefix):
+                    entries |= {(q.pid, q.start, q.pgid, q.sid) for q in procs if not q.zombie}
+            now = frozenset(entries)
+            if now == written:
+                continue
+            try:
+                tmp = path.with_name(path.name + ".tmp")
+                # seen_at: every process listed was seen alive then (clock ticks since boot; see `leftovers`).
+                tmp.write_text(json.dumps({"seen_at": _ticks_now(), "processes": sorted(now)}))
+                os.replace(tmp, path)
+            except OSError as e:    # a full disk: the executions run on; only a successor's cleanup is less sure
+                log.warning("could not write the process ledger", extra={"path": str(path), "error": str(e)})
+                continue
+            self._ledgers[path] = (prefix, now)
 
     # --- orphans ------------------------------------------------------------------
 
@@ -390,6 +436,7 @@ class ProcessTable:
             if p.owner is not None:
                 owned.setdefault(p.owner, []).append(p)
         self._owned = owned
+        self._write_ledgers()
         # What an ended execution left running (forked while it was being killed, or it escaped its kill): it goes
         # now, as it should have with its execution.
         left = [p for p in self._procs.values()
@@ -450,6 +497,50 @@ class ProcessTable:
                     del self._procs[p.pid]
             except ChildProcessError:
                 pass
+
+
+def leftovers(path: Path) -> list[psutil.Process]:
+    """The live processes a ledger `path` (see `ProcessTable.record`) accounts for: each listed one still running
+    (same pid, same start time), and each in a listed process group or session that is still the listed one.
+    Not this process, its group or its session.
+
+    A group's (or session's) id is its creator's pid, which the kernel does not give out again while any process
+    is in that group. So the group is the listed one if its leader is gone (its members hold the id), or if the
+    leader started before the ledger was written (it held the pid when the listed members were in the group).
+    """
+    try:
+        ledger = json.loads(path.read_text())
+        seen_at = int(ledger["seen_at"])
+        listed = [tuple(int(x) for x in e) for e in ledger["processes"]]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        log.warning("could not read the process ledger", extra={"path": str(path), "error": str(e)})
+        return []
+    starts = {pid: start for pid, start, _, _ in listed}
+    me, mine = os.getpid(), {os.getpgid(0), os.getsid(0)}
+    groups = {g for _, _, g, _ in listed} - mine
+    sessions = {sid for _, _, _, sid in listed} - mine
+    stats = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := _read_stat(int(name))) is not None:
+            stats[int(name)] = stat
+
+    def still_listed(leader: int) -> bool:
+        stat = stats.get(leader)
+        return stat is None or stat[4] <= seen_at
+
+    out = []
+    for pid, (state, _, pgid, sid, start) in stats.items():
+        if pid == me or state in (b"Z", b"X"):
+            continue
+        if (starts.get(pid) == start or (pgid in groups and still_listed(pgid))
+                or (sid in sessions and still_listed(sid))):
+            try:
+                out.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
+    return out
 
 
 # The table every execution of this process uses.

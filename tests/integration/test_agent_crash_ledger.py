@@ -1,0 +1,97 @@
+"""A restarted agent also kills what its SIGKILLed predecessor ran that carries no execution mark: a child given
+an environment of its own (many programs pass `env=`) and a daemon that double-forked into a session of its own
+with an empty environment. The predecessor's ledger in the work dir (irm_compute.processes) lists them.
+
+Compute IRM and agent are separate processes; the execution is a real command, SIGKILL is real.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import grpc
+import psutil
+import pytest
+
+from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
+from services.tls import plain_channel
+from tests.conftest import Suite, eventually, start_again
+
+PY = sys.executable
+
+# Forks, leaves its session, forks again, writes its pid and sleeps: with an empty environment, no mark.
+DAEMON = ("import os, sys, time\n"
+          "if os.fork(): sys.exit(0)\n"
+          "os.setsid()\n"
+          "if os.fork(): sys.exit(0)\n"
+          "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+          "time.sleep(120)\n")
+PROGRAM = ("import os, subprocess, sys, time\n"
+           f"sleeper = [{PY!r}, '-c', 'import time; time.sleep(120)']\n"
+           "own = subprocess.Popen(sleeper, env={'PATH': os.environ.get('PATH', '')})\n"
+           f"subprocess.run([{PY!r}, '-c', sys.argv[1], 'daemon.pid'], env={{}}, check=True)\n"
+           "print(own.pid, flush=True)\n"
+           "time.sleep(120)\n")
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _listed(ledger) -> set[int]:  # type: ignore[no-untyped-def]
+    try:
+        return {e[0] for e in json.loads(ledger.read_text())["processes"]}
+    except (FileNotFoundError, ValueError):
+        return set()
+
+
+def test_a_restarted_agent_kills_its_predecessors_unmarked_children_and_daemons(tmp_path):
+    suite = Suite(str(tmp_path))
+    work = tmp_path / "agent-work"
+    tree: list[psutil.Process] = []
+    try:
+        compute, agent = suite.compute_and_agent(agent=dict(work_dir=str(work)))
+        agent_address = agent.address
+        irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute.address))
+        stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(agent_address))
+        res = irm.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[irm_pb2.ResourceGroup(
+            name="g", resource_type="vm", count=1, attributes={
+                "cores": common_pb2.AttributeRequest(number=1),
+                "memory_gb": common_pb2.AttributeRequest(number=1)})]), timeout=30)
+        vm = res.groups[0].resources[0].id
+        call = stub.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[PY, "-c", PROGRAM, DAEMON],
+                                                     timeout_s=60), timeout=60)
+        started = next(call).started
+        own_pid = int(next(e for e in call if e.WhichOneof("event") == "stdout").stdout)
+        daemon_pid = int((work / started.execution_id / "daemon.pid").read_text())
+        tree += [psutil.Process(p) for p in (started.pid, own_pid, daemon_pid)]
+        for p in tree[1:]:
+            assert "HARNESS_EXECUTION_MARK" not in p.environ()      # nothing to find them by but the ledger
+        # The agent's scans (one per sample) have placed them all, and the ledger says so.
+        eventually(lambda: {p.pid for p in tree} <= _listed(work / "processes.json"), timeout=15,
+                   what="the ledger to list the command, its child and the daemon")
+
+        agent.kill()                                             # a crash: no shutdown, nothing killed
+        call.cancel()
+        assert not any(_gone(p) for p in tree)                   # orphaned, no longer watched
+
+        start_again(lambda: suite.start("agent", name="agent2", address=agent_address,
+                                        compute_address=compute.address, work_dir=str(work)), "the agent")
+        eventually(lambda: all(_gone(p) for p in tree), timeout=15, what="the unmarked processes gone")
+        # A gone execution is not known to the successor; it says why it may be so.
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetExecution(agent_pb2.GetExecutionRequest(tenant="t", execution_id=started.execution_id),
+                              timeout=10)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "earlier agent process" in info.value.details()
+    finally:
+        for p in tree:                                           # whatever a failure left behind
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        suite.stop_all()
