@@ -184,7 +184,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         # The inventory first: one this IRM cannot use is refused before a database is made or claimed for it.
         hosts = inv.load(config.inventory or None, config.agent_address)
         url = config.database or default_url(config.state_dir, f"compute-{config.name}")
-        self.db = Database(url)
+        self.db = Database(url, one_writer=True)   # its writers want the same hosts' rows (see Database)
         self.db.migrate(MIGRATIONS, "alembic_version_compute")
         self.cost = CostModel(config.per_core, config.per_gb, config.base, config.reference_frequency_ghz)
         self.store = ComputeStore(self.db, self.cost, self.clock)

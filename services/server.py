@@ -155,7 +155,7 @@ DB_PROBE_INTERVAL_S = 5.0
 # Failures count "in a row" while each comes within this long of the one before.
 DB_FAILURE_WINDOW_S = 60.0
 # Database errors of contention (left after the retries): answered UNAVAILABLE, never counted against health.
-CONTENTION_CODES = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
+CONTENTION_CODES = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED", "40001", "40P01"})
 
 
 class CallCap:

@@ -280,10 +280,9 @@ def test_postgresql_environment_failures_are_database_unavailable(orig: Exceptio
 @pytest.mark.parametrize("exc", [
     IntegrityError("INSERT ...", {}, psycopg.errors.UniqueViolation("duplicate key")),
     _wrapped(psycopg.errors.UndefinedTable('relation "x" does not exist')),
-    _wrapped(psycopg.errors.SerializationFailure("could not serialize")),  # retried by services.db, then a conflict
     ValueError("a bug"),
     sqlite3.IntegrityError("UNIQUE constraint failed"),
-], ids=["unique", "undefined-table", "serialization", "value-error", "sqlite-integrity"])
+], ids=["unique", "undefined-table", "value-error", "sqlite-integrity"])
 def test_other_errors_are_not_the_databases_environment(exc: Exception) -> None:
     assert unavailability(exc) is None
 
@@ -346,6 +345,21 @@ def test_contention_left_after_the_retries_is_unavailable_but_not_counted() -> N
     full.sqlite_errorcode = sqlite3.SQLITE_FULL                   # type: ignore[attr-defined]
     server._internal(_Context(), "/x/Write", OperationalError("INSERT", {}, full), h)
     assert h.down
+
+
+@pytest.mark.parametrize("orig", [
+    psycopg.errors.SerializationFailure("could not serialize access due to concurrent update"),   # 40001
+    psycopg.errors.DeadlockDetected("deadlock detected"),                                          # 40P01
+], ids=["40001", "40P01"])
+def test_postgresql_contention_left_after_the_retries_is_unavailable_but_not_counted(orig: Exception) -> None:
+    # As SQLite's busy (README): retryable, not INTERNAL (it was: "internal error in .../Reserve: OperationalError").
+    h = server.DatabaseHealth(threshold=1)
+    ctx = _Context()
+    server._internal(ctx, "/x/Write", _wrapped(orig), h)
+    (status,) = ctx.aborted
+    assert status.code == grpc.StatusCode.UNAVAILABLE
+    assert unavailability(_wrapped(orig)).code == orig.sqlstate
+    assert not h.down
 
 
 def test_every_migrated_database_has_a_probe_write_that_fails_while_it_cannot_take_one(tmp_path: Path) -> None:
