@@ -525,9 +525,10 @@ class PluginFailed(HarnessError):
 FILTER_GROUP, WEIGHER_GROUP = "harness.crs_filters", "harness.crs_weighers"
 # A plug-in's exception text in an error, at most: it may be anything, and the whole status is 1 KiB.
 _SAID = 200
-# What a plug-in may raise while placing without taking its worker thread down with it (SystemExit too: a
-# sys.exit() in a filter must fail the request, not leave it unanswered). KeyboardInterrupt is left alone.
-_FAILURES = (Exception, SystemExit)
+# What a plug-in may raise while placing without taking its worker thread down with it: anything (a sys.exit(), a
+# KeyboardInterrupt or a BaseException of its own too). gRPC's worker catches only Exception: anything else left
+# the request unanswered until its deadline, with nothing logged. A real Ctrl-C never reaches a worker thread.
+_FAILURES = (BaseException,)
 
 
 def _said(e: BaseException) -> str:

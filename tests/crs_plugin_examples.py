@@ -52,9 +52,13 @@ class Overeager(Weigher):
         return {"b": 5.0, "a": -3.0}.get(node.physical_id, 1.0)
 
 
+class OwnBase(BaseException):
+    """What a plug-in may define: no Exception, so gRPC's worker would not catch it."""
+
+
 class Moody(Filter):
-    """Fails by the group's name: "boom" raises, "exit" calls sys.exit, "huge" raises a long message;
-    passes everything for any other group."""
+    """Fails by the group's name: "boom" raises, "exit" calls sys.exit, "huge" raises a long message, "ctrl-c"
+    raises KeyboardInterrupt, "base" a BaseException of its own; passes everything for any other group."""
 
     name = "moody"
 
@@ -65,6 +69,10 @@ class Moody(Filter):
             sys.exit(3)
         if ctx.group.name == "huge":
             raise ValueError("x" * 100_000)
+        if ctx.group.name == "ctrl-c":
+            raise KeyboardInterrupt
+        if ctx.group.name == "base":
+            raise OwnBase("not an Exception")
         return True
 
 

@@ -131,7 +131,8 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
         except SystemExit as e:         # a plug-in's exit() must not end the caller's thread
             raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} called "
                                       f"exit({plugins.describe(e.code)})") from None
-        except Exception as e:          # noqa: BLE001 - the plug-in's bug (chained: its traceback is kept)
+        except BaseException as e:      # noqa: BLE001 - the plug-in's bug (chained: its traceback is kept), a
+            # KeyboardInterrupt or a BaseException of its own included: live, the worker makes it a PolicyError too
             raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} failed: {plugins.reason(e)}") from e
     if s.algorithm == "managed_deadline":
         algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms

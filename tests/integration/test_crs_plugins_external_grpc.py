@@ -132,6 +132,8 @@ def test_a_plugin_failing_while_placing_is_internal_naming_it_and_the_crs_keeps_
     # The same request again: refused the same way (its claim was dropped, not left "still being placed").
     assert refusal("boom", "r-boom").split(" (while")[0] == said.split(" (while")[0]
     assert "raised SystemExit: 3 (while checking" in refusal("exit", "r-exit")
+    # No Exception: gRPC's worker let the request hang to its deadline, logging nothing.
+    assert "raised OwnBase: not an Exception (while checking" in refusal("base", "r-base")
     huge = refusal("huge", "r-huge")
     assert "raised ValueError: xxxx" in huge and len(huge) < 600
     assert f"weigher plug-in 'wonky' ({EX}:Wonky) scored nan for compute/" in refusal("nan", "r-nan")

@@ -154,6 +154,8 @@ def test_the_crs_refuses_to_start_with_a_bad_plugin(tmp_path) -> None:
     ("boom", r"^the CRS's filter plug-in 'moody' \(tests.crs_plugin_examples:Moody\) raised RuntimeError: the "
              r"moody filter broke \(while checking m/\w for group 'boom'\); the request was not placed"),
     ("exit", r"filter plug-in 'moody' .* raised SystemExit: 3 \(while checking"),
+    ("ctrl-c", r"filter plug-in 'moody' .* raised KeyboardInterrupt \(while checking"),
+    ("base", r"filter plug-in 'moody' .* raised OwnBase: not an Exception \(while checking"),
 ])
 def test_a_filter_raising_while_placing_fails_that_placement_naming_it(group, said) -> None:
     pipe = Pipeline.from_names([*DEFAULT_FILTERS, f"{EX}:Moody"], {"pack": 1.0})

@@ -280,3 +280,18 @@ def test_an_honest_answer_for_the_whole_window_always_fits(runner):
     r = runner("starts_all")
     got = r(queue, 30, 30, now=0.0)
     assert got == [(j.job_id, 1) for j in queue]
+
+
+class _OwnBase(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, _OwnBase])
+def test_a_plug_in_raising_what_is_no_exception_in_process_is_its_policy_error(raised) -> None:
+    # In process (the simulator's path without a worker), as live: its PolicyError, not the caller's interrupt.
+    def policy(queue, free, window, cost, now):  # type: ignore[no-untyped-def]
+        raise raised("not an Exception")
+
+    s = dispatch.scheduler_for(f"{HERE}:starts_all")
+    with pytest.raises(PolicyError, match=rf"failed: {raised.__name__}"):
+        dispatch.decide(s, QUEUE, now=0.3, pool=2, pool_max=4, plugin=policy)
