@@ -424,6 +424,10 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 except HarnessError as e:
                     _abort(context, e)
                 except Exception as e:  # noqa: BLE001
+                    if isinstance(e, NotImplementedError) and context.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        # A generated servicer's method this service does not implement (the Orchestrator's
+                        # ReserveBatch, which a CRS tries first): an answer, not a fault with a traceback to log.
+                        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by this service")
                     if context.code() is not None:  # the handler aborted on purpose
                         raise
                     _internal(context, method, e, db_health)

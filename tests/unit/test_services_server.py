@@ -440,3 +440,13 @@ def test_an_undecodable_message_in_a_client_stream_ends_it_invalid_argument_afte
         assert got == ["fine"] and seen == ["fine"]
     finally:
         running.stop(grace=0)
+
+
+def test_a_method_the_service_does_not_implement_is_unimplemented_without_a_traceback(
+        server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    # FailingIrm leaves ReserveBatch to the generated base class (as the Orchestrator does; a CRS tries it first).
+    with caplog.at_level("DEBUG"):
+        e = _error(server.irm.ReserveBatch, irm_pb2.ReserveBatchRequest())
+    assert e.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert e.details() == f"/{RM}/ReserveBatch is not implemented by this service"
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info], caplog.records
