@@ -98,6 +98,7 @@ from services.errors import (
     Unavailable,
     error_info,
     owned,
+    require_since,
     require_tenant,
 )
 from services.idempotency import request_hash, reservation_key, reused_request_id
@@ -1034,6 +1035,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
+        require_since(request.since)
         if not request.reservation_id:
             raise InvalidArgument.of("reservation_id", "required: the id Reserve answered")
         r = self._get(tenant, request.reservation_id)

@@ -77,6 +77,7 @@ from services.errors import (
     Unavailable,
     Violations,
     owned,
+    require_since,
     require_tenant,
 )
 from services.server import CallCap, Component
@@ -771,7 +772,7 @@ class ExecutionAgentServicer(agent_pb2_grpc.ExecutionAgentServicer):
     def GetVmMetrics(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
         control.check(self.agent.config.control_token, context, "the agent")
         return agent_pb2.GetVmMetricsResponse(series=self.agent.vm_metrics(request.tenant, request.vm_id,
-                                                                          request.since))
+                                                                          require_since(request.since)))
 
 
 def component(config: AgentConfig) -> Component:

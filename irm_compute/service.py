@@ -39,6 +39,7 @@ from services.errors import (
     HarnessError,
     InvalidArgument,
     Violations,
+    require_since,
     require_tenant,
     to_status,
 )
@@ -488,6 +489,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     def GetMetrics(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
+        require_since(request.since)
         if not request.reservation_id:
             raise InvalidArgument.of("reservation_id", "required: the id Reserve answered")
         res = self.store.get(tenant, request.reservation_id, "")

@@ -294,6 +294,14 @@ def require_tenant(tenant: str) -> str:
     return tenant
 
 
+def require_since(since: float, field_name: str = "since") -> float:
+    """A `since` of metrics requests: seconds since the epoch, 0 (or anything before the first sample) for all;
+    NaN or an infinity is no time (NaN compared false with every sample and answered nothing)."""
+    if not math.isfinite(since):
+        raise InvalidArgument.of(field_name, f"a time in seconds since the epoch (0: every sample), got {since}")
+    return since
+
+
 def _peer_status(e: grpc.RpcError) -> status_pb2.Status | None:
     """A peer's google.rpc status (from grpc-status-details-bin); None when it sent none or it cannot be read."""
     from google.protobuf.message import DecodeError

@@ -270,3 +270,18 @@ def test_short_only_of_a_server_that_does_not_answer_is_unavailable(orch, server
             reserve(orch, request_id, group)
         assert e.value.reason == MANAGER_UNAVAILABLE and "1 of the 2 FPGA-servers answer" in str(e.value)
     assert reserve(orch, "u3", vfpga("h", 4)).state == irm_pb2.Reservation.STATE_ACTIVE
+
+
+def test_get_metrics_honours_since_and_refuses_a_since_that_is_no_time(orch):
+    r = reserve(orch, "m", vfpga(devices=1))
+    now = orch.clock.now()
+    got = orch.GetMetrics(irm_pb2.GetMetricsRequest(tenant="t", reservation_id=r.id, since=now - 60), None)
+    assert {s.name for s in got.series} == {"completed", "queued", "busy_device_s"}
+    assert all(x.time >= now - 60 for s in got.series for x in s.samples)
+    # Samples at or after `since` only: its one sample (the counters now) is before a time to come.
+    later = orch.GetMetrics(irm_pb2.GetMetricsRequest(tenant="t", reservation_id=r.id, since=now + 3600), None)
+    assert list(later.series) == []
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument) as e:
+            orch.GetMetrics(irm_pb2.GetMetricsRequest(tenant="t", reservation_id=r.id, since=bad), None)
+        assert [v.field for v in e.value.violations] == ["since"]

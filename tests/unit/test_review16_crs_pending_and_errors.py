@@ -128,6 +128,15 @@ def test_get_metrics_with_an_empty_reservation_id_is_invalid_at_the_crs_as_at_th
         assert [v.field for v in e.value.violations] == ["reservation_id"], service
 
 
+def test_get_metrics_since_nan_or_infinite_is_invalid_at_the_crs_as_at_the_compute_irm(both) -> None:
+    # NaN compared false with every sample: the answer was silently empty.
+    for service in both:
+        for since in (float("nan"), float("-inf")):
+            with pytest.raises(InvalidArgument) as e:
+                service.GetMetrics(irm_pb2.GetMetricsRequest(tenant="t", reservation_id="r", since=since), None)
+            assert [v.field for v in e.value.violations] == ["since"], service
+
+
 def test_a_trait_both_required_and_forbidden_is_invalid_naming_it_at_the_crs_as_at_the_compute_irm(both) -> None:
     g = _group(2)
     g.required_traits[:] = ["ssd", "gpu"]
