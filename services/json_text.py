@@ -9,6 +9,7 @@ decodes to a NUL, which PostgreSQL text cannot hold. Both are refused here, nami
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from services.errors import InvalidArgument
@@ -53,6 +54,9 @@ def loads(text: str | bytes, field: str) -> Any:
     except RecursionError:
         raise InvalidArgument.of(field, "not valid JSON: nested too deeply") from None
     except ValueError as e:     # UnicodeDecodeError (bytes that are not UTF-8) included
+        if "integer string conversion" in str(e):     # Python's own limit, whose advice is for Python code
+            raise InvalidArgument.of(field, f"holds an integer of more than {sys.get_int_max_str_digits()} digits; "
+                                            "no field takes one") from None
         raise InvalidArgument.of(field, f"not valid JSON: {e}") from None
     return require_storable(data, field)
 

@@ -78,3 +78,12 @@ def test_a_page_token_with_an_unstorable_string_is_not_a_token(key):
     with pytest.raises(InvalidArgument) as e:
         paging._position(token, [Application.created_at, Application.id])
     assert [v.field for v in e.value.violations] == ["page_token"]
+
+
+def test_an_integer_beyond_pythons_digit_limit_is_refused_without_pythons_advice():
+    # Python's message told a tenant (of any language) to call sys.set_int_max_str_digits().
+    with pytest.raises(InvalidArgument) as e:
+        json_text.loads('{"Memory": [' + "9" * 5000 + "]}", "manifest_json")
+    (v,) = e.value.violations
+    assert v.field == "manifest_json" and "integer of more than 4300 digits" in v.description
+    assert "sys." not in v.description
