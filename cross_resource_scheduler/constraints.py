@@ -38,7 +38,7 @@ _FUNCTIONS: dict[str, tuple[str, str | None, dict[str, float]]] = {
     "bandwidth": ("min_bandwidth_gbps", ">=", {"gbps": 1.0, "mbps": 1e-3}),
 }
 
-_TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d*)?|\.\d+)(?P<unit>[a-zA-Z]+)?|(?P<name>[A-Za-z_][\w.-]*)|(?P<op><=|>=|[(),]))")
+_TOKEN = re.compile(r"\s*(?:(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<unit>[a-zA-Z]+)?|(?P<name>[A-Za-z_][\w.-]*)|(?P<op><=|>=|[(),]))")
 
 
 @dataclass(frozen=True)

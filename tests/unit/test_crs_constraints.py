@@ -90,6 +90,9 @@ def test_constraint_helpers() -> None:
         ("hops(a, b) <= -1", "unexpected '-1'"),
         ("hops(1, b) <= 2", "expected name"),
         ("hops(a, b) == 2", "unexpected"),
+        # digits are ASCII: the grammar is fixed, not whatever Python's float() takes
+        ("hops(a, b) <= \u0661\u0662", "unexpected"),
+        ("latency(a, b) <= \uff15ms", "unexpected"),
     ],
 )
 def test_parse_rejects(text: str, fragment: str) -> None:
