@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from cross_resource_scheduler.view import CapacityView
 from harness.v1 import irm_pb2
 from services import control
-from services.watch import Broadcaster
+from services.watch import CAPACITY_TENANT_FULL, CAPACITY_WATCHES_PER_TENANT, Broadcaster
 
 # Open WatchCapacity streams at most (the Broadcaster refuses more): each holds one of the server's 32 worker
 # threads (services.server), which Reserve, the IRMs' heartbeats and the health checks share; 32 idle watches
@@ -30,7 +30,8 @@ class CapacityWatch:
         self.control_token = control_token
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(
             max_streams=MAX_WATCHES,
-            full="WatchCapacity streams are open on this CRS; close one, or poll DiscoverResources")
+            full="WatchCapacity streams are open on this CRS; close one, or poll DiscoverResources",
+            per_tenant=CAPACITY_WATCHES_PER_TENANT, tenant_full=CAPACITY_TENANT_FULL)
         # Watch events are published under this lock, with a manager's state checked: a manager marked down
         # has its resources REMOVED downstream, and no event of its stream may slip in after that.
         self._publishing = threading.Lock()

@@ -47,7 +47,7 @@ from services.idempotency import request_hash, reservation_key
 from services.registration import Membership
 from services.server import Component
 from services.tls import TlsSettings
-from services.watch import Broadcaster
+from services.watch import CAPACITY_TENANT_FULL, CAPACITY_WATCHES_PER_TENANT, Broadcaster
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -209,7 +209,8 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                                         resource=self._physical(h)).SerializeToString()
             for h in self._hosts.values() if h.enabled}
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(
-            full="WatchCapacity streams are open on this compute IRM; close one, or poll DiscoverResources")
+            full="WatchCapacity streams are open on this compute IRM; close one, or poll DiscoverResources",
+            per_tenant=CAPACITY_WATCHES_PER_TENANT, tenant_full=CAPACITY_TENANT_FULL)
         self._release_queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._notifier = threading.Thread(target=self._notify_agents, name="agent-release", daemon=True)
         self.memberships: list[Membership] = []

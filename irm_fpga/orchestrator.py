@@ -64,7 +64,7 @@ from services.errors import (
 from services.idempotency import request_hash, reused_request_id
 from services.registration import Membership
 from services.server import Component
-from services.watch import Broadcaster
+from services.watch import CAPACITY_TENANT_FULL, CAPACITY_WATCHES_PER_TENANT, Broadcaster
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -108,7 +108,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.lock = threading.RLock()  # placement decisions over servers are serialised
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(   # WatchCapacity streams
             max_streams=MAX_WATCHES, full="WatchCapacity streams are open on this FPGA IRM; close one, or poll "
-                                          "DiscoverResources")
+                                          "DiscoverResources",
+            per_tenant=CAPACITY_WATCHES_PER_TENANT, tenant_full=CAPACITY_TENANT_FULL)
         self.memberships: list[Membership] = []
         # The FpgaOrchestrator API's client calls, the IRM API, and the background rounds: each its own module
         # (irm_fpga.orchestrator_clients, _irm, _rounds), reaching back here for groups, servers and the lock.

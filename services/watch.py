@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 # Orchestrator do): else anyone leaving the tenant out could take those slots.
 MAX_STREAMS = 8
 CONTROL_STREAMS = 4
+# WatchCapacity streams one tenant may hold of a server's: one without a resource type follows them all, so one
+# tenant needs no more, and cannot lock the other tenants out.
+CAPACITY_WATCHES_PER_TENANT = 2
+CAPACITY_TENANT_FULL = ("close one of your WatchCapacity streams (one without resource_type follows every type), or "
+                        "poll DiscoverResources")
 
 
 class _Subscriber(Generic[E]):
@@ -152,7 +157,10 @@ class Broadcaster(Generic[E]):
         if self._max_streams is not None:
             if not tenant and self._open[""] >= self._control_streams:
                 raise ResourceExhausted(f"{self._control_streams} control-plane {self._full}", reason=STREAM_CAP)
-            if tenant and self._per_tenant is not None and self._open[tenant] >= self._per_tenant:
+            # Not a pseudo-tenant ("\x00..."): the callers it gathers (anonymous watchers, e.g. CRSs following a
+            # manager without its token) are many, not one tenant.
+            if (tenant and not tenant.startswith("\x00") and self._per_tenant is not None
+                    and self._open[tenant] >= self._per_tenant):
                 raise ResourceExhausted(f"tenant {tenant!r} already holds {self._open[tenant]} of the watch "
                                         f"streams here, the most one tenant may ({self._per_tenant}); "
                                         f"{self._tenant_full}", reason=STREAM_CAP)

@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from cross_resource_scheduler.service import Crs, CrsConfig
 from harness.v1 import irm_pb2, irm_pb2_grpc
 from irm_compute.service import ComputeConfig, ComputeIrm
 from services import control
+from services.errors import STREAM_CAP, ResourceExhausted
 from services.tls import plain_channel
 from services.watch import CONTROL_STREAMS
 from tests.conftest import Suite, eventually
@@ -157,3 +160,33 @@ def test_harness_status_says_when_the_crs_cannot_follow_a_managers_capacity(tmp_
         if standin is not None:
             standin.kill()
         s.stop_all()
+
+
+def test_one_tenant_holds_at_most_two_capacity_watches_and_cannot_lock_the_others_out(tmp_path) -> None:
+    # Eight streams of one tenant took every slot of a CRS (a polyglot tenant's review).
+    from services.watch import CAPACITY_WATCHES_PER_TENANT
+
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {id: h1, site: s, rack: r, cores: 4, memory_gb: 8}\n")
+    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
+    (tmp_path / "crs").mkdir()
+    crs = Crs(CrsConfig(state_dir=str(tmp_path / "crs")))
+    streams = []
+    try:
+        for service in (crs, irm):
+            for _ in range(CAPACITY_WATCHES_PER_TENANT):
+                s = service.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="greedy"), Ctx())
+                next(s)
+                streams.append(s)
+            one_more = service.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="greedy"), Ctx())
+            with pytest.raises(ResourceExhausted) as e:
+                next(one_more)
+            assert e.value.reason == STREAM_CAP and "close one of your WatchCapacity streams" in e.value.message
+            other = service.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="other"), Ctx())
+            next(other)                                     # another tenant still finds a slot
+            streams.append(other)
+    finally:
+        for s in streams:
+            s.close()
+        irm.watchers.close()
+        irm.db.dispose()
+        crs.db.dispose()
