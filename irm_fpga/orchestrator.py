@@ -80,6 +80,25 @@ def _offered(info: fpga_pb2.ServerInfo) -> tuple[int, int, tuple[str, ...]]:
     return usable_devices(info), sum(g.target for g in info.groups), tuple(info.designs)
 
 
+
+class CountingLock:
+    """A re-entrant lock that counts how often it was taken (`taken`): a reader of the servers' state outside it
+    (the reconcile rounds, which must not stall placements on a silent server) tells by the count whether a
+    decision came between its read and its taking the lock, and so whether what it read is still what the
+    database says."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.taken = 0
+
+    def __enter__(self) -> CountingLock:
+        self._lock.acquire()
+        self.taken += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
 class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.ResourceManagerServicer):
     """FPGA groups over the FPGA-servers, and the FPGA IRM's APIs. Its parts: `clients` (attach, detach, revoke),
     `irm` (vFPGA reservations), `rounds` (reconcile and autoscaler rounds). Methods left here that only pass a call
@@ -105,7 +124,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.servers: dict[str, ServerHandle] = {}
         self._silent_until: dict[str, float] = {}      # address -> monotonic time of its next discovery try
         self._published: dict[str, tuple[int, int, tuple[str, ...]]] = {}   # server -> `_offered`, last published
-        self.lock = threading.RLock()  # placement decisions over servers are serialised
+        self.lock = CountingLock()  # placement decisions over servers are serialised
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(   # WatchCapacity streams
             max_streams=MAX_WATCHES, full="WatchCapacity streams are open on this FPGA IRM; close one, or poll "
                                           "DiscoverResources",

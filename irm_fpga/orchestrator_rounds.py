@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("irm_fpga.orchestrator")
 
 
+# Reads of the servers a reconcile round makes while decisions keep coming between a read and the lock, before it
+# acts on the last one anyway.
+READS_BEFORE_ACTING = 3
+
+
 class Rounds:
     """The reconcile and autoscaler rounds and their threads, over the Orchestrator's servers (`servers`,
     `_discover_servers`, `_server_infos`, `ask_all`), groups (`resize`, `_delete_parts`, `_publish`), clients
@@ -120,9 +125,21 @@ class Rounds:
         use or designs changed by themselves (a device blacklisted). Under the lock: no group is being made, resized or deleted meanwhile.
         """
         self.orch._discover_servers()
-        infos = self.orch._server_infos()      # asked before the lock: a silent server must not stall placements
-        with self.orch.lock:
-            out = self.reconcile(infos)
+        lock = self.orch.lock
+        out = None
+        for _ in range(READS_BEFORE_ACTING):
+            before = lock.taken
+            infos = self.orch._server_infos()      # asked before the lock: a silent server must not stall placements
+            with lock:
+                # Nobody took the lock between the read and now: no group was made, resized or deleted, no client
+                # attached or revoked meanwhile, so what the servers said is what the database should say. Else
+                # the read is stale (a group made meanwhile looks missing: "made" again, falsely), so read again.
+                if lock.taken == before + 1:
+                    out = self.reconcile(infos)
+                    break
+        if out is None:
+            with lock:                             # a busy manager: act on the last read (idempotent calls)
+                out = self.reconcile(infos)
         if out["made"] or out["dropped"] or self.orch._offered_changed(infos):
             self.orch._publish()
         return out

@@ -487,3 +487,21 @@ def test_an_orchestrator_starts_with_a_server_down_and_uses_it_once_it_answers(s
     grown = stub.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g2", design="sleep", size=6),
                              timeout=20)
     assert dict(grown.parts) == {"A": 2, "B": 4}
+
+
+def test_a_group_made_while_a_reconcile_round_reads_the_servers_is_no_drift(orch, servers, monkeypatch):
+    # The round reads the servers before taking the lock (a silent one must not stall placements); a group made
+    # in between looked missing from its server: made again, and the operator warned of drift that was none.
+    real = orch._server_infos
+    made: list = []
+
+    def read_then_a_group_is_made():  # noqa: ANN202
+        infos = real()
+        if not made:
+            made.append(None)                   # once (making the group reads the servers too)
+            made[0] = orch.create_group("alice", "g", "sleep", 2, pinned=["A"])
+        return infos
+
+    monkeypatch.setattr(orch, "_server_infos", read_then_a_group_is_made)
+    assert orch.reconcile_once() == {"made": 0, "dropped": 0}
+    assert held(servers["A"].address) == {made[0].id: 2}
