@@ -212,8 +212,10 @@ def test_watch_capacity_is_capped_well_below_the_worker_pool(make_cloud):
     cloud = make_cloud()
     cap = crs_service.MAX_WATCHES
     assert cap < POOL // 2
-    watch = lambda: cloud.stub.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="t"), timeout=60)  # noqa: E731
-    streams = [watch() for _ in range(cap)]
+    def watch(tenant: str = "late"):  # type: ignore[no-untyped-def]
+        return cloud.stub.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant=tenant), timeout=60)
+
+    streams = [watch(f"t{i}") for i in range(cap)]      # tenants of their own: one may hold 2
     try:
         # Each has its first message: each holds a worker now.
         assert all(next(s).kind == irm_pb2.CapacityEvent.KIND_SNAPSHOT_END for s in streams)

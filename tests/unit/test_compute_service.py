@@ -236,7 +236,7 @@ def test_the_compute_irm_caps_its_capacity_watches(tmp_path: Path) -> None:
             return True
 
     with irm_on(tmp_path, ("h1", 4, 2.0)) as irm:
-        streams = [irm.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant="t"), Ctx()) for _ in range(MAX_STREAMS)]
+        streams = [irm.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant=f"t{i}"), Ctx()) for i in range(MAX_STREAMS)]
         for s in streams:
             next(s)
         with pytest.raises(ResourceExhausted, match="WatchCapacity streams are open on this compute IRM"):
