@@ -107,6 +107,23 @@ class Compensator:
                 left += 1
         return left
 
+    def releases_due_now(self) -> int:
+        """At start-up: the parts a release recorded and was giving back itself (not due until its grace ended,
+        `ReleaseReservation`) are due now. The process that was releasing them is gone (this one has just
+        started), and capacity held for a released reservation stayed refused to others until the grace ended
+        (~30 s). A release is idempotent: were another CRS on the database still giving one back, asking again
+        does no harm. Returns how many."""
+        now = self.clock.now()
+
+        def due(s) -> int:  # type: ignore[no-untyped-def]
+            rows = list(s.scalars(select(Compensation).where(Compensation.attempts == 0,
+                                                             Compensation.in_doubt.is_(False),
+                                                             Compensation.next_try_at > now)))
+            for row in rows:
+                row.next_try_at = now
+            return len(rows)
+        return self.db.transact(due)
+
     def recover_one(self, res_id: str, tenant: str, why: str = "") -> bool:
         """Give back what any IRM holds for the pending reservation `res_id`, and drop it; False if it is no
         longer pending (its Reserve activated it, or dropped it, since it was read)."""

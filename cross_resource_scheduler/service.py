@@ -307,6 +307,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # owner is provably gone (a crash on this machine), are recovered now; the others once that long has
         # passed, if still pending then.
         started = self.clock.now()
+        if due := self.compensator.releases_due_now():
+            log.info("releases a previous CRS process was giving back are due now", extra={"parts": due})
         if self._recover(before=started - self._pending_horizon_s()):
             threading.Thread(target=self._recover_later, args=(started,), name="recover-pending",
                              daemon=True).start()

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from cross_resource_scheduler.service import Crs
 from harness.v1 import common_pb2, irm_pb2
@@ -209,3 +210,29 @@ def test_two_crs_processes_place_an_identical_request_apart_unless_a_seed_makes_
     # With none, each process has its own: over five pairs of processes, 16 equal hosts, not all pairs agree
     # (that all would has a chance of 1 in 16^5).
     assert any(len(hosts(0)) == 2 for _ in range(5))
+
+
+def test_a_restarted_crs_gives_back_at_once_the_parts_a_release_of_its_predecessor_was_giving_back(
+        tmp_path: Path, clock: VirtualClock) -> None:
+    # The release's own grace (its parts given back by the call itself) kept them held ~30 s after a CRS killed
+    # mid-release, refusing others the capacity of a released reservation.
+    from cross_resource_scheduler.models import Compensation
+
+    crs = _crs(tmp_path, clock)
+    now = clock.now()
+    try:
+        def add(s):  # type: ignore[no-untyped-def]
+            s.add_all([
+                Compensation(manager="m", tenant="t", irm_request_id="", irm_reservation_id="released-part",
+                             created_at=now, attempts=0, in_doubt=False, next_try_at=now + 30),
+                Compensation(manager="m", tenant="t", irm_request_id="in-doubt", created_at=now, attempts=0,
+                             in_doubt=True, next_try_at=now + 30),
+                Compensation(manager="m", tenant="t", irm_request_id="backing-off", created_at=now, attempts=3,
+                             in_doubt=False, next_try_at=now + 30)])
+        crs.db.transact(add)
+        assert crs.compensator.releases_due_now() == 1
+        with crs.db.read() as s:
+            due = {c.irm_reservation_id or c.irm_request_id: c.next_try_at for c in s.scalars(select(Compensation))}
+        assert due == {"released-part": now, "in-doubt": now + 30, "backing-off": now + 30}
+    finally:
+        crs.db.dispose()
