@@ -87,6 +87,19 @@ def check_address(address: str) -> str:
     return address
 
 
+def _flow(value: str, opening: str, closing: str, where: str) -> Any:
+    """A list or mapping given as the YAML file writes it (`[capacity, traits]`, `{pack: 1.0}`) from the environment
+    or --set, decoded; any other text as it is (the comma forms `a,b` and `a=1,b=2`)."""
+    text = value.strip()
+    if not (text.startswith(opening) and text.endswith(closing)):
+        return value
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: {text!r} is not a YAML {'list' if opening == '[' else 'mapping'}: "
+                          f"{' '.join(str(e).split())}") from None
+
+
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -97,12 +110,15 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         return _coerce(value, inner[0], where)
     if origin in (list, tuple):
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = _flow(value, "[", "]", where)
+            value = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         item = args[0] if args else str
         return [_coerce(v, item, where) for v in value]
     if origin is dict:
+        if isinstance(value, str):
+            value = _flow(value, "{", "}", where)
         if isinstance(value, str):  # "a=1,b=2" from the environment or --set
             pairs = [p.partition("=") for p in value.split(",") if p.strip()]
             if any(not sep for _, sep, _ in pairs):

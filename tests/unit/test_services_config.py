@@ -133,6 +133,17 @@ def test_dict_from_pairs() -> None:
     assert c.labels == {"zone": "east", "tier": "gold"}
 
 
+def test_lists_and_mappings_as_the_yaml_file_writes_them_from_set_or_the_environment() -> None:
+    # `--set filters=[capacity,x]` (README's YAML form) was taken as the names '[capacity' and 'x]'.
+    c = cfg.load(Sample, "svc", environ={"HARNESS_SVC_WEIGHERS": "{pack: 1.0, mylab.w:W: 2}"},
+                 overrides={"filters": "[capacity, mylab.filters:Drain]", "ports": "[1, 2]"})
+    assert c.filters == ["capacity", "mylab.filters:Drain"]
+    assert c.ports == [1, 2]
+    assert c.weighers == {"pack": 1.0, "mylab.w:W": 2.0}
+    with pytest.raises(ConfigError, match="filters: '\\[a, \\[b\\]' is not a YAML list"):
+        cfg.load(Sample, "svc", environ={}, overrides={"filters": "[a, [b]"})
+
+
 def test_dict_rejects_a_pair_without_equals() -> None:
     with pytest.raises(ConfigError, match="name=value"):
         cfg.load(Sample, "svc", environ={}, overrides={"weighers": "a=1,b"})
