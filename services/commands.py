@@ -822,21 +822,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(args)
 
 
+def _benchmarks() -> list[str]:
+    """The benchmarks `harness bench` runs: bench/'s modules, as named on the command line."""
+    from pathlib import Path
+
+    import bench
+
+    return sorted(p.stem.replace("_", "-") for p in Path(bench.__file__).parent.glob("*.py")
+                  if not p.stem.startswith("_"))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     name = args.name.replace("-", "_")
-    try:
-        mod = importlib.import_module(f"bench.{name}")
-    except ModuleNotFoundError:
-        from pathlib import Path
-
-        import bench
-
-        names = sorted(p.stem.replace("_", "-") for p in Path(bench.__file__).parent.glob("*.py")
-                       if not p.stem.startswith("_"))
+    if args.name.replace("_", "-") not in (names := _benchmarks()):
         print(f"harness bench: unknown benchmark {args.name!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2
+    mod = importlib.import_module(f"bench.{name}")
     return int(mod.main(args.rest) or 0)
 
 
@@ -1017,6 +1020,7 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
     p = sub.add_parser("bench", help="run a benchmark (prints JSON): crs, fpga-overhead, fpga-elasticity, "
                                      "autoscaler, profilers, policies")
-    p.add_argument("name")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags, e.g. --quick --json")
+    p.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_benchmarks())}")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags (NAME --help lists them), "
+                                                          "e.g. --quick --json")
     p.set_defaults(func=cmd_bench)
