@@ -663,8 +663,11 @@ def _wants_arguments(cls: type) -> bool:
 
 
 def _unknown(kind: _Kind, names: list[str]) -> PipelineError:
-    installed = sorted(_entry_points(kind.group))
+    found = set(_entry_points(kind.group))
+    installed, shadowed = sorted(found - set(kind.builtin)), sorted(found & set(kind.builtin))
     more = f"; installed ({kind.group}): {installed}" if installed else ""
+    if shadowed:        # a built-in's name always means the built-in
+        more += f"; entry points named as a built-in, never used: {shadowed}"
     return PipelineError(f"unknown {kind.what}(s) {names}; available: {sorted(kind.builtin)}{more}; or name a "
                          f"{kind.base.__name__} subclass as package.module:Class")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from irm_fpga.qos import dispatch
 from irm_fpga.qos import hydrogen as hy
+from irm_fpga.qos.plugins import ENTRY_POINT_GROUP
 from irm_fpga.qos.registry import ALLOCATION_POLICIES, SCHEDULING_ALGORITHMS, is_scheduling
 from irm_fpga.qos.throughput import DEFAULT_ALPHA
 
@@ -52,7 +53,8 @@ def checked_scheduler(config: JobsConfig) -> dispatch.Scheduler | None:
     if config.policy not in ALLOCATION_POLICIES and not is_scheduling(config.policy):
         raise ValueError(f"job manager configuration: unknown policy {config.policy!r}; "
                          f"known: {', '.join(sorted({*ALLOCATION_POLICIES, *SCHEDULING_ALGORITHMS}))}; "
-                         f"or a scheduling algorithm of your own as 'package.module:function'")
+                         f"or a scheduling algorithm of your own as 'package.module:function' or the name of an "
+                         f"entry point of group {ENTRY_POINT_GROUP!r}")
     if not config.silent_server_s >= 0:
         raise ValueError("job manager configuration: silent_server_s must be >= 0 seconds")
     if not (isinstance(config.max_queued_per_tenant, int) and config.max_queued_per_tenant >= 1):

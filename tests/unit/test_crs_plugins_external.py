@@ -81,6 +81,19 @@ def test_entry_points_are_loaded_by_their_names(monkeypatch: pytest.MonkeyPatch)
         Pipeline.from_names(["capacity", "likes_b"], {})
 
 
+def test_an_entry_point_named_as_a_built_in_is_said_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was listed among the installed ones, as if `capacity` could mean it.
+    _fake_entry_points(
+        monkeypatch,
+        importlib.metadata.EntryPoint("capacity", f"{EX}:AvoidHostA", "harness.crs_filters"),
+        importlib.metadata.EntryPoint("drain_a", f"{EX}:AvoidHostA", "harness.crs_filters"))
+    assert [f.name for f in Pipeline.from_names(["capacity"], {}).filters] == ["capacity"]
+    with pytest.raises(PipelineError) as e:
+        Pipeline.from_names(["capacity", "nope"], {})
+    assert "installed (harness.crs_filters): ['drain_a']; entry points named as a built-in, never used: " \
+           "['capacity']" in str(e.value)
+
+
 def test_entry_points_of_one_name_that_disagree_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_entry_points(
         monkeypatch,

@@ -148,3 +148,13 @@ def test_a_plug_in_that_changes_the_queue_it_is_given_is_checked_against_the_que
 def test_built_ins_are_not_shadowed():
     assert single_algorithm("sjtf") is get_policy("sjtf")
     assert longest_first(QUEUE, 0, 3, linear_cost) == []
+
+
+def test_an_unknown_job_policy_at_start_up_says_every_way_to_name_one() -> None:
+    from irm_fpga.jobs_config import JobsConfig, checked_scheduler
+
+    with pytest.raises(ValueError) as e:
+        checked_scheduler(JobsConfig(policy="nope"))
+    said = str(e.value)
+    assert "unknown policy 'nope'" in said and "'package.module:function'" in said
+    assert "entry point of group 'harness.qos_algorithms'" in said
