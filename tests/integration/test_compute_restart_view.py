@@ -38,10 +38,11 @@ def test_the_crs_follows_a_manager_restarted_on_a_fresh_database(suite, tmp_path
         r = stub.Reserve(whole_host(f"r{i}"), timeout=30)
         if i < 2:
             stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=r.id))
-    eventually(lambda: usage(stub)["h1"] == (4, 5), what="the CRS to see h1 full at generation 5")
+    eventually(lambda: usage(stub).get("h1") == (4, 5), what="the CRS to see h1 full at generation 5")
 
     first.kill()
     suite.start("compute", name="c", crs_address=crs.address, heartbeat_interval_s=0.3,
                 inventory=str(inventory), database=f"sqlite:///{tmp_path}/fresh.db")
-    eventually(lambda: usage(stub)["h1"] == (0, 0), what="the CRS to take the fresh manager's h1 (empty, gen 0)")
+    # h1 may be gone from the view meanwhile (the killed manager marked down before the new one registers).
+    eventually(lambda: usage(stub).get("h1") == (0, 0), what="the CRS to take the fresh manager's h1 (empty, gen 0)")
     assert stub.Reserve(whole_host("after"), timeout=30).state == irm_pb2.Reservation.STATE_ACTIVE
