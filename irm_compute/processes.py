@@ -165,6 +165,7 @@ class _Proc:
     owner: Hashable | None = None              # the execution it belongs to, for its life once set
     shared: frozenset[Hashable] | None = None  # an orphan any of these executions may have started
     mark: str | None = None                    # its mark, once read
+    seen: int = 0                              # clock ticks since boot when a scan first saw it
     handle: psutil.Process | None = None
 
     @property
@@ -177,6 +178,7 @@ class _Execution:
     pid: int
     start: int
     mark: str
+    seen: int = 0            # clock ticks since boot when it was first known alive (its spawn)
 
 
 class ProcessTable:
@@ -200,7 +202,8 @@ class ProcessTable:
         self._oldest = 0                   # (during a scan) the start of the oldest command running
         self._my_session = 0
         self._idle = threading.Event()     # set: the sweeper stops
-        self._ledgers: dict[Path, tuple[str, frozenset[tuple[int, int, int, int]] | None]] = {}
+        self._ledgers: dict[Path, tuple[str, frozenset[tuple[int, int, int, int, int]] | None]] = {}
+        self._scan_tick = 0                # clock ticks since boot when the last scan began
         self.scans = 0                     # how many scans ran (for tests and measurements)
 
     # --- executions ---------------------------------------------------------------
@@ -212,7 +215,7 @@ class ProcessTable:
             popen = start()
             stat = _read_stat(popen.pid)  # the child is not reaped before this returns: it is there
             begun = stat[4] if stat is not None else _ticks_now()
-            self._executions[key] = _Execution(popen.pid, begun, mark)
+            self._executions[key] = _Execution(popen.pid, begun, mark, _ticks_now())
             self._roots[(popen.pid, begun)] = key
             self._by_mark[mark] = key
             self._sessions[popen.pid] = key
@@ -229,6 +232,7 @@ class ProcessTable:
             self._roots.pop((ex.pid, ex.start), None)
             self._by_mark.pop(ex.mark, None)
             self._sessions.pop(ex.pid, None)
+            self._write_ledgers()       # what it leaves, this table kills (see `_scan`)
             orphans: list[_Proc] = []
             adopted: list[psutil.Process] = []
             for p in self._procs.values():
@@ -299,20 +303,24 @@ class ProcessTable:
         path.unlink(missing_ok=True)
 
     def _write_ledgers(self) -> None:
+        """Each ledger's entries: (pid, start, group, session, seen) of the processes of its executions, `seen`
+        the clock tick (since boot) at which it was first known alive, in that group and session: the scan's that
+        first saw it, the spawn's for a command (see `leftovers`). Written when they change."""
         for path, (prefix, written) in list(self._ledgers.items()):
-            entries = {(ex.pid, ex.start, ex.pid, ex.pid) for ex in self._executions.values()
-                       if ex.mark.startswith(prefix)}
-            for key, procs in self._owned.items():
-                ex = self._executions.get(key)
-                if ex is not None and ex.mark.startswith(prefix):
-                    entries |= {(q.pid, q.start, q.pgid, q.sid) for q in procs if not q.zombie}
-            now = frozenset(entries)
+            entries: dict[tuple[int, int, int, int], int] = {}
+            for key, ex in self._executions.items():
+                if not ex.mark.startswith(prefix):
+                    continue
+                entries[(ex.pid, ex.start, ex.pid, ex.pid)] = ex.seen
+                for q in self._owned.get(key, ()):
+                    if not q.zombie:
+                        entries.setdefault((q.pid, q.start, q.pgid, q.sid), q.seen)
+            now = frozenset((*ident, seen) for ident, seen in entries.items())
             if now == written:
                 continue
             try:
                 tmp = path.with_name(path.name + ".tmp")
-                # seen_at: every process listed was seen alive then (clock ticks since boot; see `leftovers`).
-                tmp.write_text(json.dumps({"seen_at": _ticks_now(), "processes": sorted(now)}))
+                tmp.write_text(json.dumps({"boot_id": _boot_id(), "processes": sorted(now)}))
                 os.replace(tmp, path)
             except OSError as e:    # a full disk: the executions run on; only a successor's cleanup is less sure
                 log.warning("could not write the process ledger", extra={"path": str(path), "error": str(e)})
@@ -381,6 +389,7 @@ class ProcessTable:
         if self._scanned >= newer_than or not (self._executions or idle_too):
             return
         self._scanned = time.monotonic()
+        self._scan_tick = _ticks_now()
         self._scan()
 
     def _kill(self, procs: list[_Proc]) -> list[psutil.Process]:
@@ -425,7 +434,7 @@ class ProcessTable:
             state, ppid, pgid, sid, start = stat
             p = self._procs.get(pid)
             if p is None or p.start != start:
-                p = _Proc(pid, start)
+                p = _Proc(pid, start, seen=self._scan_tick)
             p.ppid, p.pgid, p.sid, p.zombie = ppid, pgid, sid, state in (b"Z", b"X")
             procs[pid] = p
         self._procs = procs
@@ -499,43 +508,65 @@ class ProcessTable:
                 pass
 
 
+def _boot_id() -> str:
+    """This boot's id: a ledger of another boot lists processes that died with it."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def leftovers(path: Path) -> list[psutil.Process]:
     """The live processes a ledger `path` (see `ProcessTable.record`) accounts for: each listed one still running
     (same pid, same start time), and each in a listed process group or session that is still the listed one.
-    Not this process, its group or its session.
+    Not this process, its group or its session; nothing from a ledger of another boot (its processes died with
+    it, and pids, groups and start times start again).
 
     A group's (or session's) id is its creator's pid, which the kernel does not give out again while any process
-    is in that group. So the group is the listed one if its leader is gone (its members hold the id), or if the
-    leader started before the ledger was written (it held the pid when the listed members were in the group).
+    is in that group. So the group is the listed one if its leader is gone (its members hold the id; short of a
+    reused id made a group again by a process that exited since, leaving children), or if the leader had
+    started when a listed member was seen in the group (it held the pid then; a later process given the pid
+    started after the group was gone).
     """
     try:
         ledger = json.loads(path.read_text())
-        seen_at = int(ledger["seen_at"])
+        boot = str(ledger["boot_id"])
         listed = [tuple(int(x) for x in e) for e in ledger["processes"]]
+        if any(len(e) != 5 for e in listed):
+            raise ValueError("an entry is not (pid, start, group, session, seen)")
     except FileNotFoundError:
         return []
     except (OSError, ValueError, TypeError, KeyError) as e:
         log.warning("could not read the process ledger", extra={"path": str(path), "error": str(e)})
         return []
-    starts = {pid: start for pid, start, _, _ in listed}
+    if boot != _boot_id():
+        return []
+    starts = {pid: start for pid, start, _, _, _ in listed}
     me, mine = os.getpid(), {os.getpgid(0), os.getsid(0)}
-    groups = {g for _, _, g, _ in listed} - mine
-    sessions = {sid for _, _, _, sid in listed} - mine
+    # Per group and session id: the latest tick a listed member was seen in it (any one proves the leader).
+    seen: dict[tuple[str, int], int] = {}
+    for _, _, group, session, tick in listed:
+        for kind, ident in (("g", group), ("s", session)):
+            if ident not in mine:
+                seen[(kind, ident)] = max(seen.get((kind, ident), 0), tick)
     stats = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (stat := _read_stat(int(name))) is not None:
             stats[int(name)] = stat
 
-    def still_listed(leader: int) -> bool:
+    def still_listed(kind: str, leader: int) -> bool:
+        tick = seen.get((kind, leader))
+        if tick is None:
+            return False
         stat = stats.get(leader)
-        return stat is None or stat[4] <= seen_at
+        return stat is None or stat[4] <= tick
 
     out = []
     for pid, (state, _, pgid, sid, start) in stats.items():
         if pid == me or state in (b"Z", b"X"):
             continue
-        if (starts.get(pid) == start or (pgid in groups and still_listed(pgid))
-                or (sid in sessions and still_listed(sid))):
+        if starts.get(pid) == start or still_listed("g", pgid) or still_listed("s", sid):
             try:
                 out.append(psutil.Process(pid))
             except psutil.Error:

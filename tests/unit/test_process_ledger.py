@@ -1,5 +1,6 @@
 """The process ledger a SIGKILLed agent leaves its successor (irm_compute.processes.leftovers): what it lists is
-found by pid and start time, the rest of a listed session or group by that, and nothing else."""
+found by pid and start time, the rest of a listed session or group by that while it is still the listed one, and
+nothing else: not a later process given a listed id, not anything from a ledger of another boot."""
 
 from __future__ import annotations
 
@@ -10,21 +11,21 @@ from pathlib import Path
 
 import psutil
 
-from irm_compute.processes import _read_stat, _ticks_now, leftovers
+from irm_compute.processes import _boot_id, _read_stat, _ticks_now, leftovers
 
 PY = sys.executable
 SLEEP = [PY, "-c", "import time; time.sleep(60)"]
 
 
-def _ledger(path: Path, *procs: tuple[int, int, int, int], seen_at: int | None = None) -> Path:
-    path.write_text(json.dumps({"seen_at": _ticks_now() if seen_at is None else seen_at, "processes": procs}))
+def _ledger(path: Path, *procs: tuple[int, int, int, int, int], boot_id: str | None = None) -> Path:
+    path.write_text(json.dumps({"boot_id": _boot_id() if boot_id is None else boot_id, "processes": procs}))
     return path
 
 
-def _entry(pid: int) -> tuple[int, int, int, int]:
+def _entry(pid: int, seen: int | None = None) -> tuple[int, int, int, int, int]:
     stat = _read_stat(pid)
     assert stat is not None
-    return pid, stat[4], stat[2], stat[3]
+    return pid, stat[4], stat[2], stat[3], _ticks_now() if seen is None else seen
 
 
 def test_the_ledger_finds_its_processes_and_the_rest_of_their_sessions_and_nothing_else(tmp_path: Path) -> None:
@@ -36,23 +37,25 @@ def test_the_ledger_finds_its_processes_and_the_rest_of_their_sessions_and_nothi
     child = 0
     try:
         child = int(leader.stdout.readline())                         # type: ignore[union-attr]
-        entry = _entry(leader.pid)
-        found = {p.pid for p in leftovers(_ledger(tmp_path / "a.json", entry))}
+        found = {p.pid for p in leftovers(_ledger(tmp_path / "a.json", _entry(leader.pid)))}
         assert found == {leader.pid, child}
         # A listed pid now naming another process (another start time) is not that process, and its session is
-        # not the listed one when its leader started after the ledger was written.
-        _, start, pgid, sid = _entry(stranger.pid)
-        stale = (stranger.pid, start - 1, pgid, sid)
-        assert leftovers(_ledger(tmp_path / "b.json", stale, seen_at=start - 1)) == []
-        # The same entry written after the stranger started: its session was the listed one.
-        assert {p.pid for p in leftovers(_ledger(tmp_path / "c.json", stale, seen_at=start))} == {stranger.pid}
-        # No ledger, or one that is not JSON: nothing (an agent's first start; a torn write).
+        # not the listed one when its leader started after the listed member was last seen in it.
+        pid, start, pgid, sid, _ = _entry(stranger.pid)
+        assert leftovers(_ledger(tmp_path / "b.json", (pid, start - 1, pgid, sid, start - 1))) == []
+        # The same entry seen once the stranger had started: its session was the listed one.
+        assert {p.pid for p in leftovers(_ledger(tmp_path / "c.json", (pid, start - 1, pgid, sid, start)))} == \
+            {stranger.pid}
+        # A ledger of another boot (an agent that died with the machine) lists nothing alive now: pids, groups and
+        # start times began again, and a boot-time daemon must not be taken for a listed session.
+        assert leftovers(_ledger(tmp_path / "d.json", _entry(leader.pid), boot_id="another-boot")) == []
+        # No ledger, one that is not JSON, or one of the earlier format: nothing (a first start; a torn write).
         assert leftovers(tmp_path / "none.json") == []
-        (tmp_path / "torn.json").write_text('{"seen_at": 1, "proc')
+        (tmp_path / "torn.json").write_text('{"boot_id": "x", "proc')
         assert leftovers(tmp_path / "torn.json") == []
+        assert leftovers(_ledger(tmp_path / "old.json", _entry(leader.pid)[:4])) == []    # type: ignore[arg-type]
         # Never this process, its group or its session.
-        me = psutil.Process()
-        assert leftovers(_ledger(tmp_path / "me.json", _entry(me.pid))) == []
+        assert leftovers(_ledger(tmp_path / "me.json", _entry(psutil.Process().pid))) == []
     finally:
         if child:
             try:
