@@ -54,10 +54,11 @@ def metadata() -> MetaData:
     return MetaData(naming_convention=NAMING_CONVENTION)
 
 
-def _retrying(attempts: int):  # type: ignore[no-untyped-def]
-    """Retry transient conflicts (lock contention, serialisation failures), bounded and jittered."""
+def _retrying(attempts: int, transient: Callable[[BaseException], bool] | None = None):  # type: ignore[no-untyped-def]
+    """Retry transient conflicts (lock contention, serialisation failures), bounded and jittered. `transient`:
+    what tells one (default `_is_transient`), asked once per failed attempt."""
     return retry(
-        retry=retry_if_exception(_is_transient),
+        retry=retry_if_exception(transient or (lambda e: _is_transient(e))),
         stop=stop_after_attempt(attempts),
         wait=wait_random_exponential(multiplier=0.005, max=0.2),
         reraise=True,
@@ -286,21 +287,18 @@ class Database:
         """`go()`, retried on transient conflicts (each counted in `conflicts`). The first attempt runs outside
         tenacity: building its retry state per call costs more than a small write, and conflicts are the rare
         case."""
-
-        def counted() -> T:
-            try:
-                return go()
-            except Exception as e:
-                if _is_transient(e):
-                    self.conflicts += 1
-                raise
-
         try:
-            return counted()
+            return go()
         except Exception as e:
-            if attempts <= 1 or not _is_transient(e):
+            if not self._conflict(e) or attempts <= 1:
                 raise
-        return _retrying(attempts - 1)(counted)()
+        return _retrying(attempts - 1, self._conflict)(go)()
+
+    def _conflict(self, exc: BaseException) -> bool:
+        """Whether `exc` is a transient conflict, counted if so (asked once per failed attempt)."""
+        if transient := _is_transient(exc):
+            self.conflicts += 1
+        return transient
 
     def run_all(self, fns: list[Callable[[Connection], T]], attempts: int = 8) -> list[tuple[bool, T | Exception]]:
         """Several independent pieces of write work, as `run` does each: per piece,

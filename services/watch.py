@@ -157,13 +157,18 @@ class Broadcaster(Generic[E]):
         if self._max_streams is not None:
             if not tenant and self._open[""] >= self._control_streams:
                 raise ResourceExhausted(f"{self._control_streams} control-plane {self._full}", reason=STREAM_CAP)
-            # Not a pseudo-tenant ("\x00..."): the callers it gathers (anonymous watchers, e.g. CRSs following a
-            # manager without its token) are many, not one tenant.
-            if (tenant and not tenant.startswith("\x00") and self._per_tenant is not None
-                    and self._open[tenant] >= self._per_tenant):
-                raise ResourceExhausted(f"tenant {tenant!r} already holds {self._open[tenant]} of the watch "
-                                        f"streams here, the most one tenant may ({self._per_tenant}); "
-                                        f"{self._tenant_full}", reason=STREAM_CAP)
+            # A pseudo-tenant ("\x00...": anonymous watchers, e.g. CRSs following a manager without its token)
+            # gathers many callers, not one tenant: half the tenants' slots, so the others keep the rest.
+            cap = self._per_tenant
+            if cap is not None and tenant.startswith("\x00") and self._max_streams is not None:
+                cap = max(cap, self._max_streams // 2)
+            if tenant and cap is not None and self._open[tenant] >= cap:
+                held = self._open[tenant]
+                said = (f"callers naming no tenant already hold {held} of the watch streams here, the most they "
+                        f"may ({cap})" if tenant.startswith("\x00") else
+                        f"tenant {tenant!r} already holds {held} of the watch streams here, the most one tenant may "
+                        f"({cap})")
+                raise ResourceExhausted(f"{said}; {self._tenant_full}", reason=STREAM_CAP)
             if tenant and sum(n for t, n in self._open.items() if t) >= self._max_streams:
                 raise ResourceExhausted(f"{self._max_streams} {self._full}", reason=STREAM_CAP)
         self._open[tenant] += 1

@@ -190,3 +190,30 @@ def test_one_tenant_holds_at_most_two_capacity_watches_and_cannot_lock_the_other
         irm.watchers.close()
         irm.db.dispose()
         crs.db.dispose()
+
+
+def test_callers_naming_no_tenant_hold_at_most_half_the_capacity_watches(tmp_path) -> None:
+    # Without a cap of their own, anyone leaving the tenant out (no token needed) took all 8 slots.
+    from services.watch import MAX_STREAMS
+
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {id: h1, site: s, rack: r, cores: 4, memory_gb: 8}\n")
+    irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml"),
+                                   control_token=TOKEN))
+    streams = []
+    try:
+        for _ in range(MAX_STREAMS // 2):
+            s = irm.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx())
+            next(s)
+            streams.append(s)
+        with pytest.raises(ResourceExhausted) as e:
+            next(irm.WatchCapacity(irm_pb2.WatchCapacityRequest(), Ctx()))
+        assert e.value.reason == STREAM_CAP and "callers naming no tenant already hold 4" in e.value.message
+        for i in range(MAX_STREAMS // 2):                  # the tenants keep the rest
+            s = irm.WatchCapacity(irm_pb2.WatchCapacityRequest(tenant=f"t{i}"), Ctx())
+            next(s)
+            streams.append(s)
+    finally:
+        for s in streams:
+            s.close()
+        irm.watchers.close()
+        irm.db.dispose()
