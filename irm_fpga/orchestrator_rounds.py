@@ -128,7 +128,8 @@ class Rounds:
         lock = self.orch.lock
         out = None
         for _ in range(READS_BEFORE_ACTING):
-            before = lock.taken
+            with lock:              # waits out a decision in progress (its taking already counted)
+                before = lock.taken
             infos = self.orch._server_infos()      # asked before the lock: a silent server must not stall placements
             with lock:
                 # Nobody took the lock between the read and now: no group was made, resized or deleted, no client

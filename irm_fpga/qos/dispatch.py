@@ -15,6 +15,7 @@ name of `irm_fpga.qos.registry` stands for.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -131,8 +132,12 @@ def decide(s: Scheduler, queue: Sequence[hy.HJob], *, now: float, pool: int, poo
         except SystemExit as e:         # a plug-in's exit() must not end the caller's thread
             raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} called "
                                       f"exit({plugins.describe(e.code)})") from None
+        except KeyboardInterrupt:
+            if threading.current_thread() is threading.main_thread():
+                raise                   # the user's Ctrl-C (a simulation in the foreground), not the plug-in's
+            raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} failed: KeyboardInterrupt") from None
         except BaseException as e:      # noqa: BLE001 - the plug-in's bug (chained: its traceback is kept), a
-            # KeyboardInterrupt or a BaseException of its own included: live, the worker makes it a PolicyError too
+            # BaseException of its own included: live, the worker makes it a PolicyError too
             raise plugins.PolicyError(f"scheduling algorithm {s.algorithm!r} failed: {plugins.reason(e)}") from e
     if s.algorithm == "managed_deadline":
         algs = hy.DEADLINE_ALGORITHMS if s.algorithms is None else s.algorithms
