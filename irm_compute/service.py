@@ -201,6 +201,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         self.store.sync_inventory(hosts)
         # Every host, those that left the inventory too: their VMs still need their agent and location.
         self._hosts: dict[str, Host] = {h.id: h for h in self.store.all_hosts()}
+        self._ranges: Domain | None = None
         # Per host in the inventory, an UPDATED event with its static facts, serialised once: a change
         # event is this plus the new usage (building the message field by field costs
         # ~0.1 ms, on every reserve and release).
@@ -390,8 +391,11 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
     def _domain(self) -> Domain:
-        """The attributes' ranges over the enabled hosts: what DescribeAllocationSpec advertises."""
-        return Domain.of([h for h in self._hosts.values() if h.enabled])
+        """The attributes' ranges over the enabled hosts: what DescribeAllocationSpec advertises (the inventory
+        is read once, at start-up: worked out once)."""
+        if self._ranges is None:
+            self._ranges = Domain.of([h for h in self._hosts.values() if h.enabled])
+        return self._ranges
 
     def _parse_groups(self, request: irm_pb2.ReserveRequest | irm_pb2.QuotePriceRequest,
                       v: Violations) -> list[VmGroup]:

@@ -183,7 +183,8 @@ class Database:
     they do on SQLite. For a service whose writers all want the same few rows (the compute IRM's packing sends
     every unpinned VM to the fullest host with room), PostgreSQL's row locks otherwise queue them there anyway,
     and writers that take rows in different orders (a reservation's hosts, a release's) deadlock, each broken only
-    after `deadlock_timeout` (1 s): 30 writers took a minute. Taking turns, there is no cycle to break."""
+    after `deadlock_timeout` (1 s): 30 writers took a minute. Taking turns, there is no cycle to break; but one
+    slow write (a row an outside session holds, a connection that hangs) holds up the others for as long."""
 
     def __init__(self, url: str, *, echo: bool = False, one_writer: bool = False) -> None:
         self.url = url

@@ -326,6 +326,13 @@ def _refuse_nul(request: Any) -> None:
         raise InvalidArgument.of(path, _NUL)
 
 
+def _unimplemented(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
+    """A generated servicer's method this service does not implement (the Orchestrator's ReserveBatch, which a CRS
+    tries first) raised `exc`: answered UNIMPLEMENTED, an answer rather than a fault with a traceback to log."""
+    if isinstance(exc, NotImplementedError) and context.code() == grpc.StatusCode.UNIMPLEMENTED:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by this service")
+
+
 class Undecodable:
     """What a request's bytes became when they did not decode as its message (invalid UTF-8 in a string field --
     protobuf.js encodes a lone surrogate so --, a truncated message, field number 0...). grpc itself answers
@@ -424,10 +431,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 except HarnessError as e:
                     _abort(context, e)
                 except Exception as e:  # noqa: BLE001
-                    if isinstance(e, NotImplementedError) and context.code() == grpc.StatusCode.UNIMPLEMENTED:
-                        # A generated servicer's method this service does not implement (the Orchestrator's
-                        # ReserveBatch, which a CRS tries first): an answer, not a fault with a traceback to log.
-                        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by this service")
+                    _unimplemented(context, method, e)
                     if context.code() is not None:  # the handler aborted on purpose
                         raise
                     _internal(context, method, e, db_health)
@@ -448,6 +452,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 except HarnessError as e:
                     _abort(context, e)
                 except Exception as e:  # noqa: BLE001
+                    _unimplemented(context, method, e)
                     if context.code() is not None:
                         raise
                     _internal(context, method, e, db_health)
