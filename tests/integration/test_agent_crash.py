@@ -27,6 +27,16 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+def one_vm(compute_address: str, agent_address: str) -> tuple[agent_pb2_grpc.ExecutionAgentStub, str]:
+    """A stub of the agent, and a 1-core VM of tenant "t" reserved at the compute IRM."""
+    irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute_address))
+    res = irm.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[irm_pb2.ResourceGroup(
+        name="g", resource_type="vm", count=1, attributes={
+            "cores": common_pb2.AttributeRequest(number=1),
+            "memory_gb": common_pb2.AttributeRequest(number=1)})]), timeout=30)
+    return agent_pb2_grpc.ExecutionAgentStub(plain_channel(agent_address)), res.groups[0].resources[0].id
+
+
 def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_path):
     suite = Suite(str(tmp_path))
     work = tmp_path / "agent-work"
@@ -39,13 +49,7 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
     try:
         compute, agent = suite.compute_and_agent(agent=dict(work_dir=str(work)))
         agent_address = agent.address
-        irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute.address))
-        stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(agent_address))
-        res = irm.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[irm_pb2.ResourceGroup(
-            name="g", resource_type="vm", count=1, attributes={
-                "cores": common_pb2.AttributeRequest(number=1),
-                "memory_gb": common_pb2.AttributeRequest(number=1)})]), timeout=30)
-        vm = res.groups[0].resources[0].id
+        stub, vm = one_vm(compute.address, agent_address)
         # A child of the command too: the whole tree must go, not just its leader.
         code = (f"import subprocess, time; subprocess.Popen([{PY!r}, '-c', 'import time; time.sleep(120)']); "
                 "print('ready', flush=True); time.sleep(120)")

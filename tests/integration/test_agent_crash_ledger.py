@@ -14,9 +14,9 @@ import grpc
 import psutil
 import pytest
 
-from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
-from services.tls import plain_channel
+from harness.v1 import agent_pb2
 from tests.conftest import Suite, eventually, start_again
+from tests.integration.test_agent_crash import one_vm
 
 PY = sys.executable
 
@@ -56,13 +56,7 @@ def test_a_restarted_agent_kills_its_predecessors_unmarked_children_and_daemons(
     try:
         compute, agent = suite.compute_and_agent(agent=dict(work_dir=str(work)))
         agent_address = agent.address
-        irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute.address))
-        stub = agent_pb2_grpc.ExecutionAgentStub(plain_channel(agent_address))
-        res = irm.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[irm_pb2.ResourceGroup(
-            name="g", resource_type="vm", count=1, attributes={
-                "cores": common_pb2.AttributeRequest(number=1),
-                "memory_gb": common_pb2.AttributeRequest(number=1)})]), timeout=30)
-        vm = res.groups[0].resources[0].id
+        stub, vm = one_vm(compute.address, agent_address)
         call = stub.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[PY, "-c", PROGRAM, DAEMON],
                                                      timeout_s=60), timeout=60)
         started = next(call).started
