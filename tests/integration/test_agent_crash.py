@@ -27,6 +27,19 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+def crash_and_restart(suite: Suite, agent, call, compute_address: str, work, tree: list[psutil.Process]) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL `agent` while `call` runs `tree` (no shutdown: nothing killed), then start an agent again on its
+    work dir, at its address (the compute IRM knows its agent there), and wait for `tree` to be gone: killed at
+    start-up, before it serves, well before the processes' own end."""
+    address = agent.address
+    agent.kill()
+    call.cancel()
+    assert not any(_gone(p) for p in tree)                   # orphaned, no longer watched
+    start_again(lambda: suite.start("agent", name="agent2", address=address, compute_address=compute_address,
+                                    work_dir=str(work)), "the agent")
+    eventually(lambda: all(_gone(p) for p in tree), timeout=15, what="the orphaned processes gone")
+
+
 def one_vm(compute_address: str, agent_address: str) -> tuple[agent_pb2_grpc.ExecutionAgentStub, str]:
     """A stub of the agent, and a 1-core VM of tenant "t" reserved at the compute IRM."""
     irm = irm_pb2_grpc.ResourceManagerStub(plain_channel(compute_address))
@@ -48,8 +61,7 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
     tree: list[psutil.Process] = []
     try:
         compute, agent = suite.compute_and_agent(agent=dict(work_dir=str(work)))
-        agent_address = agent.address
-        stub, vm = one_vm(compute.address, agent_address)
+        stub, vm = one_vm(compute.address, agent.address)
         # A child of the command too: the whole tree must go, not just its leader.
         code = (f"import subprocess, time; subprocess.Popen([{PY!r}, '-c', 'import time; time.sleep(120)']); "
                 "print('ready', flush=True); time.sleep(120)")
@@ -72,15 +84,7 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
         assert dup.returncode == 2 and f"another agent (pid {agent.proc.pid}) runs on work_dir" in dup.stderr
         assert not any(_gone(p) for p in tree)
 
-        agent.kill()                                             # a crash: no shutdown, nothing killed
-        call.cancel()
-        assert not any(_gone(p) for p in tree)                   # orphaned, no longer watched
-
-        # At the same address (the compute IRM knows its agent there).
-        start_again(lambda: suite.start("agent", name="agent2", address=agent_address,
-                                        compute_address=compute.address, work_dir=str(work)), "the agent")
-        # Killed at start-up (before it serves), well before the orphans' own 120 s.
-        eventually(lambda: all(_gone(p) for p in tree), timeout=15, what="the orphaned tree gone")
+        crash_and_restart(suite, agent, call, compute.address, work, tree)
         assert not scratch.exists()
         assert (work / "notes.txt").read_text() == "not the agent's"
         assert other.poll() is None                              # another agent's run is left alone

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from harness.v1 import agent_pb2
-from tests.conftest import Suite, eventually, start_again
-from tests.integration.test_agent_crash import one_vm
+from tests.conftest import Suite, eventually
+from tests.integration.test_agent_crash import crash_and_restart, one_vm
 
 PY = sys.executable
 
@@ -35,13 +35,6 @@ PROGRAM = ("import os, subprocess, sys, time\n"
            "time.sleep(120)\n")
 
 
-def _gone(p: psutil.Process) -> bool:
-    try:
-        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _listed(ledger) -> set[int]:  # type: ignore[no-untyped-def]
     try:
         return {e[0] for e in json.loads(ledger.read_text())["processes"]}
@@ -55,8 +48,7 @@ def test_a_restarted_agent_kills_its_predecessors_unmarked_children_and_daemons(
     tree: list[psutil.Process] = []
     try:
         compute, agent = suite.compute_and_agent(agent=dict(work_dir=str(work)))
-        agent_address = agent.address
-        stub, vm = one_vm(compute.address, agent_address)
+        stub, vm = one_vm(compute.address, agent.address)
         call = stub.Execute(agent_pb2.ExecuteRequest(tenant="t", vm_id=vm, argv=[PY, "-c", PROGRAM, DAEMON],
                                                      timeout_s=60), timeout=60)
         started = next(call).started
@@ -69,13 +61,7 @@ def test_a_restarted_agent_kills_its_predecessors_unmarked_children_and_daemons(
         eventually(lambda: {p.pid for p in tree} <= _listed(work / "processes.json"), timeout=15,
                    what="the ledger to list the command, its child and the daemon")
 
-        agent.kill()                                             # a crash: no shutdown, nothing killed
-        call.cancel()
-        assert not any(_gone(p) for p in tree)                   # orphaned, no longer watched
-
-        start_again(lambda: suite.start("agent", name="agent2", address=agent_address,
-                                        compute_address=compute.address, work_dir=str(work)), "the agent")
-        eventually(lambda: all(_gone(p) for p in tree), timeout=15, what="the unmarked processes gone")
+        crash_and_restart(suite, agent, call, compute.address, work, tree)
         # A gone execution is not known to the successor; it says why it may be so.
         with pytest.raises(grpc.RpcError) as info:
             stub.GetExecution(agent_pb2.GetExecutionRequest(tenant="t", execution_id=started.execution_id),
