@@ -27,6 +27,14 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+def kill_all(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 def crash_and_restart(suite: Suite, agent, call, compute_address: str, work, tree: list[psutil.Process]) -> None:  # type: ignore[no-untyped-def]
     """SIGKILL `agent` while `call` runs `tree` (no shutdown: nothing killed), then start an agent again on its
     work dir, at its address (the compute IRM knows its agent there), and wait for `tree` to be gone: killed at
@@ -91,9 +99,5 @@ def test_a_restarted_agent_kills_what_its_crashed_predecessor_left_running(tmp_p
     finally:
         other.kill()
         other.wait()
-        for p in tree:                                           # whatever a failure left behind
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        kill_all(tree)                                           # whatever a failure left behind
         suite.stop_all()

@@ -16,7 +16,7 @@ import pytest
 
 from harness.v1 import agent_pb2
 from tests.conftest import Suite, eventually
-from tests.integration.test_agent_crash import crash_and_restart, one_vm
+from tests.integration.test_agent_crash import crash_and_restart, kill_all, one_vm
 
 PY = sys.executable
 
@@ -69,9 +69,5 @@ def test_a_restarted_agent_kills_its_predecessors_unmarked_children_and_daemons(
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
         assert "earlier agent process" in info.value.details()
     finally:
-        for p in tree:                                           # whatever a failure left behind
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        kill_all(tree)                                           # whatever a failure left behind
         suite.stop_all()
