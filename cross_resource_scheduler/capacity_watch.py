@@ -43,9 +43,14 @@ class CapacityWatch:
         who = control.watch_tenant(request.tenant, self.control_token, context)
 
         def snapshot():
-            for n in self.view.up_nodes():
-                if not request.resource_type or n.resource_type == request.resource_type:
-                    yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=n.to_proto())
+            # Down managers' resources too, said down (manager_down): a CRS above tells "retry later" by them.
+            with self.view.lock:
+                nodes = [(n, self.view.node_down(n)) for n in self.view.nodes.values()
+                         if not request.resource_type or n.resource_type == request.resource_type]
+            for n, down in nodes:
+                r = n.to_proto()
+                r.manager_down = down
+                yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT, resource=r)
             yield irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_SNAPSHOT_END)
 
         # A stream over the Broadcaster's caps is refused there (RESOURCE_EXHAUSTED, STREAM_CAP).
@@ -57,7 +62,7 @@ class CapacityWatch:
 
     def forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
         """A change of `manager`'s resources to the CRS's watchers (not while it is down: they have its
-        resources REMOVED then, and UPDATED again when it is back)."""
+        resources UPDATED as down (manager_down) then, and UPDATED again when it is back)."""
         if (ev.kind in (irm_pb2.CapacityEvent.KIND_UPDATED, irm_pb2.CapacityEvent.KIND_REMOVED)
                 and self.watchers.has_subscribers()):
             with self._publishing:
@@ -71,13 +76,17 @@ class CapacityWatch:
                     out.append(one)
                 self.watchers.publish(out)
 
-    def publish_all_of(self, manager: str, kind: irm_pb2.CapacityEvent.Kind.ValueType) -> None:
-        """Every resource of `manager` in the view, as `kind` events, to the watchers."""
+    def publish_all_of(self, manager: str, down: bool) -> None:
+        """Every resource of `manager` in the view to the watchers, UPDATED, said down (manager_down) or not. Not
+        REMOVED when it goes down: a CRS above would take a request they could hold for one that never fits."""
         if not self.watchers.has_subscribers():
             return
         with self._publishing:
-            if self.view.is_down(manager) != (kind == irm_pb2.CapacityEvent.KIND_REMOVED):
+            if self.view.is_down(manager) != down:
                 return  # it changed again meanwhile: that change publishes
             with self.view.lock:
                 mine = [n.to_proto() for n in self.view.nodes.values() if n.manager == manager]
-            self.watchers.publish(irm_pb2.CapacityEvent(kind=kind, resource=r) for r in mine)
+            for r in mine:
+                r.manager_down = r.manager_down or down
+            self.watchers.publish(irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_UPDATED, resource=r)
+                                  for r in mine)

@@ -131,7 +131,7 @@ def _pool(view: CapacityView, ctx: Context) -> list[Node]:
     g, topo = ctx.group, ctx.topology
     if g.pins:          # the next instance's own resource (schedule checked that each is known and up)
         node = view.nodes.get(g.pins[len(ctx.placed[g.name])])
-        if node is None or view.is_down(node.manager):
+        if node is None or view.node_down(node):
             return []
         return [node.empty() if ctx.ignore_usage else node]     # judged empty: as the plug-ins are to see it
     # A link may make another rack or site faster than its level: latency bounds cannot narrow the pool by
@@ -539,9 +539,10 @@ def _check_pins(req: PlacementRequest, view: CapacityView) -> None:
             if node.resource_type != g.resource_type:
                 raise Unschedulable(f"group {g.name!r} is pinned to {key!r}, a {node.resource_type} resource, not "
                                     f"a {g.resource_type}; pin it to one of its type", unresolvable=True)
-            if view.is_down(node.manager):
-                raise Unschedulable(f"group {g.name!r} is pinned to {key!r}, whose manager {node.manager!r} is "
-                                    "down; retry later, or place it elsewhere", down=[node.manager])
+            if view.node_down(node):
+                down = view.down_name(node)
+                raise Unschedulable(f"group {g.name!r} is pinned to {key!r}, whose manager {down!r} is "
+                                    "down; retry later, or place it elsewhere", down=[down])
 
 
 def as_pinned(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topology: TopologyModel) -> Placement:
@@ -581,17 +582,17 @@ def _verdict(req: PlacementRequest, order: list[GroupDemand], view: CapacityView
         # just started, a watch reconnecting). "Never fits" would be read as the request's fault, for good.
         return (f"no {'/'.join(missing)} resources are known to this CRS yet (their managers have not reported "
                 "capacity: starting or reconnecting); retry later"), False, []
-    up = [n for n in mine if not view.is_down(n.manager)]
+    up = [n for n in mine if not view.node_down(n)]
     fits, reason, _ = _fits_empty(req, order, up, pipeline, topology)
     if fits:
         # Only a complete search of what is free now shows that it is the use that stands in the way.
         return (IN_USE if searched_now else NOT_FOUND), False, []
-    down = [n for n in mine if view.is_down(n.manager)]
+    down = [n for n in mine if view.node_down(n)]
     if down:
         with_down, _, found = _fits_empty(req, order, up + down, pipeline, topology)
         if with_down is not False:
-            names = sorted({n.manager for nodes in found.nodes.values() for n in nodes if view.is_down(n.manager)}
-                           if found else {n.manager for n in down})
+            names = sorted({view.down_name(n) for nodes in found.nodes.values() for n in nodes if view.node_down(n)}
+                           if found else {view.down_name(n) for n in down})
             return (f"it could fit on the resources of {'managers' if len(names) > 1 else 'manager'} "
                     f"{', '.join(names)}, which {'are' if len(names) > 1 else 'is'} down; retry later"), False, names
     if fits is False:
@@ -653,7 +654,7 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
                                 f"even on an empty cloud ({why}); change the request", True, dict(removed), [],
                                 NEVER_FITS)
         types = {g.resource_type for g in req.groups}
-        up = [n for n in view.nodes.values() if n.resource_type in types and not view.is_down(n.manager)]
+        up = [n for n in view.nodes.values() if n.resource_type in types and not view.node_down(n)]
         now = _Classes(up, ignore_usage=False, pinned=_pinned_keys(req), avoided=_avoided(req))
         # A group with too little room now needs no search (the common refusal on a loaded cloud).
         searched = _group_never_fits(req, now, pipeline, topology, ignore_usage=False) is not None

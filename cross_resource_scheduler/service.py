@@ -1065,10 +1065,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _manager_up(self, manager: str) -> None:
         self._kick.set()  # its compensations may run now
-        self.capacity_watch.publish_all_of(manager, irm_pb2.CapacityEvent.KIND_UPDATED)
+        self.capacity_watch.publish_all_of(manager, down=False)
 
     def _manager_down(self, manager: str) -> None:
-        self.capacity_watch.publish_all_of(manager, irm_pb2.CapacityEvent.KIND_REMOVED)
+        self.capacity_watch.publish_all_of(manager, down=True)
 
     # -- registry (registration.py) ----------------------------------------
     def RegisterManager(self, request, context):  # noqa: N802

@@ -44,6 +44,8 @@ class Node:
     # Bumped when a snapshot's generation went back (the manager restarted on an older or fresh
     # database): generations from before belong to a history the manager no longer has.
     epoch: int = 0
+    # Its manager below `manager` (a CRS's) is down, as that CRS said (PhysicalResource.manager_down).
+    down_below: bool = False
 
     key: str = ""  # "<manager>/<physical id>", unique across managers
     # free() of every attribute, as of the last change the view made (placement reads it
@@ -84,7 +86,7 @@ class Node:
         return common_pb2.PhysicalResource(
             id=self.physical_id, resource_type=self.resource_type, capacity=self.capacity, used=used,
             properties=self.properties, traits=sorted(self.traits), location=self.location,
-            generation=self.generation, manager=self.manager)
+            generation=self.generation, manager=self.manager, manager_down=self.down_below)
 
 
 @dataclass
@@ -108,6 +110,7 @@ class CapacityView:
         self._by_rack: dict[tuple[str, str, str], list[Node]] = defaultdict(list)
         self._by_site: dict[tuple[str, str], list[Node]] = defaultdict(list)
         self._down: set[str] = set()
+        self._below: set[str] = set()   # keys of nodes whose manager below is down (none: the common case is O(1))
         self._assumptions: dict[str, list[Assumption]] = defaultdict(list)  # node key -> assumptions
         self._tokens: dict[str, set[str]] = defaultdict(set)  # token -> node keys it assumed on
         # Nodes removed while assumptions still named them: node key -> (generation, epoch) when removed. Back with
@@ -141,6 +144,8 @@ class CapacityView:
                 node.capacity, node.used, node.properties = dict(r.capacity), dict(r.used), dict(r.properties)
                 node.traits, node.generation = frozenset(r.traits), r.generation
                 node.refresh()
+            node.down_below = r.manager_down
+            (self._below.add if r.manager_down else self._below.discard)(node.key)
             if went_back:
                 node.epoch += 1
             self._settle(node)
@@ -195,12 +200,22 @@ class CapacityView:
     def is_down(self, manager: str) -> bool:
         return manager in self._down
 
+    def node_down(self, node: Node) -> bool:
+        """Whether nothing may be placed on `node` now: its manager is down, or the manager below it (a CRS's)."""
+        return node.down_below or node.manager in self._down
+
+    @staticmethod
+    def down_name(node: Node) -> str:
+        """The manager whose being down keeps `node` out: its own, or "<CRS>/<manager>" below it."""
+        return f"{node.manager}/{node.physical_id.split('/')[0]}" if node.down_below else node.manager
+
     def _index(self, node: Node) -> None:
         self._by_type[node.resource_type].append(node)
         self._by_rack[(node.resource_type, node.location.site, node.location.rack)].append(node)
         self._by_site[(node.resource_type, node.location.site)].append(node)
 
     def _unindex(self, node: Node) -> None:
+        self._below.discard(node.key)
         for lst in (self._by_type[node.resource_type],
                     self._by_rack[(node.resource_type, node.location.site, node.location.rack)],
                     self._by_site[(node.resource_type, node.location.site)]):
@@ -221,14 +236,16 @@ class CapacityView:
 
     def _up(self, nodes: list[Node]) -> list[Node]:
         # Copying only when a manager is down keeps the common case O(1).
-        return [n for n in nodes if n.manager not in self._down] if self._down else nodes
+        if not (self._down or self._below):
+            return nodes
+        return [n for n in nodes if not (n.down_below or n.manager in self._down)]
 
     def resource_types(self) -> list[str]:
         return sorted(t for t, nodes in self._by_type.items() if nodes)
 
     def up_nodes(self) -> list[Node]:
         with self.lock:
-            return [n for n in self.nodes.values() if n.manager not in self._down]
+            return [n for n in self.nodes.values() if not self.node_down(n)]
 
     # -- assumptions -----------------------------------------------------
     def assume(self, token: str, node: Node, demand: dict[str, float]) -> None:

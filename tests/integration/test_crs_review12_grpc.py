@@ -256,7 +256,8 @@ class Watch:
     def _pump(self) -> None:
         try:
             for ev in self.call:
-                self.events.append((K.Kind.Name(ev.kind), f"{ev.resource.manager}/{ev.resource.id}"))
+                down = " (down)" if ev.resource.manager_down else ""
+                self.events.append((K.Kind.Name(ev.kind), f"{ev.resource.manager}/{ev.resource.id}{down}"))
         except grpc.RpcError:
             pass
 
@@ -284,14 +285,20 @@ def test_watch_capacity_reports_joins_prunes_downs_and_comebacks(cloud: Cloud) -
     assert ("KIND_UPDATED", "A/a1") not in w.since(n)  # unchanged by the reconnect: nothing said
 
     n = len(w.events)
-    member_a.stop()  # heartbeats stop (the server still streams): down, its resources leave
+    member_a.stop()  # heartbeats stop (the server still streams): down, its resources said down, not removed
     eventually(lambda: not cloud.managers()["A"].up, what="A marked down")
-    eventually(lambda: ("KIND_REMOVED", "A/a1") in w.since(n), what="A's host reported gone")
+    eventually(lambda: ("KIND_UPDATED", "A/a1 (down)") in w.since(n), what="A's host reported down")
+    assert ("KIND_REMOVED", "A/a1") not in w.since(n)     # a CRS above would take "retry later" for "never"
     assert cloud.resources() == ["B/b1"]
+    # A watch opened meanwhile has it in its snapshot, down.
+    late = Watch(cloud.stub)
+    eventually(lambda: ("KIND_SNAPSHOT_END", "/") in late.events, what="the late watch's snapshot")
+    assert ("KIND_SNAPSHOT", "A/a1 (down)") in late.events and ("KIND_SNAPSHOT", "B/b1") in late.events
+    late.call.cancel()
 
     n = len(w.events)
     assert cloud.reg.Heartbeat(registry_pb2.HeartbeatRequest(name="A"), timeout=5).known  # back
-    eventually(lambda: ("KIND_UPDATED", "A/a1") in w.since(n), what="A's host reported again")
+    eventually(lambda: ("KIND_UPDATED", "A/a1") in w.since(n), what="A's host reported up again")
     assert cloud.resources() == ["A/a1", "B/b1"]
     w.call.cancel()
 

@@ -317,3 +317,44 @@ def test_an_irm_below_restarted_on_a_fresh_database_shows_its_hosts_free_at_the_
                                     database=f"sqlite:///{tmp_path / 'compute-2.db'}", **settings), "the compute IRM")
     eventually(lambda: used() == {"compute-a/h1": 0.0, "compute-a/h2": 0.0}, timeout=30,
                what="the fresh IRM's free hosts at the top")
+
+
+def test_an_irm_down_below_a_live_crs_is_retry_later_at_the_top_not_never_fits(suite, tmp_path):
+    # The CRS below removed a down manager's resources from its stream: the top, its CRS below up, proved "never
+    # fits" on what was left and told the tenant to change a request that fits (a multi-site operator's review).
+    from services.errors import MANAGER_DOWN
+
+    top, below, stub = _stack(suite, tmp_path)
+    spread = irm_pb2.GroupConstraint(kind=irm_pb2.GroupConstraint.KIND_DIFFERENT_HOST, group_a="x", group_b="x")
+    four = irm_pb2.ReserveRequest(tenant="t", request_id="four", groups=[vms("x", 4)], constraints=[spread])
+    crs_a, compute_a = below["a"]
+    compute_a.kill()                                           # compute-a down; crs-a lives on
+    eventually(lambda: "compute-a/h1" not in {r.id for r in stub.DiscoverResources(
+        irm_pb2.DiscoverResourcesRequest()).resources}, timeout=30, what="the top to take compute-a's hosts out")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Reserve(four, timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+    reason, meta = error_info(e.value)
+    assert reason == MANAGER_DOWN and meta["manager"] == "crs-a/compute-a", meta
+    # A pin to one of its hosts: its manager below is down (not "unknown").
+    pinned = irm_pb2.ReserveRequest(tenant="t", request_id="pin", groups=[vms("y", 1, placement=["crs-a/compute-a/h1"])])
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Reserve(pinned, timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and error_info(e.value)[0] == MANAGER_DOWN
+    # What site b holds alone is placed meanwhile, and once compute-a is back the four fit again.
+    two = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="two", groups=[vms("z", 2)],
+                                              constraints=[irm_pb2.GroupConstraint(
+                                                  kind=irm_pb2.GroupConstraint.KIND_DIFFERENT_HOST,
+                                                  group_a="z", group_b="z")]), timeout=30)
+    assert {r.physical_id.split("/")[0] for g in two.groups for r in g.resources} == {"compute-b"}
+    stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant="t", reservation_id=two.id), timeout=30)
+    start_again(lambda: suite.start("compute", name="compute-a", address=compute_a.address,
+                                    crs_address=crs_a.address, inventory=str(tmp_path / "a.yaml"),
+                                    heartbeat_interval_s=0.3), "compute-a")
+    def placed() -> bool:
+        try:
+            return stub.Reserve(four, timeout=30).state == irm_pb2.Reservation.STATE_ACTIVE
+        except grpc.RpcError as e:        # still down at the top, until compute-a's heartbeat reaches it
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e.details()
+            return False
+    eventually(placed, timeout=30, what="the four VMs placed once compute-a is back")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17harness/v1/common.proto\x12\nharness.v1\";\n\x05Range\x12\x10\n\x03min\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03max\x18\x02 \x01(\x01H\x01\x88\x01\x01\x42\x06\n\x04_minB\x06\n\x04_max\"a\n\x10\x41ttributeRequest\x12\x10\n\x06number\x18\x01 \x01(\x01H\x00\x12\"\n\x05range\x18\x02 \x01(\x0b\x32\x11.harness.v1.RangeH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x42\x07\n\x05value\"4\n\x08Location\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0c\n\x04rack\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\"\xd9\x03\n\x10PhysicalResource\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rresource_type\x18\x02 \x01(\t\x12<\n\x08\x63\x61pacity\x18\x03 \x03(\x0b\x32*.harness.v1.PhysicalResource.CapacityEntry\x12\x34\n\x04used\x18\x04 \x03(\x0b\x32&.harness.v1.PhysicalResource.UsedEntry\x12@\n\nproperties\x18\x05 \x03(\x0b\x32,.harness.v1.PhysicalResource.PropertiesEntry\x12\x0e\n\x06traits\x18\x06 \x03(\t\x12&\n\x08location\x18\x07 \x01(\x0b\x32\x14.harness.v1.Location\x12\x12\n\ngeneration\x18\x08 \x01(\x03\x12\x0f\n\x07manager\x18\t \x01(\t\x1a/\n\rCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a+\n\tUsedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"H\n\x04Link\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12\x12\n\nlatency_ms\x18\x03 \x01(\x01\x12\x16\n\x0e\x62\x61ndwidth_gbps\x18\x04 \x01(\x01\"%\n\x06Sample\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\r\n\x05value\x18\x02 \x01(\x01\"P\n\x06Series\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12#\n\x07samples\x18\x03 \x03(\x0b\x32\x12.harness.v1.SampleB\x16Z\x14harness/v1;harnessv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17harness/v1/common.proto\x12\nharness.v1\";\n\x05Range\x12\x10\n\x03min\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03max\x18\x02 \x01(\x01H\x01\x88\x01\x01\x42\x06\n\x04_minB\x06\n\x04_max\"a\n\x10\x41ttributeRequest\x12\x10\n\x06number\x18\x01 \x01(\x01H\x00\x12\"\n\x05range\x18\x02 \x01(\x0b\x32\x11.harness.v1.RangeH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x42\x07\n\x05value\"4\n\x08Location\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0c\n\x04rack\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\"\xef\x03\n\x10PhysicalResource\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rresource_type\x18\x02 \x01(\t\x12<\n\x08\x63\x61pacity\x18\x03 \x03(\x0b\x32*.harness.v1.PhysicalResource.CapacityEntry\x12\x34\n\x04used\x18\x04 \x03(\x0b\x32&.harness.v1.PhysicalResource.UsedEntry\x12@\n\nproperties\x18\x05 \x03(\x0b\x32,.harness.v1.PhysicalResource.PropertiesEntry\x12\x0e\n\x06traits\x18\x06 \x03(\t\x12&\n\x08location\x18\x07 \x01(\x0b\x32\x14.harness.v1.Location\x12\x12\n\ngeneration\x18\x08 \x01(\x03\x12\x0f\n\x07manager\x18\t \x01(\t\x12\x14\n\x0cmanager_down\x18\n \x01(\x08\x1a/\n\rCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a+\n\tUsedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"H\n\x04Link\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12\x12\n\nlatency_ms\x18\x03 \x01(\x01\x12\x16\n\x0e\x62\x61ndwidth_gbps\x18\x04 \x01(\x01\"%\n\x06Sample\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\r\n\x05value\x18\x02 \x01(\x01\"P\n\x06Series\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12#\n\x07samples\x18\x03 \x03(\x0b\x32\x12.harness.v1.SampleB\x16Z\x14harness/v1;harnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,17 +45,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOCATION']._serialized_start=199
   _globals['_LOCATION']._serialized_end=251
   _globals['_PHYSICALRESOURCE']._serialized_start=254
-  _globals['_PHYSICALRESOURCE']._serialized_end=727
-  _globals['_PHYSICALRESOURCE_CAPACITYENTRY']._serialized_start=584
-  _globals['_PHYSICALRESOURCE_CAPACITYENTRY']._serialized_end=631
-  _globals['_PHYSICALRESOURCE_USEDENTRY']._serialized_start=633
-  _globals['_PHYSICALRESOURCE_USEDENTRY']._serialized_end=676
-  _globals['_PHYSICALRESOURCE_PROPERTIESENTRY']._serialized_start=678
-  _globals['_PHYSICALRESOURCE_PROPERTIESENTRY']._serialized_end=727
-  _globals['_LINK']._serialized_start=729
-  _globals['_LINK']._serialized_end=801
-  _globals['_SAMPLE']._serialized_start=803
-  _globals['_SAMPLE']._serialized_end=840
-  _globals['_SERIES']._serialized_start=842
-  _globals['_SERIES']._serialized_end=922
+  _globals['_PHYSICALRESOURCE']._serialized_end=749
+  _globals['_PHYSICALRESOURCE_CAPACITYENTRY']._serialized_start=606
+  _globals['_PHYSICALRESOURCE_CAPACITYENTRY']._serialized_end=653
+  _globals['_PHYSICALRESOURCE_USEDENTRY']._serialized_start=655
+  _globals['_PHYSICALRESOURCE_USEDENTRY']._serialized_end=698
+  _globals['_PHYSICALRESOURCE_PROPERTIESENTRY']._serialized_start=700
+  _globals['_PHYSICALRESOURCE_PROPERTIESENTRY']._serialized_end=749
+  _globals['_LINK']._serialized_start=751
+  _globals['_LINK']._serialized_end=823
+  _globals['_SAMPLE']._serialized_start=825
+  _globals['_SAMPLE']._serialized_end=862
+  _globals['_SERIES']._serialized_start=864
+  _globals['_SERIES']._serialized_end=944
 # @@protoc_insertion_point(module_scope)

@@ -35,7 +35,7 @@ class Location(_message.Message):
     def __init__(self, site: _Optional[str] = ..., rack: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
 
 class PhysicalResource(_message.Message):
-    __slots__ = ("id", "resource_type", "capacity", "used", "properties", "traits", "location", "generation", "manager")
+    __slots__ = ("id", "resource_type", "capacity", "used", "properties", "traits", "location", "generation", "manager", "manager_down")
     class CapacityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class PhysicalResource(_message.Message):
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     MANAGER_FIELD_NUMBER: _ClassVar[int]
+    MANAGER_DOWN_FIELD_NUMBER: _ClassVar[int]
     id: str
     resource_type: str
     capacity: _containers.ScalarMap[str, float]
@@ -75,7 +76,8 @@ class PhysicalResource(_message.Message):
     location: Location
     generation: int
     manager: str
-    def __init__(self, id: _Optional[str] = ..., resource_type: _Optional[str] = ..., capacity: _Optional[_Mapping[str, float]] = ..., used: _Optional[_Mapping[str, float]] = ..., properties: _Optional[_Mapping[str, float]] = ..., traits: _Optional[_Iterable[str]] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., generation: _Optional[int] = ..., manager: _Optional[str] = ...) -> None: ...
+    manager_down: bool
+    def __init__(self, id: _Optional[str] = ..., resource_type: _Optional[str] = ..., capacity: _Optional[_Mapping[str, float]] = ..., used: _Optional[_Mapping[str, float]] = ..., properties: _Optional[_Mapping[str, float]] = ..., traits: _Optional[_Iterable[str]] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., generation: _Optional[int] = ..., manager: _Optional[str] = ..., manager_down: _Optional[bool] = ...) -> None: ...
 
 class Link(_message.Message):
     __slots__ = ("a", "b", "latency_ms", "bandwidth_gbps")
