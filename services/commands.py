@@ -184,8 +184,8 @@ def cmd_tls(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(out, indent=2))
     print(f"harness tls: give each service its directory's server.pem/server.key (tls_cert_file/tls_key_file) and "
-          f"ca.pem (tls_ca_file; clients HARNESS_TLS_CA_FILE); compose: HARNESS_TLS_DIR={Path(args.dir) / 'services'}"
-          + (f", HARNESS_AGENT_TLS_DIR={Path(args.dir) / 'agent'}" if args.agent_host else "")
+          f"ca.pem (tls_ca_file; clients HARNESS_TLS_CA_FILE); compose: HARNESS_TLS_DIR={_compose_path(args.dir, 'services')}"
+          + (f", HARNESS_AGENT_TLS_DIR={_compose_path(args.dir, 'agent')}" if args.agent_host else "")
           + f". Mount neither {Path(args.dir) / 'ca.key'} nor the services' key where tenants' programs run (the "
           "agents): with it they could pose as any service.", file=sys.stderr)
     return 0
@@ -528,13 +528,20 @@ def _group_text(g) -> str:  # type: ignore[no-untyped-def]
     return ",".join(parts)
 
 
+def _compose_path(directory: str, name: str) -> str:
+    """`directory`/`name` as compose's volumes take a host path: starting with ./ or / (a bare `tls/services` is a
+    named volume there)."""
+    path = str(Path(directory) / name)
+    return path if path.startswith(("/", "./", "../", "~")) else f"./{path}"
+
+
 def _reserve_command(args: argparse.Namespace, req, timeout: float | None = None) -> str:  # type: ignore[no-untyped-def]
     """The `harness reserve` command that sends `req` again, request id included (a shell line); `timeout`: its
     --timeout (default: the one `args` gave)."""
     import shlex
 
     argv = ["harness", "reserve"]
-    if args.state_dir != DEFAULT_STATE:
+    if args.state_dir != "~/.harness":     # HARNESS_HOME's too: the retry may run where it is not set
         argv += ["--state-dir", args.state_dir]
     if args.crs:
         argv += ["--crs", args.crs]
@@ -870,7 +877,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     def common(p: argparse.ArgumentParser, tenant: bool = True) -> None:
-        p.add_argument("--state-dir", default=DEFAULT_STATE, help="where `harness up` keeps state (default ~/.harness)")
+        p.add_argument("--state-dir", default=DEFAULT_STATE, help="where `harness up` keeps state (default $HARNESS_HOME, else ~/.harness)")
         p.add_argument("--crs", help="CRS address (default: from the running suite)")
         if tenant:
             p.add_argument("--tenant", default=os.environ.get("HARNESS_TENANT", "demo"))
@@ -906,13 +913,16 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--state-dir", default=DEFAULT_STATE)
     p.add_argument("--file", help="the tenants file (default: $HARNESS_TENANTS_FILE, else STATE_DIR/tenants.yaml)")
     verbs = p.add_subparsers(dest="verb", required=True)
-    v = verbs.add_parser("add", help="add a tenant, or give it a new token: prints the token (once)")
-    v.add_argument("name")
-    v = verbs.add_parser("remove", help="take a tenant out: its token stops working")
-    v.add_argument("name")
-    verbs.add_parser("list", help="the tenants of the file")
+    add = verbs.add_parser("add", help="add a tenant, or give it a new token: prints the token (once)")
+    add.add_argument("name")
+    remove = verbs.add_parser("remove", help="take a tenant out: its token stops working")
+    remove.add_argument("name")
+    listed = verbs.add_parser("list", help="the tenants of the file")
     verbs.add_parser("delegation", help="make a delegation token and its digest, for a deployment `harness up` "
                                         "does not wire (e.g. compose's .env)")
+    for v in (add, remove, listed):     # after the verb too (`harness tenant add NAME --file F`), as people type it
+        v.add_argument("--state-dir", default=argparse.SUPPRESS)
+        v.add_argument("--file", default=argparse.SUPPRESS, help="the tenants file (as before the verb)")
     p.set_defaults(func=cmd_tenant)
 
     p = sub.add_parser("down", help="stop the suite running from a state directory (also when `harness up` is "
@@ -984,7 +994,7 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     verbs = p.add_subparsers(dest="verb", required=True)
 
     def jobs_common(v: argparse.ArgumentParser) -> None:
-        v.add_argument("--state-dir", default=DEFAULT_STATE, help="where `harness up` keeps state (default ~/.harness)")
+        v.add_argument("--state-dir", default=DEFAULT_STATE, help="where `harness up` keeps state (default $HARNESS_HOME, else ~/.harness)")
         v.add_argument("--fpga", help="FPGA IRM address (default: from the running suite)")
         v.add_argument("--tenant", default=os.environ.get("HARNESS_TENANT", "demo"))
 

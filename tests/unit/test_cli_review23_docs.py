@@ -1,0 +1,43 @@
+"""CLI details a newcomer following README met (a documentation review): the retry command `harness reserve`
+prints keeps the state directory it was given; `harness tenant` takes --file after its verb too (compose.yaml's
+hint wrote it there); `harness tls generate` names compose paths compose reads as host paths."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from harness.v1 import irm_pb2
+from services import cli
+from services.commands import _compose_path, _reserve_command
+
+
+def test_the_retry_command_keeps_a_state_dir_given_even_when_harness_home_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from services import commands
+
+    monkeypatch.setattr(commands, "DEFAULT_STATE", "/srv/suite")     # HARNESS_HOME=/srv/suite where it ran
+    args = cli.build_parser().parse_args(["reserve", "--state-dir", "/srv/suite", "--group", "cores=1"])
+    req = irm_pb2.ReserveRequest(tenant="demo", request_id="rid", groups=args.group)
+    words = shlex.split(_reserve_command(args, req))
+    assert words[words.index("--state-dir") + 1] == "/srv/suite"
+
+
+def test_tenant_takes_its_file_before_or_after_the_verb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "tenants.yaml"
+    assert cli.main(["tenant", "add", "carol", "--file", str(file)]) == 0
+    assert cli.main(["tenant", "--file", str(file), "add", "dave"]) == 0
+    capsys.readouterr()
+    assert cli.main(["tenant", "list", "--file", str(file)]) == 0
+    assert capsys.readouterr().out.split() == ["carol", "dave"]
+
+
+@pytest.mark.parametrize(("directory", "path"), [
+    ("./tls", "./tls/services"), ("tls", "./tls/services"), ("/etc/harness/tls", "/etc/harness/tls/services"),
+    ("../tls", "../tls/services"),
+])
+def test_tls_generate_names_compose_paths_as_host_paths(directory: str, path: str) -> None:
+    # A bare `tls/services` is a named volume to compose, not the directory.
+    assert _compose_path(directory, "services") == path
