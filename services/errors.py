@@ -402,4 +402,9 @@ def _from_rpc_error(peer: str, e: grpc.RpcError, consequence: str,
         return by_code[code](text)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
         return Unavailable(f"{peer} did not answer ({code.name}){tail}, retry")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        # The caller's credentials reached us; the peer refused ours (a control or delegation token the services'
+        # operator set apart): no retry of the tenant's helps, and it is no fault of the tenant's request.
+        return Unavailable(f"{text} (UNAUTHENTICATED: the services' operator must give them the same control and "
+                           "delegation tokens)")
     return Aborted(f"{text} ({code.name})")

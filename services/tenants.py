@@ -198,7 +198,15 @@ class TenantAuth:
         if not names or self.delegated(context):
             return
         try:
-            self._check(names, bearer(context))
+            token = bearer(context)
+            if not token and _metadata(context).get(DELEGATION_KEY):
+                # A service acting for the tenant (a CRS above, the AM) whose delegation token this one does not
+                # take: "no tenant token" sent its operator looking at the tenant.
+                raise Unauthenticated(
+                    f"tenant {names[0]!r}: the call carries a delegation token this service does not accept (its "
+                    "delegation_sha256 is not the digest of the calling service's delegation_token, or it has "
+                    "none): the operator must make them agree (harness tenant delegation)")
+            self._check(names, token)
         except (Unauthenticated, PermissionDenied, Unavailable) as e:
             self._log_refusal(names[0], type(e).__name__, context, e.message)
             raise

@@ -105,12 +105,32 @@ def test_the_check_tells_missing_unknown_and_someone_elses_tokens_apart(two) -> 
         auth.check(request, _Context(("authorization", f"Basic {alice}")))
     with pytest.raises(Unauthenticated, match="no tenant's of this deployment"):
         auth.check(request, _Context(_bearer(alice + "x")))
-    with pytest.raises(Unauthenticated):
+    with pytest.raises(Unauthenticated, match="a delegation token this service does not accept.*make them agree"):
         auth.check(request, _Context(("x-harness-delegation", tenants.digest(DELEGATION))))   # the digest is no key
     with pytest.raises(Unauthenticated):
         auth.check(request, _Context(("x-harness-control-token", DELEGATION)))
     with pytest.raises(PermissionDenied, match="tenant 'bob''s: it cannot act for tenant 'alice'"):
         auth.check(request, _Context(_bearer(bob)))
+
+
+def test_a_peers_refusal_of_our_credentials_is_unavailable_for_the_operator_not_aborted() -> None:
+    # A CRS below with another delegation digest: the top answered ABORTED ("retry"), which cannot help.
+    import grpc
+
+    from services.errors import Unavailable, from_rpc_error
+
+    class Refused(grpc.RpcError):
+        def code(self):  # type: ignore[no-untyped-def]
+            return grpc.StatusCode.UNAUTHENTICATED
+
+        def details(self):  # type: ignore[no-untyped-def]
+            return "tenant 'alice': the call carries a delegation token this service does not accept"
+
+        def trailing_metadata(self):  # type: ignore[no-untyped-def]
+            return ()
+
+    e = from_rpc_error("manager 'crs-site-c'", Refused(), "nothing was reserved")
+    assert isinstance(e, Unavailable) and "operator must give them the same control and delegation tokens" in str(e)
 
 
 def test_a_batch_is_checked_for_every_tenant_it_names(two) -> None:
