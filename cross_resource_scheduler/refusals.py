@@ -41,10 +41,12 @@ def definite(e: grpc.RpcError) -> bool:
 _GROUP_PATH = re.compile(r"groups\[(\d+)\](.*)", re.DOTALL)
 
 
-def err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str] | None = None) -> HarnessError:
+def err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str] | None = None,
+                 consequence: str = "nothing was reserved") -> HarnessError:
     """A manager's refusal for the tenant: its reason (ErrorInfo) and RetryInfo kept, the manager named in the
-    metadata; a manager that did not answer is MANAGER_UNAVAILABLE."""
-    error = from_rpc_error(f"manager {manager!r}", e, "nothing was reserved", field_path)
+    metadata; a manager that did not answer is MANAGER_UNAVAILABLE. `consequence`: what it means for the call
+    ("" for a read)."""
+    error = from_rpc_error(f"manager {manager!r}", e, consequence, field_path)
     if not error.reason and isinstance(error, Unavailable):
         error.with_reason(MANAGER_UNAVAILABLE, RETRY_LATER_S)
     if error.reason:

@@ -1055,7 +1055,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 reply = state.stub().GetMetrics(irm_pb2.GetMetricsRequest(
                     tenant=tenant, reservation_id=key[1], since=request.since), timeout=self.config.irm_timeout_s)
             except grpc.RpcError as e:
-                raise err_from_rpc(key[0], e) from None
+                raise err_from_rpc(key[0], e, consequence="") from None     # a read: nothing was to be reserved
             series.extend(reply.series)
         return irm_pb2.GetMetricsResponse(series=series)
 

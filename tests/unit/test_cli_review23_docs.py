@@ -41,3 +41,24 @@ def test_tenant_takes_its_file_before_or_after_the_verb(tmp_path: Path, capsys: 
 def test_tls_generate_names_compose_paths_as_host_paths(directory: str, path: str) -> None:
     # A bare `tls/services` is a named volume to compose, not the directory.
     assert _compose_path(directory, "services") == path
+
+
+def test_a_managers_refusal_of_a_read_says_nothing_of_reserving() -> None:
+    # GetMetrics through two CRSs said "...does not exist; nothing was reserved; nothing was reserved".
+    import grpc
+
+    from cross_resource_scheduler.refusals import err_from_rpc
+
+    class Gone(grpc.RpcError):
+        def code(self):  # type: ignore[no-untyped-def]
+            return grpc.StatusCode.NOT_FOUND
+
+        def details(self):  # type: ignore[no-untyped-def]
+            return "reservation 'r' does not exist"
+
+        def trailing_metadata(self):  # type: ignore[no-untyped-def]
+            return ()
+
+    assert str(err_from_rpc("compute-a", Gone(), consequence="")) == \
+        "manager 'compute-a': reservation 'r' does not exist"
+    assert str(err_from_rpc("compute-a", Gone())).endswith("; nothing was reserved")   # a Reserve's, as before
