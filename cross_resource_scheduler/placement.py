@@ -237,7 +237,7 @@ class _Classes:
     """
 
     def __init__(self, nodes: list[Node], ignore_usage: bool, pinned: frozenset[str] = frozenset(),
-                 avoided: dict[str, tuple[str, ...]] | None = None) -> None:
+                 avoided: dict[str, tuple[str, ...]] | None = None, distinct: bool = False) -> None:
         self.empty = ignore_usage
         by_key: dict[tuple, list[Node]] = {}
         seen: dict[tuple[str, str], tuple] = {}
@@ -248,7 +248,12 @@ class _Classes:
             # (Unsorted items: the same dict in another order only splits a class, which stays sound.)
             key = (n.resource_type, site, loc.rack, tuple(n.capacity.items()),
                    () if ignore_usage else tuple(n.avail.items()), tuple(n.properties.items()), n.traits)
-            if n.key in pinned:
+            if distinct:
+                # A plug-in may tell apart what the built-ins find alike (a node's id, its host): each node is a
+                # class of its own, or the count of room and the search would judge a refused node by an
+                # accepted one.
+                key += (n.key,)
+            elif n.key in pinned:
                 # A resource a group is pinned to is like no other: the free groups must be able to try it and
                 # its look-alikes apart (a class tries only its first member the request does not use).
                 key += (n.key,)
@@ -561,7 +566,8 @@ def _fits_empty(req: PlacementRequest, order: list[GroupDemand], nodes: list[Nod
                 topology: TopologyModel) -> tuple[bool | None, str, Placement | None]:
     """Whether the request fits these nodes when they are empty: True (with a placement), False (with the
     reason; proven), or None (not known: the search ran out of budget)."""
-    classes = _Classes(nodes, ignore_usage=True, pinned=_pinned_keys(req), avoided=_avoided(req))
+    classes = _Classes(nodes, ignore_usage=True, pinned=_pinned_keys(req), avoided=_avoided(req),
+                       distinct=pipeline.has_plugins)
     reason = _group_never_fits(req, classes, pipeline, topology, ignore_usage=True)
     if reason is not None:
         return False, reason, None
@@ -655,7 +661,8 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
                                 NEVER_FITS)
         types = {g.resource_type for g in req.groups}
         up = [n for n in view.nodes.values() if n.resource_type in types and not view.node_down(n)]
-        now = _Classes(up, ignore_usage=False, pinned=_pinned_keys(req), avoided=_avoided(req))
+        now = _Classes(up, ignore_usage=False, pinned=_pinned_keys(req), avoided=_avoided(req),
+                       distinct=pipeline.has_plugins)
         # A group with too little room now needs no search (the common refusal on a loaded cloud).
         searched = _group_never_fits(req, now, pipeline, topology, ignore_usage=False) is not None
         if not searched:

@@ -782,6 +782,13 @@ class Pipeline:
     # score; Placement caps candidates): keeps placement cost flat in cluster size.
     sample_size: int = 16
 
+    @property
+    def has_plugins(self) -> bool:
+        """Whether a filter or weigher is a plug-in: it may tell apart nodes the built-ins find alike (by their
+        id, their host), so placement must judge each node for itself (see placement._Classes)."""
+        return any(isinstance(f, _GuardedFilter) for f in self.filters) or \
+            any(isinstance(w, _GuardedWeigher) for w, _ in self.weighers)
+
     @classmethod
     def from_names(cls, filters: list[str], weighers: dict[str, float], sample_size: int = 16) -> Pipeline:
         """The pipeline the names stand for (see the module's docstring), every plug-in loaded and checked

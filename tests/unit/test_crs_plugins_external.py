@@ -94,6 +94,27 @@ def test_an_entry_point_named_as_a_built_in_is_said_never_used(monkeypatch: pyte
            "['capacity']" in str(e.value)
 
 
+@pytest.mark.parametrize("count", [2, 3])
+def test_never_fits_counts_only_the_hosts_a_plug_in_filter_passes(count: int) -> None:
+    # Three alike hosts, one a plug-in refuses by its id: the never-fits proof judged the class of the three by
+    # one of them (a newcomer's review: "room for 100" of 98 hosts, and a never-fitting request told to retry).
+    from cross_resource_scheduler.constraints import Constraint
+    from cross_resource_scheduler.placement import Unschedulable
+
+    view = cloud(("a", 4), ("b", 4), ("c", 4))
+    pipe = Pipeline.from_names([*DEFAULT_FILTERS, f"{EX}:AvoidHostA"], {"pack": 1.0})
+    req = PlacementRequest([GroupDemand("g", "vm", count, {"cores": 4, "memory_gb": 1})],
+                           [Constraint("different_host", "g", "g")])
+    if count == 2:
+        placed = schedule(req, view, pipe, TopologyModel(), random.Random(0))
+        assert sorted(n.physical_id for n in placed.nodes["g"]) == ["b", "c"]
+        return
+    with pytest.raises(Unschedulable) as e:
+        schedule(req, view, pipe, TopologyModel(), random.Random(0))
+    assert e.value.reason == "NEVER_FITS", str(e.value)
+    assert "room for 2" in str(e.value)
+
+
 def test_entry_points_of_one_name_that_disagree_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_entry_points(
         monkeypatch,
