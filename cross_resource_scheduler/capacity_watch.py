@@ -61,18 +61,20 @@ class CapacityWatch:
                 yield ev
 
     def forward(self, manager: str, ev: irm_pb2.CapacityEvent) -> None:
-        """A change of `manager`'s resources to the CRS's watchers (not while it is down: they have its
-        resources UPDATED as down (manager_down) then, and UPDATED again when it is back)."""
+        """A change of `manager`'s resources to the CRS's watchers; while it is down, said down (manager_down):
+        a CRS above keeps its resources as down, and must see them pruned, or their generations go back, as they
+        do here (a reconnect snapshot applied before the manager's heartbeat), or it would keep them down for good."""
         if (ev.kind in (irm_pb2.CapacityEvent.KIND_UPDATED, irm_pb2.CapacityEvent.KIND_REMOVED)
                 and self.watchers.has_subscribers()):
             with self._publishing:
-                if self.view.is_down(manager):
-                    return
+                down = self.view.is_down(manager)
                 # One event per resource downstream, as the CRS always sent them.
                 out = []
                 for r in (ev.resource, *ev.more):
                     one = irm_pb2.CapacityEvent(kind=ev.kind, resource=r)
                     one.resource.manager = manager
+                    if down:
+                        one.resource.manager_down = True
                     out.append(one)
                 self.watchers.publish(out)
 

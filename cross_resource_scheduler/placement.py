@@ -567,7 +567,7 @@ def _fits_empty(req: PlacementRequest, order: list[GroupDemand], nodes: list[Nod
     """Whether the request fits these nodes when they are empty: True (with a placement), False (with the
     reason; proven), or None (not known: the search ran out of budget)."""
     classes = _Classes(nodes, ignore_usage=True, pinned=_pinned_keys(req), avoided=_avoided(req),
-                       distinct=pipeline.has_plugins)
+                       distinct=pipeline.has_plugin_filters)
     reason = _group_never_fits(req, classes, pipeline, topology, ignore_usage=True)
     if reason is not None:
         return False, reason, None
@@ -596,7 +596,9 @@ def _verdict(req: PlacementRequest, order: list[GroupDemand], view: CapacityView
     down = [n for n in mine if view.node_down(n)]
     if down:
         with_down, _, found = _fits_empty(req, order, up + down, pipeline, topology)
-        if with_down is not False:
+        # Down managers are named when their resources are shown to hold it (or nothing up ever could); a search
+        # that gave up shows nothing: "retry later" then, but not blaming them.
+        if with_down is True or (with_down is None and fits is False):
             names = sorted({view.down_name(n) for nodes in found.nodes.values() for n in nodes if view.node_down(n)}
                            if found else {view.down_name(n) for n in down})
             return (f"it could fit on the resources of {'managers' if len(names) > 1 else 'manager'} "
@@ -662,7 +664,7 @@ def schedule(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, topo
         types = {g.resource_type for g in req.groups}
         up = [n for n in view.nodes.values() if n.resource_type in types and not view.node_down(n)]
         now = _Classes(up, ignore_usage=False, pinned=_pinned_keys(req), avoided=_avoided(req),
-                       distinct=pipeline.has_plugins)
+                       distinct=pipeline.has_plugin_filters)
         # A group with too little room now needs no search (the common refusal on a loaded cloud).
         searched = _group_never_fits(req, now, pipeline, topology, ignore_usage=False) is not None
         if not searched:

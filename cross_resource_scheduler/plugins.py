@@ -783,11 +783,11 @@ class Pipeline:
     sample_size: int = 16
 
     @property
-    def has_plugins(self) -> bool:
-        """Whether a filter or weigher is a plug-in: it may tell apart nodes the built-ins find alike (by their
-        id, their host), so placement must judge each node for itself (see placement._Classes)."""
-        return any(isinstance(f, _GuardedFilter) for f in self.filters) or \
-            any(isinstance(w, _GuardedWeigher) for w, _ in self.weighers)
+    def has_plugin_filters(self) -> bool:
+        """Whether a filter is a plug-in: it may refuse one of nodes the built-ins find alike (by its id, its
+        host), so the search and the never-fits proof must judge each node for itself (see placement._Classes).
+        A weigher changes no verdict: alike nodes stay one class."""
+        return any(isinstance(f, _GuardedFilter) for f in self.filters)
 
     @classmethod
     def from_names(cls, filters: list[str], weighers: dict[str, float], sample_size: int = 16) -> Pipeline:

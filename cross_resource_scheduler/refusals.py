@@ -24,7 +24,9 @@ from services.errors import (
 # Answers after which a manager certainly did not commit (anything else: it may have, or may yet).
 DEFINITE_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                      grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
-                     grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS}
+                     grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS,
+                     # Credentials are checked before any work: a manager refusing ours made nothing.
+                     grpc.StatusCode.UNAUTHENTICATED}
 # UNAVAILABLE with these reasons is a CRS below answering that it reserved nothing (a manager of its down, or slow
 # to take more): a definite refusal, not a call in doubt (which carries no reason: it was not answered).
 ANSWERED_UNAVAILABLE = {MANAGER_DOWN, MANAGER_UNAVAILABLE}
@@ -47,7 +49,8 @@ def err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str
     metadata; a manager that did not answer is MANAGER_UNAVAILABLE. `consequence`: what it means for the call
     ("" for a read)."""
     error = from_rpc_error(f"manager {manager!r}", e, consequence, field_path)
-    if not error.reason and isinstance(error, Unavailable):
+    # A manager that did not answer: retry later. One that refused our credentials: no retry helps (its operator).
+    if not error.reason and isinstance(error, Unavailable) and e.code() != grpc.StatusCode.UNAUTHENTICATED:
         error.with_reason(MANAGER_UNAVAILABLE, RETRY_LATER_S)
     if error.reason:
         error.metadata.setdefault("manager", manager)

@@ -144,8 +144,9 @@ class CapacityView:
                 node.capacity, node.used, node.properties = dict(r.capacity), dict(r.used), dict(r.properties)
                 node.traits, node.generation = frozenset(r.traits), r.generation
                 node.refresh()
-            node.down_below = r.manager_down
-            (self._below.add if r.manager_down else self._below.discard)(node.key)
+            # Said of resources a CRS offers from the managers below it ("<manager>/<id>"), not of an IRM's own.
+            node.down_below = r.manager_down and "/" in r.id
+            (self._below.add if node.down_below else self._below.discard)(node.key)
             if went_back:
                 node.epoch += 1
             self._settle(node)
@@ -207,7 +208,7 @@ class CapacityView:
     @staticmethod
     def down_name(node: Node) -> str:
         """The manager whose being down keeps `node` out: its own, or "<CRS>/<manager>" below it."""
-        return f"{node.manager}/{node.physical_id.split('/')[0]}" if node.down_below else node.manager
+        return f"{node.manager}/{node.physical_id.rsplit('/', 1)[0]}" if node.down_below else node.manager
 
     def _index(self, node: Node) -> None:
         self._by_type[node.resource_type].append(node)

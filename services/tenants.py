@@ -205,7 +205,8 @@ class TenantAuth:
                 raise Unauthenticated(
                     f"tenant {names[0]!r}: the call carries a delegation token this service does not accept (its "
                     "delegation_sha256 is not the digest of the calling service's delegation_token, or it has "
-                    "none): the operator must make them agree (harness tenant delegation)")
+                    "none): the operator must make them agree (harness tenant delegation); a tenant sends its own "
+                    f"token as '{METADATA_KEY}: {SCHEME} <token>' instead")
             self._check(names, token)
         except (Unauthenticated, PermissionDenied, Unavailable) as e:
             self._log_refusal(names[0], type(e).__name__, context, e.message)

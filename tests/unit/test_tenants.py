@@ -131,6 +131,12 @@ def test_a_peers_refusal_of_our_credentials_is_unavailable_for_the_operator_not_
 
     e = from_rpc_error("manager 'crs-site-c'", Refused(), "nothing was reserved")
     assert isinstance(e, Unavailable) and "operator must give them the same control and delegation tokens" in str(e)
+    # At the CRS: a definite refusal (nothing to compensate for a day), and no "retry later" reason.
+    from cross_resource_scheduler.refusals import definite, err_from_rpc
+
+    assert definite(Refused())
+    crs_said = err_from_rpc("crs-site-c", Refused())
+    assert crs_said.reason == "" and crs_said.retry_after_s is None
 
 
 def test_a_batch_is_checked_for_every_tenant_it_names(two) -> None:
