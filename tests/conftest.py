@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
+import grpc
 import pytest
 
 from services.launcher import LISTEN_FAILED, LaunchError, ServiceProcess, spawn
@@ -28,6 +29,23 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, interval: float 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}; last value {last!r}")
+
+
+class PeerError(grpc.RpcError):
+    """A peer's failed call as a gRPC client sees it: its code and details, no trailing metadata."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple:
+        return ()
 
 
 @pytest.fixture(autouse=True)

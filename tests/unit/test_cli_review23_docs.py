@@ -48,17 +48,9 @@ def test_a_managers_refusal_of_a_read_says_nothing_of_reserving() -> None:
     import grpc
 
     from cross_resource_scheduler.refusals import err_from_rpc
+    from tests.conftest import PeerError
 
-    class Gone(grpc.RpcError):
-        def code(self):  # type: ignore[no-untyped-def]
-            return grpc.StatusCode.NOT_FOUND
-
-        def details(self):  # type: ignore[no-untyped-def]
-            return "reservation 'r' does not exist"
-
-        def trailing_metadata(self):  # type: ignore[no-untyped-def]
-            return ()
-
-    assert str(err_from_rpc("compute-a", Gone(), consequence="")) == \
+    gone = PeerError(grpc.StatusCode.NOT_FOUND, "reservation 'r' does not exist")
+    assert str(err_from_rpc("compute-a", gone, consequence="")) == \
         "manager 'compute-a': reservation 'r' does not exist"
-    assert str(err_from_rpc("compute-a", Gone())).endswith("; nothing was reserved")   # a Reserve's, as before
+    assert str(err_from_rpc("compute-a", gone)).endswith("; nothing was reserved")   # a Reserve's, as before

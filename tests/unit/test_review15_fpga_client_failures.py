@@ -25,7 +25,7 @@ from harness.v1 import fpga_pb2
 from irm_fpga import client as cl
 from irm_fpga.client import TaskFailed, VirtualFpga
 from irm_fpga.engine import MOVED
-from tests.conftest import eventually
+from tests.conftest import PeerError, eventually
 from tests.unit.test_fpga_client import Server, attachment, part, servers  # noqa: F401 - servers: its fixture
 
 LOCK, UNLOCK = fpga_pb2.Task.KIND_LOCK, fpga_pb2.Task.KIND_UNLOCK
@@ -39,18 +39,7 @@ def revoke(s: Server, client: str) -> None:
     s.svc.RevokeClient(fpga_pb2.ServerClientRequest(client_id=client), None)
 
 
-class Refused(grpc.RpcError):
-    """What a stub raises for a refused call."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
+Refused = PeerError     # what a stub raises for a refused call
 
 
 class Orchestrator:

@@ -118,24 +118,17 @@ def test_a_peers_refusal_of_our_credentials_is_unavailable_for_the_operator_not_
     import grpc
 
     from services.errors import Unavailable, from_rpc_error
+    from tests.conftest import PeerError
 
-    class Refused(grpc.RpcError):
-        def code(self):  # type: ignore[no-untyped-def]
-            return grpc.StatusCode.UNAUTHENTICATED
-
-        def details(self):  # type: ignore[no-untyped-def]
-            return "tenant 'alice': the call carries a delegation token this service does not accept"
-
-        def trailing_metadata(self):  # type: ignore[no-untyped-def]
-            return ()
-
-    e = from_rpc_error("manager 'crs-site-c'", Refused(), "nothing was reserved")
+    refused = PeerError(grpc.StatusCode.UNAUTHENTICATED,
+                        "tenant 'alice': the call carries a delegation token this service does not accept")
+    e = from_rpc_error("manager 'crs-site-c'", refused, "nothing was reserved")
     assert isinstance(e, Unavailable) and "operator must give them the same control and delegation tokens" in str(e)
     # At the CRS: a definite refusal (nothing to compensate for a day), and no "retry later" reason.
     from cross_resource_scheduler.refusals import definite, err_from_rpc
 
-    assert definite(Refused())
-    crs_said = err_from_rpc("crs-site-c", Refused())
+    assert definite(refused)
+    crs_said = err_from_rpc("crs-site-c", refused)
     assert crs_said.reason == "" and crs_said.retry_after_s is None
 
 
