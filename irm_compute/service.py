@@ -201,7 +201,9 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         self.store.sync_inventory(hosts)
         # Every host, those that left the inventory too: their VMs still need their agent and location.
         self._hosts: dict[str, Host] = {h.id: h for h in self.store.all_hosts()}
-        self._ranges: Domain | None = None
+        # The attributes' ranges over the enabled hosts (the inventory is read once, at start-up): what
+        # DescribeAllocationSpec advertises and what an unpinned group may ask for.
+        self._ranges = Domain.of([h for h in self._hosts.values() if h.enabled])
         # Per host in the inventory, an UPDATED event with its static facts, serialised once: a change
         # event is this plus the new usage (building the message field by field costs
         # ~0.1 ms, on every reserve and release).
@@ -314,7 +316,7 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
 
     # -- IRM API ---------------------------------------------------------
     def DescribeAllocationSpec(self, request, context):  # noqa: N802
-        domain = self._domain()
+        domain = self._ranges
         spec = irm_pb2.ResourceTypeSpec(
             name=VM_TYPE, manager=self.config.name,
             description="A virtual machine of custom shape (thesis §4.2.4): any cores and memory within a host.",
@@ -390,17 +392,10 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
             quotes.append(irm_pb2.GroupQuote(name=g.name, price_per_minute=price, manager=self.config.name))
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 
-    def _domain(self) -> Domain:
-        """The attributes' ranges over the enabled hosts: what DescribeAllocationSpec advertises (the inventory
-        is read once, at start-up: worked out once)."""
-        if self._ranges is None:
-            self._ranges = Domain.of([h for h in self._hosts.values() if h.enabled])
-        return self._ranges
-
     def _parse_groups(self, request: irm_pb2.ReserveRequest | irm_pb2.QuotePriceRequest,
                       v: Violations) -> list[VmGroup]:
         """The groups of a Reserve or a QuotePrice, checked alike: a quote of what Reserve refuses is no quote."""
-        groups = parse_groups(list(request.groups), v, domain=self._domain())
+        groups = parse_groups(list(request.groups), v, domain=self._ranges)
         v.check(len(request.constraints) == 0, "constraints",
                 "the compute IRM places groups one by one; send constraints between groups to the CRS")
         return groups

@@ -250,7 +250,7 @@ class Database:
     def transact(self, fn: Callable[[Session], T], attempts: int = 8) -> T:
         """Run `fn` in a write transaction, retrying transient conflicts."""
 
-        @_retrying(attempts)
+        @_retrying(attempts, self._conflict)
         def run() -> T:
             with self.write() as session:
                 return fn(session)
