@@ -77,6 +77,12 @@ class Addresses:
         with self._whereabouts_lock:
             self._whereabouts[manager] = Whereabouts(since=self.clock.now())
 
+    def forget(self, manager: str) -> None:
+        """`manager` was deregistered: a manager registering later under its name is another."""
+        with self._whereabouts_lock:
+            self._whereabouts.pop(manager, None)
+            self._instances.pop(manager, None)
+
     def registered(self, manager: str, address: str, instance_id: str) -> bool:
         """`manager` registered at `address` as the instance `instance_id`: moved unless its last registration
         with this process was that same instance there (it registered again without restarting: after missed
@@ -108,7 +114,9 @@ class Addresses:
             if r.state != "active":
                 continue
             for g in out.groups:
-                if g.manager and g.manager_reservation_id and any(x.address for x in g.resources):
+                # One deregistered (its parts given up: the reservation's note says so) is not asked.
+                if g.manager and g.manager_reservation_id and any(x.address for x in g.resources) \
+                        and self.registry.get(g.manager) is not None:
                     if g.manager not in where:
                         where[g.manager] = self.where(g.manager)
                         relays[g.manager] = self._relays(g.manager)

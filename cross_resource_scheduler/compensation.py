@@ -220,6 +220,10 @@ class Compensator:
             if caught_up:
                 self.view.commit(token, caught_up)
 
+    def forget(self, manager: str) -> None:
+        """`manager` was deregistered (its rows deleted with it): nothing of it is kept here either."""
+        self._silent.pop(manager, None)
+
     def remember(self, manager: str, tenant: str, irm_request_id: str, in_doubt: bool = False) -> None:
         now = self.clock.now()
 

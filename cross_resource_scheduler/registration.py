@@ -10,17 +10,18 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import delete, select
 
 from cross_resource_scheduler.addresses import Addresses
-from cross_resource_scheduler.models import Manager
+from cross_resource_scheduler.models import Compensation, Manager, Reservation
 from cross_resource_scheduler.registry import Registry
 from cross_resource_scheduler.view import CapacityView
-from harness.v1 import registry_pb2
+from harness.v1 import irm_pb2, registry_pb2
 from services import control, tls
 from services.clock import Clock
 from services.config import ConfigError, check_address
 from services.db import Database
-from services.errors import FailedPrecondition, Violations
+from services.errors import FailedPrecondition, InvalidArgument, NotFound, Violations
 
 # Logged as the CRS service, as before this module was split out of it: log filters select by that name.
 log = logging.getLogger("cross_resource_scheduler.service")
@@ -51,8 +52,12 @@ class Registrations:
 
     def __init__(self, db: Database, registry: Registry, view: CapacityView, clock: Clock, addresses: Addresses,
                  control_token: str, heartbeat_interval_s: float,
-                 on_new_instance: Callable[[], None] = lambda: None) -> None:
+                 on_new_instance: Callable[[], None] = lambda: None,
+                 on_removed: Callable[[str, list], None] = lambda name, gone: None) -> None:
+        """`on_removed(manager, resources)`: after a manager is deregistered, with the resources the view dropped
+        (the CRS tells its watchers they are gone)."""
         self.on_new_instance = on_new_instance
+        self.on_removed = on_removed
         self.db = db
         self.registry = registry
         self.view = view
@@ -87,8 +92,9 @@ class Registrations:
             # (restarted on another port, say) and is let in.
             state = (f"is up at {old.address}" if old.up else
                      f"at {old.address} is marked down (its heartbeats stopped) but still answers there")
-            raise FailedPrecondition(f"the manager named {request.name!r} {state}; stop it first (the registry "
-                                     "has no deregistration), or register under another name")
+            raise FailedPrecondition(f"the manager named {request.name!r} {state}; stop it first (then "
+                                     "DeregisterManager, `harness managers deregister`, if it is gone for good), "
+                                     "or register under another name")
 
         def upsert(s):  # type: ignore[no-untyped-def]
             row = s.get(Manager, request.name)
@@ -111,6 +117,54 @@ class Registrations:
         # Else anyone could keep a stopped manager "up", and reservations would be sent to it.
         control.check(self.control_token, context, "the CRS (Heartbeat)")
         return registry_pb2.HeartbeatResponse(known=self.registry.heartbeat(request.name, request.address))
+
+    def deregister(self, request, context) -> registry_pb2.DeregisterManagerResponse:  # noqa: ANN001
+        """Take a manager out for good: its row, the releases still owed to it, its resources in the view; with
+        `abandon_parts`, the parts reservations hold there are given up (each such reservation gets a note)."""
+        # Else anyone reaching the CRS could make it forget a manager and the parts its tenants hold there.
+        control.check(self.control_token, context, "the CRS (DeregisterManager)")
+        name = request.name
+        if not name:
+            raise InvalidArgument.of("name", "required: the name the manager registered under (ListManagers)")
+        state = self.registry.get(name)
+        if state is None:
+            known = sorted(m.name for m in self.registry.all())
+            raise NotFound(f"no manager named {name!r} is registered here (registered: "
+                           f"{', '.join(known) if known else 'none'})")
+        if serving_at(state.address):
+            # Running, it would be told it is unknown at its next heartbeat and register again at once.
+            raise FailedPrecondition(f"the manager {name!r} still answers at {state.address}: stop it first, then "
+                                     "deregister it (a running manager registers again)")
+        now = self.clock.now()
+        note = (f"{name}: deregistered by the operator at {now:.0f} with this reservation's parts there; those "
+                "parts are gone with it, and releasing the reservation no longer asks it")
+
+        def take_out(s) -> tuple[list[str], int]:  # type: ignore[no-untyped-def]
+            holding = [r for r in s.scalars(select(Reservation).where(Reservation.state.in_(("active", "pending"))))
+                       if r.allocation and any(g.manager == name for g in
+                                               irm_pb2.Reservation.FromString(r.allocation).groups)]
+            if holding and not request.abandon_parts:
+                ids = sorted(r.id for r in holding)
+                raise FailedPrecondition(
+                    f"{len(ids)} reservation(s) hold parts at {name!r} ({', '.join(ids[:5])}"
+                    f"{', ...' if len(ids) > 5 else ''}): their tenants release them first, or deregister with "
+                    "abandon_parts (`--abandon-parts`) to give those parts up")
+            for r in holding:
+                r.notes = [*(r.notes or []), note]
+            dropped = s.execute(delete(Compensation).where(Compensation.manager == name)).rowcount
+            row = s.get(Manager, name)
+            if row is not None:
+                s.delete(row)
+            return sorted(r.id for r in holding), dropped
+        abandoned, dropped = self.db.transact(take_out)
+        gone = self.registry.remove(name)
+        self.addresses.forget(name)
+        self.on_removed(name, gone)
+        log.warning("manager deregistered", extra={"manager": name, "address": state.address,
+                                                   "resources_removed": len(gone), "releases_dropped": dropped,
+                                                   "abandoned_reservations": abandoned})
+        return registry_pb2.DeregisterManagerResponse(name=name, resources_removed=len(gone),
+                                                      releases_dropped=dropped, abandoned_reservations=abandoned)
 
     def managers(self) -> registry_pb2.ListManagersResponse:
         out = []

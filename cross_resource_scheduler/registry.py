@@ -145,6 +145,23 @@ class Registry:
             if self.on_down is not None:
                 self.on_down(name)
 
+    def remove(self, name: str, wait_s: float = 5.0) -> list[irm_pb2.PhysicalResource]:
+        """Forget the manager `name` (deregistered): stop following it and take its resources out of the view;
+        returns them as they were. Its watcher is waited for (up to `wait_s`), so an event it was applying cannot
+        put a resource back after the view dropped them."""
+        with self.lock:
+            state = self.managers.pop(name, None)
+        if state is None:
+            return []
+        state.stop.set()
+        if state.thread is not None and state.thread is not threading.current_thread():
+            state.thread.join(wait_s)
+        with self.view.lock:
+            gone = [n.to_proto() for n in self.view.nodes.values() if n.manager == name]
+        self.view.drop_manager(name)
+        self.view.set_down(name, False)
+        return gone
+
     def get(self, name: str) -> ManagerState | None:
         with self.lock:
             return self.managers.get(name)

@@ -274,7 +274,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # types changed): the CRSs above ask us again, as we register with them as a new instance too.
         self.registrations = Registrations(self.db, self.registry, self.view, self.clock, self.addresses,
                                            config.control_token, config.heartbeat_interval_s,
-                                           on_new_instance=lambda: [m.renew() for m in self.memberships])
+                                           on_new_instance=lambda: [m.renew() for m in self.memberships],
+                                           on_removed=self._manager_removed)
         self._stop = threading.Event()
         self._kick = threading.Event()
         self.memberships: list[Membership] = []     # in the CRSs above (`crs_address`)
@@ -990,7 +991,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         r = self._get(tenant, request.reservation_id)
         if r.state == "released":
             return self._to_proto(r)
-        parts = sorted({(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups})
+        # Parts at a manager since deregistered were given up with it (the reservation's note says so).
+        parts = sorted({(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups
+                        if self.registry.get(g.manager) is not None})
         now = self.clock.now()
         # Marked released and its parts recorded for the compensator in one transaction, before any manager is
         # asked: a CRS that dies in between leaves neither a reservation shown active whose parts are gone nor
@@ -1081,6 +1084,16 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def Heartbeat(self, request, context):  # noqa: N802
         return self.registrations.heartbeat(request, context)
+
+    def DeregisterManager(self, request, context):  # noqa: N802
+        return self.registrations.deregister(request, context)
+
+    def _manager_removed(self, manager: str, gone: list[irm_pb2.PhysicalResource]) -> None:
+        self.compensator.forget(manager)
+        if gone:
+            # A CRS above drops them (and the manager, when it offered nothing else there).
+            self.capacity_watch.forward(manager, irm_pb2.CapacityEvent(kind=irm_pb2.CapacityEvent.KIND_REMOVED,
+                                                                       resource=gone[0], more=gone[1:]))
 
     def ListManagers(self, request, context):  # noqa: N802
         return self.registrations.managers()

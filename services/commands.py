@@ -488,6 +488,23 @@ def cmd_discover(args: argparse.Namespace) -> int:
                                                       timeout=10))
 
 
+def cmd_managers(args: argparse.Namespace) -> int:
+    """The CRS's managers (`list`), or one taken out for good (`deregister`): an operator's verbs. Deregistering is
+    a control call: the token is $HARNESS_CONTROL_TOKEN, else that of the suite `harness up` runs from --state-dir
+    (not sent to a CRS --crs names: it is that suite's secret)."""
+    from harness.v1 import registry_pb2, registry_pb2_grpc
+    from services import control, suite, tls
+
+    token = os.environ.get("HARNESS_CONTROL_TOKEN", "").strip() or (
+        "" if args.crs else suite.control_token(args.state_dir))
+    with tls.open_channel(_crs(args)) as ch:
+        stub = registry_pb2_grpc.ManagerRegistryStub(control.channel(ch, token))
+        if args.verb == "deregister":
+            return _show(lambda: stub.DeregisterManager(registry_pb2.DeregisterManagerRequest(
+                name=args.name, abandon_parts=args.abandon_parts), timeout=30))
+        return _show(lambda: stub.ListManagers(registry_pb2.ListManagersRequest(), timeout=10))
+
+
 def _seconds(text: str) -> float:
     """argparse type: a finite number of seconds > 0."""
     try:
@@ -945,6 +962,22 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p = sub.add_parser("discover", help="physical resources known to the CRS")
     common(p)
     p.set_defaults(func=cmd_discover)
+
+    p = sub.add_parser("managers", help="the CRS's managers (list), or take one out for good (deregister NAME)")
+    verbs = p.add_subparsers(dest="verb")
+    p.set_defaults(func=cmd_managers, verb="list")
+    common(p, tenant=False)
+    for v in (verbs.add_parser("list", help="the managers registered, up or down, and their resources"),
+              d := verbs.add_parser("deregister", help="take a stopped manager out for good (a decommissioned site): "
+                                                       "its resources leave the CRS; refused while reservations "
+                                                       "hold parts there, unless --abandon-parts")):
+        # Before or after the verb; a subparser's own default would overwrite the one given before it.
+        v.add_argument("--state-dir", default=argparse.SUPPRESS, help="as before the verb")
+        v.add_argument("--crs", default=argparse.SUPPRESS, help="as before the verb")
+    d.add_argument("name", help="the manager's name (`harness managers` lists them)")
+    d.add_argument("--abandon-parts", action="store_true",
+                   help="give up the parts reservations still hold there (each gets a note; releasing it no longer "
+                        "asks the manager)")
 
     p = sub.add_parser("reserve", help="reserve (or --quote) groups of resources through the CRS")
     common(p)

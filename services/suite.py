@@ -179,6 +179,26 @@ def state_file(state_dir: str) -> Path:
     return Path(state_dir).expanduser() / "suite.json"
 
 
+def control_token_file(state_dir: str) -> Path:
+    """The control token of the suite `harness up` runs from `state_dir` (a new one at each start)."""
+    return Path(state_dir).expanduser() / "control-token"
+
+
+def control_token(state_dir: str) -> str:
+    """The control token of the suite running from `state_dir`, "" if there is none to read."""
+    try:
+        return control_token_file(state_dir).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _write_secret(path: Path, text: str) -> None:
+    path.unlink(missing_ok=True)        # a file left by another user or mode is not reused
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def processes_file(state_dir: str) -> Path:
     """The suite's service processes (name -> pid and command line), written as each one starts: what
     `harness down` stops when `harness up` is gone."""
@@ -405,6 +425,8 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     # from each other only, the CRS registrations from its IRMs only (services.control); in the environment,
     # not on a command line others can read.
     token = secrets.token_hex(16)
+    # For the operator's control verbs on this machine (`harness managers deregister`), readable by its user only.
+    _write_secret(control_token_file(state_dir), token)
     # The CRS and the AM act for tenants with this one (services.tenants); the others hold only its digest.
     delegation = tenants.new_token()
     try:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import grpc
 import psutil
@@ -87,6 +89,24 @@ def test_status_reports_every_irm_registered_with_the_crs(running):
     lines = {line.split()[0]: line for line in plain.stdout.splitlines()}
     assert "crs: registered as 'compute'" in lines["compute"] and "crs: registered as 'fpga'" in lines["fpga"]
     assert lines["agent"].split()[2:] == ["SERVING"]       # services that do not register: as before
+
+
+def test_the_operator_lists_and_deregisters_managers_with_the_suites_control_token(running):
+    token_file = Path(running["state"]) / "control-token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and len(token_file.read_text()) == 32
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_CONTROL_TOKEN"}
+
+    def managers(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "services.cli", "managers", *argv, "--state-dir",
+                               running["state"]], capture_output=True, text=True, timeout=60, env=env)
+
+    listed = managers()
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(m["name"] for m in json.loads(listed.stdout)["managers"]) == ["compute", "fpga"]
+    # Sent with the suite's token (else UNAUTHENTICATED), refused: the compute IRM still runs.
+    refused = managers("deregister", "compute")
+    assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr, refused.stderr
+    assert "still answers" in refused.stderr
 
 
 def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path, unused_address):

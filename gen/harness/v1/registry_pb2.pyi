@@ -65,3 +65,23 @@ class ListManagersResponse(_message.Message):
     MANAGERS_FIELD_NUMBER: _ClassVar[int]
     managers: _containers.RepeatedCompositeFieldContainer[ManagerInfo]
     def __init__(self, managers: _Optional[_Iterable[_Union[ManagerInfo, _Mapping]]] = ...) -> None: ...
+
+class DeregisterManagerRequest(_message.Message):
+    __slots__ = ("name", "abandon_parts")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ABANDON_PARTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    abandon_parts: bool
+    def __init__(self, name: _Optional[str] = ..., abandon_parts: _Optional[bool] = ...) -> None: ...
+
+class DeregisterManagerResponse(_message.Message):
+    __slots__ = ("name", "resources_removed", "releases_dropped", "abandoned_reservations")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    resources_removed: int
+    releases_dropped: int
+    abandoned_reservations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., resources_removed: _Optional[int] = ..., releases_dropped: _Optional[int] = ..., abandoned_reservations: _Optional[_Iterable[str]] = ...) -> None: ...

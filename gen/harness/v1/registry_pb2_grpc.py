@@ -49,6 +49,11 @@ class ManagerRegistryStub:
                 request_serializer=harness_dot_v1_dot_registry__pb2.ListManagersRequest.SerializeToString,
                 response_deserializer=harness_dot_v1_dot_registry__pb2.ListManagersResponse.FromString,
                 _registered_method=True)
+        self.DeregisterManager = channel.unary_unary(
+                '/harness.v1.ManagerRegistry/DeregisterManager',
+                request_serializer=harness_dot_v1_dot_registry__pb2.DeregisterManagerRequest.SerializeToString,
+                response_deserializer=harness_dot_v1_dot_registry__pb2.DeregisterManagerResponse.FromString,
+                _registered_method=True)
 
 
 class ManagerRegistryServicer:
@@ -74,6 +79,15 @@ class ManagerRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeregisterManager(self, request, context):
+        """CONTROL (see common.proto): an operator taking a manager out for good (a decommissioned site). Refused
+        (FAILED_PRECONDITION) while the manager still answers at its address (stop it first: running, it would register
+        again) and while reservations hold parts there, unless `abandon_parts`. NOT_FOUND for a name not registered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ManagerRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +105,11 @@ def add_ManagerRegistryServicer_to_server(servicer, server):
                     servicer.ListManagers,
                     request_deserializer=harness_dot_v1_dot_registry__pb2.ListManagersRequest.FromString,
                     response_serializer=harness_dot_v1_dot_registry__pb2.ListManagersResponse.SerializeToString,
+            ),
+            'DeregisterManager': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterManager,
+                    request_deserializer=harness_dot_v1_dot_registry__pb2.DeregisterManagerRequest.FromString,
+                    response_serializer=harness_dot_v1_dot_registry__pb2.DeregisterManagerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +193,33 @@ class ManagerRegistry:
             '/harness.v1.ManagerRegistry/ListManagers',
             harness_dot_v1_dot_registry__pb2.ListManagersRequest.SerializeToString,
             harness_dot_v1_dot_registry__pb2.ListManagersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterManager(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/harness.v1.ManagerRegistry/DeregisterManager',
+            harness_dot_v1_dot_registry__pb2.DeregisterManagerRequest.SerializeToString,
+            harness_dot_v1_dot_registry__pb2.DeregisterManagerResponse.FromString,
             options,
             channel_credentials,
             insecure,
