@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import update
 
 from cross_resource_scheduler.models import Reservation
+from cross_resource_scheduler.registry import ManagerState
 from cross_resource_scheduler.service import Crs, _Whereabouts
 from harness.v1 import irm_pb2
 from services.clock import VirtualClock
@@ -26,6 +27,8 @@ def _stored(crs: Crs, res_id: str) -> list[str]:
 def test_a_read_answered_late_does_not_write_older_addresses_over_newer_ones(tmp_path) -> None:
     crs = make_crs(tmp_path, VirtualClock(START))
     try:
+        # m registered (a manager not registered is not asked: its parts were given up with it).
+        crs.registry.managers["m"] = ManagerState("m", "127.0.0.1:9", ["vm"], START)
         res_id = _recorded(crs, 0, START - 100)          # reserved before m registered: a read asks m
         assert _stored(crs, res_id) == [OLD]
 
