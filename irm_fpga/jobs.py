@@ -230,6 +230,15 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
         if loop:
             self._thread.start()
 
+    def check_policy(self) -> None:
+        """The refusal of `start` (ValueError) over jobs the policy cannot manage, read only: the FPGA IRM asks
+        before it offers anything (registers with a CRS, reconciles its servers) so that a start refused for
+        its policy leaves no trace there. A job whose group is gone (its retirement cut short) does not count."""
+        rows = self._active()
+        live = self.groups.live({r.group_id for r in rows if r.group_id})
+        self._check_compatible([r for r in rows if r.group_id in live],
+                               self._queued() if self.scheduler is None else [])
+
     def _wait_loaded(self) -> None:
         if not self._ready.wait(LOAD_WAIT_S):
             raise Unavailable("the FPGA job manager is still loading its jobs (the FPGA IRM is starting); retry",
@@ -800,4 +809,5 @@ def job_component_parts(orchestrator: Any, config: Any = None
         fpga_jobs_pb2_grpc.add_FpgaJobsServicer_to_server(manager, server)
 
     register.manager = manager  # type: ignore[attr-defined]   # for tests and diagnostics
+    register.check = manager.check_policy  # type: ignore[attr-defined]
     return register, [SERVICE], manager.start, manager.stop

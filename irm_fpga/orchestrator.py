@@ -796,6 +796,7 @@ def component(config: OrchestratorConfig, clock: Clock | None = None) -> Compone
     def start() -> None:
         host = config.address.rsplit(":", 1)[0]
         orch._bound = f"{host}:{comp.extra['port']}"
+        jobs_register.check()      # type: ignore[attr-defined]   # a policy refused before the CRS hears of it
         orch.start(comp.extra["port"])
         jobs_start()
 

@@ -263,6 +263,25 @@ def test_edf_refuses_to_start_over_groups_a_hydrogen_scheduler_fixed(irm_factory
         irm.restart()
 
 
+def test_an_fpga_irm_refused_for_its_policy_registers_nowhere_first(irm_factory, db_url, unused_address):
+    irm = irm_factory("fcfs_max")
+    a = irm.register("a", **deadline(60.0, 30))
+    irm.close()
+    from irm_fpga.orchestrator import OrchestratorConfig, component
+
+    comp = component(OrchestratorConfig(database=db_url, servers=[unused_address()], crs_address=unused_address(),
+                                        jobs_policy="edf", reconcile_interval_s=0))
+    comp.extra["port"] = 1
+    orch = comp.extra["orchestrator"]
+    try:
+        with pytest.raises(ValueError, match=f"cannot manage 1 job.*{a.id}"):
+            comp.start()
+        # Refused before it offered anything: no registration with the CRS under way, no rounds on its servers.
+        assert orch.memberships == []
+    finally:
+        comp.stop()
+
+
 def test_list_jobs_active_only_includes_the_queue(irm_factory):
     irm = irm_factory("fcfs_max")
     a = irm.register("a", **deadline(60.0, 30))
