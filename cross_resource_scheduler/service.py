@@ -543,6 +543,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 if isinstance(error, _PinRefused):
                     error.placement = placement     # (Reserve's price check quotes placements of its own)
                 raise error from None
+            for q in reply.groups:
+                # The manager this CRS delegates to, as a Reservation's groups name it (a CRS below says its own
+                # manager's name, two levels down).
+                q.manager = manager
             quotes.extend(reply.groups)
         return irm_pb2.QuotePriceResponse(price_per_minute=sum(q.price_per_minute for q in quotes), groups=quotes)
 

@@ -159,6 +159,9 @@ def test_three_levels_name_a_host_by_each_manager_on_the_way_and_reserve_through
                what="the two hosts offered up two levels")
     offered = sorted((r.manager, r.id) for r in stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources)
     assert offered == [("mid", "low/compute-a/h1"), ("mid", "low/compute-a/h2")]
+    # A quote names the manager the group goes to as the reservation does: the CRS below (not its IRM's name).
+    quote = stub.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[vms("x", 1, cores=3)]), timeout=60)
+    assert [q.manager for q in quote.groups] == ["mid"]
     res = stub.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[vms("x", 1, cores=3)]),
                        timeout=60)
     [g] = res.groups
