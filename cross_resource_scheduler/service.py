@@ -1079,12 +1079,20 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     # -- registry (registration.py) ----------------------------------------
     def RegisterManager(self, request, context):  # noqa: N802
-        if self.memberships and request.name == self.config.name:
-            # Its resources would be offered above under this CRS's own name, as if they were this CRS's: the CRSs
-            # above could not pin them (stacking.py).
-            raise FailedPrecondition(f"manager name {request.name!r} is this CRS's own name in the CRSs above it "
-                                     "(its `name`): register under another name")
-        return self.registrations.register(request, context)
+        try:
+            if self.memberships and request.name == self.config.name:
+                # Its resources would be offered above under this CRS's own name, as if they were this CRS's: the
+                # CRSs above could not pin them (stacking.py).
+                raise FailedPrecondition(f"manager name {request.name!r} is this CRS's own name in the CRSs above "
+                                         "it (its `name`): register under another name")
+            return self.registrations.register(request, context)
+        except HarnessError as e:
+            # The manager logs the refusal where it runs; this CRS's operator sees it here too (a site whose CRS
+            # cannot join shows at the top only as resources missing, otherwise).
+            log.warning("manager registration refused", extra={
+                "manager": request.name[:128], "address": request.address[:256], "code": e.code.name,
+                "details": e.message[:500]})
+            raise
 
     def Heartbeat(self, request, context):  # noqa: N802
         return self.registrations.heartbeat(request, context)
