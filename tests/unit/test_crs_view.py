@@ -134,6 +134,34 @@ def test_down_managers_are_excluded_from_every_read() -> None:
     assert keys(v.up_nodes()) == ["down/b", "up/a"]
 
 
+def test_while_a_manager_is_down_the_up_lists_are_made_once_until_which_nodes_are_up_changes() -> None:
+    v = CapacityView()
+    for i in range(3):
+        v.upsert("up", res(f"a{i}", 1))
+    v.upsert("down", res("b", 1))
+    v.upsert("crs", res("site/m/c", 1))
+    v.set_down("down", True)
+    first = v.of_type("vm")
+    assert keys(first) == ["crs/site/m/c", "up/a0", "up/a1", "up/a2"]
+    v.upsert("up", res("a0", 2, used=3))                    # usage changes: the same nodes are up
+    assert v.of_type("vm") is first and v.in_rack("vm", "s1", "r1") is v.in_rack("vm", "s1", "r1")
+    # Each change of which nodes are up is seen at the next read: joined, left, below down, manager back.
+    v.upsert("up", res("a3", 1))
+    assert keys(v.of_type("vm")) == ["crs/site/m/c", "up/a0", "up/a1", "up/a2", "up/a3"]
+    v.remove("up", "a1")
+    assert keys(v.in_site("vm", "s1")) == ["crs/site/m/c", "up/a0", "up/a2", "up/a3"]
+    down_below = res("site/m/c", 2)
+    down_below.manager_down = True
+    v.upsert("crs", down_below)
+    assert keys(v.in_rack("vm", "s1", "r1")) == ["up/a0", "up/a2", "up/a3"]
+    v.upsert("up", res("a2", 2, rack="r2"))                 # moved: out of r1's list, in r2's
+    assert keys(v.in_rack("vm", "s1", "r1")) == ["up/a0", "up/a3"] and keys(v.in_rack("vm", "s1", "r2")) == ["up/a2"]
+    v.set_down("down", False)
+    assert keys(v.of_type("vm")) == ["down/b", "up/a0", "up/a2", "up/a3"]
+    v.upsert("crs", res("site/m/c", 3))                     # back below: nothing down, the index itself
+    assert v.of_type("vm") is v._by_type["vm"]
+
+
 # -- assumptions ---------------------------------------------------------------
 
 def test_assume_reduces_free_capacity_and_accumulates() -> None:
