@@ -63,6 +63,9 @@ RESERVE_IN_DOUBT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADL
 _NEVER_SENT = "failed to connect to all addresses"
 # Quote refusals that hold for as long as the datacenter's make-up does: the configuration is priced out.
 PERMANENT_QUOTE_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION})
+# The most distinct requests one pricing of a space asks the CRS to quote (~1 ms each); the others are left
+# unquoted (NaN: the profilers take them as gaps).
+MAX_QUOTES = 1000
 # How long a run's Reserve may take. Its deadline also bounds when the request can still reach the CRS (gRPC starts
 # no handler for a call past its deadline): what a Reserve in doubt may still place (service.IN_DOUBT_KEPT_S).
 RESERVE_TIMEOUT_S = 60.0
@@ -255,22 +258,37 @@ class LocalBackend:
 
     def prices(self) -> np.ndarray:
         """Price per second of every configuration, from CRS quotes: +inf where the CRS refuses it for good (it
-        never fits: priced out), NaN where it cannot quote it now (capacity in use, a manager away, a slow CRS)."""
+        never fits: priced out), NaN where it cannot quote it now (capacity in use, a manager away, a slow CRS),
+        and where it was not asked: one quote per distinct request, at most MAX_QUOTES of them, spread evenly over
+        the space (a space of 200 000 configurations asked one by one kept a session pricing for minutes), and none
+        once the run is cancelled (StopProfiling stops a session still pricing)."""
         out = np.full(len(self.space), math.nan)
-        cache: dict[str, float] = {}
+        requests: dict[str, list[int]] = {}
         for i, c in enumerate(self.space.configs):
             groups, _ = self.request(c)
-            key = str([g.SerializeToString(deterministic=True) for g in groups])
-            if key not in cache:
-                try:
-                    cache[key] = self.quote_per_minute(c) / 60.0
-                except grpc.RpcError as e:
-                    never = never_quoted(e)
-                    log.warning("no quote", extra={"config": self.space.describe(i), "code": str(e.code()),
-                                                   "permanent": never})
-                    # A refusal for good is an answer (the caller keeps it); only a momentary one is asked again.
-                    cache[key] = math.inf if never else math.nan
-            out[i] = cache[key]
+            requests.setdefault(str([g.SerializeToString(deterministic=True) for g in groups]), []).append(i)
+        asked = list(requests.values())
+        if len(asked) > MAX_QUOTES:
+            step = len(asked) / MAX_QUOTES
+            asked = [asked[int(k * step)] for k in range(MAX_QUOTES)]
+            log.info("quoting a sample of the configurations", extra={"requests": len(requests),
+                                                                       "quoted": MAX_QUOTES})
+        refused: dict[str, int] = {}
+        example = ""
+        for members in asked:
+            if self._is_cancelled():
+                break
+            try:
+                price = self.quote_per_minute(self.space.configs[members[0]]) / 60.0
+            except grpc.RpcError as e:
+                # A refusal for good is an answer (the caller keeps it); only a momentary one is asked again.
+                price = math.inf if never_quoted(e) else math.nan
+                refused[e.code().name] = refused.get(e.code().name, 0) + 1
+                example = example or f"{self.space.describe(members[0])}: {e.code().name}: {(e.details() or '')[:300]}"
+            out[members] = price
+        if refused:
+            # One line for the whole space: a line per configuration wrote tens of megabytes for a large one.
+            log.warning("no quote for some configurations", extra={"refused": refused, "example": example})
         return out
 
     def argv_env(self, config: dict[str, Any], input: str, part: Implementation | None = None,

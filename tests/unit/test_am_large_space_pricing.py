@@ -1,0 +1,110 @@
+"""Pricing a large search space, and a session's own run timeout (exploratory review of session 24).
+
+A space of 200 000 configurations was quoted one configuration at a time before its first run (minutes, a warning
+line each), and StopProfiling did not stop a session still pricing. A session's own `run_timeout_s` ruled the
+configuration it cut out for every later session. In-process: the back-end's quotes and runs stood in for.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import grpc
+import numpy as np
+
+import examples
+from application_manager import local
+from application_manager import service as svc
+from application_manager.local import LocalBackend, RunDetail
+from application_manager.manifest import parse_manifest
+from application_manager.profilers.base import Observation
+from application_manager.slo import parse_slo
+from application_manager.space import from_manifest
+from harness.v1 import application_manager_pb2 as pb
+from tests.unit.test_am_stop import _Ctx
+from tests.unit.test_review15_prices_gaps import _Refused
+
+
+def _backend(cancelled: threading.Event | None = None) -> LocalBackend:
+    m = parse_manifest(examples.manifest("rtm"))
+    slo = parse_slo(examples.slo("rtm", rows=400, steps=20), m)
+    return LocalBackend("127.0.0.1:1", "t", m, from_manifest(m, slo.parameters, {"vm"}), slo.parameters, "/a",
+                        "py", 30, cancelled=cancelled)
+
+
+def test_at_most_max_quotes_requests_are_quoted_spread_over_the_space_with_one_warning(monkeypatch, caplog):
+    b = _backend()
+    n = len(b.space)
+    monkeypatch.setattr(local, "MAX_QUOTES", 4)
+    asked: list[int] = []
+
+    def quote(self, config):  # noqa: ANN001, ANN202
+        i = b.space.index(config)
+        asked.append(i)
+        if len(asked) % 2:
+            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION)
+        return 60.0 * (i + 1)
+
+    monkeypatch.setattr(LocalBackend, "quote_per_minute", quote)
+    caplog.set_level(logging.INFO, logger="application_manager.local")
+    prices = b.prices()
+    assert n > 4 and len(asked) == 4 and asked == sorted(asked) and asked[-1] >= n // 2    # spread, not the first 4
+    for k, i in enumerate(asked):
+        assert prices[i] == (math.inf if k % 2 == 0 else i + 1)
+    assert int(np.isnan(prices).sum()) == n - 4                                          # the others: gaps
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].refused == {"FAILED_PRECONDITION": 2}
+
+
+def test_pricing_stops_asking_once_the_session_is_stopped(monkeypatch):
+    stop = threading.Event()
+    b = _backend(cancelled=stop)
+    asked: list[int] = []
+
+    def quote(self, config):  # noqa: ANN001, ANN202
+        asked.append(1)
+        if len(asked) == 3:
+            stop.set()          # StopProfiling, while pricing
+        return 60.0
+
+    monkeypatch.setattr(LocalBackend, "quote_per_minute", quote)
+    prices = b.prices()
+    assert len(asked) == 3 and int(np.isfinite(prices).sum()) == 3 and len(b.space) > 3
+
+
+def test_a_run_cut_by_the_sessions_own_run_timeout_is_run_again_by_a_later_session(tmp_path, monkeypatch):
+    runs: list[tuple[int, float]] = []
+
+    def run(self, p, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
+        runs.append((p.config, timeout_s))
+        if timeout_s < 1.0:
+            return RunDetail(Observation(p.config, False, timeout_s, 0.001, p.input, error="timeout: killed"))
+        return RunDetail(Observation(p.config, True, 2.0, 0.01, p.input))
+
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
+    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
+    monkeypatch.setattr(LocalBackend, "run", run)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        app = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=200, steps=20),
+            app_dir="/x"), _Ctx())
+        n = len(am._load("t", app.id).space)
+
+        def session(**kw) -> pb.ProfilingSession:  # noqa: ANN003
+            events = list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id,
+                                                                     profiler="uniform", **kw), _Ctx()))
+            return events[-1].session
+
+        session(max_runs=1, run_timeout_s=0.05)
+        [(cut, _)] = runs
+        model = am.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx())
+        [recorded] = model.runs
+        assert not recorded.ok and "this session's run_timeout_s; a later session may run it" in recorded.error
+        # A later session without the bound runs every configuration, the one cut short included.
+        session(max_runs=n)
+        assert sorted(c for c, _ in runs[1:]) == list(range(n)) and cut in [c for c, _ in runs[1:]]
+    finally:
+        am.stop()
