@@ -29,6 +29,7 @@ saying what is expected.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import re
@@ -230,6 +231,23 @@ def _get(obj: dict, key: str) -> Any:
     return None
 
 
+def misspelt_keys(obj: Any, known: tuple[str, ...], path: str, v: Violations) -> None:
+    """Keys of `obj` that are not `known` but close to one ("GlobalConstraint", "Objectives", "Optimise"): refused,
+    naming the key meant. Read case-insensitively like every key, a near miss would be ignored silently -- a
+    constraint or a bound dropped, and money spent on configurations it excluded. Keys unlike any known one are
+    left alone (annotations, the appendix's keys Harness has no use for)."""
+    if not isinstance(obj, dict):
+        return
+    lower = {k.lower(): k for k in known}
+    for key in obj:
+        if not isinstance(key, str) or key.lower() in lower:
+            continue
+        close = difflib.get_close_matches(key.lower(), list(lower), n=1, cutoff=0.8)
+        if close:
+            v.add(f"{path}.{key}", f"unknown key: did you mean {lower[close[0]]!r}? (as written it would be "
+                                   "ignored)")
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
@@ -279,6 +297,7 @@ def _choice(spec: Any, path: str, v: Violations, *, numeric: bool, integer: bool
     if not isinstance(spec, dict):
         v.add(path, "expected an object with \"Value\", or \"Var\" and \"Values\" or \"Range\"")
         return None
+    misspelt_keys(spec, ("Var", "Value", "Values", "Range"), path, v)
     var = _var(_get(spec, "Var"), f"{path}.Var", v)
     given = [k for k in ("Value", "Values", "Range") if _get(spec, k) is not None]
     if len(given) != 1:
@@ -399,6 +418,8 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
     if not isinstance(spec, dict):
         v.add(path, "expected an object")
         return None
+    misspelt_keys(spec, ("ImplementationName", "Resources", "Distances", "GlobalConstraints", "EnvironmentVars",
+                         "Command", "Tarball", "DeploymentArgs", "ExecutionArgs"), path, v)
     name = _get(spec, "ImplementationName")
     if not (isinstance(name, str) and name.strip()):
         v.add(f"{path}.ImplementationName", "required: a non-empty name")
@@ -407,6 +428,7 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
     if not isinstance(res, dict):
         v.add(f"{path}.Resources", "required: an object with \"Groups\"")
         return None
+    misspelt_keys(res, ("Groups", "Distances", "Constraints"), f"{path}.Resources", v)
     raw_groups = _get(res, "Groups")
     if not (isinstance(raw_groups, list) and raw_groups):
         v.add(f"{path}.Resources.Groups", "required: a non-empty list of resource groups")
@@ -422,6 +444,7 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
         if not isinstance(g, dict):
             v.add(gp, "expected an object")
             continue
+        misspelt_keys(g, ("GroupID", "Role", "Type", "NumInstances", "Attributes"), gp, v)
         gid = _get(g, "GroupID")
         if not (isinstance(gid, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,62}", gid or "")):
             v.add(f"{gp}.GroupID", "required: a name (letter, then letters, digits, - or _)")
@@ -489,6 +512,7 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
         if not isinstance(d, dict):
             v.add(dp, "expected an object with Source, Target, Constraints")
             continue
+        misspelt_keys(d, ("Source", "Target", "Constraints"), dp, v)
         src, dst = _get(d, "Source"), _get(d, "Target")
         ok = True
         for key, val in (("Source", src), ("Target", dst)):
@@ -574,6 +598,7 @@ def _parameter(spec: Any, path: str, v: Violations) -> Parameter | None:
     if not isinstance(spec, dict):
         v.add(path, "expected an object with Var, Name and Values")
         return None
+    misspelt_keys(spec, ("Var", "Name", "Type", "Values", "Default", "Benchmark", "Tunable"), path, v)
     var = _var(_get(spec, "Var"), f"{path}.Var", v)
     if not var:
         if _get(spec, "Var") is None:
@@ -625,6 +650,7 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
     if not isinstance(data, dict):
         v.add(field_prefix, "expected a JSON object with Name and Modules")
         v.raise_if_any()
+    misspelt_keys(data, ("Name", "Author", "Modules"), field_prefix, v)
     name = _get(data, "Name")
     if not (isinstance(name, str) and name.strip()):
         v.add(f"{field_prefix}.Name", "required: the application's name")
@@ -642,6 +668,7 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
         if not isinstance(m, dict):
             v.add(mp, "expected an object")
             continue
+        misspelt_keys(m, ("ModuleName", "Parameters", "Implementations"), mp, v)
         params_raw = _get(m, "Parameters") or []
         if not isinstance(params_raw, list):
             v.add(f"{mp}.Parameters", "expected a list of parameters ({Var, Name, Type, Values})")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from application_manager import expr
-from application_manager.manifest import Manifest, _get
+from application_manager.manifest import Manifest, _get, misspelt_keys
 from services import json_text
 from services.errors import Violations
 
@@ -98,6 +98,7 @@ def parse_slo(data: Any, manifest: Manifest | None = None, field_prefix: str = "
     if not isinstance(data, dict):
         v.add(field_prefix, "expected a JSON object with Manifest, Parameters and Objective")
         v.raise_if_any()
+    misspelt_keys(data, ("Manifest", "Parameters", "ExecutionArgs", "Objective"), field_prefix, v)
     name = _get(data, "Manifest") or (manifest.name if manifest else "")
     if manifest is not None and name != manifest.name:
         v.add(f"{field_prefix}.Manifest", f"refers to {name!r}, but the manifest is {manifest.name!r}")
@@ -128,6 +129,7 @@ def parse_slo(data: Any, manifest: Manifest | None = None, field_prefix: str = "
     if not isinstance(objective, dict):
         v.add(f"{field_prefix}.Objective", "expected an object with Constraints and Optimize")
         objective = {}
+    misspelt_keys(objective, ("Constraints", "Optimize"), f"{field_prefix}.Objective", v)
     cons = _get(objective, "Constraints") or []
     if not isinstance(cons, list):
         v.add(f"{field_prefix}.Objective.Constraints", "expected a list such as [\"%cost <= 0.30\"]")

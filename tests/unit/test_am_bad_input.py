@@ -194,3 +194,47 @@ def test_a_constraint_on_a_text_parameter_names_the_variable():
     m["Modules"][0]["Parameters"].append({"Var": "%size", "Values": ["small", "large"]})
     _impl(m)["GlobalConstraints"] = ["%size > 1"]
     assert "%size" in _violations(m)[f"{IMPL}.GlobalConstraints[0]"]
+
+
+def _renamed(obj: dict, old: str, new: str) -> None:
+    obj[new] = obj.pop(old)
+
+
+@pytest.mark.parametrize("edit,where,meant", [
+    (lambda m: _renamed(_impl(m), "GlobalConstraints", "GlobalConstraint"), f"{IMPL}.GlobalConstraint",
+     "GlobalConstraints"),
+    (lambda m: _renamed(_impl(m)["Resources"], "Distances", "Distance"), f"{IMPL}.Resources.Distance", "Distances"),
+    (lambda m: _renamed(_impl(m)["Resources"]["Groups"][0], "Attributes", "Atributes"), f"{GROUP0}.Atributes",
+     "Attributes"),
+    (lambda m: _renamed(_impl(m)["Resources"]["Groups"][0]["Attributes"]["Memory"], "Values", "Value_s"),
+     f"{GROUP0}.Attributes.Memory.Value_s", "Values"),
+    (lambda m: _renamed(m["Modules"][0]["Parameters"][0], "Default", "Defualt"),
+     "manifest.Modules[0].Parameters[0].Defualt", "Default"),
+    (lambda m: _renamed(m["Modules"][0], "Implementations", "Implementation"), "manifest.Modules[0].Implementation",
+     "Implementations"),
+])
+def test_a_misspelt_manifest_key_is_refused_naming_the_key_meant(edit, where, meant):
+    m = _template()
+    edit(m)
+    v = _violations(m)
+    assert v[where] == f"unknown key: did you mean {meant!r}? (as written it would be ignored)", v
+
+
+@pytest.mark.parametrize("slo,where,meant", [
+    ({"Objective": {"Constraint": ["%cost <= 0.0000001"], "Optimize": "%execution_time"}}, "slo.Objective.Constraint",
+     "Constraints"),
+    ({"Objectives": {"Constraints": ["%cost <= 1"]}}, "slo.Objectives", "Objective"),
+    ({"Objective": {"Optimise": "%execution_time"}}, "slo.Objective.Optimise", "Optimize"),
+    ({"Parameter": {"%arg1": 10}}, "slo.Parameter", "Parameters"),
+])
+def test_a_misspelt_slo_key_is_refused_rather_than_its_bound_dropped(slo, where, meant):
+    v = _violations(_template(), json.dumps(slo))
+    assert v[where] == f"unknown key: did you mean {meant!r}? (as written it would be ignored)", v
+
+
+def test_keys_unlike_any_known_one_and_any_letter_case_stay_accepted():
+    m = _template()
+    m["Description"] = "an annotation Harness has no use for"
+    _impl(m)["Notes"] = ["kept as written"]
+    _renamed(_impl(m), "GlobalConstraints", "globalconstraints")
+    assert len(_submit(m, json.dumps({"objective": {"optimize": "%cost"}, "Comment": "x"}))) == 4 * 3
