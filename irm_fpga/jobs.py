@@ -534,7 +534,7 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
                                         f"job retires or ask for fewer devices",
                                         reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
             # A job's group never goes below one device: refuse before touching the others' groups.
-            starved = [r.id for r in rows if alloc.get(r.id, 0) < 1]
+            starved = [r for r in rows if alloc.get(r.id, 0) < 1]
             if starved:
                 # Each job keeps at least its minimum, and one device: what the others' minimums take is the limit
                 # -- or, under throughput control, devices on servers taken as gone, which count for no job.
@@ -543,9 +543,13 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
                 why = (f"the job's minimum ({max(1, row.min_devices)}) and the {len(rows)} active job(s)' minimums "
                        f"({floors} device(s)) need {need} device(s); the pool has {pool}" if need > pool else
                        f"{pool} device(s) in the pool, the devices on servers taken as gone counting for no job")
+                # The caller's own jobs by id; other tenants' only counted (their ids are theirs).
+                own = [r.id for r in starved if r.tenant == tenant]
+                others = len(starved) - len(own)
+                named = ", ".join([*own[:5], *([f"{others} job(s) of other tenants"] if others else [])])
                 raise ResourceExhausted(
-                    f"{why}: {self.config.policy!r} would leave {', '.join(starved[:5])} without a device; ask for "
-                    "fewer devices or wait for a job to retire", reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
+                    f"{why}: {self.config.policy!r} would leave {named} without a device; ask for fewer devices or "
+                    "wait for a job to retire", reason=CAPACITY_IN_USE, retry_after_s=RETRY_LATER_S)
             self.resizer.apply({k: v for k, v in alloc.items() if k != row.id}, [r for r in rows if alloc[r.id] < r.devices],
                         now, caps)
             try:

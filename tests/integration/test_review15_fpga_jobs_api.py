@@ -129,6 +129,18 @@ def test_a_refusal_names_the_minimums_that_do_not_fit(irm_factory):
             f"{DEVICES}: 'edf' would leave {late.id} without a device") in str(e.value)
 
 
+def test_a_refusal_counts_other_tenants_jobs_without_naming_them(irm_factory):
+    # Session 24's review: the refusal quoted another tenant's job id.
+    irm = irm_factory("edf")
+    irm.register("mid", min_devices=3, **deadline(100.0, 1000))
+    bobs = irm.manager.register(jp.RegisterJobRequest(tenant="bob", request_id="b", design="sleep", min_devices=3,
+                                                      **deadline(200.0, 1000)))
+    with pytest.raises(ResourceExhausted) as e:
+        irm.register("early", min_devices=3, **deadline(10.0, 1000))
+    assert "'edf' would leave 1 job(s) of other tenants without a device" in str(e.value)
+    assert bobs.id not in str(e.value)
+
+
 def test_over_grpc_the_reason_and_the_retry_delay_reach_the_caller(irm_factory):
     irm = irm_factory("edf")
     irm.orch.capacity = {}
