@@ -27,6 +27,9 @@ from services.errors import (
 from services.idempotency import reused_request_id
 
 MAX_THROUGHPUT_GOAL = 1e9       # actions/s; a larger goal is a typo, and its device request overflows
+# The farthest deadline, in seconds from registration: about ten years. Beyond, a typo (1e300 was taken, and shown
+# as a deadline at 1.7e308), and the job's time-varying throughput goal is 0 for all practical purposes.
+MAX_DEADLINE_S = 3.2e8
 MAX_PRIORITY = 1e6              # a larger weight times a wait overflowed to inf: every schedule tied
 # A job's own estimate of its seconds per action on one device (`action_seconds`): a microsecond to about
 # eleven days.
@@ -66,8 +69,9 @@ class RequestChecks:
             v.add("goal", "required: a deadline (deadline_s and size_actions) or a throughput (actions_per_s)")
         elif goal == "deadline":
             d = request.deadline
-            v.check(math.isfinite(d.deadline_s) and d.deadline_s > 0, "deadline.deadline_s",
-                    f"must be a finite number of seconds > 0 from registration (got {d.deadline_s!r})")
+            v.check(math.isfinite(d.deadline_s) and 0 < d.deadline_s <= MAX_DEADLINE_S, "deadline.deadline_s",
+                    f"must be a number of seconds from registration, > 0 and at most {MAX_DEADLINE_S:g} (about ten "
+                    f"years; got {d.deadline_s!r})")
             v.check(d.size_actions >= 1, "deadline.size_actions", "the job's size: at least 1 action")
         else:
             g = request.throughput.actions_per_s
