@@ -42,7 +42,14 @@ from typing import Any
 import grpc
 import numpy as np
 
-from application_manager.manifest import READY_LINE, Implementation, Manifest, Variant, substitute
+from application_manager.manifest import (
+    READY_LINE,
+    Implementation,
+    Manifest,
+    Variant,
+    crs_attribute,
+    substitute,
+)
 from application_manager.profilers.base import BENCHMARK, Observation, Proposal
 from application_manager.space import IMPLEMENTATION, Space
 from harness.v1 import agent_pb2, agent_pb2_grpc, common_pb2, irm_pb2, irm_pb2_grpc
@@ -171,15 +178,6 @@ def _wait(event: threading.Event, timeout: float | None, cancelled: threading.Ev
     return True
 
 
-def _attr_value(name: str, value: Any) -> tuple[str, float]:
-    key = name.lower()
-    if key == "memory":
-        return "memory_gb", float(value) / 1024.0
-    if key == "frequency":
-        return "frequency_ghz", float(value)
-    return "cores", float(value)
-
-
 class LocalBackend:
     def __init__(self, crs_address: str, tenant: str, manifest: Manifest, space: Space,
                  parameters: dict[str, Any], app_dir: str, python: str, timeout_s: float,
@@ -240,13 +238,11 @@ class LocalBackend:
             attrs = {}
             for aname, choice in g.attributes.items():
                 val = env.get(choice.var, choice.values[0]) if choice.var else choice.values[0]
-                if g.type == "vm":
-                    key, num = _attr_value(aname, val)
-                    attrs[key] = common_pb2.AttributeRequest(number=num)
-                elif isinstance(val, int | float):
-                    attrs[aname.lower()] = common_pb2.AttributeRequest(number=float(val))
+                key, val = crs_attribute(g.type, aname, val)
+                if isinstance(val, int | float):
+                    attrs[key] = common_pb2.AttributeRequest(number=float(val))
                 else:
-                    attrs[aname.lower()] = common_pb2.AttributeRequest(text=str(val))
+                    attrs[key] = common_pb2.AttributeRequest(text=str(val))
             groups.append(irm_pb2.ResourceGroup(name=g.id, resource_type=g.type, count=count, attributes=attrs))
         constraints = [irm_pb2.GroupConstraint(expression=c) for d in impl.distances for c in d.constraints]
         return groups, constraints

@@ -231,6 +231,15 @@ def _get(obj: dict, key: str) -> Any:
     return None
 
 
+def crs_attribute(group_type: str, name: str, value: Any) -> tuple[str, Any]:
+    """A group attribute as the CRS takes it: a Machine's in CRS units (Memory MB -> memory_gb), others as they are
+    (lower-cased)."""
+    if group_type == "vm":
+        key, factor = MACHINE_ATTRIBUTES.get(name.lower(), ("cores", 1.0))
+        return key, float(value) * factor
+    return name.lower(), value
+
+
 def misspelt_keys(obj: Any, known: tuple[str, ...], path: str, v: Violations) -> None:
     """Keys of `obj` that are not `known` but close to one ("GlobalConstraint", "Objectives", "Optimise"): refused,
     naming the key meant. Read case-insensitively like every key, a near miss would be ignored silently -- a

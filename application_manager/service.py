@@ -47,7 +47,7 @@ from application_manager.limits import MAX_RUNS as MAX_RUNS  # re-exported
 from application_manager.limits import bounded_error as bounded_error  # re-exported
 from application_manager.loaded import Loaded, StaleApplication
 from application_manager.local import LocalBackend
-from application_manager.manifest import parse_manifest
+from application_manager.manifest import Manifest, parse_manifest
 from application_manager.messages import application_pb, config_pb, run_pb, session_pb
 from application_manager.model import Point, pareto
 from application_manager.profilers import PRODUCTION, Observation
@@ -61,7 +61,7 @@ from application_manager.sessions import STOPPED_RUN as STOPPED_RUN  # re-export
 from application_manager.sessions import STOPPING as STOPPING  # re-exported
 from application_manager.sessions import ProfilingSessions, SessionRunner
 from application_manager.slo import Slo, parse_slo
-from application_manager.space import from_manifest
+from application_manager.space import Limits, Space, from_manifest
 from harness.v1 import application_manager_pb2 as pb
 from harness.v1 import application_manager_pb2_grpc as pb_grpc
 from harness.v1 import irm_pb2, irm_pb2_grpc
@@ -327,11 +327,12 @@ class ApplicationManager(ProfilingSessions, Executions, pb_grpc.ApplicationManag
 
     # -- loading ---------------------------------------------------------------
     def _offered_types(self) -> set[str]:
+        """The resource types the CRS offers (an `Offered`: with the limits of their attributes)."""
         try:
             spec = self.crs.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(), timeout=10)
         except grpc.RpcError as e:
             raise Unavailable(f"the CRS at {self.config.crs_address} did not answer: {e.code().name}") from None
-        return {t.name for t in spec.resource_types}
+        return Offered.of(spec)
 
     def _load(self, tenant: str, application_id: str) -> Loaded:
         if not application_id:
@@ -355,7 +356,7 @@ class ApplicationManager(ProfilingSessions, Executions, pb_grpc.ApplicationManag
             # Accepted by an earlier version whose checks were looser: not the caller's request that is wrong.
             raise StaleApplication(application_id, e.message) from None
         try:
-            space = from_manifest(manifest, slo.parameters, self._offered_types())
+            space = _space(manifest, slo, self._offered_types())
         except (Unavailable, InvalidArgument) as e:
             # It was accepted once: an application whose resource types are not offered now (an IRM away, or the
             # CRS) stays readable -- its model, runs, executions -- over all of its implementations, uncached
@@ -453,7 +454,7 @@ class ApplicationManager(ProfilingSessions, Executions, pb_grpc.ApplicationManag
                 f"an absolute path on the agents' machines (or empty), got {request.app_dir[:200]!r}")
         v.check(len(request.request_id) <= 128, "request_id", "at most 128 characters")
         v.raise_if_any()
-        space = from_manifest(manifest, slo.parameters, self._offered_types())
+        space = _space(manifest, slo, self._offered_types())
         app = m.Application(id=f"app-{uuid.uuid4().hex[:12]}", tenant=tenant, request_id=request.request_id or None,
                             name=manifest.name, manifest=request.manifest_json, slo=request.slo_json or "{}",
                             app_dir=request.app_dir, created_at=self.clock.now())
@@ -594,6 +595,35 @@ class ApplicationManager(ProfilingSessions, Executions, pb_grpc.ApplicationManag
             out.extrapolation.CopyFrom(pb.Extrapolation(family=x["family"], params=x["params"], r2=x["r2"],
                                                         points=x["points"], constraints=x.get("constraints", [])))
         return out
+
+
+class Offered(set):
+    """Resource types the CRS offers, and `limits`: per type and attribute the range its managers offer."""
+
+    limits: Limits
+
+    @classmethod
+    def of(cls, spec: irm_pb2.DescribeAllocationSpecResponse) -> Offered:
+        out = cls(t.name for t in spec.resource_types)
+        out.limits = {}
+        for t in spec.resource_types:        # several managers of a type: the union of their ranges
+            mine = out.limits.setdefault(t.name, {})
+            for a in t.attributes:
+                if a.kind != irm_pb2.AttributeSpec.KIND_NUMBER:
+                    continue
+                lo = a.domain.min if a.domain.HasField("min") else None
+                hi = a.domain.max if a.domain.HasField("max") else None
+                if a.name in mine:
+                    was_lo, was_hi, _ = mine[a.name]
+                    lo = None if lo is None or was_lo is None else min(lo, was_lo)
+                    hi = None if hi is None or was_hi is None else max(hi, was_hi)
+                mine[a.name] = (lo, hi, a.unit)
+        return out
+
+
+def _space(manifest: Manifest, slo: Slo, offered: set[str]) -> Space:
+    """The application's search space over what the CRS offers: its types and, when known, their ranges."""
+    return from_manifest(manifest, slo.parameters, offered, limits=getattr(offered, "limits", None))
 
 
 def component(config: AppManagerConfig, clock: Clock | None = None) -> Component:

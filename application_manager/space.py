@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from application_manager import expr
-from application_manager.manifest import Choice, Manifest
+from application_manager.manifest import Choice, Manifest, crs_attribute
 from services.errors import InvalidArgument
 
 IMPLEMENTATION = "implementation"
@@ -131,9 +131,48 @@ class Space:
         return ", ".join(f"{k}={v}" for k, v in self.configs[i].items() if v is not None)
 
 
+# Per CRS resource type, per attribute (CRS units): the lowest and highest value any manager offers (None: no
+# bound) and the unit, as the CRS's DescribeAllocationSpec gives them (the union over a type's managers).
+Limits = dict[str, dict[str, tuple[float | None, float | None, str]]]
+# A Machine's attributes' units in a manifest (thesis appendix A).
+MANIFEST_UNITS = {"cores": "cores", "memory": "MB", "frequency": "GHz"}
+
+
+def _outside(impl: Any, limits: Limits) -> tuple[str, dict[str, set]]:
+    """What of `impl` no manager offers: why it cannot run at all ("" if it can), and per variable the values that
+    ask for more (or less) than any manager has (their configurations are left out)."""
+    banned: dict[str, set] = {}
+    for g in impl.groups:
+        offered = limits.get(g.type, {})
+        for aname, c in g.attributes.items():
+            outside, bound = [], ""
+            for x in c.values:
+                key, num = crs_attribute(g.type, aname, x)
+                if key not in offered or not isinstance(num, int | float) or isinstance(num, bool):
+                    continue
+                lo, hi, unit = offered[key]
+                if (lo is not None and num < lo - 1e-9) or (hi is not None and num > hi + 1e-9):
+                    outside.append(x)
+                    # Said in the manifest's units (a Machine's Memory in MB), the CRS's otherwise.
+                    scale = num / x if isinstance(x, int | float) and x and num else 1.0
+                    unit = MANIFEST_UNITS.get(aname.lower(), unit) if g.type == "vm" else unit
+                    bound = (f"{'' if lo is None else f'{lo / scale:g}'}..{'' if hi is None else f'{hi / scale:g}'} "
+                             f"{unit}").rstrip()
+            if not outside:
+                continue
+            said = f"group {g.id!r}: {aname} {', '.join(f'{x:g}' for x in outside[:3])}" + (
+                ", ..." if len(outside) > 3 else "") + f" is outside what the managers offer ({bound})"
+            if len(outside) == len(c.values) or not c.var:
+                return said, {}
+            banned.setdefault(c.var, set()).update(outside)
+            banned.setdefault("", set()).add(said)      # (the reasons, for the note)
+    return "", banned
+
+
 def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
-                  offered_types: set[str] | None = None) -> Space:
-    """Enumerate the configurations of every implementation whose resource types are offered."""
+                  offered_types: set[str] | None = None, limits: Limits | None = None) -> Space:
+    """Enumerate the configurations of every implementation whose resource types are offered, leaving out those
+    asking for attribute values outside what the managers offer (`limits`, when given)."""
     params = {k: v for k, v in (parameters or {}).items() if isinstance(v, int | float)}
     configs: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -163,6 +202,11 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
             notes.append(f"implementation {impl.name!r} needs resource type(s) {', '.join(missing)}, "
                          f"which the infrastructure does not offer: left out of the search space")
             continue
+        why, banned = _outside(impl, limits) if limits else ("", {})
+        if why:
+            notes.append(f"implementation {impl.name!r} cannot run: {why}; left out of the search space")
+            continue
+        reasons = sorted(banned.pop("", set()))
         choices = {**impl.choices(), **tunables}
         fixed = impl.fixed()
         names = sorted(choices)
@@ -170,9 +214,12 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
         # chooses it) says nothing about this variant.
         absent = everywhere - set(choices) - set(fixed)
         constraints = [node for _, node in impl.global_constraints if not expr.variables(node) & absent]
-        kept = 0
+        kept = out_of_range = 0
         for combo in itertools.product(*(choices[n].values for n in names)):
             cfg = dict(zip(names, combo, strict=True))
+            if banned and any(cfg.get(var) in values for var, values in banned.items()):
+                out_of_range += 1
+                continue
             # Only numbers: a text value (an FPGA design name) has no place in arithmetic; the
             # manifest rejects constraints that mention one, so leaving it out cannot hide a match.
             env = {**params, **{k: v for k, v in {**fixed, **cfg}.items() if isinstance(v, int | float)}}
@@ -186,7 +233,10 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
             for n, val in cfg.items():
                 var_values.setdefault(n, set()).add(val)
                 var_kind[n] = choices[n].kind
-        if kept == 0:
+        if out_of_range:
+            notes.append(f"implementation {impl.name!r}: {out_of_range} configuration(s) left out, asking for what "
+                         f"no manager offers ({'; '.join(reasons)})")
+        if kept == 0 and not out_of_range:
             notes.append(f"implementation {impl.name!r}: no configuration satisfies its GlobalConstraints")
     if not configs:
         raise InvalidArgument.of("manifest", "the search space is empty: " + ("; ".join(notes) or

@@ -192,6 +192,16 @@ def test_bad_input_names_the_fields(cloud):
     with pytest.raises(grpc.RpcError) as e:
         am.SubmitApplication(pb.SubmitApplicationRequest(tenant="", manifest_json="{}"), timeout=10)
     assert dict(field_violations(e.value)).keys() == {"tenant"}
+    # More cores than any host of the CRS's compute IRM has: refused at submit, saying what the managers offer (every
+    # run failed at the CRS before).
+    absurd = json.loads(examples.manifest("rtm"))
+    for impl in absurd["Modules"][0]["Implementations"]:
+        impl["Resources"]["Groups"][0]["Attributes"]["Cores"] = {"Var": "%master_cores", "Values": [1e300]}
+    with pytest.raises(grpc.RpcError) as e:
+        am.SubmitApplication(pb.SubmitApplicationRequest(tenant=TENANT, manifest_json=json.dumps(absurd)), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Cores 1e+300 is outside what the managers offer (1..32 cores)" in dict(field_violations(e.value))[
+        "manifest"]
     app = submit(am, "option_pricing", million_options=0.25)
     # The suite has an FPGA IRM, so the FPGA implementation is part of the search space.
     assert not any("BlackScholes-FPGA" in n for n in app.notes)
