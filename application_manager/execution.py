@@ -185,7 +185,7 @@ class Executions:
             if detail.cancelled:
                 return e    # cut short by the client: no measurement of the configuration
             # Online profiling (§4.3.5): the real execution is one more measurement of the model.
-            s.add(m.Run(application_id=loaded.app.id, session_id=f"execution:{row.id}", ordinal=0,
+            s.add(m.Run(application_id=loaded.app.id, session_id=f"execution:{row.id}", ordinal=1,
                         config=chosen.config, input=PRODUCTION, ok=o.ok, error=bounded_error(o.error), time_s=o.time_s,
                         cost=o.cost,
                         cpu_percent=o.cpu_percent, memory_percent=o.memory_percent, reason="execution under the SLO",
@@ -251,10 +251,17 @@ class Executions:
         prices = loaded.prices_from(self._backend(loaded), self.clock.now(), self.config.price_ttl_s)
         prof = PROFILERS["bo"](loaded.space, np.random.default_rng(0), prices=prices,
                                max_runs=MAX_RUNS)
-        proposal = prof.propose(self._observations(loaded))
+        observed = self._observations(loaded)
+        proposal = prof.propose(observed)
         if proposal is None:
             # The profiler says why when that is not simply "all run" (the rest never fit: priced out).
             why = getattr(prof, "ended", "") or "every configuration has been run"
+            if observed and not any(o.ok for o in observed):
+                # Not an SLO out of reach: the application fails everywhere (a program not found, a crash).
+                last = observed[-1].error[:300]
+                raise FailedPrecondition(f"{why} and every run failed (the last: {last}): fix the application "
+                                         "(GetModel lists its runs' errors), then submit it again",
+                                         reason=SLO_UNATTAINABLE)
             raise FailedPrecondition(f"{why} and none satisfies the SLO", reason=SLO_UNATTAINABLE)
         return Point(loaded.space.configs[proposal.config], 0.0, 0.0, True)
 

@@ -417,6 +417,9 @@ def _command(spec: Any, path: str, v: Violations) -> tuple[str, ...]:
         return ()
     if not argv:
         v.add(path, "must not be empty")
+    elif not argv[0].strip():
+        # No program: every run would fail at the agent, each taken for its configuration's failure.
+        v.add(f"{path}[0]" if isinstance(spec, list) else path, "the program to run: must not be empty or blank")
     return tuple(argv)
 
 

@@ -278,6 +278,7 @@ class ProfilingSessions:
             reasons: dict[int, str] = {}
 
             made = 0
+            recorded = 0        # runs recorded: each one's ordinal within the session
             spent = 0.0
             # The stop rule (duration, budget) that cut a run short: the session ends by it, after that run.
             ended_by = ""
@@ -359,11 +360,12 @@ class ProfilingSessions:
                 return o if o.ok or o.transient or not transient_error(o.error) else replace(o, transient=True)
 
             def on_run(p: Proposal, o: Observation, obs: list[Observation]) -> None:
-                nonlocal frontier_size
+                nonlocal frontier_size, recorded
                 if o is unrun:
                     return      # nothing ran: nothing to record
+                recorded += 1
                 cfg = loaded.space.configs[o.config]
-                run = m.Run(application_id=loaded.app.id, session_id=sid, ordinal=len(obs), config=cfg, input=o.input,
+                run = m.Run(application_id=loaded.app.id, session_id=sid, ordinal=recorded, config=cfg, input=o.input,
                             ok=o.ok, error=bounded_error(o.error), time_s=o.time_s, cost=o.cost, cpu_percent=o.cpu_percent,
                             memory_percent=o.memory_percent, reason=p.why, created_at=self.clock.now(),
                             transient=o.transient or id(o) in session_bound)

@@ -7,12 +7,14 @@ configuration it cut out for every later session. In-process: the back-end's quo
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 
 import grpc
 import numpy as np
+import pytest
 
 import examples
 from application_manager import local
@@ -23,6 +25,7 @@ from application_manager.profilers.base import Observation
 from application_manager.slo import parse_slo
 from application_manager.space import from_manifest
 from harness.v1 import application_manager_pb2 as pb
+from services.errors import FailedPrecondition, InvalidArgument
 from tests.unit.test_am_stop import _Ctx
 from tests.unit.test_review15_prices_gaps import _Refused
 
@@ -106,5 +109,44 @@ def test_a_run_cut_by_the_sessions_own_run_timeout_is_run_again_by_a_later_sessi
         # A later session without the bound runs every configuration, the one cut short included.
         session(max_runs=n)
         assert sorted(c for c, _ in runs[1:]) == list(range(n)) and cut in [c for c, _ in runs[1:]]
+        # Each run numbered within its session, from 1 (they were numbered after the earlier sessions' runs).
+        model = am.GetModel(pb.GetModelRequest(tenant="t", application_id=app.id), _Ctx())
+        by_session: dict[str, list[int]] = {}
+        for r in model.runs:
+            by_session.setdefault(r.session_id, []).append(r.ordinal)
+        assert sorted(map(sorted, by_session.values())) == [[1], list(range(1, n + 1))]
     finally:
         am.stop()
+
+
+def test_an_application_failing_everywhere_is_said_so_not_an_slo_out_of_reach(tmp_path, monkeypatch):
+    def run(self, p, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
+        return RunDetail(Observation(p.config, False, 0.1, 0.001, p.input, error="exit code 127: app.py: not found"))
+
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
+    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
+    monkeypatch.setattr(LocalBackend, "run", run)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        app = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=200, steps=20),
+            app_dir="/x"), _Ctx())
+        n = len(am._load("t", app.id).space)
+        list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                        max_runs=n), _Ctx()))
+        with pytest.raises(FailedPrecondition) as e:
+            am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant="t", application_id=app.id, online=True),
+                                  _Ctx())
+        assert "every run failed (the last: exit code 127: app.py: not found): fix the application" in e.value.message
+    finally:
+        am.stop()
+
+
+@pytest.mark.parametrize("command,where", [([""], "Command[0]"), (["  ", "x"], "Command[0]"), ("''", "Command")])
+def test_a_command_without_a_program_is_refused_at_submit(command, where):
+    m = json.loads(examples.manifest("rtm"))
+    m["Modules"][0]["Implementations"][0]["Command"] = command
+    with pytest.raises(InvalidArgument) as e:
+        parse_manifest(json.dumps(m))
+    assert {v.field: v.description for v in e.value.violations}[
+        f"manifest.Modules[0].Implementations[0].{where}"] == "the program to run: must not be empty or blank"
