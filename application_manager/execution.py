@@ -136,9 +136,17 @@ class Executions:
         if self._shutdown.is_set():
             cancelled.set()
         limit = request.timeout_s or self._execution_limit(chosen)
+
+        def reserved(reservation_id: str) -> None:
+            def show(s) -> None:  # type: ignore[no-untyped-def]
+                e = s.get(m.Execution, row.id)
+                if e.state == "running" and e.owner == str(self.owner):
+                    e.reservation_id = reservation_id
+            self.db.transact(show)
         try:
-            detail = self._backend(loaded, slo, cancelled, tenant_token=tenants.bearer(context)).run(
-                Proposal(i), request_id=reservation_request_id(row.id), timeout_s=limit)
+            backend = self._backend(loaded, slo, cancelled, tenant_token=tenants.bearer(context))
+            backend.on_reserved = reserved      # shown while it runs (ListExecutions, GetExecution)
+            detail = backend.run(Proposal(i), request_id=reservation_request_id(row.id), timeout_s=limit)
         except Exception as exc:
             # Never an execution left "running" (a retry with its request id would return it so forever).
             why = f"{type(exc).__name__}: {exc}"[:2000]

@@ -209,6 +209,8 @@ class LocalBackend:
         # Whether the agents replay measured runs (irm_compute.replay), as the last run that ended said (None: no
         # run yet): a replayed run costs what it was measured to, not the reservation's price for its time.
         self.replaying: bool | None = None
+        # Told a run's CRS reservation id once it is made (an execution shows it while it runs).
+        self.on_reserved: Callable[[str], None] | None = None
 
     def implementation(self, config: dict[str, Any]) -> Implementation | Variant:
         name = config.get(IMPLEMENTATION)
@@ -339,6 +341,12 @@ class LocalBackend:
         services: list[_ModuleRun] = []
         t0 = time.monotonic()
         try:
+            if self.on_reserved is not None:
+                try:
+                    self.on_reserved(res.id)
+                except Exception:  # noqa: BLE001 - shown at the end all the same; the run goes on
+                    log.warning("could not record the run's reservation while it runs", exc_info=True,
+                                extra={"reservation": res.id})
             if self._is_cancelled():
                 return self._cancelled_detail(proposal, res, t0)
             env_common = resource_env(self.tenant, res, self.tenant_token)

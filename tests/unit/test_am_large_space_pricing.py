@@ -26,6 +26,7 @@ from application_manager.slo import parse_slo
 from application_manager.space import from_manifest
 from harness.v1 import application_manager_pb2 as pb
 from services.errors import FailedPrecondition, InvalidArgument
+from tests.conftest import eventually
 from tests.unit.test_am_stop import _Ctx
 from tests.unit.test_review15_prices_gaps import _Refused
 
@@ -150,3 +151,37 @@ def test_a_command_without_a_program_is_refused_at_submit(command, where):
         parse_manifest(json.dumps(m))
     assert {v.field: v.description for v in e.value.violations}[
         f"manifest.Modules[0].Implementations[0].{where}"] == "the program to run: must not be empty or blank"
+
+
+def test_an_execution_shows_its_reservation_while_it_runs(tmp_path, monkeypatch):
+    checked = threading.Event()
+
+    def run(self, p, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
+        self.on_reserved("crs-0123")
+        assert checked.wait(10)
+        return RunDetail(Observation(p.config, True, 1.0, 0.01, p.input), reservation_id="crs-0123")
+
+    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
+    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
+    monkeypatch.setattr(LocalBackend, "run", run)
+    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    try:
+        app = am.SubmitApplication(pb.SubmitApplicationRequest(
+            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=200, steps=20),
+            app_dir="/x"), _Ctx())
+        done: list[pb.ApplicationExecution] = []
+        t = threading.Thread(target=lambda: done.append(am.ExecuteApplication(pb.ExecuteApplicationRequest(
+            tenant="t", application_id=app.id, online=True), _Ctx())))
+        t.start()
+
+        def listed() -> list[pb.ApplicationExecution]:
+            return list(am.ListExecutions(pb.ListExecutionsRequest(tenant="t", application_id=app.id),
+                                          _Ctx()).executions)
+        [running] = eventually(lambda: [e for e in listed() if e.reservation_id], what="the reservation shown")
+        assert running.state == pb.ApplicationExecution.STATE_RUNNING and running.reservation_id == "crs-0123"
+        checked.set()
+        t.join(10)
+        assert done[0].state == pb.ApplicationExecution.STATE_SUCCEEDED and done[0].reservation_id == "crs-0123"
+    finally:
+        checked.set()
+        am.stop()
