@@ -508,7 +508,7 @@ def _refused_pin(req: PlacementRequest, view: CapacityView, pipeline: Pipeline, 
         if found is None:
             continue
         key, why = found
-        of_type = view.of_type(g.resource_type)
+        of_type = view.all_of_type(g.resource_type)     # a down manager's too (see Crs._clear_of)
         one = replace(g, count=1)
         refused = [n.key for n in of_type
                    if not all(ok(n.empty()) for ok in checks) or _instances_fit(n, one, ignore_usage=True) < 1]

@@ -752,7 +752,10 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         if g is None:
             raise error  # not a group of this request's: passed on as it came
         with self.view.lock:
-            of_type = self.view.of_type(g.resource_type)
+            # Down ones included: a claim that all of a prefix refuses must hold for the resources of a manager
+            # down below it too (said of the up ones only, the CRS above avoided all of them: NEVER_FITS where the
+            # request would fit once that manager is back).
+            of_type = self.view.all_of_type(g.resource_type)
             # The pin itself whatever the list kept (a pin too long for it, a list the status left out).
             keys = refused_keys(below, error.metadata, of_type) | ({pin} & {n.key for n in of_type})
             every = [n.key for n in of_type]

@@ -240,6 +240,11 @@ class CapacityView:
     def of_type(self, resource_type: str) -> list[Node]:
         return self._up(("type", resource_type), self._by_type.get(resource_type, []))
 
+    def all_of_type(self, resource_type: str) -> list[Node]:
+        """Every node of the type, its manager down or not (of_type: the up ones): what a claim about all the
+        resources under a prefix must be judged against."""
+        return list(self._by_type.get(resource_type, []))
+
     def in_rack(self, resource_type: str, site: str, rack: str) -> list[Node]:
         return self._up(("rack", resource_type, site, rack), self._by_rack.get((resource_type, site, rack), []))
 

@@ -119,6 +119,22 @@ def test_a_pin_a_filter_refuses_names_every_resource_of_its_type_that_refuses_it
     assert e.value.metadata["refused"].split("\n") == ["a/h2", "b/*", "a/h1"]
 
 
+def test_a_refusal_claims_no_prefix_whose_down_resources_might_take_the_group() -> None:
+    # A middle CRS: "low" offers a's hosts (up, without the trait) and b's (its manager down below, with it). All of
+    # low's up hosts refuse the group, but b's might take it once b is back: "low/*" (all of low's) was claimed,
+    # and the CRS above avoided every host of low's -- NEVER_FITS where the request would fit later.
+    v = CapacityView()
+    for hid in ("a/h1", "a/h2"):
+        add(v, hid, manager="low")
+    down = add(v, "b/h1", manager="low", traits=("gpu",)).to_proto()
+    down.manager_down = True
+    v.upsert("low", down)
+    with pytest.raises(Unschedulable) as e:
+        place(v, [replace(group("x", 1, required=("gpu",)), pins=("low/a/h2",))])
+    assert e.value.reason == PIN_REFUSED
+    assert e.value.metadata["refused"].split("\n") == ["low/a/h2", "low/a/*"]
+
+
 def test_a_group_is_placed_clear_of_what_a_crs_below_refused(view: CapacityView) -> None:
     avoid = frozenset({"a/h1", "a/h2", "b/h1"})
     for seed in range(20):
@@ -297,6 +313,33 @@ def test_a_request_the_crss_below_refuse_at_every_attempt_gets_this_crss_verdict
             assert "refused the resources this CRS placed the request on, 1 time (" in str(untried.value)
             assert "'site_policy' filter" in str(untried.value) and untried.value.retry_after_s == 5.0
         assert not any(n.assumed for n in crs.view.nodes.values())  # nothing left assumed
+    finally:
+        crs.db.dispose()
+
+
+def test_a_refusal_passed_up_claims_no_prefix_whose_down_resources_might_take_the_group(tmp_path) -> None:
+    # A middle CRS pinned by the CRS above to low/a/h2; low (the CRS below) refuses all of its a's hosts. low's b is
+    # down below: "low/*" would tell the CRS above that b's host refuses too.
+    crs = make_crs(tmp_path)
+    for hid in ("a/h1", "a/h2", "b/h1"):
+        _another_host(crs, "low", hid)
+    down = crs.view.nodes["low/b/h1"].to_proto()
+    down.manager_down = True
+    crs.view.upsert("low", down)
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        raise crs_service._PinRefused("low", FailedPrecondition(
+            "group 'g' is pinned to a/h2, which the 'site_policy' filter refuses for it",
+            reason=PIN_REFUSED, metadata={"group": "g", "pin": "a/h2", "refused": "a/h2\na/*"}))
+
+    crs._delegate = delegate  # type: ignore[method-assign]
+    pinned_group = _group(2)
+    pinned_group.placement.append("low/a/h2")
+    try:
+        with pytest.raises(FailedPrecondition) as e:
+            crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[pinned_group]), None)
+        assert e.value.reason == PIN_REFUSED
+        assert e.value.metadata["refused"].split("\n") == ["low/a/h2", "low/a/*"]
     finally:
         crs.db.dispose()
 
