@@ -156,9 +156,21 @@ class _PinRefused(Exception):
         self.placement: Placement | None = None     # what was refused, when not the caller's own (a quote's)
 
 
+class _CredentialsRefused(Exception):
+    """A manager refused this CRS's credentials (its control or delegation token: a misconfiguration, for the
+    operators): placed again clear of all of its resources, the request may succeed elsewhere."""
+
+    def __init__(self, manager: str, error: HarnessError) -> None:
+        super().__init__(str(error))
+        self.manager, self.error = manager, error
+
+
 def _refused_by(manager: str, e: grpc.RpcError, field_path: Callable[[str], str]) -> Exception:
-    """A manager's failed call as the CRS passes it on (refusals.err_from_rpc), or _PinRefused: to place again."""
+    """A manager's failed call as the CRS passes it on (refusals.err_from_rpc), or _PinRefused or
+    _CredentialsRefused: to place again."""
     error = err_from_rpc(manager, e, field_path)
+    if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return _CredentialsRefused(manager, error)
     return _PinRefused(manager, error) if error.reason == PIN_REFUSED else error
 
 
@@ -657,14 +669,23 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         by_name = {g.name: i for i, g in enumerate(groups)}
         last_error: HarnessError | None = None
         refusals: list[_PinRefused] = []
+        # Managers that refused this CRS's credentials, with their refusal: placed again clear of them.
+        unauthenticated: dict[str, HarnessError] = {}
         basis = self._rng_basis(req)
         stamped = created_at
         for attempt in range(self._attempts()):
             token = f"{res_id}#{attempt}"
             placed = False
             try:
-                placement = self._place(req, request.priority, token,
-                                        again=(basis, attempt) if refusals else None)
+                try:
+                    placement = self._place(req, request.priority, token,
+                                            again=(basis, attempt) if refusals or unauthenticated else None)
+                except (HarnessError, Unschedulable) as e:
+                    if unauthenticated and not isinstance(e, _ViewChanged):
+                        # Nothing fits clear of them: the operators' misconfiguration is the answer, not a verdict
+                        # on the request (which would fit where their managers refused this CRS).
+                        raise next(iter(unauthenticated.values())) from None
+                    raise
                 placed = True
                 # Queued behind other placements (a slow plug-in, a burst) past the caller's deadline: nobody
                 # waits for what would be delegated now.
@@ -688,6 +709,19 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 req = self._clear_of(req, e, placement)
                 last_error = e.error
                 refusals.append(e)
+                continue
+            except _CredentialsRefused as e:
+                self.view.forget(token)
+                if any(g.pins for g in req.groups):
+                    raise e.error from None     # pinned from above: not this CRS's to place elsewhere
+                log.warning("a manager refused this CRS's credentials (its control or delegation token): the "
+                            "request is placed again clear of it; fix the tokens", extra={
+                                "manager": e.manager, "details": e.error.message[:300]})
+                unauthenticated[e.manager] = e.error
+                last_error = e.error
+                with self.view.lock:
+                    theirs = frozenset(n.key for n in self.view.nodes.values() if n.manager == e.manager)
+                req = replace(req, groups=[replace(g, avoid=g.avoid | theirs) for g in req.groups])
                 continue
             except BaseException:
                 self.view.forget(token)

@@ -473,3 +473,43 @@ def test_the_refused_pin_is_avoided_even_when_the_refusal_could_not_list_it(tmp_
             assert len(tried) == 2 and tried[0] != tried[1]
     finally:
         crs.db.dispose()
+
+
+def test_a_manager_refusing_this_crss_credentials_is_placed_around_or_named_for_the_operator(tmp_path) -> None:
+    # A site whose tokens do not match (a rotation half done): the request fits elsewhere and is placed there; with
+    # nowhere else, the answer is the operators' UNAVAILABLE naming that manager, not a verdict on the request.
+    from tests.conftest import PeerError
+
+    tried: list[str] = []
+
+    def delegate(tenant, res_id, attempt, pinned, index):  # type: ignore[no-untyped-def]
+        tried.append(",".join(sorted(pinned)))
+        if "m" in pinned:
+            raise crs_service._refused_by("m", PeerError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "tenant 't': the call carries a delegation token this service does not accept"), lambda p: p)
+        return [irm_pb2.AllocatedGroup(name="g", resource_type="vm", manager=m, manager_reservation_id="r",
+                                       resources=[irm_pb2.AllocatedResource(id="vm-1", physical_id="h1")])
+                for m in pinned], [], {}
+
+    crs = make_crs(tmp_path)                   # m's h0: 8 cores, the pack weigher's first choice
+    crs.view.upsert("n", common_pb2.PhysicalResource(
+        id="h1", resource_type="vm", capacity={"cores": 16, "memory_gb": 64}, used={"cores": 0, "memory_gb": 0},
+        location=common_pb2.Location(site="s", rack="r", host="h1"), generation=1))
+    crs._delegate = delegate  # type: ignore[method-assign]
+    try:
+        res = crs.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r1", groups=[_group(2)]), None)
+        assert tried == ["m", "n"] and [g.manager for g in res.groups] == ["n"]
+    finally:
+        crs.db.dispose()
+    tried.clear()
+    alone = make_crs(tmp_path / "alone")      # only m
+    alone._delegate = delegate  # type: ignore[method-assign]
+    try:
+        with pytest.raises(crs_service.Unavailable) as e:
+            alone.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r2", groups=[_group(2)]), None)
+        assert tried == ["m"]
+        assert "manager 'm'" in str(e.value) and "same control and delegation tokens" in str(e.value)
+        assert e.value.reason == "" and not any(n.assumed for n in alone.view.nodes.values())
+    finally:
+        alone.db.dispose()
