@@ -18,7 +18,6 @@ import pytest
 
 import examples
 from application_manager import local
-from application_manager import service as svc
 from application_manager.local import LocalBackend, RunDetail
 from application_manager.manifest import parse_manifest
 from application_manager.profilers.base import Observation
@@ -27,7 +26,7 @@ from application_manager.space import from_manifest
 from harness.v1 import application_manager_pb2 as pb
 from services.errors import FailedPrecondition, InvalidArgument
 from tests.conftest import eventually
-from tests.unit.test_am_stop import _Ctx
+from tests.unit.test_am_stop import _am, _Ctx, _submit
 from tests.unit.test_review15_prices_gaps import _Refused
 
 
@@ -87,14 +86,9 @@ def test_a_run_cut_by_the_sessions_own_run_timeout_is_run_again_by_a_later_sessi
             return RunDetail(Observation(p.config, False, timeout_s, 0.001, p.input, error="timeout: killed"))
         return RunDetail(Observation(p.config, True, 2.0, 0.01, p.input))
 
-    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
-    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
-    monkeypatch.setattr(LocalBackend, "run", run)
-    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    am = _am(tmp_path, monkeypatch, run)
     try:
-        app = am.SubmitApplication(pb.SubmitApplicationRequest(
-            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=200, steps=20),
-            app_dir="/x"), _Ctx())
+        app = _submit(am)
         n = len(am._load("t", app.id).space)
 
         def session(**kw) -> pb.ProfilingSession:  # noqa: ANN003
@@ -124,14 +118,9 @@ def test_an_application_failing_everywhere_is_said_so_not_an_slo_out_of_reach(tm
     def run(self, p, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
         return RunDetail(Observation(p.config, False, 0.1, 0.001, p.input, error="exit code 127: app.py: not found"))
 
-    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
-    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
-    monkeypatch.setattr(LocalBackend, "run", run)
-    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    am = _am(tmp_path, monkeypatch, run)
     try:
-        app = am.SubmitApplication(pb.SubmitApplicationRequest(
-            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=200, steps=20),
-            app_dir="/x"), _Ctx())
+        app = _submit(am)
         n = len(am._load("t", app.id).space)
         list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
                                                         max_runs=n), _Ctx()))
@@ -161,14 +150,9 @@ def test_an_execution_shows_its_reservation_while_it_runs(tmp_path, monkeypatch)
         assert checked.wait(10)
         return RunDetail(Observation(p.config, True, 1.0, 0.01, p.input), reservation_id="crs-0123")
 
-    monkeypatch.setattr(svc.ApplicationManager, "_offered_types", lambda self: {"vm"})
-    monkeypatch.setattr(LocalBackend, "prices", lambda self: np.ones(len(self.space)))
-    monkeypatch.setattr(LocalBackend, "run", run)
-    am = svc.ApplicationManager(svc.AppManagerConfig(state_dir=str(tmp_path), crs_address="127.0.0.1:1"))
+    am = _am(tmp_path, monkeypatch, run)
     try:
-        app = am.SubmitApplication(pb.SubmitApplicationRequest(
-            tenant="t", manifest_json=examples.manifest("rtm"), slo_json=examples.slo("rtm", rows=200, steps=20),
-            app_dir="/x"), _Ctx())
+        app = _submit(am)
         done: list[pb.ApplicationExecution] = []
         t = threading.Thread(target=lambda: done.append(am.ExecuteApplication(pb.ExecuteApplicationRequest(
             tenant="t", application_id=app.id, online=True), _Ctx())))
