@@ -474,3 +474,45 @@ def test_watch_jobs_is_capped_and_ends_unavailable_when_the_manager_stops(suite)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         stop_irm(running, register)
+
+
+def test_a_job_client_reports_what_completed_so_a_crashed_servers_lost_counts_do_not_keep_the_job(suite):
+    # Session 24's review: the servers' counters since the manager's last read die with a server killed -9; a
+    # deadline job that ran its whole size then never retired, holding its devices. A JobFpga reports what it saw
+    # complete. (A control period of an hour: the manager reads the counters only on events.)
+    from irm_fpga.job_client import JobFpga
+
+    running, address, jobs, _, register = start_irm(suite, "edf", period=3600.0)
+    try:
+        job = jobs.RegisterJob(deadline_job("crash", 600.0, size=20, max_devices=2))
+        fpga = JobFpga.attach_job(address, "alice", job.id, report_s=0)     # reports when closed, here
+        outcomes = fpga.map([{"duration": 0.01}] * 20)
+        assert len(outcomes) == 20 and fpga.completed == 20
+        for server in register.servers:
+            server.kill()                                                     # their counters die with them
+        fpga.close(detach=False)
+        done = jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id))
+        assert done.state == jp.Job.STATE_RETIRED and done.completed_actions == 20
+        with pytest.raises(RuntimeError, match="is STATE_RETIRED: only an active job has a group"):
+            JobFpga.attach_job(address, "alice", job.id)
+    finally:
+        stop_irm(running, register)
+
+
+def test_a_job_client_reports_its_progress_while_it_runs(suite):
+    from irm_fpga.job_client import JobFpga
+
+    running, address, jobs, _, register = start_irm(suite, "edf", period=3600.0)
+    try:
+        job = jobs.RegisterJob(deadline_job("live", 600.0, size=30, max_devices=2))
+        with JobFpga.attach_job(address, "alice", job.id, report_s=0.05) as fpga:
+            fpga.map([{"duration": 0.01}] * 10)
+            seen = eventually(lambda: [j for j in [jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id))]
+                                       if j.completed_actions >= 10], what="the first 10 actions reported")
+            assert seen[0].state == jp.Job.STATE_ACTIVE
+            fpga.map([{"duration": 0.01}] * 20)
+            eventually(lambda: jobs.GetJob(jp.GetJobRequest(tenant="alice", job_id=job.id)).state
+                       == jp.Job.STATE_RETIRED, what="the job retired at its size, its client still open")
+            assert fpga.report() is False                   # a retired job takes no more reports: they stop
+    finally:
+        stop_irm(running, register)
