@@ -95,8 +95,10 @@ def _memory_mb(g: irm_pb2.ResourceGroup, p: str, v: Violations, domain: Domain |
     memory_gb = _number(g.attributes["memory_gb"], path, v)
     if memory_gb is None:
         return None
-    if domain is not None and memory_gb > domain.max_memory_gb:
-        v.add(path, f"{memory_gb:g} GB is outside [{1 / 1024:g}, {domain.max_memory_gb:g}]: no host has more "
+    # Below 1 MiB too (the advertised minimum), as the CRS refuses it: it was rounded up to 1 MiB here.
+    if domain is not None and (memory_gb > domain.max_memory_gb or 0 < memory_gb < 1 / 1024 - 1e-9):
+        why = "no host has more" if memory_gb > domain.max_memory_gb else "a VM has at least 1 MiB"
+        v.add(path, f"{memory_gb:g} GB is outside [{1 / 1024:g}, {domain.max_memory_gb:g}]: {why} "
                     "(DescribeAllocationSpec lists the ranges)")
         return None
     if not (0 < memory_gb <= MAX_MEMORY_GB):
@@ -119,7 +121,8 @@ def whole_mib(memory_gb: float) -> int:
     = 1026 > a 1 GB host's 1024) and the scheduler, placing them the same way again, would be refused forever
     although the cloud had room. Rounded down, whatever fits its sum fits here. The tolerance keeps a size that
     is a whole MiB in decimal (0.3 GB x 1024 = 307.2, 1.5 GB = 1536) from losing one to binary rounding. Below
-    1 MiB (refused by the CRS: the domain's minimum) the nearest whole MiB, as before: at least one MiB from half.
+    1 MiB (refused for an unpinned group, as by the CRS: the domain's minimum; a pinned one is judged on its host)
+    the nearest whole MiB: at least one MiB from half.
     """
     mib = memory_gb * 1024
     return round(mib) if mib < 1 else math.floor(mib + 1e-6)

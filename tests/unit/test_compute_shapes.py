@@ -55,3 +55,19 @@ def test_memory_rounds_to_whole_mib_of_at_least_one(memory_gb: float, mb: int) -
     v = Violations()
     (shape,) = parse_groups([group(memory_gb=memory_gb)], v)
     assert not v.items and shape.memory_mb == mb
+
+
+def test_an_unpinned_group_below_the_advertised_minimum_is_refused_as_at_the_crs() -> None:
+    # The README review of session 24: 0.0005 GB (0.512 MiB) was rounded up to 1 MiB and reserved, while the CRS
+    # refused it as outside the advertised [1/1024, ...]; a pinned group is still judged on its host (rounded).
+    from irm_compute.shapes import Domain
+
+    v = Violations()
+    assert parse_groups([group(memory_gb=0.0005)], v, domain=Domain(32, 256, 2.0, 3.0)) == []
+    [x] = v.items
+    assert x.field == "groups[0].attributes[memory_gb]"
+    assert x.description == ("0.0005 GB is outside [0.000976562, 256]: a VM has at least 1 MiB "
+                             "(DescribeAllocationSpec lists the ranges)")
+    v = Violations()
+    (shape,) = parse_groups([group(memory_gb=1 / 1024)], v, domain=Domain(32, 256, 2.0, 3.0))
+    assert not v.items and shape.memory_mb == 1
