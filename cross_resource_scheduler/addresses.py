@@ -46,6 +46,9 @@ class Whereabouts:
     tenants: set[str] = field(default_factory=set)       # every active part of theirs there answered
     parts: set[str] = field(default_factory=set)         # manager reservation ids answered (or unknown to it)
     address: dict[str, str] = field(default_factory=dict)  # resource id -> address
+    # A CRS below's notes on its reservations now (by its reservation id): what happened there since (a manager of
+    # its deregistered with the part) shows in a read here too.
+    notes: dict[str, list[str]] = field(default_factory=dict)
     silent_until: float = -math.inf                      # the CRS clock's; not asked again before then
     silence: str = ""                                    # why it was not asked / did not answer
 
@@ -136,6 +139,11 @@ class Addresses:
                 if g.manager in silent and g.manager_reservation_id in unknown[g.manager]:
                     unconfirmed.add(g.manager)
                     continue
+                if relays[g.manager]:
+                    for n in where[g.manager].notes.get(g.manager_reservation_id, ()):
+                        said = f"{g.manager}: {n}"
+                        if said not in out.notes:      # (its notes from when it was reserved are stored here)
+                            out.notes.append(said)
                 for x in g.resources:
                     now = where[g.manager].address.get(x.id)
                     if now and now != x.address:
@@ -212,6 +220,8 @@ class Addresses:
                 # Its answers of earlier pages stand (they are this registration's).
                 return why
             for res in answers:
+                if relay:
+                    w.notes[res.id] = list(res.notes)
                 for g in res.groups:
                     for x in g.resources:
                         if x.address:

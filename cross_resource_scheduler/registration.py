@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sqlalchemy import delete, select
+from sqlalchemy import select
 
 from cross_resource_scheduler.addresses import Addresses
+from cross_resource_scheduler.compensation import part_request_ids
 from cross_resource_scheduler.models import Compensation, Manager, Reservation
 from cross_resource_scheduler.registry import Registry
 from cross_resource_scheduler.view import CapacityView
@@ -53,11 +54,14 @@ class Registrations:
     def __init__(self, db: Database, registry: Registry, view: CapacityView, clock: Clock, addresses: Addresses,
                  control_token: str, heartbeat_interval_s: float,
                  on_new_instance: Callable[[], None] = lambda: None,
-                 on_removed: Callable[[str, list], None] = lambda name, gone: None) -> None:
+                 on_removed: Callable[[str, list], None] = lambda name, gone: None,
+                 attempts: Callable[[], int] = lambda: 1) -> None:
         """`on_removed(manager, resources)`: after a manager is deregistered, with the resources the view dropped
-        (the CRS tells its watchers they are gone)."""
+        (the CRS tells its watchers they are gone); `attempts()`: the placement attempts a part may have been
+        reserved under (compensation.part_request_ids)."""
         self.on_new_instance = on_new_instance
         self.on_removed = on_removed
+        self.attempts = attempts
         self.db = db
         self.registry = registry
         self.view = view
@@ -137,7 +141,8 @@ class Registrations:
                                      "deregister it (a running manager registers again)")
         now = self.clock.now()
         note = (f"{name}: deregistered by the operator at {now:.0f} with this reservation's parts there; those "
-                "parts are gone with it, and releasing the reservation no longer asks it")
+                "parts are gone with it (released at it should it register again), and releasing the reservation "
+                "no longer asks it")
 
         def take_out(s) -> tuple[list[str], int]:  # type: ignore[no-untyped-def]
             holding = [r for r in s.scalars(select(Reservation).where(Reservation.state.in_(("active", "pending"))))
@@ -151,20 +156,32 @@ class Registrations:
                     "abandon_parts (`--abandon-parts`) to give those parts up")
             for r in holding:
                 r.notes = [*(r.notes or []), note]
-            dropped = s.execute(delete(Compensation).where(Compensation.manager == name)).rowcount
+                # Owed to it as a released part is: the compensator asks registered managers only, so the rows
+                # wait for one registering under this name again (a site back on its old database holds the parts;
+                # another one under the name knows none of them: NOT_FOUND, done).
+                for g in irm_pb2.Reservation.FromString(r.allocation).groups:
+                    if g.manager != name:
+                        continue
+                    ids = [("", g.manager_reservation_id)] if g.manager_reservation_id else [
+                        (rid, "") for rid in part_request_ids(r.id, name, self.attempts())]
+                    s.add_all(Compensation(manager=name, tenant=r.tenant, irm_request_id=rid,
+                                           irm_reservation_id=irm_id, created_at=now, next_try_at=now)
+                              for rid, irm_id in ids)
             row = s.get(Manager, name)
             if row is not None:
                 s.delete(row)
-            return sorted(r.id for r in holding), dropped
-        abandoned, dropped = self.db.transact(take_out)
+            s.flush()
+            owed = len(list(s.scalars(select(Compensation.id).where(Compensation.manager == name))))
+            return sorted(r.id for r in holding), owed
+        abandoned, owed = self.db.transact(take_out)
         gone = self.registry.remove(name)
         self.addresses.forget(name)
         self.on_removed(name, gone)
         log.warning("manager deregistered", extra={"manager": name, "address": state.address,
-                                                   "resources_removed": len(gone), "releases_dropped": dropped,
+                                                   "resources_removed": len(gone), "releases_pending": owed,
                                                    "abandoned_reservations": abandoned})
         return registry_pb2.DeregisterManagerResponse(name=name, resources_removed=len(gone),
-                                                      releases_dropped=dropped, abandoned_reservations=abandoned)
+                                                      releases_pending=owed, abandoned_reservations=abandoned)
 
     def managers(self) -> registry_pb2.ListManagersResponse:
         out = []

@@ -287,7 +287,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.registrations = Registrations(self.db, self.registry, self.view, self.clock, self.addresses,
                                            config.control_token, config.heartbeat_interval_s,
                                            on_new_instance=lambda: [m.renew() for m in self.memberships],
-                                           on_removed=self._manager_removed)
+                                           on_removed=self._manager_removed, attempts=self._attempts)
         self._stop = threading.Event()
         self._kick = threading.Event()
         self.memberships: list[Membership] = []     # in the CRSs above (`crs_address`)

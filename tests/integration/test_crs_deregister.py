@@ -16,7 +16,7 @@ import pytest
 from harness.v1 import common_pb2, irm_pb2, irm_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services import control
 from services.tls import plain_channel
-from tests.conftest import eventually
+from tests.conftest import eventually, start_again
 
 TOKEN = "s3cret-ops"
 TENANT = "t"
@@ -102,7 +102,7 @@ def test_a_stopped_manager_is_taken_out_with_its_parts_given_up_only_when_the_op
     assert out.returncode == 0, out.stderr
     reply = json.loads(out.stdout)
     assert reply["name"] == "compute" and reply["resources_removed"] == len(hosts)
-    assert reply["abandoned_reservations"] == [res.id]
+    assert reply["abandoned_reservations"] == [res.id] and reply["releases_pending"] == 1     # the part given up
     assert all_removed.wait(10), removed
     watch.cancel()
     assert sorted(removed) == sorted(h.rsplit("/", 1)[-1] for h in hosts)
@@ -112,11 +112,12 @@ def test_a_stopped_manager_is_taken_out_with_its_parts_given_up_only_when_the_op
     got = stub.GetReservation(irm_pb2.GetReservationRequest(tenant=TENANT, reservation_id=res.id), timeout=10)
     assert got.state == irm_pb2.Reservation.STATE_ACTIVE
     assert [n for n in got.notes if n.startswith("compute: deregistered by the operator")], got.notes
-    # Releasing it no longer asks the manager that is gone (nothing is left owed to it).
+    # Releasing it no longer asks the manager that is gone: the part given up stays owed to it, once, by its id.
+    assert _owed(tmp_path) == [("compute", TENANT)]
     released = stub.ReleaseReservation(irm_pb2.ReleaseReservationRequest(tenant=TENANT, reservation_id=res.id),
                                        timeout=10)
     assert released.state == irm_pb2.Reservation.STATE_RELEASED
-    assert _owed(tmp_path) == []
+    assert _owed(tmp_path) == [("compute", TENANT)]
 
     # Gone for good: a restarted CRS does not know it either.
     crs.stop()
@@ -128,3 +129,39 @@ def test_a_stopped_manager_is_taken_out_with_its_parts_given_up_only_when_the_op
     assert listed.returncode == 0 and json.loads(listed.stdout) == {"managers": []}
     refused = _harness("managers", "deregister", "compute", "--crs", again.address, token=TOKEN)
     assert refused.returncode == 1 and "NOT_FOUND" in refused.stderr
+
+    # The site brought back on its old database: it registers again, and the part given up is released at it
+    # (its host held the VM for no reservation of the CRS's: capacity lost for good, in the operators' review).
+    settings = dict(crs_address=again.address, heartbeat_interval_s=0.3, control_token=TOKEN)
+    start_again(lambda: suite.start("agent", address=agent.address, compute_address=compute.address,
+                                    control_token=TOKEN), "the agent")
+    start_again(lambda: suite.start("compute", address=compute.address, agent_address=agent.address, **settings),
+                "the compute IRM")
+    crs_stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(again.address))
+    eventually(lambda: _owed(tmp_path) == [], what="the part given up released at the compute IRM back")
+    back = eventually(lambda: crs_stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources,
+                      what="its hosts back in the CRS")
+    eventually(lambda: all(r.used.get("cores", 0) == 0 for r in crs_stub.DiscoverResources(
+        irm_pb2.DiscoverResourcesRequest()).resources), what="its hosts free")
+    assert len(back) == len(hosts)
+
+
+def test_parts_given_up_below_are_said_so_at_the_crs_above(suite) -> None:
+    # The operators' review: the note stayed at the site CRS; the top showed the reservation as before, with the
+    # gone agent's address and no word of it.
+    top = suite.start("crs", name="top", heartbeat_interval_s=0.3, control_token=TOKEN)
+    site = suite.start("crs", name="site-b", crs_address=top.address, heartbeat_interval_s=0.3,
+                       control_token=TOKEN)
+    compute, agent = suite.compute_and_agent(compute=dict(crs_address=site.address, heartbeat_interval_s=0.3,
+                                                          control_token=TOKEN),
+                                             agent=dict(control_token=TOKEN))
+    stub = irm_pb2_grpc.ResourceManagerStub(plain_channel(top.address))
+    eventually(lambda: stub.DiscoverResources(irm_pb2.DiscoverResourcesRequest()).resources, timeout=30,
+               what="the site's hosts at the top")
+    res = stub.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="r1", groups=[_vm()]), timeout=60)
+    compute.stop()
+    agent.stop()
+    out = _harness("managers", "deregister", "compute", "--crs", site.address, "--abandon-parts", token=TOKEN)
+    assert out.returncode == 0, out.stderr
+    got = stub.GetReservation(irm_pb2.GetReservationRequest(tenant=TENANT, reservation_id=res.id), timeout=30)
+    assert [n for n in got.notes if n.startswith("site-b: compute: deregistered by the operator")], got.notes

@@ -75,13 +75,13 @@ class DeregisterManagerRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., abandon_parts: _Optional[bool] = ...) -> None: ...
 
 class DeregisterManagerResponse(_message.Message):
-    __slots__ = ("name", "resources_removed", "releases_dropped", "abandoned_reservations")
+    __slots__ = ("name", "resources_removed", "releases_pending", "abandoned_reservations")
     NAME_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_REMOVED_FIELD_NUMBER: _ClassVar[int]
-    RELEASES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_PENDING_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     resources_removed: int
-    releases_dropped: int
+    releases_pending: int
     abandoned_reservations: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., resources_removed: _Optional[int] = ..., releases_dropped: _Optional[int] = ..., abandoned_reservations: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., resources_removed: _Optional[int] = ..., releases_pending: _Optional[int] = ..., abandoned_reservations: _Optional[_Iterable[str]] = ...) -> None: ...
