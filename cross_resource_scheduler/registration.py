@@ -6,6 +6,7 @@ says a new instance id tells the addresses that the manager's resources may have
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import grpc
@@ -62,6 +63,7 @@ class Registrations:
         self.on_new_instance = on_new_instance
         self.on_removed = on_removed
         self.attempts = attempts
+        self._changing = threading.Lock()
         self.db = db
         self.registry = registry
         self.view = view
@@ -71,6 +73,12 @@ class Registrations:
         self.heartbeat_interval_s = heartbeat_interval_s
 
     def register(self, request, context) -> registry_pb2.RegisterManagerResponse:  # noqa: ANN001
+        # One registration or deregistration at a time: a deregistration deciding on the manager registered under a
+        # name must not take out one that registered meanwhile (restarted elsewhere, a replacement).
+        with self._changing:
+            return self._register(request, context)
+
+    def _register(self, request, context) -> registry_pb2.RegisterManagerResponse:  # noqa: ANN001
         # Else anyone reaching the CRS could add a manager (or take a gone one's name) and be sent reservations.
         control.check(self.control_token, context, "the CRS (RegisterManager)")
         v = Violations()
@@ -130,11 +138,20 @@ class Registrations:
         name = request.name
         if not name:
             raise InvalidArgument.of("name", "required: the name the manager registered under (ListManagers)")
+        with self._changing:
+            return self._deregister(name, request.abandon_parts)
+
+    def _deregister(self, name: str, abandon_parts: bool) -> registry_pb2.DeregisterManagerResponse:
         state = self.registry.get(name)
         if state is None:
             known = sorted(m.name for m in self.registry.all())
             raise NotFound(f"no manager named {name!r} is registered here (registered: "
                            f"{', '.join(known) if known else 'none'})")
+        if state.up:
+            # Heartbeating (or stopped too recently to be marked down): it would register again at once.
+            raise FailedPrecondition(f"the manager {name!r} is up (it heartbeated {max(0.0, self.clock.now() - state.last_heartbeat):.1f} s "
+                                     "ago): stop it, and deregister it once the CRS marks it down (ListManagers, "
+                                     "`harness managers`: up false)")
         if serving_at(state.address):
             # Running, it would be told it is unknown at its next heartbeat and register again at once.
             raise FailedPrecondition(f"the manager {name!r} still answers at {state.address}: stop it first, then "
@@ -148,7 +165,7 @@ class Registrations:
             holding = [r for r in s.scalars(select(Reservation).where(Reservation.state.in_(("active", "pending"))))
                        if r.allocation and any(g.manager == name for g in
                                                irm_pb2.Reservation.FromString(r.allocation).groups)]
-            if holding and not request.abandon_parts:
+            if holding and not abandon_parts:
                 ids = sorted(r.id for r in holding)
                 raise FailedPrecondition(
                     f"{len(ids)} reservation(s) hold parts at {name!r} ({', '.join(ids[:5])}"
@@ -168,13 +185,13 @@ class Registrations:
                                            irm_reservation_id=irm_id, created_at=now, next_try_at=now)
                               for rid, irm_id in ids)
             row = s.get(Manager, name)
-            if row is not None:
+            if row is not None and row.address == state.address:
                 s.delete(row)
             s.flush()
             owed = len(list(s.scalars(select(Compensation.id).where(Compensation.manager == name))))
             return sorted(r.id for r in holding), owed
         abandoned, owed = self.db.transact(take_out)
-        gone = self.registry.remove(name)
+        gone = self.registry.remove(name, expected=state)
         self.addresses.forget(name)
         self.on_removed(name, gone)
         log.warning("manager deregistered", extra={"manager": name, "address": state.address,

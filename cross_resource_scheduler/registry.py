@@ -9,6 +9,7 @@ heartbeats again.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,18 +142,26 @@ class Registry:
                     self.view.set_down(s.name, True)
                     downs.append((s.name, now - s.last_heartbeat))
         for name, silent in downs:
-            log.warning("manager down: no heartbeat", extra={"manager": name, "silent_s": round(silent, 1)})
+            if math.isinf(silent):
+                # Known from the database, not heard from since this CRS started: no news, not an outage (and
+                # Infinity is no JSON number for the log's parsers).
+                log.info("manager known from before this CRS started has not registered since",
+                         extra={"manager": name})
+            else:
+                log.warning("manager down: no heartbeat", extra={"manager": name, "silent_s": round(silent, 1)})
             if self.on_down is not None:
                 self.on_down(name)
 
-    def remove(self, name: str, wait_s: float = 5.0) -> list[irm_pb2.PhysicalResource]:
-        """Forget the manager `name` (deregistered): stop following it and take its resources out of the view;
-        returns them as they were. Its watcher is waited for (up to `wait_s`), so an event it was applying cannot
-        put a resource back after the view dropped them."""
+    def remove(self, name: str, expected: ManagerState | None = None, wait_s: float = 5.0
+               ) -> list[irm_pb2.PhysicalResource]:
+        """Forget the manager `name` (deregistered; only while it is still `expected`, when given): stop following
+        it and take its resources out of the view; returns them as they were. Its watcher is waited for (up to
+        `wait_s`), so an event it was applying cannot put a resource back after the view dropped them."""
         with self.lock:
-            state = self.managers.pop(name, None)
-        if state is None:
-            return []
+            state = self.managers.get(name)
+            if state is None or (expected is not None and state is not expected):
+                return []
+            del self.managers[name]
         state.stop.set()
         if state.thread is not None and state.thread is not threading.current_thread():
             state.thread.join(wait_s)

@@ -224,6 +224,10 @@ class CrsConfig(TlsSettings):
     advertise_address: str = ""
 
 
+# How often a refused registration of one manager is logged at most.
+REFUSAL_LOG_S = 60.0
+
+
 def _refusal(e: Unschedulable) -> HarnessError:
     """What the tenant is answered for a request placement refused."""
     # A manager down that could hold it: it is the manager the client waits for (README's contract).
@@ -277,6 +281,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # repeat.
         self._salt = config.seed or random.SystemRandom().getrandbits(64)
         self._slow_said = -math.inf
+        # RegisterManager refusals logged, by (manager, address, code): when (see RegisterManager).
+        self._refusals_logged: dict[tuple[str, str, str], float] = {}
         # Named in the rows this process leaves pending while it places them (see owners.py).
         self.owner = owners.this_process()
         # Where each manager says its parts' resources are, asked again after it restarts (addresses.py).
@@ -527,18 +533,38 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             except _PinRefused as e:
                 self._clear_of(req, e, placement)       # pinned here from above: the refusal goes up
                 raise
+            except _CredentialsRefused as e:
+                raise e.error from None
         refusals: list[_PinRefused] = []
+        unauthenticated: dict[str, HarnessError] = {}
         basis = self._rng_basis(req)
         for attempt in range(self._attempts()):
-            placement = self._place(req, priority=0, assume_token=None,
-                                    again=(basis, attempt) if refusals else None)
+            try:
+                placement = self._place(req, priority=0, assume_token=None,
+                                        again=(basis, attempt) if refusals or unauthenticated else None)
+            except HarnessError:
+                if unauthenticated:
+                    raise next(iter(unauthenticated.values())) from None     # as Reserve answers it
+                raise
             try:
                 return self._quote(tenant, list(request.groups), placement)
             except _PinRefused as e:
                 # What Reserve does: placed again clear of what a CRS below refused, so both price the same hosts.
                 req = self._clear_of(req, e, placement)
                 refusals.append(e)
+            except _CredentialsRefused as e:
+                unauthenticated[e.manager] = e.error            # as Reserve: priced clear of it
+                req = self._clear_of_manager(req, e.manager)
+        if not refusals:
+            raise next(iter(unauthenticated.values()))
         raise self._refused_each_time(req, 0, refusals)
+
+    def _clear_of_manager(self, req: PlacementRequest, manager: str) -> PlacementRequest:
+        """`req` with every group placed clear of all of `manager`'s resources (it refused this CRS's
+        credentials)."""
+        with self.view.lock:
+            theirs = frozenset(n.key for n in self.view.nodes.values() if n.manager == manager)
+        return replace(req, groups=[replace(g, avoid=g.avoid | theirs) for g in req.groups])
 
     def _quote(self, tenant: str, groups: list[irm_pb2.ResourceGroup], placement: Placement
                ) -> irm_pb2.QuotePriceResponse:
@@ -719,9 +745,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                                 "manager": e.manager, "details": e.error.message[:300]})
                 unauthenticated[e.manager] = e.error
                 last_error = e.error
-                with self.view.lock:
-                    theirs = frozenset(n.key for n in self.view.nodes.values() if n.manager == e.manager)
-                req = replace(req, groups=[replace(g, avoid=g.avoid | theirs) for g in req.groups])
+                req = self._clear_of_manager(req, e.manager)
                 continue
             except BaseException:
                 self.view.forget(token)
@@ -1032,9 +1056,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         r = self._get(tenant, request.reservation_id)
         if r.state == "released":
             return self._to_proto(r)
-        # Parts at a manager since deregistered were given up with it (the reservation's note says so).
-        parts = sorted({(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups
-                        if self.registry.get(g.manager) is not None})
+        parts = sorted({(g.manager, g.manager_reservation_id) for g in self._to_proto(r).groups})
         now = self.clock.now()
         # Marked released and its parts recorded for the compensator in one transaction, before any manager is
         # asked: a CRS that dies in between leaves neither a reservation shown active whose parts are gone nor
@@ -1052,7 +1074,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         def mark(conn) -> dict[tuple[str, str], list[int]] | None:  # type: ignore[no-untyped-def]
             if not RELEASE.execute(conn, {"rid": r.id, "at": now}):
                 return None
-            return {part: [COMPENSATE.first(conn, one)[0] for one in rows[part]] for part in parts}
+            # Parts at a manager since deregistered were given up with it (its rows were recorded then; the note
+            # says so): one neither in the database, read in the release's transaction, nor in the registry (which
+            # a CRS starting fills only after it serves; a manager stood in for may be in it alone).
+            known = set(conn.execute(select(Manager.name)).scalars()) | {m.name for m in self.registry.all()}
+            return {part: [COMPENSATE.first(conn, one)[0] for one in rows[part]] for part in parts if part[0] in known}
 
         recorded = self.db.run(mark)
         if recorded is None:
@@ -1125,10 +1151,17 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             return self.registrations.register(request, context)
         except HarnessError as e:
             # The manager logs the refusal where it runs; this CRS's operator sees it here too (a site whose CRS
-            # cannot join shows at the top only as resources missing, otherwise).
-            log.warning("manager registration refused", extra={
-                "manager": request.name[:128], "address": request.address[:256], "code": e.code.name,
-                "details": e.message[:500]})
+            # cannot join shows at the top only as resources missing, otherwise) -- once a minute per manager,
+            # address and code: a refused manager tries again every few seconds.
+            key, now = (request.name[:128], request.address[:256], e.code.name), time.monotonic()
+            if now - self._refusals_logged.get(key, -math.inf) >= REFUSAL_LOG_S:
+                if len(self._refusals_logged) > 1000:   # names are the callers': the table stays bounded
+                    self._refusals_logged.clear()
+                self._refusals_logged[key] = now
+                fix = ("give the manager this CRS's control_token (HARNESS_CONTROL_TOKEN in compose)"
+                       if e.code == grpc.StatusCode.UNAUTHENTICATED else "")
+                log.warning("manager registration refused (logged once a minute per manager and cause)", extra={
+                    "manager": key[0], "address": key[1], "code": key[2], "details": e.message[:500], "fix": fix})
             raise
 
     def Heartbeat(self, request, context):  # noqa: N802

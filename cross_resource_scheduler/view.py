@@ -220,13 +220,12 @@ class CapacityView:
         return f"{node.manager}/{node.physical_id.rsplit('/', 1)[0]}" if node.down_below else node.manager
 
     def _index(self, node: Node) -> None:
-        self._shape += 1
         self._by_type[node.resource_type].append(node)
         self._by_rack[(node.resource_type, node.location.site, node.location.rack)].append(node)
         self._by_site[(node.resource_type, node.location.site)].append(node)
+        self._shape += 1        # after the lists changed (see _up)
 
     def _unindex(self, node: Node) -> None:
-        self._shape += 1
         self._below.discard(node.key)
         for lst in (self._by_type[node.resource_type],
                     self._by_rack[(node.resource_type, node.location.site, node.location.rack)],
@@ -235,6 +234,7 @@ class CapacityView:
                 lst.remove(node)
             except ValueError:
                 pass
+        self._shape += 1        # after the lists changed (see _up)
 
     # -- reading ---------------------------------------------------------
     def of_type(self, resource_type: str) -> list[Node]:
@@ -255,15 +255,18 @@ class CapacityView:
         """`nodes` (an index list, `key`) without the down ones: the list itself while none is down."""
         if not (self._down or self._below):
             return nodes
-        shape = self._shape
-        kept = self._up_lists.get(key)
-        if kept is not None and kept[0] == shape:
-            return kept[1]
-        up = [n for n in nodes if not (n.down_below or n.manager in self._down)]
-        if len(self._up_lists) > 4096:      # one per type, site and rack asked for: bounded all the same
-            self._up_lists.clear()
-        self._up_lists[key] = (shape, up)
-        return up
+        # Under the lock (reentrant: placements hold it already): a reader without it (unit prices) could
+        # otherwise cache a list being changed under the shape of after the change.
+        with self.lock:
+            shape = self._shape
+            kept = self._up_lists.get(key)
+            if kept is not None and kept[0] == shape:
+                return kept[1]
+            up = [n for n in nodes if not (n.down_below or n.manager in self._down)]
+            if len(self._up_lists) > 4096:      # one per type, site and rack asked for: bounded all the same
+                self._up_lists.clear()
+            self._up_lists[key] = (shape, up)
+            return up
 
     def resource_types(self) -> list[str]:
         return sorted(t for t, nodes in self._by_type.items() if nodes)

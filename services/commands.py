@@ -499,10 +499,20 @@ def cmd_managers(args: argparse.Namespace) -> int:
         "" if args.crs else suite.control_token(args.state_dir))
     with tls.open_channel(_crs(args)) as ch:
         stub = registry_pb2_grpc.ManagerRegistryStub(control.channel(ch, token))
-        if args.verb == "deregister":
-            return _show(lambda: stub.DeregisterManager(registry_pb2.DeregisterManagerRequest(
+        if args.verb != "deregister":
+            return _show(lambda: stub.ListManagers(registry_pb2.ListManagersRequest(), timeout=10))
+        try:
+            _print(stub.DeregisterManager(registry_pb2.DeregisterManagerRequest(
                 name=args.name, abandon_parts=args.abandon_parts), timeout=30))
-        return _show(lambda: stub.ListManagers(registry_pb2.ListManagersRequest(), timeout=10))
+        except grpc.RpcError as e:
+            status = _fail(e)
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                sent = ("$HARNESS_CONTROL_TOKEN" if os.environ.get("HARNESS_CONTROL_TOKEN", "").strip() else
+                        "no token" if args.crs else f"the token of the suite running from {args.state_dir}")
+                print(f"  it takes the CRS's control_token; this sent {sent}: set HARNESS_CONTROL_TOKEN to the "
+                      "CRS's (with --crs the suite's own token is not sent)", file=sys.stderr)
+            return status
+        return 0
 
 
 def _seconds(text: str) -> float:

@@ -239,7 +239,7 @@ class TenantAuth:
             self._logged[key] = now
         peer = context.peer() if hasattr(context, "peer") else "?"
         log.warning("refused a call for tenant %r from %s: %s (%s; logged once a minute per tenant and cause)",
-                    tenant[:128], peer, cause, message[:200])
+                    tenant[:128], peer, cause, message[:600])
 
 
 def _accepted(service: str, delegation_sha256: str, delegation_token: str) -> str:

@@ -34,9 +34,15 @@ def _harness(*argv: str, token: str) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
+def _marked_down(registry: registry_pb2_grpc.ManagerRegistryStub, name: str) -> None:
+    """Once the CRS has marked the stopped manager `name` down (a deregistration waits for that)."""
+    eventually(lambda: [m.up for m in registry.ListManagers(registry_pb2.ListManagersRequest(), timeout=10).managers
+                        if m.name == name] == [False], what=f"{name} marked down")
+
+
 @pytest.fixture
 def cloud(suite):
-    crs = suite.start("crs", heartbeat_interval_s=0.3, control_token=TOKEN)
+    crs = suite.start("crs", heartbeat_interval_s=0.3, heartbeat_timeout_s=1.0, control_token=TOKEN)
     compute, agent = suite.compute_and_agent(compute=dict(crs_address=crs.address, heartbeat_interval_s=0.3,
                                                           control_token=TOKEN),
                                              agent=dict(control_token=TOKEN))
@@ -62,16 +68,20 @@ def test_a_stopped_manager_is_taken_out_with_its_parts_given_up_only_when_the_op
     with pytest.raises(grpc.RpcError) as e:
         anyone.DeregisterManager(take_out, timeout=10)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    wrong = _harness("managers", "deregister", "compute", "--crs", crs.address, token="guess")
+    assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
+    assert "this sent $HARNESS_CONTROL_TOKEN: set HARNESS_CONTROL_TOKEN to the CRS's" in wrong.stderr
     with pytest.raises(grpc.RpcError) as e:
         registry.DeregisterManager(registry_pb2.DeregisterManagerRequest(name="site-b"), timeout=10)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND and "registered: compute" in e.value.details()
     with pytest.raises(grpc.RpcError) as e:
         registry.DeregisterManager(take_out, timeout=10)
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "still answers" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "is up (it heartbeated" in e.value.details()
 
     res = stub.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="r1", groups=[_vm()]), timeout=30)
     compute.stop()
     agent.stop()
+    _marked_down(registry, "compute")
     with pytest.raises(grpc.RpcError) as e:
         registry.DeregisterManager(take_out, timeout=10)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -121,7 +131,8 @@ def test_a_stopped_manager_is_taken_out_with_its_parts_given_up_only_when_the_op
 
     # Gone for good: a restarted CRS does not know it either.
     crs.stop()
-    again = suite.start("crs", address=crs.address, heartbeat_interval_s=0.3, control_token=TOKEN)
+    again = suite.start("crs", address=crs.address, heartbeat_interval_s=0.3, heartbeat_timeout_s=1.0,
+                        control_token=TOKEN)
     assert list(registry_pb2_grpc.ManagerRegistryStub(plain_channel(again.address))
                 .ListManagers(registry_pb2.ListManagersRequest(), timeout=10).managers) == []
     # `harness managers` lists what is left (none), and says why a deregistration is refused.
@@ -149,9 +160,9 @@ def test_a_stopped_manager_is_taken_out_with_its_parts_given_up_only_when_the_op
 def test_parts_given_up_below_are_said_so_at_the_crs_above(suite) -> None:
     # The operators' review: the note stayed at the site CRS; the top showed the reservation as before, with the
     # gone agent's address and no word of it.
-    top = suite.start("crs", name="top", heartbeat_interval_s=0.3, control_token=TOKEN)
+    top = suite.start("crs", name="top", heartbeat_interval_s=0.3, heartbeat_timeout_s=1.0, control_token=TOKEN)
     site = suite.start("crs", name="site-b", crs_address=top.address, heartbeat_interval_s=0.3,
-                       control_token=TOKEN)
+                       heartbeat_timeout_s=1.0, control_token=TOKEN)
     compute, agent = suite.compute_and_agent(compute=dict(crs_address=site.address, heartbeat_interval_s=0.3,
                                                           control_token=TOKEN),
                                              agent=dict(control_token=TOKEN))
@@ -161,6 +172,7 @@ def test_parts_given_up_below_are_said_so_at_the_crs_above(suite) -> None:
     res = stub.Reserve(irm_pb2.ReserveRequest(tenant=TENANT, request_id="r1", groups=[_vm()]), timeout=60)
     compute.stop()
     agent.stop()
+    _marked_down(registry_pb2_grpc.ManagerRegistryStub(plain_channel(site.address)), "compute")
     out = _harness("managers", "deregister", "compute", "--crs", site.address, "--abandon-parts", token=TOKEN)
     assert out.returncode == 0, out.stderr
     got = stub.GetReservation(irm_pb2.GetReservationRequest(tenant=TENANT, reservation_id=res.id), timeout=30)

@@ -398,9 +398,15 @@ def test_a_crs_with_a_control_token_registers_only_managers_that_send_it(tmp_pat
                                                                       resource_types=["gadget"]), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert "the CRS (RegisterManager) takes control calls from its control plane only" in e.value.details()
-        # The CRS's operator sees the refusal in the CRS's log too, with the manager's name and address.
-        [refused] = [r for r in caplog.records if r.getMessage() == "manager registration refused"]
+        # The CRS's operator sees the refusal in the CRS's log too, with the manager's name and address and the
+        # fix -- once a minute (a refused manager tries again every few seconds).
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError):
+                c.reg.RegisterManager(registry_pb2.RegisterManagerRequest(name="intruder", address=a1,
+                                                                          resource_types=["gadget"]), timeout=5)
+        [refused] = [r for r in caplog.records if r.getMessage().startswith("manager registration refused")]
         assert (refused.manager, refused.address, refused.code) == ("intruder", a1, "UNAUTHENTICATED")
+        assert "control_token" in refused.fix
         # A manager with another token is refused too, and logs the setting to fix.
         caplog.set_level("WARNING", logger="services.registration")
         wrong = Membership(address, "intruder", a1, ["gadget"], heartbeat_interval_s=0.1, control_token="guess")

@@ -57,3 +57,24 @@ def test_a_heartbeat_landing_while_a_manager_is_marked_down_leaves_it_schedulabl
         assert reg.heartbeat("compute", "127.0.0.1:1")
         reg.check_liveness()
     assert state.up and not view.is_down("compute") and downs == ["compute"]
+
+
+def test_a_manager_known_from_before_a_restart_is_marked_down_without_an_outage_warning(caplog) -> None:
+    # The operators' review: every CRS start warned "manager down: no heartbeat" with "silent_s": Infinity (no JSON
+    # number) for the managers its database remembers, before they could register.
+    import logging
+    import math
+
+    clock = Clock(100.0)
+    view = CapacityView()
+    downs: list[str] = []
+    reg = Registry(view, clock, heartbeat_timeout_s=6.0, on_change=lambda *a: None, on_up=lambda n: None,
+                   on_down=downs.append)
+    reg.managers["old"] = ManagerState("old", "127.0.0.1:1", ["vm"], -math.inf)
+    reg.managers["late"] = ManagerState("late", "127.0.0.1:2", ["vm"], 90.0)
+    caplog.set_level(logging.INFO, logger="cross_resource_scheduler.registry")
+    reg.check_liveness()
+    assert sorted(downs) == ["late", "old"] and view.is_down("old") and view.is_down("late")
+    said = {r.manager: r for r in caplog.records}
+    assert said["old"].levelno == logging.INFO and not hasattr(said["old"], "silent_s")
+    assert said["late"].levelno == logging.WARNING and said["late"].silent_s == 10.0

@@ -81,8 +81,9 @@ class ManagerRegistryServicer:
 
     def DeregisterManager(self, request, context):
         """CONTROL (see common.proto): an operator taking a manager out for good (a decommissioned site). Refused
-        (FAILED_PRECONDITION) while the manager still answers at its address (stop it first: running, it would register
-        again) and while reservations hold parts there, unless `abandon_parts`. NOT_FOUND for a name not registered.
+        (FAILED_PRECONDITION) while the manager is up (it heartbeats; stopped, it is marked down after the CRS's
+        heartbeat_timeout_s) or still answers at its address (running, it would register again), and while
+        reservations hold parts there, unless `abandon_parts`. NOT_FOUND for a name not registered.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
