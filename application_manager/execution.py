@@ -269,7 +269,7 @@ class Executions:
                 last = observed[-1].error[:300]
                 raise FailedPrecondition(f"{why} and every run failed (the last: {last}): fix the application "
                                          "(GetModel lists its runs' errors), then submit it again",
-                                         reason=SLO_UNATTAINABLE)
+                                         reason=NO_MODEL)      # no usable model, not an SLO out of reach
             raise FailedPrecondition(f"{why} and none satisfies the SLO", reason=SLO_UNATTAINABLE)
         return Point(loaded.space.configs[proposal.config], 0.0, 0.0, True)
 

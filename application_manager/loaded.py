@@ -32,8 +32,9 @@ class Loaded:
         if self.prices is not None and now - self.prices_at < ttl_s:
             return self.prices
         prices = backend.prices()
-        # NaN is "the CRS could not quote this now": not kept, a momentary failure would price the space for good.
-        if not np.isnan(prices).any():
+        # A NaN the CRS could not quote now: not kept, a momentary failure would price the space for good. Those
+        # a large space leaves unquoted on purpose (LocalBackend.MAX_QUOTES) are kept: asked again, the same.
+        if not getattr(backend, "momentary_gaps", bool(np.isnan(prices).any())):
             self.prices, self.prices_at = prices, now
         return prices
 

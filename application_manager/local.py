@@ -211,6 +211,9 @@ class LocalBackend:
         self.replaying: bool | None = None
         # Told a run's CRS reservation id once it is made (an execution shows it while it runs).
         self.on_reserved: Callable[[str], None] | None = None
+        # The last prices() has gaps worth asking again soon (the CRS could not quote some now, or it was cut
+        # short); the configurations a large space leaves unquoted on purpose are not such gaps.
+        self.momentary_gaps = False
 
     def implementation(self, config: dict[str, Any]) -> Implementation | Variant:
         name = config.get(IMPLEMENTATION)
@@ -273,6 +276,7 @@ class LocalBackend:
                                                                        "quoted": MAX_QUOTES})
         refused: dict[str, int] = {}
         example = ""
+        self.momentary_gaps = False
         for members in asked:
             if self._is_cancelled():
                 break
@@ -281,9 +285,12 @@ class LocalBackend:
             except grpc.RpcError as e:
                 # A refusal for good is an answer (the caller keeps it); only a momentary one is asked again.
                 price = math.inf if never_quoted(e) else math.nan
+                self.momentary_gaps = self.momentary_gaps or math.isnan(price)
                 refused[e.code().name] = refused.get(e.code().name, 0) + 1
                 example = example or f"{self.space.describe(members[0])}: {e.code().name}: {(e.details() or '')[:300]}"
             out[members] = price
+        if self._is_cancelled():
+            self.momentary_gaps = True           # cut short: the rest were never asked, not left out on purpose
         if refused:
             # One line for the whole space: a line per configuration wrote tens of megabytes for a large one.
             log.warning("no quote for some configurations", extra={"refused": refused, "example": example})

@@ -326,8 +326,8 @@ class ApplicationManager(ProfilingSessions, Executions, pb_grpc.ApplicationManag
         self.db.dispose()
 
     # -- loading ---------------------------------------------------------------
-    def _offered_types(self) -> set[str]:
-        """The resource types the CRS offers (an `Offered`: with the limits of their attributes)."""
+    def _offered_types(self) -> Offered:
+        """The resource types the CRS offers, with the ranges of their attributes."""
         try:
             spec = self.crs.DescribeAllocationSpec(irm_pb2.DescribeAllocationSpecRequest(), timeout=10)
         except grpc.RpcError as e:
@@ -356,7 +356,9 @@ class ApplicationManager(ProfilingSessions, Executions, pb_grpc.ApplicationManag
             # Accepted by an earlier version whose checks were looser: not the caller's request that is wrong.
             raise StaleApplication(application_id, e.message) from None
         try:
-            space = _space(manifest, slo, self._offered_types())
+            # The types offered now, but not the ranges: judged at submit, they may be narrower now for a while (a
+            # CRS restarted describes a manager only once it is back), and configurations would leave the space.
+            space = from_manifest(manifest, slo.parameters, set(self._offered_types()))
         except (Unavailable, InvalidArgument) as e:
             # It was accepted once: an application whose resource types are not offered now (an IRM away, or the
             # CRS) stays readable -- its model, runs, executions -- over all of its implementations, uncached

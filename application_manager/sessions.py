@@ -283,8 +283,6 @@ class ProfilingSessions:
             # The stop rule (duration, budget) that cut a run short: the session ends by it, after that run.
             ended_by = ""
             unrun: Observation | None = None
-            # Runs cut by this session's own run_timeout_s (by id): stored as no evidence for later sessions.
-            session_bound: set[int] = set()
             started = self.clock.now()
 
             def limit_for(p: Proposal) -> tuple[float, str]:
@@ -342,15 +340,14 @@ class ProfilingSessions:
                     return replace(o, transient=True, error=(
                         f"timeout: cut at {limit:.4g} s, a limit from the quoted price; the run was replayed (it "
                         "costs what was measured) and left budget: not a failure of the configuration"))
-                if rule == "run_timeout_s" and ended == "timeout" and request.run_timeout_s > 0:
-                    # This session's own bound (the caller's run_timeout_s, not the service's): the run takes longer
-                    # than this caller would wait. A failed run of this session (it counts, and is not retried
-                    # here), but stored as no evidence about the configuration: a later session may run it (a
-                    # failure would rule it out for good).
-                    o = replace(o, error=f"timeout: cut at {limit:.4g} s, this session's run_timeout_s; a later "
-                                         "session may run it again")
-                    session_bound.add(id(o))
-                    return o
+                if rule == "run_timeout_s" and ended == "timeout" and 0 < request.run_timeout_s < \
+                        self.config.run_timeout_s:
+                    # This session's own bound, shorter than the service's: the run takes longer than this caller
+                    # would wait. A failed run of this session (it counts, and is not retried here), but stored as
+                    # no evidence about the configuration: a later session may run it (a failure would rule it out
+                    # for good). At the service's bound, or beyond, it is the configuration's failure.
+                    return replace(o, session_only=True, error=f"timeout: cut at {limit:.4g} s, this session's "
+                                                               "run_timeout_s; a later session may run it again")
                 if rule != "run_timeout_s" and ended == "timeout":
                     ended_by = rule
                     setting = "max_duration_s" if rule == "duration" else "max_cost"
@@ -368,7 +365,7 @@ class ProfilingSessions:
                 run = m.Run(application_id=loaded.app.id, session_id=sid, ordinal=recorded, config=cfg, input=o.input,
                             ok=o.ok, error=bounded_error(o.error), time_s=o.time_s, cost=o.cost, cpu_percent=o.cpu_percent,
                             memory_percent=o.memory_percent, reason=p.why, created_at=self.clock.now(),
-                            transient=o.transient or id(o) in session_bound)
+                            transient=o.transient or o.session_only)
 
                 def save(s) -> tuple[m.Session, list[Point]]:  # type: ignore[no-untyped-def]
                     s.add(run)

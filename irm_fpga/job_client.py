@@ -40,6 +40,7 @@ class JobFpga(VirtualFpga):
         self._job_ended = ""         # why reports stopped (the job retired, or is gone)
         self._report_s = report_s
         self._stop_reports = threading.Event()
+        self._channel: grpc.Channel | None = None      # attach_job's, to the FPGA IRM
         super().__init__(attachment, **kw)
         if report_s > 0:
             threading.Thread(target=self._report_loop, name=f"job-progress-{job_id}", daemon=True).start()
@@ -59,8 +60,10 @@ class JobFpga(VirtualFpga):
         orchestrator = fpga_pb2_grpc.FpgaOrchestratorStub(channel)
         att = orchestrator.AttachClient(fpga_pb2.AttachClientRequest(tenant=tenant, group_id=job.group_id),
                                         timeout=30)
-        return cls(att, orchestrator=orchestrator, tenant=tenant, jobs=jobs, job_id=job_id, report_s=report_s,
+        fpga = cls(att, orchestrator=orchestrator, tenant=tenant, jobs=jobs, job_id=job_id, report_s=report_s,
                    **kw)
+        fpga._channel = channel          # closed with it
+        return fpga
 
     @property
     def completed(self) -> int:
@@ -69,7 +72,10 @@ class JobFpga(VirtualFpga):
             return self._completed
 
     def _complete(self, results: Sequence[fpga_pb2.TaskResult]) -> None:
-        done = sum(1 for r in results if r.kind == fpga_pb2.Task.KIND_RUN and not r.error)
+        # Only results that answer a task of this client's still waiting (the base class drops others, an id it
+        # no longer knows): a count beyond the work done would retire a deadline job early.
+        with self._lock:
+            done = sum(1 for r in results if r.kind == fpga_pb2.Task.KIND_RUN and not r.error and r.id in self._futures)
         if done:
             with self._counting:
                 self._completed += done
@@ -113,3 +119,5 @@ class JobFpga(VirtualFpga):
         finally:
             self._stop_reports.set()
             self.report()
+            if self._channel is not None:
+                self._channel.close()

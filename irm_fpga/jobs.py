@@ -235,9 +235,7 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
         before it offers anything (registers with a CRS, reconciles its servers) so that a start refused for
         its policy leaves no trace there. A job whose group is gone (its retirement cut short) does not count."""
         rows = self._active()
-        live = self.groups.live({r.group_id for r in rows if r.group_id})
-        self._check_compatible([r for r in rows if r.group_id in live],
-                               self._queued() if self.scheduler is None else [])
+        self._check_compatible(self._with_groups(rows), self._queued() if self.scheduler is None else [])
 
     def _wait_loaded(self) -> None:
         if not self._ready.wait(LOAD_WAIT_S):
@@ -600,13 +598,18 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
         short after deleting the group (`_finish`) left such a job active for good: every decision gave it devices
         it cannot use (its resizes refused) and the other jobs the rest. Looked at on start and before decisions:
         the running manager meets it too, after a write that failed."""
-        live = self.groups.live({r.group_id for r in rows if r.group_id})
+        kept = self._with_groups(rows)
         for r in rows:
-            if r.group_id not in live:
+            if r not in kept:
                 log.warning("retiring an active job whose FPGA group is gone: its retirement was cut short after "
                             "the group was deleted (the FPGA IRM stopped, or a database write failed, in between); "
                             "it held no devices since", extra={"job": r.id, "tenant": r.tenant, "group": r.group_id})
                 self._finish(r.id, now, cut_short=True)
+        return kept
+
+    def _with_groups(self, rows: list[FpgaJob]) -> list[FpgaJob]:
+        """`rows` (active jobs) but those whose FPGA group is gone (deleted)."""
+        live = self.groups.live({r.group_id for r in rows if r.group_id})
         return [r for r in rows if r.group_id in live]
 
     def _rebalance(self, now: float, rows: list[FpgaJob] | None = None,

@@ -425,8 +425,11 @@ def start(state_dir: str, auto_ports: bool = False, config_file: str | None = No
     # from each other only, the CRS registrations from its IRMs only (services.control); in the environment,
     # not on a command line others can read.
     token = secrets.token_hex(16)
-    # For the operator's control verbs on this machine (`harness managers deregister`), readable by its user only.
-    _write_secret(control_token_file(state_dir), token)
+    # For the operator's control verbs on this machine (`harness managers deregister`), readable by its user only;
+    # only while it is the CRS's (a config file's control_token for the CRS is the operator's to give).
+    control_token_file(state_dir).unlink(missing_ok=True)
+    if "control_token" not in chosen.get(SERVICES["crs"].section, set()):
+        _write_secret(control_token_file(state_dir), token)
     # The CRS and the AM act for tenants with this one (services.tenants); the others hold only its digest.
     delegation = tenants.new_token()
     try:
@@ -685,6 +688,7 @@ def stop(procs: list[ServiceProcess]) -> None:
         state_dir = getattr(procs, "state_dir", None)
         if state_dir and all(not p.alive() for p in procs):
             processes_file(state_dir).unlink(missing_ok=True)
+            control_token_file(state_dir).unlink(missing_ok=True)     # no suite's token once none runs
         fd = getattr(procs, "lock_fd", None)
         if fd is not None:
             procs.lock_fd = None      # type: ignore[attr-defined]
@@ -741,6 +745,7 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
     def tidy(done: str) -> str:
         state_file(state_dir).unlink(missing_ok=True)
         processes_file(state_dir).unlink(missing_ok=True)
+        control_token_file(state_dir).unlink(missing_ok=True)
         return done
 
     if free():
@@ -789,6 +794,7 @@ def _down_unlocked(state_dir: str, timeout: float) -> str:
         raise SuiteRunning(_unlocked_message(state_dir, still))
     state_file(state_dir).unlink(missing_ok=True)
     processes_file(state_dir).unlink(missing_ok=True)
+    control_token_file(state_dir).unlink(missing_ok=True)
     names = ", ".join(f"{n} (pid {pid})" for n, pid in live.items()) or "none running"
     return f"stopped the services of {state_dir} (a suite of an earlier Harness): {names}"
 

@@ -39,6 +39,9 @@ class Observation:
     transient: bool = False
     # How long the CRS asked to wait before trying again (its RetryInfo), when it refused for now.
     retry_after_s: float | None = None
+    # Evidence for its own session only (cut by that session's own, shorter, run_timeout_s): stored as transient,
+    # so a later session may run the configuration again.
+    session_only: bool = False
 
     @property
     def measured(self) -> bool:

@@ -544,5 +544,7 @@ def test_a_config_files_settings_beat_the_suites_wiring(tmp_path):
             assert "the CRS" in e.value.details() and "control token" in e.value.details()
         assert "intruder" not in {m.name for m in reg.ListManagers(registry_pb2.ListManagersRequest(),
                                                                     timeout=10).managers}
+        assert suite_mod.control_token(str(tmp_path / "state")) != ""        # the operator's CLI may use it
     finally:
         suite_mod.stop(procs)
+    assert not suite_mod.control_token_file(str(tmp_path / "state")).exists()     # no suite runs: no token left

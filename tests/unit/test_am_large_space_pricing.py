@@ -24,6 +24,7 @@ from application_manager.profilers.base import Observation
 from application_manager.slo import parse_slo
 from application_manager.space import from_manifest
 from harness.v1 import application_manager_pb2 as pb
+from harness.v1 import irm_pb2
 from services.errors import FailedPrecondition, InvalidArgument
 from tests.conftest import eventually
 from tests.unit.test_am_stop import _am, _Ctx, _submit
@@ -128,6 +129,7 @@ def test_an_application_failing_everywhere_is_said_so_not_an_slo_out_of_reach(tm
             am.ExecuteApplication(pb.ExecuteApplicationRequest(tenant="t", application_id=app.id, online=True),
                                   _Ctx())
         assert "every run failed (the last: exit code 127: app.py: not found): fix the application" in e.value.message
+        assert e.value.reason == "NO_MODEL"         # not SLO_UNATTAINABLE: relaxing the SLO would not help
     finally:
         am.stop()
 
@@ -169,3 +171,69 @@ def test_an_execution_shows_its_reservation_while_it_runs(tmp_path, monkeypatch)
     finally:
         checked.set()
         am.stop()
+
+
+def test_a_sampled_pricing_is_kept_for_price_ttl_s_and_one_with_momentary_gaps_is_not(monkeypatch):
+    # Session 24's diff review: the gaps a large space leaves on purpose made every session and execution ask the
+    # same MAX_QUOTES quotes again (price_ttl_s did nothing).
+    from application_manager.loaded import Loaded
+
+    b = _backend()
+    monkeypatch.setattr(local, "MAX_QUOTES", 4)
+    asked: list[int] = []
+    failing = {"now": False}
+
+    def quote(self, config):  # noqa: ANN001, ANN202
+        asked.append(1)
+        if failing["now"]:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE)
+        return 60.0
+
+    monkeypatch.setattr(LocalBackend, "quote_per_minute", quote)
+    kept = Loaded(None, None, None, b.space)  # type: ignore[arg-type]
+    for t in (0.0, 1.0, 2.0):
+        kept.prices_from(b, t, ttl_s=3600.0)
+    assert len(asked) == 4                                  # asked once, kept within the TTL
+    failing["now"] = True
+    fresh = Loaded(None, None, None, b.space)  # type: ignore[arg-type]
+    fresh.prices_from(b, 0.0, ttl_s=3600.0)
+    fresh.prices_from(b, 1.0, ttl_s=3600.0)
+    assert len(asked) == 4 + 8                              # the CRS could not quote: asked again
+
+
+def test_a_run_cut_at_the_services_own_run_timeout_stays_its_configurations_failure(tmp_path, monkeypatch):
+    # A session's run_timeout_s at the service's (or beyond) is no shorter bound of the caller's: a configuration
+    # that hangs fails for every session, or each would run it again to the same end.
+    def run(self, p, *, request_id="", timeout_s=0.0, cost_limit=0.0):  # noqa: ANN001, ANN202
+        return RunDetail(Observation(p.config, False, timeout_s, 0.001, p.input, error="timeout: killed"))
+
+    am = _am(tmp_path, monkeypatch, run)
+    try:
+        app = _submit(am)
+        list(am.StartProfiling(pb.StartProfilingRequest(tenant="t", application_id=app.id, profiler="uniform",
+                                                        max_runs=1, run_timeout_s=am.config.run_timeout_s), _Ctx()))
+        [seen] = am._observations(am._load("t", app.id))
+        assert not seen.ok and seen.error == "timeout: killed"
+    finally:
+        am.stop()
+
+
+def test_the_backend_tells_the_reservation_once_it_is_made(unused_address):
+    # The run's own path (the execution test above stands its run in): Reserve answered, then the agents.
+    from application_manager.profilers.base import Proposal
+
+    class Crs:
+        def Reserve(self, request, timeout=None):  # noqa: N802, ANN001, ANN201
+            return irm_pb2.Reservation(id="crs-9", state=irm_pb2.Reservation.STATE_ACTIVE, groups=[
+                irm_pb2.AllocatedGroup(name=g.name, resource_type="vm", resources=[irm_pb2.AllocatedResource(
+                    id=f"vm-{g.name}", address=unused_address())]) for g in request.groups])
+
+        def ReleaseReservation(self, request, timeout=None):  # noqa: N802, ANN001, ANN201
+            return irm_pb2.Reservation(id=request.reservation_id, state=irm_pb2.Reservation.STATE_RELEASED)
+
+    b = _backend()
+    b.crs = Crs()  # type: ignore[assignment]
+    told: list[str] = []
+    b.on_reserved = told.append
+    detail = b.run(Proposal(0), timeout_s=5.0)
+    assert told == ["crs-9"] and detail.reservation_id == "crs-9" and not detail.observation.ok
