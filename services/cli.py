@@ -24,6 +24,8 @@ def _serve(args: argparse.Namespace) -> int:
         overrides = cfg.parse_sets(args.set or [])
         if args.address:
             overrides["address"] = args.address
+        if args.config and not args.shared_config:
+            _own_section(args.config, entry.section, args.service, config_sections())
         conf = cfg.load(config_class, entry.section, config_file=args.config, overrides=overrides,
                         sections=config_sections())
         # Checked here, whichever source set them: gRPC and SQLAlchemy would take a bad one further (a port
@@ -160,6 +162,18 @@ def _sqlite_cause(path: str) -> str:
     return ""
 
 
+def _own_section(config_file: str, section: str, service: str, sections: dict[str, str]) -> None:
+    """ConfigError if `config_file` (given to `harness serve` for this service alone) has sections but none of
+    `service`'s: another service's file, and the service would run on the defaults (no database, control token or
+    CRS of the operator's) without a word. A suite's shared file (`harness up`) may leave a service out."""
+    data = cfg.read_yaml(config_file, "config file")
+    if not isinstance(data, dict) or not data or any(k not in sections for k in data):
+        return          # (not a mapping, or a section misnamed: cfg.load says so, more precisely)
+    if not any(sections.get(k) == section for k in data):
+        raise cfg.ConfigError(f"{config_file} has no {service!r} section (it has: {', '.join(map(str, data))}): "
+                              f"give {service} its own section there, or leave --config out to run on the defaults")
+
+
 def _check_database(url: str) -> None:
     """ConfigError unless `url` (empty: the service's SQLite default) names a database SQLAlchemy can use."""
     if not url:
@@ -196,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--address", help="host:port to bind (port 0: any free port)")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override one setting")
     s.add_argument("--port-file", help="write the bound port here once serving")
+    # A suite's file, shared by its services (`harness up`): one of them may have no section.
+    s.add_argument("--shared-config", action="store_true", help=argparse.SUPPRESS)
     s.set_defaults(func=_serve)
 
     g = sub.add_parser("gen-protos", help="regenerate gen/ from protos/ (--check: fail if they drifted)")

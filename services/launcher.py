@@ -113,7 +113,7 @@ def spawn(service: str, *, name: str | None = None, address: str = "127.0.0.1:0"
     process's environment) with `env` added."""
     argv = [sys.executable, "-m", "services.cli", "serve", service, "--address", address]
     if config_file:
-        argv += ["--config", config_file]
+        argv += ["--config", config_file, "--shared-config"]     # a suite's file: a service may have no section
     for key, value in (settings or {}).items():
         if isinstance(value, list | tuple):
             value = ",".join(str(v) for v in value)

@@ -71,6 +71,19 @@ def test_a_config_section_nobody_reads_is_an_error(tmp_path):
     assert out.returncode == 2 and "unknown section(s) ['fpga-servr']" in out.stderr
 
 
+def test_a_config_file_without_the_services_section_is_an_error_unless_a_suite_shares_it(tmp_path):
+    # The operators' review: `harness serve compute --config crs-a.yaml` served on every default -- its own SQLite
+    # file, no control token, no tenants file, no CRS -- without a word.
+    conf = tmp_path / "crs-a.yaml"
+    conf.write_text("crs:\n  name: crs-a\n")
+    message = one_line_error(serve("compute", "--set", f"state_dir={tmp_path}", "--config", str(conf),
+                                   cwd=str(tmp_path)), "compute")
+    assert f"{conf} has no 'compute' section (it has: crs): give compute its own section there" in message
+    with serving("compute", "--set", f"state_dir={tmp_path}", "--config", str(conf), "--shared-config",
+                 cwd=tmp_path) as port:
+        assert port > 0                 # `harness up`'s file is every service's: one may have no section
+
+
 @pytest.mark.parametrize(("args", "fragments"), [
     (["--config", "malformed.yaml"], ["config file malformed.yaml is not valid YAML: line 3"]),
     (["--config", "nope.yaml"], ["cannot read config file nope.yaml: No such file or directory"]),
