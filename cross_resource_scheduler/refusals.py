@@ -12,6 +12,7 @@ import grpc
 
 from harness.v1 import irm_pb2
 from services.errors import (
+    CREDENTIALS_REFUSED,
     MANAGER_DOWN,
     MANAGER_UNAVAILABLE,
     RETRY_LATER_S,
@@ -49,9 +50,13 @@ def err_from_rpc(manager: str, e: grpc.RpcError, field_path: Callable[[str], str
     metadata; a manager that did not answer is MANAGER_UNAVAILABLE. `consequence`: what it means for the call
     ("" for a read)."""
     error = from_rpc_error(f"manager {manager!r}", e, consequence, field_path)
-    # A manager that did not answer: retry later. One that refused our credentials: no retry helps (its operator).
-    if not error.reason and isinstance(error, Unavailable) and e.code() != grpc.StatusCode.UNAUTHENTICATED:
-        error.with_reason(MANAGER_UNAVAILABLE, RETRY_LATER_S)
+    # A manager that did not answer: retry later. One that refused our credentials: no retry helps (its operator),
+    # and it said so (a considered answer: nothing was reserved, nothing in doubt).
+    if not error.reason and isinstance(error, Unavailable):
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            error.with_reason(CREDENTIALS_REFUSED, None)
+        else:
+            error.with_reason(MANAGER_UNAVAILABLE, RETRY_LATER_S)
     if error.reason:
         error.metadata.setdefault("manager", manager)
     return error

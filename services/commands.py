@@ -595,7 +595,7 @@ _IN_DOUBT = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grp
 
 def cmd_reserve(args: argparse.Namespace) -> int:
     from harness.v1 import irm_pb2
-    from services.errors import error_info
+    from services.errors import CREDENTIALS_REFUSED, error_info
 
     req = irm_pb2.ReserveRequest(tenant=args.tenant, request_id=args.request_id or uuid.uuid4().hex,
                                  groups=args.group, priority=args.priority,
@@ -611,8 +611,10 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     except grpc.RpcError as e:
         status = _fail(e)
         # (Not when nothing was reached: the request was never sent.)
+        info = error_info(e)
         if e.code() in _IN_DOUBT and not (e.code() == grpc.StatusCode.UNAVAILABLE
-                                          and "failed to connect" in (e.details() or "")):
+                                          and "failed to connect" in (e.details() or "")) \
+                and not (info is not None and info[0] == CREDENTIALS_REFUSED):     # no retry helps: operators'
             # Retrying under the same request id is safe (Reserve is idempotent on it); a random one the user
             # never saw could not be retried, nor the reservation found.
             rid = req.request_id

@@ -46,9 +46,10 @@ DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"  # UNAVAILABLE: the service's data
 RESERVATION_PENDING = "RESERVATION_PENDING"  # ABORTED: a Reserve under this request id is still being placed: ask again
 PIN_UNKNOWN = "PIN_UNKNOWN"                  # RESOURCE_EXHAUSTED: a pinned resource is not known (now): place again
 PIN_REFUSED = "PIN_REFUSED"                  # FAILED_PRECONDITION: a pinned resource never takes the group: elsewhere
+CREDENTIALS_REFUSED = "CREDENTIALS_REFUSED"  # UNAVAILABLE: a manager refused this service's tokens: the operators'
 REASONS = (NEVER_FITS, OVER_PRICE, CAPACITY_IN_USE, SEARCH_GAVE_UP, STREAM_CAP, MANAGER_DOWN, MANAGER_UNAVAILABLE,
            NO_MODEL, SLO_UNATTAINABLE, PROFILING_IN_PROGRESS, APPLICATION_STALE, VM_RELEASED, STREAM_BEHIND,
-           QUEUE_FULL, DATABASE_UNAVAILABLE, RESERVATION_PENDING, PIN_UNKNOWN, PIN_REFUSED)
+           QUEUE_FULL, DATABASE_UNAVAILABLE, RESERVATION_PENDING, PIN_UNKNOWN, PIN_REFUSED, CREDENTIALS_REFUSED)
 
 # RetryInfo of an error whose cause passes with time (capacity in use, a manager away): how long a client waits
 # at least before it tries again.

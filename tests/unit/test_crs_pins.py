@@ -510,6 +510,6 @@ def test_a_manager_refusing_this_crss_credentials_is_placed_around_or_named_for_
             alone.Reserve(irm_pb2.ReserveRequest(tenant="t", request_id="r2", groups=[_group(2)]), None)
         assert tried == ["m"]
         assert "manager 'm'" in str(e.value) and "same control and delegation tokens" in str(e.value)
-        assert e.value.reason == "" and not any(n.assumed for n in alone.view.nodes.values())
+        assert e.value.reason == "CREDENTIALS_REFUSED" and not any(n.assumed for n in alone.view.nodes.values())
     finally:
         alone.db.dispose()

@@ -129,7 +129,7 @@ def test_a_peers_refusal_of_our_credentials_is_unavailable_for_the_operator_not_
 
     assert definite(refused)
     crs_said = err_from_rpc("crs-site-c", refused)
-    assert crs_said.reason == "" and crs_said.retry_after_s is None
+    assert crs_said.reason == "CREDENTIALS_REFUSED" and crs_said.retry_after_s is None   # said so, no retry
 
 
 def test_a_batch_is_checked_for_every_tenant_it_names(two) -> None:
