@@ -23,7 +23,7 @@ from services import control, tls
 from services.clock import Clock
 from services.config import ConfigError, check_address
 from services.db import Database
-from services.errors import FailedPrecondition, InvalidArgument, NotFound, Violations
+from services.errors import FailedPrecondition, HarnessError, InvalidArgument, NotFound, Violations
 
 # Logged as the CRS service, as before this module was split out of it: log filters select by that name.
 log = logging.getLogger("cross_resource_scheduler.service")
@@ -64,6 +64,10 @@ class Registrations:
         self.on_removed = on_removed
         self.attempts = attempts
         self._changing = threading.Lock()
+        # The last refused registration or heartbeat of each name: (when, address, "CODE: message"). Bounded: the
+        # names are the callers'.
+        self._refused: dict[str, tuple[float, str, str]] = {}
+        self._refused_lock = threading.Lock()
         self.db = db
         self.registry = registry
         self.view = view
@@ -71,6 +75,13 @@ class Registrations:
         self.addresses = addresses
         self.control_token = control_token
         self.heartbeat_interval_s = heartbeat_interval_s
+
+    def refused(self, name: str, address: str, error: HarnessError) -> None:
+        """A registration or heartbeat under `name` refused with `error` (ListManagers says so)."""
+        with self._refused_lock:
+            if len(self._refused) >= 1000 and name not in self._refused:
+                del self._refused[min(self._refused, key=lambda k: self._refused[k][0])]
+            self._refused[name[:128]] = (self.clock.now(), address[:256], f"{error.code.name}: {error.message}"[:500])
 
     def register(self, request, context) -> registry_pb2.RegisterManagerResponse:  # noqa: ANN001
         # One registration or deregistration at a time: a deregistration deciding on the manager registered under a
@@ -127,7 +138,11 @@ class Registrations:
 
     def heartbeat(self, request, context) -> registry_pb2.HeartbeatResponse:  # noqa: ANN001
         # Else anyone could keep a stopped manager "up", and reservations would be sent to it.
-        control.check(self.control_token, context, "the CRS (Heartbeat)")
+        try:
+            control.check(self.control_token, context, "the CRS (Heartbeat)")
+        except HarnessError as e:
+            self.refused(request.name, request.address, e)
+            raise
         return registry_pb2.HeartbeatResponse(known=self.registry.heartbeat(request.name, request.address))
 
     def deregister(self, request, context) -> registry_pb2.DeregisterManagerResponse:  # noqa: ANN001
@@ -202,9 +217,16 @@ class Registrations:
 
     def managers(self) -> registry_pb2.ListManagersResponse:
         out = []
+        with self._refused_lock:
+            refused = dict(self._refused)
         for m in self.registry.all():
             count = sum(1 for n in list(self.view.nodes.values()) if n.manager == m.name)
+            said = refused.pop(m.name, None)
             out.append(registry_pb2.ManagerInfo(name=m.name, address=m.address, resource_types=m.resource_types,
                                                 up=m.up, last_heartbeat=max(m.last_heartbeat, 0.0),
-                                                resources=count, follow_error=m.follow_error))
-        return registry_pb2.ListManagersResponse(managers=out)
+                                                resources=count, follow_error=m.follow_error,
+                                                refused=said[2] if said and said[0] > m.last_heartbeat else ""))
+        others = sorted(refused.items(), key=lambda kv: -kv[1][0])[:100]
+        return registry_pb2.ListManagersResponse(managers=out, refused=[
+            registry_pb2.RefusedRegistration(name=name, address=address, refused=why, at=at)
+            for name, (at, address, why) in others])

@@ -1153,6 +1153,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             # The manager logs the refusal where it runs; this CRS's operator sees it here too (a site whose CRS
             # cannot join shows at the top only as resources missing, otherwise) -- once a minute per manager,
             # address and code: a refused manager tries again every few seconds.
+            self.registrations.refused(request.name, request.address, e)
             key, now = (request.name[:128], request.address[:256], e.code.name), time.monotonic()
             if now - self._refusals_logged.get(key, -math.inf) >= REFUSAL_LOG_S:
                 if len(self._refusals_logged) > 1000:   # names are the callers': the table stays bounded

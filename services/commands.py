@@ -242,20 +242,26 @@ def _manager_name(address: str, timeout: float) -> str:
     return next((t.manager for t in reply.resource_types if t.manager), "")
 
 
-def _registration(entry: dict, managers: list) -> None:  # type: ignore[type-arg]
+def _registration(entry: dict, managers: list, refused: list = ()) -> None:  # type: ignore[type-arg]
     """Set `entry`'s crs_* fields from the CRS's managers: the one registered under the IRM's name (or, when
-    its name is not known, at its address, or under the service's name)."""
+    its name is not known, at its address, or under the service's name); `refused`: the registrations the CRS
+    refused under names it has no manager of."""
     name, address = entry.get("manager", ""), entry["address"]
     if name:
         m = next((m for m in managers if m.name == name), None)
     else:
         m = next((m for m in managers if m.address == address), None) or \
             next((m for m in managers if m.name == entry["name"]), None)
-    for key in ("crs_registered_address", "crs_up", "crs_follow_error"):
+    for key in ("crs_registered_address", "crs_up", "crs_follow_error", "crs_refused"):
         entry.pop(key, None)
     if m is None:
         entry["crs_registration"] = "not_registered"
+        said = next((r for r in refused if r.name == (name or entry["name"]) or r.address == address), None)
+        if said is not None:
+            entry["crs_refused"] = said.refused
         return
+    if m.refused:
+        entry["crs_refused"] = m.refused
     entry["manager"] = m.name
     entry["crs_registered_address"] = m.address
     entry["crs_up"] = m.up
@@ -305,7 +311,8 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
         stub = registry_pb2_grpc.ManagerRegistryStub(ch)
         while True:
             try:
-                managers = list(stub.ListManagers(registry_pb2.ListManagersRequest(), timeout=timeout).managers)
+                listed = stub.ListManagers(registry_pb2.ListManagersRequest(), timeout=timeout)
+                managers, refusals = list(listed.managers), list(listed.refused)
             except grpc.RpcError as e:
                 report["error"] = e.code().name
                 report["problems"].append(
@@ -318,7 +325,7 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
                 return report
             report["reachable"] = True
             for s in irms:
-                _registration(s, managers)
+                _registration(s, managers, refusals)
             # Registering right now (`harness up` just returned), or reconnecting its capacity stream.
             waiting = [s for s in irms if s["status"] == "SERVING" and (not _live(s) or s.get("crs_follow_error"))]
             if not waiting or time.monotonic() >= deadline:
@@ -334,6 +341,12 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
         who = f"{s['name']} at {s['address']}"
         manager = s.get("manager") or s["name"]
         state = s["crs_registration"]
+        if s.get("crs_refused") and state in ("not_registered", "registered_down"):
+            # The CRS said why: not the address, whatever the state suggests.
+            token = s["crs_refused"].startswith("UNAUTHENTICATED")
+            fix = (f"the CRS refuses its registrations or heartbeats ({s['crs_refused']})"
+                   + (f": give {s['name']} the CRS's control_token (`control_token` in both sections, "
+                      "HARNESS_CONTROL_TOKEN in compose), then restart it" if token else ""))
         if state == "not_registered" and not s.get("manager"):
             # It did not say its name (its DescribeAllocationSpec failed: the FPGA IRM's waits on its servers, and
             # one may hang): it may be registered under a name of its own at an advertised address. Not proven.

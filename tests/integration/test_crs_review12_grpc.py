@@ -407,6 +407,10 @@ def test_a_crs_with_a_control_token_registers_only_managers_that_send_it(tmp_pat
         [refused] = [r for r in caplog.records if r.getMessage().startswith("manager registration refused")]
         assert (refused.manager, refused.address, refused.code) == ("intruder", a1, "UNAUTHENTICATED")
         assert "control_token" in refused.fix
+        # ... and ListManagers says it (the operators' review: `harness status` blamed the IRM's crs_address).
+        [said] = c.reg.ListManagers(registry_pb2.ListManagersRequest(), timeout=5).refused
+        assert (said.name, said.address) == ("intruder", a1)
+        assert said.refused.startswith("UNAUTHENTICATED: the CRS (RegisterManager) takes control calls")
         # A manager with another token is refused too, and logs the setting to fix.
         caplog.set_level("WARNING", logger="services.registration")
         wrong = Membership(address, "intruder", a1, ["gadget"], heartbeat_interval_s=0.1, control_token="guess")

@@ -54,3 +54,20 @@ def test_a_managers_refusal_of_a_read_says_nothing_of_reserving() -> None:
     assert str(err_from_rpc("compute-a", gone, consequence="")) == \
         "manager 'compute-a': reservation 'r' does not exist"
     assert str(err_from_rpc("compute-a", gone)).endswith("; nothing was reserved")   # a Reserve's, as before
+
+
+def test_status_takes_the_crss_refusal_of_an_irm_for_its_state() -> None:
+    # The operators' review: an IRM with another control token showed "registered but marked down: its
+    # crs_address setting must point at the CRS" -- the CRS knew it refused its heartbeats.
+    from harness.v1 import registry_pb2
+    from services.commands import _registration
+
+    down = registry_pb2.ManagerInfo(name="compute-a", address="h:1", up=False,
+                                    refused="UNAUTHENTICATED: the CRS (Heartbeat) takes control calls ...")
+    entry = {"name": "compute", "address": "h:1", "manager": "compute-a"}
+    _registration(entry, [down])
+    assert entry["crs_registration"] == "registered_down" and entry["crs_refused"].startswith("UNAUTHENTICATED")
+    entry = {"name": "compute", "address": "h:2", "manager": "compute-b"}
+    _registration(entry, [down], [registry_pb2.RefusedRegistration(name="compute-b", address="h:2",
+                                                                   refused="UNAUTHENTICATED: ...")])
+    assert entry["crs_registration"] == "not_registered" and entry["crs_refused"] == "UNAUTHENTICATED: ..."

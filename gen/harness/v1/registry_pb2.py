@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19harness/v1/registry.proto\x12\nharness.v1\"d\n\x16RegisterManagerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"7\n\x17RegisterManagerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"1\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x15\n\x13ListManagersRequest\"\x91\x01\n\x0bManagerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\x12\n\n\x02up\x18\x04 \x01(\x08\x12\x16\n\x0elast_heartbeat\x18\x05 \x01(\x01\x12\x11\n\tresources\x18\x06 \x01(\x05\x12\x14\n\x0c\x66ollow_error\x18\x07 \x01(\t\"A\n\x14ListManagersResponse\x12)\n\x08managers\x18\x01 \x03(\x0b\x32\x17.harness.v1.ManagerInfo\"?\n\x18\x44\x65registerManagerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rabandon_parts\x18\x02 \x01(\x08\"~\n\x19\x44\x65registerManagerResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resources_removed\x18\x02 \x01(\x05\x12\x18\n\x10releases_pending\x18\x03 \x01(\x05\x12\x1e\n\x16\x61\x62\x61ndoned_reservations\x18\x04 \x03(\t2\xec\x02\n\x0fManagerRegistry\x12Z\n\x0fRegisterManager\x12\".harness.v1.RegisterManagerRequest\x1a#.harness.v1.RegisterManagerResponse\x12H\n\tHeartbeat\x12\x1c.harness.v1.HeartbeatRequest\x1a\x1d.harness.v1.HeartbeatResponse\x12Q\n\x0cListManagers\x12\x1f.harness.v1.ListManagersRequest\x1a .harness.v1.ListManagersResponse\x12`\n\x11\x44\x65registerManager\x12$.harness.v1.DeregisterManagerRequest\x1a%.harness.v1.DeregisterManagerResponseB\x16Z\x14harness/v1;harnessv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19harness/v1/registry.proto\x12\nharness.v1\"d\n\x16RegisterManagerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"7\n\x17RegisterManagerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"1\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x15\n\x13ListManagersRequest\"\xa2\x01\n\x0bManagerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eresource_types\x18\x03 \x03(\t\x12\n\n\x02up\x18\x04 \x01(\x08\x12\x16\n\x0elast_heartbeat\x18\x05 \x01(\x01\x12\x11\n\tresources\x18\x06 \x01(\x05\x12\x14\n\x0c\x66ollow_error\x18\x07 \x01(\t\x12\x0f\n\x07refused\x18\x08 \x01(\t\"Q\n\x13RefusedRegistration\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07refused\x18\x03 \x01(\t\x12\n\n\x02\x61t\x18\x04 \x01(\x01\"s\n\x14ListManagersResponse\x12)\n\x08managers\x18\x01 \x03(\x0b\x32\x17.harness.v1.ManagerInfo\x12\x30\n\x07refused\x18\x02 \x03(\x0b\x32\x1f.harness.v1.RefusedRegistration\"?\n\x18\x44\x65registerManagerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rabandon_parts\x18\x02 \x01(\x08\"~\n\x19\x44\x65registerManagerResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resources_removed\x18\x02 \x01(\x05\x12\x18\n\x10releases_pending\x18\x03 \x01(\x05\x12\x1e\n\x16\x61\x62\x61ndoned_reservations\x18\x04 \x03(\t2\xec\x02\n\x0fManagerRegistry\x12Z\n\x0fRegisterManager\x12\".harness.v1.RegisterManagerRequest\x1a#.harness.v1.RegisterManagerResponse\x12H\n\tHeartbeat\x12\x1c.harness.v1.HeartbeatRequest\x1a\x1d.harness.v1.HeartbeatResponse\x12Q\n\x0cListManagers\x12\x1f.harness.v1.ListManagersRequest\x1a .harness.v1.ListManagersResponse\x12`\n\x11\x44\x65registerManager\x12$.harness.v1.DeregisterManagerRequest\x1a%.harness.v1.DeregisterManagerResponseB\x16Z\x14harness/v1;harnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,13 +43,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTMANAGERSREQUEST']._serialized_start=287
   _globals['_LISTMANAGERSREQUEST']._serialized_end=308
   _globals['_MANAGERINFO']._serialized_start=311
-  _globals['_MANAGERINFO']._serialized_end=456
-  _globals['_LISTMANAGERSRESPONSE']._serialized_start=458
-  _globals['_LISTMANAGERSRESPONSE']._serialized_end=523
-  _globals['_DEREGISTERMANAGERREQUEST']._serialized_start=525
-  _globals['_DEREGISTERMANAGERREQUEST']._serialized_end=588
-  _globals['_DEREGISTERMANAGERRESPONSE']._serialized_start=590
-  _globals['_DEREGISTERMANAGERRESPONSE']._serialized_end=716
-  _globals['_MANAGERREGISTRY']._serialized_start=719
-  _globals['_MANAGERREGISTRY']._serialized_end=1083
+  _globals['_MANAGERINFO']._serialized_end=473
+  _globals['_REFUSEDREGISTRATION']._serialized_start=475
+  _globals['_REFUSEDREGISTRATION']._serialized_end=556
+  _globals['_LISTMANAGERSRESPONSE']._serialized_start=558
+  _globals['_LISTMANAGERSRESPONSE']._serialized_end=673
+  _globals['_DEREGISTERMANAGERREQUEST']._serialized_start=675
+  _globals['_DEREGISTERMANAGERREQUEST']._serialized_end=738
+  _globals['_DEREGISTERMANAGERRESPONSE']._serialized_start=740
+  _globals['_DEREGISTERMANAGERRESPONSE']._serialized_end=866
+  _globals['_MANAGERREGISTRY']._serialized_start=869
+  _globals['_MANAGERREGISTRY']._serialized_end=1233
 # @@protoc_insertion_point(module_scope)

@@ -43,7 +43,7 @@ class ListManagersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ManagerInfo(_message.Message):
-    __slots__ = ("name", "address", "resource_types", "up", "last_heartbeat", "resources", "follow_error")
+    __slots__ = ("name", "address", "resource_types", "up", "last_heartbeat", "resources", "follow_error", "refused")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPES_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class ManagerInfo(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_ERROR_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     resource_types: _containers.RepeatedScalarFieldContainer[str]
@@ -58,13 +59,28 @@ class ManagerInfo(_message.Message):
     last_heartbeat: float
     resources: int
     follow_error: str
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ..., up: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., resources: _Optional[int] = ..., follow_error: _Optional[str] = ...) -> None: ...
+    refused: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., resource_types: _Optional[_Iterable[str]] = ..., up: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., resources: _Optional[int] = ..., follow_error: _Optional[str] = ..., refused: _Optional[str] = ...) -> None: ...
+
+class RefusedRegistration(_message.Message):
+    __slots__ = ("name", "address", "refused", "at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    refused: str
+    at: float
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., refused: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
 
 class ListManagersResponse(_message.Message):
-    __slots__ = ("managers",)
+    __slots__ = ("managers", "refused")
     MANAGERS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     managers: _containers.RepeatedCompositeFieldContainer[ManagerInfo]
-    def __init__(self, managers: _Optional[_Iterable[_Union[ManagerInfo, _Mapping]]] = ...) -> None: ...
+    refused: _containers.RepeatedCompositeFieldContainer[RefusedRegistration]
+    def __init__(self, managers: _Optional[_Iterable[_Union[ManagerInfo, _Mapping]]] = ..., refused: _Optional[_Iterable[_Union[RefusedRegistration, _Mapping]]] = ...) -> None: ...
 
 class DeregisterManagerRequest(_message.Message):
     __slots__ = ("name", "abandon_parts")
