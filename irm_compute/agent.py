@@ -84,6 +84,9 @@ from services.server import CallCap, Component
 from services.tls import TlsSettings
 
 log = logging.getLogger(__name__)
+# How often a misconfiguration the compute IRM's answers show (another control token, no compute IRM there) is
+# logged at most.
+MISCONFIGURED_LOG_S = 60.0
 
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["ExecutionAgent"].full_name
 
@@ -169,6 +172,7 @@ class ComputeClient:
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: compute_pb2_grpc.ComputeControlStub | None = None
+        self._said: dict[str, float] = {}      # misconfigurations logged: when (see _misconfigured)
 
     def get_vm(self, vm_id: str) -> compute_pb2.Vm:
         with self._lock:
@@ -186,11 +190,22 @@ class ComputeClient:
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidArgument.of("vm_id", details or "rejected by the compute IRM") from None
             if code == grpc.StatusCode.UNAUTHENTICATED:
-                # Not UNAVAILABLE: retrying cannot help until an operator makes the tokens agree.
+                # Not UNAVAILABLE: retrying cannot help until an operator makes the tokens agree -- who is told
+                # here too (the tenant's refusal alone reached no operator).
+                self._misconfigured("the compute IRM rejects this agent's control token",
+                                    "set the agent's control_token to the compute IRM's")
                 raise FailedPrecondition(
                     f"compute IRM at {self.address} rejected this agent's control token while looking up VM "
                     f"{vm_id!r}: the agent's control_token differs from the compute IRM's; set both to the same "
                     "secret"
+                ) from None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                self._misconfigured(f"the service at compute_address {self.address} is no compute IRM (it has no "
+                                    "ComputeControl)", "set the agent's compute_address to its compute IRM's")
+                raise FailedPrecondition(
+                    f"this agent's compute_address {self.address} is no compute IRM (it answers UNIMPLEMENTED for "
+                    f"ComputeControl.GetVm) while looking up VM {vm_id!r}: the operator must point the agent at its "
+                    "compute IRM"
                 ) from None
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise Unavailable(
@@ -200,6 +215,15 @@ class ComputeClient:
             raise Unavailable(
                 f"compute IRM at {self.address} failed to describe VM {vm_id!r}: {code.name}: {details}"
             ) from None
+
+    def _misconfigured(self, what: str, fix: str) -> None:
+        """Log an operator's misconfiguration the compute IRM's answer shows, once a minute."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._said.get(what, -math.inf) < MISCONFIGURED_LOG_S:
+                return
+            self._said[what] = now
+        log.error(f"{what} (logged once a minute)", extra={"compute_address": self.address, "fix": fix})
 
     def close(self) -> None:
         with self._lock:

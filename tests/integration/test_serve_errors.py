@@ -143,6 +143,24 @@ def test_an_agent_whose_control_token_the_compute_irm_rejects_says_so_not_retry_
             list(call)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION      # retrying cannot help: not UNAVAILABLE
     assert "control_token differs from the compute IRM's" in e.value.details()
+    # The operators' review: only the tenant was told; the agent's log says it too, with the fix.
+    assert "the compute IRM rejects this agent's control token" in (tmp_path / "agent.log").read_text()
+
+
+def test_an_agent_pointed_at_another_service_than_its_compute_irm_says_so(tmp_path):
+    # The operators' review: compute_address at a CRS gave the tenant "UNAVAILABLE ... UNIMPLEMENTED: Method not
+    # found!" and a hint that the agent may be restarting; the agent's log was silent.
+    with serving("crs", "--set", f"state_dir={tmp_path}", cwd=tmp_path) as crs, \
+         serving("agent", "--set", f"compute_address=127.0.0.1:{crs}", "--set", f"work_dir={tmp_path / 'agent'}",
+                 cwd=tmp_path) as agent, \
+         plain_channel(f"127.0.0.1:{agent}") as channel:
+        call = agent_pb2_grpc.ExecutionAgentStub(channel).Execute(
+            agent_pb2.ExecuteRequest(tenant="alice", vm_id="vm-1", argv=["true"]), timeout=30)
+        with pytest.raises(grpc.RpcError) as e:
+            list(call)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"compute_address 127.0.0.1:{crs} is no compute IRM" in e.value.details()
+    assert "is no compute IRM (it has no ComputeControl)" in (tmp_path / "agent.log").read_text()
 
 
 def test_an_orchestrator_whose_control_token_an_fpga_server_rejects_says_so(tmp_path):
