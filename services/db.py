@@ -36,7 +36,14 @@ T = TypeVar("T")
 
 def default_url(state_dir: str | Path, name: str) -> str:
     path = Path(state_dir).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from services.config import ConfigError
+
+        # Named by its setting: "[Errno 2] No such file or directory: '/proc/x'" said nothing of where it came from.
+        raise ConfigError(f"state_dir {str(path)!r}: cannot make it ({e.strerror or e}): give a directory this "
+                          "service may write (its databases go there)") from None
     return f"sqlite:///{path / name}.db"
 
 

@@ -95,6 +95,7 @@ def test_a_config_file_without_the_services_section_is_an_error_unless_a_suite_s
     (["--address", "127.0.0.1:99999"], ["address '127.0.0.1:99999': expected HOST:PORT with PORT in 0..65535"]),
     (["--address", "localhost"], ["address 'localhost': expected HOST:PORT"]),
     (["--set", "address=::1:50051"], ["address '::1:50051'", "[::1]:50051"]),     # IPv6 wants brackets
+    (["--set", "state_dir=/proc/x/y"], ["state_dir '/proc/x/y': cannot make it"]),  # the setting named
 ])
 def test_bad_settings_are_one_line_and_status_2(tmp_path, args, fragments):
     (tmp_path / "malformed.yaml").write_text("crs:\n  filters: [traits,\n")
