@@ -61,6 +61,22 @@ def _fail(e: grpc.RpcError, option: str = "--crs", agent: str = "") -> int:
     return 1
 
 
+def _service_address(text: str) -> tuple[str, str]:
+    """argparse type of `harness status --service`: NAME=HOST:PORT, NAME one of the suite's services."""
+    from services import suite
+    from services.config import ConfigError, check_address
+
+    name, sep, address = text.partition("=")
+    if not sep or name not in suite.DEFAULT_PORTS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=HOST:PORT, NAME one of "
+                                         f"{', '.join(suite.DEFAULT_PORTS)}")
+    try:
+        check_address(address)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name, address
+
+
 def _env_pair(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -408,7 +424,12 @@ def _service_problem(s: dict, state_dir: str | None) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from services import suite
 
-    if getattr(args, "default_ports", False):
+    if getattr(args, "service", None):
+        if args.default_ports:
+            print("harness status: give --service or --default-ports, not both", file=sys.stderr)
+            return 2
+        addresses = dict(args.service)      # a deployment of `harness serve`s: the services named, where named
+    elif getattr(args, "default_ports", False):
         addresses = {name: f"127.0.0.1:{port}" for name, port in suite.DEFAULT_PORTS.items()}
     else:
         try:
@@ -424,7 +445,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     registry = registrations_of(services, addresses)
     problems, warnings = registry.pop("problems"), registry.pop("warnings")
     # A service down is the first thing to fix: said before what its absence does to the registrations.
-    state_dir = None if getattr(args, "default_ports", False) else args.state_dir
+    state_dir = None if getattr(args, "default_ports", False) or getattr(args, "service", None) else args.state_dir
     problems[:0] = [_service_problem(s, state_dir) for s in services if s["status"] != "SERVING"]
     # All SERVING, a suite whose `harness up` was killed still does not survive its next crash: said first.
     if state_dir is not None and (unsupervised := suite.unsupervised(state_dir)) is not None:
@@ -977,6 +998,9 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--default-ports", action="store_true",
                    help="check the services at 127.0.0.1 on the default ports (50051, 50061, ...; e.g. compose's "
                         "published ones) instead of the suite of a state directory")
+    p.add_argument("--service", action="append", type=_service_address, metavar="NAME=HOST:PORT",
+                   help="check this service there (repeat for each; names: crs, compute, agent, fpga-server, fpga, "
+                        "am), e.g. a deployment of `harness serve`s, instead of a suite")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 

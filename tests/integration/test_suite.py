@@ -109,6 +109,18 @@ def test_the_operator_lists_and_deregisters_managers_with_the_suites_control_tok
     assert "is up (it heartbeated" in refused.stderr
 
 
+def test_status_checks_the_services_named_where_named(running):
+    # The operators' review: a deployment of `harness serve`s on other ports could not be checked (--default-ports
+    # checks all six services at 127.0.0.1:50051...).
+    addrs = running["addrs"]
+    r = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json", "--service", f"crs={addrs['crs']}",
+                        "--service", f"compute={addrs['compute']}"], capture_output=True, text=True, timeout=60)
+    status = json.loads(r.stdout)
+    assert r.returncode == 0 and status["ok"] is True, r.stdout + r.stderr
+    assert [(s["name"], s["status"]) for s in status["services"]] == [("crs", "SERVING"), ("compute", "SERVING")]
+    assert status["services"][1]["crs_registration"] == "registered"
+
+
 def test_status_fails_while_an_irm_is_not_registered_with_the_crs(tmp_path, unused_address):
     # The operator's mistake: a config file pins the FPGA IRM to a CRS at a fixed port, while `--auto-ports`
     # put the suite's CRS elsewhere. Every service serves; the FPGA IRM never registers with the suite's CRS.
