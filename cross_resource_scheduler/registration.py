@@ -164,9 +164,10 @@ class Registrations:
                            f"{', '.join(known) if known else 'none'})")
         if state.up:
             # Heartbeating (or stopped too recently to be marked down): it would register again at once.
-            raise FailedPrecondition(f"the manager {name!r} is up (it heartbeated {max(0.0, self.clock.now() - state.last_heartbeat):.1f} s "
-                                     "ago): stop it, and deregister it once the CRS marks it down (ListManagers, "
-                                     "`harness managers`: up false)")
+            ago = max(0.0, self.clock.now() - state.last_heartbeat)
+            raise FailedPrecondition(f"the manager {name!r} is up (it heartbeated {ago:.1f} s ago): stop it, and "
+                                     "deregister it once the CRS marks it down (ListManagers, `harness managers`: "
+                                     "up false)")
         if serving_at(state.address):
             # Running, it would be told it is unknown at its next heartbeat and register again at once.
             raise FailedPrecondition(f"the manager {name!r} still answers at {state.address}: stop it first, then "
