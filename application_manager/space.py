@@ -138,10 +138,12 @@ Limits = dict[str, dict[str, tuple[float | None, float | None, str]]]
 MANIFEST_UNITS = {"cores": "cores", "memory": "MB", "frequency": "GHz"}
 
 
-def _outside(impl: Any, limits: Limits) -> tuple[str, dict[str, set]]:
-    """What of `impl` no manager offers: why it cannot run at all ("" if it can), and per variable the values that
-    ask for more (or less) than any manager has (their configurations are left out)."""
+def _outside(impl: Any, limits: Limits) -> tuple[str, dict[str, set], list[str]]:
+    """What of `impl` no manager offers: why it cannot run at all ("" if it can), per variable the values that
+    ask for more (or less) than any manager has (their configurations are left out), and what each such choice
+    asks (for the note)."""
     banned: dict[str, set] = {}
+    reasons: list[str] = []
     for g in impl.groups:
         offered = limits.get(g.type, {})
         for aname, c in g.attributes.items():
@@ -163,10 +165,10 @@ def _outside(impl: Any, limits: Limits) -> tuple[str, dict[str, set]]:
             said = f"group {g.id!r}: {aname} {', '.join(f'{x:g}' for x in outside[:3])}" + (
                 ", ..." if len(outside) > 3 else "") + f" is outside what the managers offer ({bound})"
             if len(outside) == len(c.values) or not c.var:
-                return said, {}
+                return said, {}, []
             banned.setdefault(c.var, set()).update(outside)
-            banned.setdefault("", set()).add(said)      # (the reasons, for the note)
-    return "", banned
+            reasons.append(said)
+    return "", banned, reasons
 
 
 def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
@@ -202,11 +204,10 @@ def from_manifest(manifest: Manifest, parameters: dict[str, Any] | None = None,
             notes.append(f"implementation {impl.name!r} needs resource type(s) {', '.join(missing)}, "
                          f"which the infrastructure does not offer: left out of the search space")
             continue
-        why, banned = _outside(impl, limits) if limits else ("", {})
+        why, banned, reasons = _outside(impl, limits) if limits else ("", {}, [])
         if why:
             notes.append(f"implementation {impl.name!r} cannot run: {why}; left out of the search space")
             continue
-        reasons = sorted(banned.pop("", set()))
         choices = {**impl.choices(), **tunables}
         fixed = impl.fixed()
         names = sorted(choices)
