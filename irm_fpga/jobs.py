@@ -732,7 +732,7 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
             allocations=[fpga_jobs_pb2.AllocationChange(time=t, devices=n)
                          for t, n in capped_history(row.allocations)],
             registered_at=row.registered_at, deadline_at=row.deadline_at, retired_at=row.retired_at,
-            waiting_reason=self._waiting_reason if row.state == QUEUED else "")
+            waiting_reason=self.queued_reason(row) if row.state == QUEUED else "")
         if row.goal == DEADLINE:
             job.deadline.CopyFrom(fpga_jobs_pb2.DeadlineGoal(deadline_s=row.deadline_s,
                                                              size_actions=row.size_actions))

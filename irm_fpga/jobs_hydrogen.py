@@ -104,7 +104,14 @@ class HydrogenDispatch:
         self._failures = 0
         self._retry_at: float | None = None
         self._logged_failures: set[str] = set()
-        self._waiting_reason = ""
+        self._failure_reason = ""       # set by `_decision_failed`, cleared by `_decision_made`
+        self._stall_reason = ""         # why no decision can be tried now (`_dispatch`), cleared once one can
+        self._waiting_reason = ""       # the one queued jobs are told: the stall's, else the failure's
+        self._untold = False            # it changed since queued jobs were last streamed
+        # Hydrogen: what the last successful decision saw, for a queued job's `waiting_reason` while no failure or
+        # stall is to be told (`queued_reason`): (clock time, pool, devices held, running jobs, jobs left queued,
+        # whether it held back a job the free devices could have started).
+        self._situation: tuple[float, int, int, int, int, bool] | None = None
 
     def wake_once(self) -> None:
         """Decide again if a held job's wake is due (`_wake_at`), whatever changed since the last decision."""
@@ -227,8 +234,18 @@ class HydrogenDispatch:
 
         None while a server holding a running job's group does not answer (its devices would count as gone:
         the elastic pool would shrink for good on a timeout), nor when nothing changed since the last one
-        (the queue, the running jobs, the devices, which queued jobs are late).
+        (the queue, the running jobs, the devices, which queued jobs are late). Queued jobs are streamed after
+        it if the reason they are told changed (once, with what it saw: `queued_reason`).
         """
+        try:
+            self._decide(now)
+        finally:
+            if self._untold:
+                self._untold = False
+                if self.watchers.has_subscribers():     # every queued job's waiting_reason changed
+                    self._publish(self._queued())
+
+    def _decide(self, now: float) -> None:
         assert self.scheduler is not None
         queued = self._queue_length()
         running = self._retire_groupless(self._active(), now)
@@ -240,14 +257,21 @@ class HydrogenDispatch:
         if waiting:
             log.warning("job dispatch skipped: servers holding job groups did not answer",
                         extra={"servers": waiting})
+            self._set_reasons(stall=
+                f"no scheduling decision is made while {len(waiting)} FPGA-server(s) holding running jobs' groups "
+                f"do not answer (their devices cannot be counted); it resumes when they answer or their jobs are "
+                f"retired")
             return
-        if self._retry_at is not None and now < self._retry_at:
-            return          # backing off after failed decisions: no event decides sooner (`_decision_failed`)
         live = self.devices.live_devices(running, caps)
         hi = self._hydrogen_max(running, self.devices.pool(running, caps))
         running = [r for r in running if live[r.id] > 0]
         if hi < 1:
+            self._set_reasons(stall="no devices: every FPGA-server is unreachable or all its devices are held "
+                                    "outside the job manager; jobs are dispatched when devices return")
             return
+        self._set_reasons(stall="")
+        if self._retry_at is not None and now < self._retry_at:
+            return          # backing off after failed decisions: no event decides sooner (`_decision_failed`)
         # A job turning late is an event too: a policy that chose to wait for an arrival that never came
         # decides again then, not only when something arrives or ends. (With the queue unchanged, the late jobs
         # only grow in number: the count tells them.)
@@ -303,6 +327,8 @@ class HydrogenDispatch:
         chosen = dict(d.allocation)
         free = d.pool - sum(rj.devices for rj in run) - sum(chosen.values())     # of the pool it provisioned
         held_back = any(r.id not in chosen and r.min_devices <= free for r in window)
+        held = sum(rj.devices for rj in run) + sum(n for (_, n), ok in zip(d.allocation, started, strict=True) if ok)
+        self._situation = (now, d.pool, held, len(run) + sum(started), queued - sum(started), held_back)
         period = self.config.control_period_s
         ends = [min(rj.end, now + OVERDUE_RECHECK_MAX_S) if self._overdue(r, rj.job, now) else rj.end + period
                 for r, rj in zip(running, run, strict=True)]
@@ -342,7 +368,7 @@ class HydrogenDispatch:
         nxt = "at the next event or control round" if not delay else f"at {now + delay:.3f} at the earliest"
         kind = ("the scheduling algorithm failed or its answer was refused" if isinstance(e, plugins.PolicyError)
                 else f"an internal error ({type(e).__name__})")
-        self._set_waiting_reason(
+        self._set_reasons(failure=
             f"the scheduler could not decide: {self._failures} failed decision(s) in a row, the last at {now:.3f}; "
             f"the next attempt is {nxt}. Error: {kind}; the service log has its details")
 
@@ -350,14 +376,44 @@ class HydrogenDispatch:
         """A decision succeeded: no more backing off, and the queued jobs' waiting_reason is cleared."""
         self._failures = 0
         self._retry_at = None
-        self._set_waiting_reason("")
+        self._set_reasons(failure="")
 
-    def _set_waiting_reason(self, reason: str) -> None:
-        if reason == self._waiting_reason:
-            return
-        self._waiting_reason = reason
-        if self.watchers.has_subscribers():     # every queued job's waiting_reason changed
-            self._publish(self._queued())
+    def queued_reason(self, row: FpgaJob) -> str:
+        """Why a queued job waits: a failed or stalled decision's reason if any, else what the last decision saw.
+
+        The latter is put together when read (GetJob, ListJobs, an update streamed for another reason): it
+        changes with every decision, and streaming every queued job each time would cost more than the decision.
+        """
+        if self._waiting_reason or self._situation is None:
+            return self._waiting_reason
+        at, pool, held, running, left, held_back = self._situation
+        free = max(0, pool - held)
+        text = (f"waiting for devices: at the last scheduling decision ({at:.3f}) {held} of the pool's {pool} "
+                f"device(s) were held by {running} running job(s), {free} free, and {left} job(s) stayed in the "
+                f"ready queue")
+        if row.min_devices > pool:
+            text += (f"; this job needs at least {row.min_devices} device(s), more than the pool has now: it waits "
+                     f"until the pool grows")
+        elif row.min_devices > free:
+            text += f"; this job needs at least {row.min_devices} device(s)"
+        elif held_back:     # this job too, if it was in the window (a job that fits the free devices holds it)
+            text += (f"; the policy ({self.config.policy}) left queued jobs that the free devices could start (it "
+                     f"may hold them for devices of running jobs about to end)")
+        else:
+            text += (f"; it is not among the first {self.scheduler.window if self.scheduler else 0} queued jobs "
+                     f"that the policy looks at (its window)")
+        return text
+
+    def _set_reasons(self, *, failure: str | None = None, stall: str | None = None) -> None:
+        """Sets the failure's or the stall's reason (`_dispatch` streams the queued jobs if the one told changed)."""
+        if failure is not None:
+            self._failure_reason = failure
+        if stall is not None:
+            self._stall_reason = stall
+        reason = self._stall_reason or self._failure_reason
+        if reason != self._waiting_reason:
+            self._waiting_reason = reason
+            self._untold = True
 
     def _save_pool(self, devices: int, now: float) -> None:
         def save(s):  # type: ignore[no-untyped-def]

@@ -4,7 +4,7 @@ Before, the job manager asked a broken plug-in again on every control round and 
 traceback each time; a hanging one's worker killed and started again every second), and a tenant saw only
 STATE_QUEUED. Now a failed decision backs the manager off (`irm_fpga.jobs_hydrogen.HydrogenDispatch._decision_failed`: again at once after a
 first failure, then after min(period, 1 s), doubling, up to 30 s), logs the traceback once per distinct error and one
-line after, and sets `Job.waiting_reason` on queued jobs until a decision succeeds.
+line after, and sets `Job.waiting_reason` on queued jobs until a decision succeeds (then they are told what it saw).
 
 The manager runs over the fake Orchestrator on a VirtualClock with a control period of 1 s, stepped by hand (a round
 is `control_once` at the next second). The plug-ins are loaded by name in the manager's worker process.
@@ -126,8 +126,12 @@ def test_a_failing_plug_in_is_asked_ever_more_rarely_and_queued_jobs_say_why_unt
     assert plugin.calls == [*backoff_schedule(START, START + 70, FIXED_AT), 1063.0] == \
         [1000.0, 1001.0, 1002.0, 1004.0, 1008.0, 1016.0, 1032.0, 1062.0, 1063.0]
     assert m._job("alice", a.id).state == "active" and m._job("alice", b.id).state == QUEUED   # no device for b
-    assert reason(m, b.id) == "" and reason(m, a.id) == ""       # cleared by the decision that succeeded
-    assert [j.waiting_reason for j in published if j.id == b.id][-1] == ""
+    # The failure's reason is cleared by the decision that succeeded; b is told what that decision saw instead.
+    assert reason(m, a.id) == "" and KIND not in reason(m, b.id)
+    assert reason(m, b.id).startswith("waiting for devices: at the last scheduling decision (1063.000)")
+    assert f"{DEVICES} of the pool's {DEVICES} device(s) were held by 1 running job(s), 0 free" in reason(m, b.id)
+    assert reason(m, b.id).endswith(f"this job needs at least {DEVICES} device(s)")
+    assert KIND not in [j.waiting_reason for j in published if j.id == b.id][-1]
     # The traceback once; a line for each failure after it.
     failures = [r for r in caplog.records if r.name == "irm_fpga.jobs" and "scheduling decision failed" in r.message]
     assert len(failures) == 7
