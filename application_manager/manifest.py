@@ -53,6 +53,9 @@ RESOURCE_KIND = {"cores": "cpu", "memory": "memory", "frequency": "cpu", "instan
 BUILTIN_VARS = ("%python", "%app_dir")
 MAX_VALUES = 4096
 MAX_VARIANTS = 256
+# The most instances a group may ask for: the CRS's limit per group (`cross_resource_scheduler.parsing.MAX_COUNT`),
+# checked at submit so that no profiling run is made only to be refused (and no count overflows the wire's int32).
+MAX_INSTANCES = 1000
 READY_LINE = "HARNESS_READY"
 _VAR = re.compile(r"%[A-Za-z_][A-Za-z0-9_]*")
 # Bad values are quoted back in messages; a deeply nested or huge one must not make the
@@ -257,6 +260,35 @@ def misspelt_keys(obj: Any, known: tuple[str, ...], path: str, v: Violations) ->
                                    "ignored)")
 
 
+# Keys of one level of a manifest (read case-insensitively) that are no key of another: written at the wrong level,
+# one would be ignored as silently as a misspelt one -- a GlobalConstraints at the top dropped, money spent on what it
+# excluded. `misplaced_keys` refuses them, naming where each belongs ("{m}": a module's path, "{i}": an
+# implementation's).
+MODULE_KEYS = ("ModuleName", "Parameters", "Implementations")
+IMPLEMENTATION_KEYS = ("ImplementationName", "Resources", "GlobalConstraints", "EnvironmentVars", "Command", "Tarball",
+                       "DeploymentArgs", "ExecutionArgs")
+_BELONGS = {**{k.lower(): ("{m}", k) for k in MODULE_KEYS},
+            **{k.lower(): ("{m}.Implementations[j]", k) for k in IMPLEMENTATION_KEYS},
+            "groups": ("{m}.Implementations[j].Resources", "Groups")}
+
+
+def misplaced_keys(obj: Any, module: str, level: str, v: Violations, path: str) -> None:
+    """Keys of `obj` (a manifest's `level`: "manifest", "module" or "implementation", at `path`) that belong to
+    another level: refused, naming where (`module` is the module's path: "manifest.Modules[i]" at the top)."""
+    if not isinstance(obj, dict):
+        return
+    here = {"manifest": ("name", "author", "modules"), "module": tuple(k.lower() for k in MODULE_KEYS),
+            "implementation": (*(k.lower() for k in IMPLEMENTATION_KEYS), "distances")}[level]
+    for key in obj:
+        if not isinstance(key, str) or key.lower() in here or key.lower() not in _BELONGS:
+            continue
+        where, proper = _BELONGS[key.lower()]
+        where = where.format(m=module)
+        if level == "implementation" and where.startswith(f"{module}.Implementations[j]"):
+            where = path + where[len(f"{module}.Implementations[j]"):]
+        v.add(f"{path}.{key}", f"belongs in {where}.{proper}; here it would be ignored")
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
@@ -430,8 +462,8 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
     if not isinstance(spec, dict):
         v.add(path, "expected an object")
         return None
-    misspelt_keys(spec, ("ImplementationName", "Resources", "Distances", "GlobalConstraints", "EnvironmentVars",
-                         "Command", "Tarball", "DeploymentArgs", "ExecutionArgs"), path, v)
+    misspelt_keys(spec, (*IMPLEMENTATION_KEYS, "Distances"), path, v)
+    misplaced_keys(spec, path.rsplit(".Implementations[", 1)[0], "implementation", v, path)
     name = _get(spec, "ImplementationName")
     if not (isinstance(name, str) and name.strip()):
         v.add(f"{path}.ImplementationName", "required: a non-empty name")
@@ -476,6 +508,9 @@ def _implementation(spec: Any, path: str, v: Violations, known_vars: set[str], m
         n = _get(g, "NumInstances")
         inst = _choice(n if n is not None else {"Value": 1}, f"{gp}.NumInstances", v, numeric=True, integer=True,
                        kind="cpu")
+        if inst is not None and (most := max(inst.values)) > MAX_INSTANCES:
+            v.add(f"{gp}.NumInstances", f"at most {MAX_INSTANCES} instances per group (the CRS's limit), got {most}")
+            inst = None
         attrs: dict[str, Choice] = {}
         raw_attrs = _get(g, "Attributes") or {}
         if not isinstance(raw_attrs, dict):
@@ -663,6 +698,7 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
         v.add(field_prefix, "expected a JSON object with Name and Modules")
         v.raise_if_any()
     misspelt_keys(data, ("Name", "Author", "Modules"), field_prefix, v)
+    misplaced_keys(data, f"{field_prefix}.Modules[i]", "manifest", v, field_prefix)
     name = _get(data, "Name")
     if not (isinstance(name, str) and name.strip()):
         v.add(f"{field_prefix}.Name", "required: the application's name")
@@ -680,7 +716,8 @@ def parse_manifest(data: Any, field_prefix: str = "manifest") -> Manifest:
         if not isinstance(m, dict):
             v.add(mp, "expected an object")
             continue
-        misspelt_keys(m, ("ModuleName", "Parameters", "Implementations"), mp, v)
+        misspelt_keys(m, MODULE_KEYS, mp, v)
+        misplaced_keys(m, mp, "module", v, mp)
         params_raw = _get(m, "Parameters") or []
         if not isinstance(params_raw, list):
             v.add(f"{mp}.Parameters", "expected a list of parameters ({Var, Name, Type, Values})")

@@ -34,6 +34,7 @@ from services import tenants
 from services.errors import (
     PROFILING_IN_PROGRESS,
     FailedPrecondition,
+    HarnessError,
     InvalidArgument,
     NotFound,
     Unavailable,
@@ -402,9 +403,14 @@ class ProfilingSessions:
             if prof.note:
                 message = f"{message}; {prof.note}"
             log.info("profiling ended", extra={"session": sid, "why": why, "runs": len(obs) - offset})
-        except Exception as e:  # noqa: BLE001 - the session records the failure; the service goes on
+        except HarnessError as e:   # a refusal meant for the caller (a service's answer, a limit): said as it is
             log.exception("profiling failed", extra={"session": sid})
             message = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - the session records the failure; the service goes on
+            # A bug's text (a library's ValueError, say) tells the tenant nothing they can fix: the log has it.
+            log.exception("profiling failed", extra={"session": sid})
+            message = f"an internal error of the application manager ({type(e).__name__}); its log has the " \
+                      f"details under session {sid}"
         finally:
             def end(s) -> m.Session:  # type: ignore[no-untyped-def]
                 srow = s.get(m.Session, sid)

@@ -56,8 +56,9 @@ class Constraint:
 
 
 class ConstraintSyntaxError(ValueError):
-    def __init__(self, message: str, position: int) -> None:
-        super().__init__(f"{message} at character {position + 1}")
+    def __init__(self, message: str, position: int | None) -> None:
+        """`position`: where in the text (0-based), or None for a fault of the whole text (its length)."""
+        super().__init__(message if position is None else f"{message} at character {position + 1}")
         self.position = position
 
 
@@ -69,7 +70,7 @@ MAX_EXPRESSION = 1000
 
 def _tokens(text: str) -> list[tuple[str, str, int]]:
     if len(text) > MAX_EXPRESSION:
-        raise ConstraintSyntaxError(f"too long: {len(text)} characters, at most {MAX_EXPRESSION}", MAX_EXPRESSION)
+        raise ConstraintSyntaxError(f"too long: {len(text)} characters, at most {MAX_EXPRESSION}", None)
     out, pos = [], 0
     while pos < len(text):
         if _BLANK_TO_END.match(text, pos):

@@ -189,6 +189,12 @@ def parse(groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupCo
                     continue
                 props[key] = (lo, hi)
         for key, spec in attrs.items():
+            # Required by every manager of the type (merged_attribute): said now, not as "never fits" when a
+            # trait or a pin left no resource (placement would never ask a manager, which would say it).
+            if spec.required and key not in g.attributes:
+                v.add(f"{p}.attributes[{key}]", f"required: every manager of {g.resource_type!r} needs it"
+                                                + (f" ({spec.unit})" if spec.unit else ""))
+                continue
             # A consumable left out is taken at its default by the manager: it counts here too, or full
             # hosts would pass the capacity filter (and the manager refuse them).
             if spec.consumable and key not in g.attributes and spec.HasField("default"):

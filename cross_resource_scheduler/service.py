@@ -101,7 +101,7 @@ from services.errors import (
     require_since,
     require_tenant,
 )
-from services.idempotency import request_hash, reservation_key, reused_request_id
+from services.idempotency import request_hash, request_id_problem, reservation_key, reused_request_id
 from services.registration import Membership
 from services.server import Component
 from services.tls import TlsSettings
@@ -165,10 +165,11 @@ class _CredentialsRefused(Exception):
         self.manager, self.error = manager, error
 
 
-def _refused_by(manager: str, e: grpc.RpcError, field_path: Callable[[str], str]) -> Exception:
+def _refused_by(manager: str, e: grpc.RpcError, field_path: Callable[[str], str],
+                consequence: str = "nothing was reserved") -> Exception:
     """A manager's failed call as the CRS passes it on (refusals.err_from_rpc), or _PinRefused or
     _CredentialsRefused: to place again."""
-    error = err_from_rpc(manager, e, field_path)
+    error = err_from_rpc(manager, e, field_path, consequence=consequence)
     if e.code() == grpc.StatusCode.UNAUTHENTICATED:
         return _CredentialsRefused(manager, error)
     return _PinRefused(manager, error) if error.reason == PIN_REFUSED else error
@@ -529,7 +530,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             except Unschedulable as e:
                 raise _refusal(e) from None
             try:
-                return self._quote(tenant, list(request.groups), placement)
+                return self._quote(tenant, list(request.groups), placement, consequence="")
             except _PinRefused as e:
                 self._clear_of(req, e, placement)       # pinned here from above: the refusal goes up
                 raise
@@ -547,7 +548,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                     raise next(iter(unauthenticated.values())) from None     # as Reserve answers it
                 raise
             try:
-                return self._quote(tenant, list(request.groups), placement)
+                return self._quote(tenant, list(request.groups), placement, consequence="")
             except _PinRefused as e:
                 # What Reserve does: placed again clear of what a CRS below refused, so both price the same hosts.
                 req = self._clear_of(req, e, placement)
@@ -566,8 +567,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             theirs = frozenset(n.key for n in self.view.nodes.values() if n.manager == manager)
         return replace(req, groups=[replace(g, avoid=g.avoid | theirs) for g in req.groups])
 
-    def _quote(self, tenant: str, groups: list[irm_pb2.ResourceGroup], placement: Placement
-               ) -> irm_pb2.QuotePriceResponse:
+    def _quote(self, tenant: str, groups: list[irm_pb2.ResourceGroup], placement: Placement,
+               consequence: str = "nothing was reserved") -> irm_pb2.QuotePriceResponse:
+        """The managers' quotes for `placement`; a refusal says `consequence` (QuotePrice's: none)."""
         quotes: list[irm_pb2.GroupQuote] = []
         index = {g.name: i for i, g in enumerate(groups)}
         for manager, parts in self._pinned(groups, placement).items():
@@ -577,7 +579,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
                 reply = state.stub().QuotePrice(irm_pb2.QuotePriceRequest(tenant=tenant, groups=parts),
                                                 timeout=self.config.irm_timeout_s)
             except grpc.RpcError as e:
-                error = _refused_by(manager, e, tenant_paths(parts, index))
+                error = _refused_by(manager, e, tenant_paths(parts, index), consequence)
                 if isinstance(error, _PinRefused):
                     error.placement = placement     # (Reserve's price check quotes placements of its own)
                 raise error from None
@@ -637,8 +639,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def Reserve(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        if not request.request_id or len(request.request_id) > 128:
-            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of 1-128 characters")
+        if (why := request_id_problem(request.request_id, 128)) is not None:
+            raise InvalidArgument.of("request_id", why)
         if request.HasField("max_price_per_minute") and not (math.isfinite(request.max_price_per_minute)
                                                              and request.max_price_per_minute >= 0):
             # Every comparison with NaN is false: the cap would cap nothing; no price is below 0.

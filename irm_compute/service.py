@@ -43,7 +43,7 @@ from services.errors import (
     require_tenant,
     to_status,
 )
-from services.idempotency import request_hash, reservation_key
+from services.idempotency import request_hash, request_id_problem, reservation_key
 from services.registration import Membership
 from services.server import Component
 from services.tls import TlsSettings
@@ -171,10 +171,8 @@ def _refusal(e: HarnessError) -> irm_pb2.ReserveOutcome:
 
 
 def _validate_request_id(request_id: str) -> None:
-    if not request_id:
-        raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key")
-    if len(request_id) > 128:
-        raise InvalidArgument.of("request_id", "at most 128 characters")
+    if (why := request_id_problem(request_id, 128)) is not None:
+        raise InvalidArgument.of("request_id", why)
 
 
 class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeControlServicer):
@@ -353,6 +351,9 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                 self.store.pinned_host(g, host_id)
             if not g.placement:
                 self.store.never_holds(g)
+        # The unpinned groups together, as Reserve judges a refusal. Pinned ones are priced however many share a
+        # host: a CRS above prices a host of each kind by pinning instances there (`pinned_host` checks each).
+        self.store.refuse_never_fitting([g for g in groups if not g.placement])
         quotes = []
         # Unpinned instances are priced where Reserve would put them now (the store's order: fullest host with
         # room first, then by id), not on the cheapest matching host: a Reserve capped at the quote must pass.

@@ -323,9 +323,7 @@ class ComputeStore:
                     host, usage = self._take(conn, g, g.placement[i] if g.placement else None)
                 except ResourceExhausted:
                     # Full now, or never? Only worked out on a refusal: the hot path pays nothing.
-                    if (why := self.never_fits(call.groups)) is not None:
-                        raise FailedPrecondition(f"this request can never fit, even on empty hosts: {why}",
-                                                 reason=NEVER_FITS) from None
+                    self.refuse_never_fitting(call.groups)
                     raise
                 price = self.cost.price_per_minute(g.cores, g.memory_mb / 1024, host.frequency_ghz)
                 vms.append(VmRecord(id=new_id("vm"), reservation_id=res.id, ordinal=len(vms), group=g.name,
@@ -444,6 +442,11 @@ class ComputeStore:
         """The capacity check and the take in one statement; the row's new usage comes back."""
         row = _P_TAKE.first(conn, {"hid": host.id, "c": g.cores, "m": g.memory_mb})
         return None if row is None else HostUsage(host.id, *row)
+
+    def refuse_never_fitting(self, groups: list[VmGroup]) -> None:
+        """FAILED_PRECONDITION (NEVER_FITS) saying why, if `never_fits` finds the request impossible."""
+        if (why := self.never_fits(groups)) is not None:
+            raise FailedPrecondition(f"this request can never fit, even on empty hosts: {why}", reason=NEVER_FITS)
 
     def never_holds(self, g: VmGroup, hosts: list[Host] | None = None) -> None:
         """FAILED_PRECONDITION (NEVER_FITS) if no host could ever hold one VM of the unpinned group `g`: none has

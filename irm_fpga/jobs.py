@@ -705,6 +705,8 @@ class JobManager(HydrogenDispatch, fpga_jobs_pb2_grpc.FpgaJobsServicer):
             if row.state == QUEUED:
                 raise FailedPrecondition(f"job {job_id!r} is queued: it has no devices yet (GetJob shows "
                                          f"STATE_ACTIVE once it is dispatched)")
+            if row.goal == DEADLINE:
+                completed = min(completed, row.size_actions)    # its size is all a deadline job has to do
             row = self._update(job_id, reported_actions=max(row.reported_actions, completed))
             if row.state == ACTIVE and row.goal == DEADLINE and \
                     max(row.observed_actions, row.reported_actions) >= row.size_actions:

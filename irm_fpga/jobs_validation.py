@@ -24,7 +24,7 @@ from services.errors import (
     Unavailable,
     Violations,
 )
-from services.idempotency import reused_request_id
+from services.idempotency import request_id_problem, reused_request_id
 
 MAX_THROUGHPUT_GOAL = 1e9       # actions/s; a larger goal is a typo, and its device request overflows
 # The farthest deadline, in seconds from registration: about ten years. Beyond, a typo (1e300 was taken, and shown
@@ -60,8 +60,8 @@ class RequestChecks:
         succeed). A request asking for more than one device has its device counts among them too, if every
         server answered."""
         v = Violations()
-        v.check(bool(request.request_id) and len(request.request_id) <= 200, "request_id",
-                "required: an idempotency key of at most 200 characters")
+        if (why := request_id_problem(request.request_id, 200)) is not None:
+            v.add("request_id", why)
         if (why := design_lib.unknown_design(request.design)) is not None:
             v.add("design", why)
         goal = request.WhichOneof("goal")

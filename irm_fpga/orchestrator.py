@@ -61,7 +61,7 @@ from services.errors import (
     owned,
     require_tenant,
 )
-from services.idempotency import request_hash, reused_request_id
+from services.idempotency import request_hash, request_id_problem, reused_request_id
 from services.registration import Membership
 from services.server import Component
 from services.watch import CAPACITY_TENANT_FULL, CAPACITY_WATCHES_PER_TENANT, Broadcaster
@@ -503,8 +503,8 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         request_id for another request is not its replay: INVALID_ARGUMENT. `only`: the servers it may be made on
         (`_spread`)."""
         v = Violations() if violations is None else violations
-        v.check(bool(request_id) and len(request_id) <= MAX_GROUP_REQUEST_ID_CHARS, "request_id",
-                f"required: an idempotency key of 1-{MAX_GROUP_REQUEST_ID_CHARS} characters")
+        if (why := request_id_problem(request_id, MAX_GROUP_REQUEST_ID_CHARS)) is not None:
+            v.add("request_id", why)
         mn, mx = self._validate_group(design, size, min_size, max_size, v)
         v.raise_if_any()
         with self.lock:  # check-then-create as one step: a concurrent retry finds the first group

@@ -36,7 +36,7 @@ from services.errors import (
     require_since,
     require_tenant,
 )
-from services.idempotency import request_hash, reservation_key, reused_request_id
+from services.idempotency import request_hash, request_id_problem, reservation_key, reused_request_id
 
 if TYPE_CHECKING:
     from irm_fpga.orchestrator import Orchestrator
@@ -295,9 +295,8 @@ class VfpgaReservations:
 
     def Reserve(self, request, context):  # noqa: N802
         tenant = require_tenant(request.tenant)
-        if not request.request_id or len(request.request_id) > MAX_RESERVE_REQUEST_ID_CHARS:
-            raise InvalidArgument.of("request_id", "required: a client-chosen idempotency key of "
-                                                   f"1-{MAX_RESERVE_REQUEST_ID_CHARS} characters")
+        if (why := request_id_problem(request.request_id, MAX_RESERVE_REQUEST_ID_CHARS)) is not None:
+            raise InvalidArgument.of("request_id", why)
         v = Violations()
         cap = request.max_price_per_minute if request.HasField("max_price_per_minute") else None
         v.check(cap is None or (math.isfinite(cap) and cap >= 0), "max_price_per_minute",
@@ -385,7 +384,8 @@ class VfpgaReservations:
             # no one yet: by id, it is not found.)
             raise _pending(request_id)
         if r is None or r.state == "pending":
-            raise NotFound(f"reservation {reservation_id or request_id!r} does not exist")
+            raise NotFound(f"reservation {reservation_id!r} does not exist" if reservation_id else
+                           f"no reservation of this tenant has request id {request_id!r}")    # as the CRS says it
         owned(tenant, r.tenant, f"reservation {r.id!r}")
         return r
 

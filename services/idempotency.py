@@ -43,3 +43,13 @@ def reservation_key(request: Message) -> tuple[str, str]:
         raise InvalidArgument.of("request_id", "required: the request_id the reservation was made with (or give "
                                                "reservation_id instead)")
     raise InvalidArgument.of("reservation_id", "give reservation_id or request_id")
+
+
+def request_id_problem(request_id: str, most: int) -> str | None:
+    """What is wrong with a client-chosen idempotency key, for an INVALID_ARGUMENT on `request_id`; None if nothing.
+    A missing one and one too long are told apart: "required" on a 1 MB id sends its author looking elsewhere."""
+    if not request_id:
+        return f"required: a client-chosen idempotency key of 1-{most} characters"
+    if len(request_id) > most:
+        return f"at most {most} characters, got {len(request_id)} (a client-chosen idempotency key of 1-{most} characters)"
+    return None

@@ -17,6 +17,7 @@ from services.errors import (
     PIN_REFUSED,
     FailedPrecondition,
     InvalidArgument,
+    NotFound,
     ResourceExhausted,
     Unavailable,
     error_info,
@@ -285,3 +286,21 @@ def test_get_metrics_honours_since_and_refuses_a_since_that_is_no_time(orch):
         with pytest.raises(InvalidArgument) as e:
             orch.GetMetrics(irm_pb2.GetMetricsRequest(tenant="t", reservation_id=r.id, since=bad), None)
         assert [v.field for v in e.value.violations] == ["since"]
+
+
+def test_unknown_and_overlong_request_ids_are_worded_as_at_the_crs(orch):
+    """Review 25: "reservation 'nope' does not exist" for a request id; "required" for one too long."""
+    with pytest.raises(NotFound) as e:
+        orch.GetReservation(irm_pb2.GetReservationRequest(tenant="t", request_id="nope"), None)
+    assert str(e.value) == "no reservation of this tenant has request id 'nope'"
+    with pytest.raises(NotFound) as e:
+        orch.GetReservation(irm_pb2.GetReservationRequest(tenant="t", reservation_id="r-nope"), None)
+    assert str(e.value) == "reservation 'r-nope' does not exist"
+    with pytest.raises(InvalidArgument) as e:
+        reserve(orch, "x" * 129, vfpga())
+    assert [(v.field, v.description) for v in e.value.violations] == [
+        ("request_id", "at most 128 characters, got 129 (a client-chosen idempotency key of 1-128 characters)")]
+    with pytest.raises(InvalidArgument) as e:
+        orch.CreateGroup(fpga_pb2.CreateGroupRequest(tenant="t", request_id="g" * 257, design="sleep", size=1), None)
+    assert ("request_id", "at most 256 characters, got 257 (a client-chosen idempotency key of 1-256 characters)") in \
+        [(v.field, v.description) for v in e.value.violations]

@@ -64,6 +64,12 @@ def test_reported_progress_that_reaches_the_size_retires_the_job(irm_factory):
     row = irm.manager.report("alice", a.id, 50)
     assert row.state == RETIRED and row.retired_at == pytest.approx(1002.0)
     assert irm.job(b.id).devices == DEVICES
+    # A count above the size (2^63 - 1, a fuzzing client's: review 25) counts as the size: it retires the job, and
+    # its completed actions and mean throughput stay the job's.
+    row = irm.manager.report("alice", b.id, 2 ** 63 - 1)
+    assert row.state == RETIRED and row.reported_actions == 50
+    job = irm.manager.GetJob(jp.GetJobRequest(tenant="alice", job_id=b.id), None)
+    assert job.completed_actions == 50 and job.mean_throughput == pytest.approx(50 / 2.0)
 
 
 def test_throughput_policy_retires_done_deadline_jobs_and_the_broker_reuses_their_devices(irm_factory):

@@ -150,12 +150,17 @@ def test_quote_and_reserve_cap_the_vms_of_one_request(cloud: Cloud) -> None:
 
 
 def test_a_quote_of_more_than_fits_prices_the_rest_at_the_dearest_matching_host(cloud: Cloud) -> None:
-    # 32 cores in all: 16 fit on a (2.2 GHz, fullest-first packing picks a by id), 16 on b (3.0 GHz), 8 fit nowhere
-    # now and are priced at the dearest matching host (b).
-    quote = cloud.rm.QuotePrice(irm_pb2.QuotePriceRequest(tenant=T, groups=[group(count=40)]), timeout=TIMEOUT)
+    # 32 cores in all, 8 of them taken (fullest-first packing picks a by id): 8 fit on a (2.2 GHz), 16 on b
+    # (3.0 GHz), 8 fit nowhere now and are priced at the dearest matching host (b).
+    cloud.rm.Reserve(irm_pb2.ReserveRequest(tenant=T, request_id="taken", groups=[group(count=8)]), timeout=TIMEOUT)
+    quote = cloud.rm.QuotePrice(irm_pb2.QuotePriceRequest(tenant=T, groups=[group(count=32)]), timeout=TIMEOUT)
     cost = cloud.irm.cost
-    want = 16 * cost.price_per_minute(1, 1, 2.2) + 24 * cost.price_per_minute(1, 1, 3.0)
+    want = 8 * cost.price_per_minute(1, 1, 2.2) + 24 * cost.price_per_minute(1, 1, 3.0)
     assert quote.price_per_minute == pytest.approx(want)
+    # More than fits even on empty hosts is refused as Reserve refuses it (review 25; it was priced so too).
+    e = refused(cloud.rm.QuotePrice, irm_pb2.QuotePriceRequest(tenant=T, groups=[group(count=40)]))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "can never fit" in e.details() and "could hold at most 32 of them even empty" in e.details()
 
 
 # -- item 5: never fits vs full now -----------------------------------------------------------------

@@ -429,7 +429,7 @@ def test_a_quote_and_a_reserve_placing_again_after_a_refusal_land_alike(tmp_path
             raise crs_service._PinRefused(manager, FailedPrecondition(
                 "refused", reason=PIN_REFUSED, metadata={"group": "g", "pin": pins[0], "refused": pins[0]}))
 
-    def quote(tenant, groups, placement):  # type: ignore[no-untyped-def]
+    def quote(tenant, groups, placement, consequence="nothing was reserved"):  # type: ignore[no-untyped-def]
         [(manager, parts)] = crs._pinned(groups, placement).items()
         refusing_first(manager, list(parts[0].placement))
         return irm_pb2.QuotePriceResponse(price_per_minute=1.0)

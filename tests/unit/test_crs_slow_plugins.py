@@ -16,7 +16,7 @@ def test_a_slow_placement_names_the_plug_ins_share_once_a_minute(tmp_path, caplo
     crs = make_crs(tmp_path, filters=["capacity", SLOW],
                    weighers={"pack": 1.0, "tests.crs_plugin_examples:PreferHostC": 1.0})
     monkeypatch.setattr(crs_service, "SLOW_PLACEMENT_S", 0.0)   # every placement counts as slow here
-    crs._quote = lambda tenant, groups, placement: irm_pb2.QuotePriceResponse()  # type: ignore[method-assign]
+    crs._quote = lambda tenant, groups, placement, consequence="": irm_pb2.QuotePriceResponse()  # type: ignore[method-assign]
     try:
         with caplog.at_level(logging.WARNING, logger=crs_service.log.name):
             for _ in range(3):
@@ -33,7 +33,7 @@ def test_a_slow_placement_names_the_plug_ins_share_once_a_minute(tmp_path, caplo
 
 def test_a_quick_placement_or_one_without_plug_ins_says_nothing(tmp_path, caplog) -> None:
     crs = make_crs(tmp_path)
-    crs._quote = lambda tenant, groups, placement: irm_pb2.QuotePriceResponse()  # type: ignore[method-assign]
+    crs._quote = lambda tenant, groups, placement, consequence="": irm_pb2.QuotePriceResponse()  # type: ignore[method-assign]
     try:
         with caplog.at_level(logging.WARNING, logger=crs_service.log.name):
             crs.QuotePrice(irm_pb2.QuotePriceRequest(tenant="t", groups=[_group(2)]), None)

@@ -554,3 +554,20 @@ def test_a_malformed_array_is_bad_input_on_both_paths(svc: FpgaServerService, dt
     st.send(batch("c", task(2, 0.01)))
     eventually(lambda: st.ids() == [1, 2], timeout=5)
     st.end()
+
+
+def test_a_run_batch_lock_outlives_the_call_until_the_client_is_detached(svc: FpgaServerService) -> None:
+    """A crashed client's lock taken by RunBatch (no stream to end with it) is freed by detaching the client."""
+    group(svc, "g", 1, "holder", "a")
+    (lock,) = svc.RunBatch(batch("holder", task(1, kind=LOCK)), Ctx(10)).results
+    assert lock.error == "" and svc.engine.group_info("g").size == 1
+    th, out = in_thread(svc.RunBatch, batch("a", task(2, 0.01)), Ctx(10))
+    eventually(lambda: sum(svc.engine.queue_lengths("a")) == 1, timeout=5, interval=0.002)   # a's task waits...
+    assert [d.locked_by for d in svc.engine.device_states() if d.group_id == "g"] == ["holder"]  # ...for its lock
+    assert sum(svc.engine.queue_lengths("a")) == 1 and th.is_alive()
+    svc.DetachClient(fpga_pb2.ServerClientRequest(client_id="holder"), None)   # holder crashed: detached
+    th.join(5)
+    assert out["value"].results[0].error == ""  # type: ignore[union-attr]
+    # A stray UNLOCK depends on the client's lock: FAILED_PRECONDITION naming the task, the batch refused.
+    with pytest.raises(FailedPrecondition, match=r"task 1 \(5\): unlock without a lock"):
+        svc.RunBatch(batch("a", task(4, 0.01), task(5, kind=UNLOCK)), Ctx(10))

@@ -78,11 +78,15 @@ def test_an_unpinned_vm_is_quoted_on_the_host_reserve_takes_whatever_the_collati
     ({"attributes": {"frequency_ghz": common_pb2.AttributeRequest(number=3.0)}},     # within [2, 3.6]: none
      "no host has the requested frequency and traits"),
     ({"cores": 32, "memory_gb": 40}, "no host can ever hold 32 cores / 40 GB"),   # each within range, not together
+    # One VM fits, nine never do (4 on each host): the whole request judged, as Reserve does (review 25).
+    ({"count": 9}, "can never fit, even on empty hosts: group 'g' asks for 9 VMs"),
 ])
 def test_a_group_no_host_could_ever_hold_is_refused_by_quote_price_as_by_reserve(tmp_path: Path, kw: dict,
                                                                                   said: str) -> None:
     irm = _irm(tmp_path)
+    count = kw.pop("count", 1)
     g = _group(kw.pop("cores", 4), kw.pop("memory_gb", 8), **{k: v for k, v in kw.items() if k != "attributes"})
+    g.count = count
     for key, value in kw.get("attributes", {}).items():
         g.attributes[key].CopyFrom(value)
     try:

@@ -178,7 +178,10 @@ class FpgaServerServicer:
     def RunBatch(self, request, context):
         """One batch, answered when all of its tasks are done, in one message: a
         batch whose results exceed 4 MiB needs the client's max receive message
-        size raised (or Execute).
+        size raised (or Execute). A task that cannot run refuses the whole batch
+        (INVALID_ARGUMENT; a second LOCK or a stray UNLOCK FAILED_PRECONDITION).
+        A LOCK outlives the call: the device stays locked until the client's
+        UNLOCK (in a later batch) or until the client is detached or revoked.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
