@@ -17,10 +17,12 @@ import inspect
 import logging
 import math
 import numbers
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 
 from cross_resource_scheduler.constraints import Constraint
 from cross_resource_scheduler.topology import Distance, TopologyModel
@@ -542,6 +544,36 @@ def _said(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+def _is_numpy_bool(x: object) -> bool:
+    """A numpy boolean (a filter computing with numpy answers one), without importing numpy here."""
+    t = type(x)
+    return t.__module__ == "numpy" and t.__name__ in ("bool_", "bool")
+
+
+# What each hook a plug-in may implement is called with (after self), for the start-up check of its signature.
+_HOOK_ARGUMENTS = {"host_passes": ("node", "ctx"), "checker": ("ctx",), "weigh": ("node", "ctx"), "scorer": ("ctx",),
+                   "relevant": ("ctx",)}
+
+
+def _check_hooks(label: str, obj: type, base: type) -> None:
+    """PipelineError if a hook `obj` implements cannot be called as the CRS calls it (found at start-up, not as an
+    INTERNAL on every placement)."""
+    for hook, args in _HOOK_ARGUMENTS.items():
+        fn = getattr(obj, hook, None)
+        if fn is None or fn is getattr(base, hook, None) or \
+                isinstance(inspect.getattr_static(obj, hook, None), staticmethod | classmethod):
+            continue
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            continue            # no signature to be had (a C function, say): not known, not refused
+        try:
+            sig.bind(None, *args)
+        except TypeError:
+            raise PipelineError(f"{label}: {obj.__qualname__}.{hook} must take (self, {', '.join(args)}); its "
+                                f"signature is {sig}") from None
+
+
 def _describe(obj: object) -> str:
     try:
         text = repr(obj)
@@ -631,6 +663,7 @@ def _checked(kind: _Kind, name: str, obj: object) -> type:
     if all(getattr(obj, hook) is getattr(kind.base, hook) for hook in kind.hooks):
         raise PipelineError(f"{label}: {obj.__qualname__} implements neither {kind.hooks[0]}() nor "
                             f"{kind.hooks[1]}()")
+    _check_hooks(label, obj, kind.base)
     return obj
 
 
@@ -706,11 +739,19 @@ class _GuardedFilter(Filter):
         def passes(node: Node) -> bool:
             t = time.perf_counter()
             try:
-                return bool(check(node))
+                ok = check(node)
             except _FAILURES as e:
                 raise _failed("filter", self, f"checking {node.key} for group {ctx.group.name!r}", e) from e
             finally:
                 self.spent += time.perf_counter() - t
+            if ok is True or ok is False:
+                return ok
+            if _is_numpy_bool(ok):
+                return bool(ok)
+            # A None (a path that forgot to return) read as "no" told tenants to change requests the operator's
+            # plug-in refused ("never fits"); a "no" read as yes passed every host.
+            raise _refused("filter", self, f"returned {_describe(ok)} for {node.key} (group {ctx.group.name!r}), "
+                                           "not True or False")
         return passes
 
 
@@ -764,6 +805,27 @@ def _failed(what: str, plugin: _GuardedFilter | _GuardedWeigher, doing: str, e: 
     log.error("placement plug-in failed", exc_info=e,
               extra={"plugin": plugin.name, "origin": plugin.origin, "doing": doing})
     return _refused(what, plugin, f"raised {_said(e)} (while {doing})")
+
+
+def running_plugin(frame: FrameType | None) -> str | None:
+    """Which plug-in a thread whose innermost frame is `frame` is running, and where ("filter 'forever'
+    (mylab.filters:Forever), at /x/mylab/filters.py:12 in host_passes"), or None if it is in none: the frames of
+    the guards around plug-in calls (_GuardedFilter, _GuardedWeigher) name them; the deepest frame of the
+    plug-in's own module says where (else the one the guard called)."""
+    inner: list[FrameType] = []         # the frames inside the one looked at, innermost first
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == __file__ and code.co_qualname.startswith(("_GuardedFilter.", "_GuardedWeigher.")):
+            me = frame.f_locals.get("self")
+            if isinstance(me, _GuardedFilter | _GuardedWeigher):
+                kind = "filter" if isinstance(me, _GuardedFilter) else "weigher"
+                own = getattr(sys.modules.get(type(me.plugin).__module__), "__file__", None)
+                at = next((f for f in inner if f.f_code.co_filename == own), inner[-1] if inner else None)
+                where = "" if at is None else f", at {at.f_code.co_filename}:{at.f_lineno} in {at.f_code.co_name}"
+                return f"{kind} {me.name!r} ({me.origin}){where}"
+        inner.append(frame)
+        frame = frame.f_back
+    return None
 
 
 def _refused(what: str, plugin: _GuardedFilter | _GuardedWeigher, problem: str) -> PluginFailed:

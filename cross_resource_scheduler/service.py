@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import random
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -49,7 +50,14 @@ from cross_resource_scheduler.placement import (
     filters_for,
     schedule,
 )
-from cross_resource_scheduler.plugins import Context, Pipeline, PipelineError, PriceWeigher, price_key
+from cross_resource_scheduler.plugins import (
+    Context,
+    Pipeline,
+    PipelineError,
+    PriceWeigher,
+    price_key,
+    running_plugin,
+)
 from cross_resource_scheduler.refusals import definite, err_from_rpc, tenant_paths
 from cross_resource_scheduler.registration import MAX_INSTANCE_ID as MAX_INSTANCE_ID  # re-exported
 from cross_resource_scheduler.registration import Registrations
@@ -138,6 +146,12 @@ PENDING_RETRY_S = 1.0
 # SLOW_SAID_EVERY_S): placements run one at a time, so a slow plug-in delays every request.
 SLOW_PLACEMENT_S = 0.5
 SLOW_SAID_EVERY_S = 60.0
+# A placement still running after STUCK_PLACEMENT_S is said while it runs (then every STUCK_SAID_EVERY_S), with the
+# plug-in and line it is in: one that never returns (a filter looping forever) holds the capacity view's lock, and
+# every request, read or release waits on it with nothing logged (a thread cannot be stopped from outside: the
+# operator must remove the plug-in and restart the CRS).
+STUCK_PLACEMENT_S = 10.0
+STUCK_SAID_EVERY_S = 30.0
 # A Reserve stamps its pending row afresh at an attempt once the stamp is older than this: the common Reserve,
 # placed and delegated within a second, writes nothing more.
 PENDING_STAMP_S = 1.0
@@ -307,6 +321,11 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         # irm_timeout_s a call), and down-detection of every other manager must not wait with it.
         self._monitor = threading.Thread(target=self._run_monitor, name="crs-monitor", daemon=True)
         self._compensating = threading.Thread(target=self._run_compensator, name="crs-compensator", daemon=True)
+        # The placement under way (its thread's id, monotonic start), for the stuck-placement watch (on a thread of
+        # its own: the monitor may wait on the view's lock a stuck placement holds).
+        self._placing: tuple[int, float] | None = None
+        self._stuck_said: tuple[float, float] | None = None     # (the placement's start, when last said)
+        self._watching = threading.Thread(target=self._run_stuck_watch, name="crs-stuck-placement", daemon=True)
 
     @property
     def watchers(self) -> Broadcaster[irm_pb2.CapacityEvent]:
@@ -340,6 +359,7 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             state.last_heartbeat = -math.inf
         self._monitor.start()
         self._compensating.start()
+        self._watching.start()
         above = [a.strip() for a in self.config.crs_address.split(",") if a.strip()]
         if above:
             host = self.config.address.rsplit(":", 1)[0]
@@ -370,6 +390,8 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         self.registry.stop()
         self._monitor.join(timeout=5)
         self._compensating.join(timeout=5)
+        if self._watching.is_alive():
+            self._watching.join(timeout=5)
         self.db.dispose()
 
     def _interval(self) -> float:
@@ -377,6 +399,31 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
 
     def _run_monitor(self) -> None:
         self._keep_running("liveness check", self.registry.check_liveness, lambda: self._stop.wait(self._interval()))
+
+    def _run_stuck_watch(self) -> None:
+        while not self._stop.wait(1.0):
+            self.check_stuck_placement()
+
+    def check_stuck_placement(self, now: float | None = None) -> str | None:
+        """A warning, if the placement under way has run STUCK_PLACEMENT_S or more (once, then every
+        STUCK_SAID_EVERY_S): how long, and the plug-in it is in (its code's file and line) or the CRS's own code.
+        Returns what it logged."""
+        placing = self._placing
+        now = time.monotonic() if now is None else now
+        if placing is None or now - placing[1] < STUCK_PLACEMENT_S:
+            return None
+        thread_id, started = placing
+        if self._stuck_said is not None and self._stuck_said[0] == started and \
+                now - self._stuck_said[1] < STUCK_SAID_EVERY_S:
+            return None
+        self._stuck_said = (started, now)
+        where = running_plugin(sys._current_frames().get(thread_id))
+        text = (f"a placement has been running for {now - started:.0f} s and goes on; every request, read and release "
+                f"of the CRS waits for it (placements hold the capacity view): "
+                + (f"it is in {where}: remove the plug-in from the CRS's settings and restart the CRS (a running "
+                   "placement cannot be stopped)" if where else "it is in the CRS's own placement code"))
+        log.warning(text, extra={"seconds": round(now - started, 1), "where": where or "crs"})
+        return text
 
     def _run_compensator(self) -> None:
         def pause() -> None:
@@ -618,12 +665,14 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
             # cost growing with the cloud), and a place again after a manager's refusal chose the same host.
             rng = random.Random(f"{again[0]}:{again[1]}" if again else self._rng_basis(req))
             started = time.monotonic()
+            self._placing = (threading.get_ident(), started)
             try:
                 placement = schedule(req, self.view, pipeline or self.pipeline, self.topology, rng)
             except Unschedulable as e:
                 log.info("unschedulable", extra={"reason": str(e), "removed_by": e.removed_by})
                 raise _refusal(e) from None
             finally:
+                self._placing = None
                 self._slow_placement(pipeline or self.pipeline, time.monotonic() - started)
             if assume_token is not None:
                 nodes = [(self.view.nodes.get(key), demand) for key, demand in placement.demand.items()]

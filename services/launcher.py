@@ -39,6 +39,7 @@ class ServiceProcess:
     address: str = ""
     log_tail: deque = field(default_factory=lambda: deque(maxlen=400))
     _ready: threading.Event = field(default_factory=threading.Event)
+    _pumped: threading.Event = field(default_factory=threading.Event)    # its stderr ended (it is exiting)
     _log_file: object | None = None
 
     @property
@@ -61,6 +62,7 @@ class ServiceProcess:
                         continue
                     self._ready.set()
         finally:
+            self._pumped.set()
             self._ready.set()  # exited: wake the waiter, who sees no address
             # The process's stderr is done (it exited): so is its log file, which only this thread writes.
             if self._log_file is not None:
@@ -77,9 +79,22 @@ class ServiceProcess:
                 break
             self._ready.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         if not self._ready.wait(max(0.0, deadline - time.monotonic())) or not self.address:
+            # Before stop(): its own exit (its stderr closed: reaped in a moment), or None if still running (hung).
+            exited = self.proc.poll()
+            if exited is None and self._pumped.is_set():
+                try:
+                    exited = self.proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    pass                        # closed its stderr and lives on: hung, as far as we can tell
             self.stop()
             tail = "\n".join(list(self.log_tail)[-30:])
-            raise LaunchError(f"{self.name} did not start (exit code {self.proc.poll()}):\n{tail}")
+            if exited is None:
+                # Not serving after `timeout` s, alive: stuck starting (a plug-in its configuration names that hangs
+                # while imported, a database that never answers...). Its exit code would be our own SIGTERM's.
+                raise LaunchError(f"{self.name} did not serve within {timeout:g} s and was stopped: it hung while "
+                                  f"starting (a plug-in that does not finish importing, say)"
+                                  + (f"; its last lines:\n{tail}" if tail else "; it logged nothing"))
+            raise LaunchError(f"{self.name} did not start (exit code {exited}):\n{tail}")
         return self.address
 
     def alive(self) -> bool:

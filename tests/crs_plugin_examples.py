@@ -8,6 +8,7 @@ Named in a CRS's settings as `tests.crs_plugin_examples:AvoidHostA` (the reposit
 from __future__ import annotations
 
 import sys
+import threading
 
 from cross_resource_scheduler.plugins import Context, Filter, Weigher
 from cross_resource_scheduler.view import Node
@@ -226,4 +227,52 @@ class FailsPastH999(Filter):
     def host_passes(self, node: Node, ctx: Context) -> bool:
         if node.physical_id.startswith("h") and node.physical_id[1:].isdigit() and int(node.physical_id[1:]) > 999:
             raise LookupError(f"no rule for {node.physical_id}")
+        return True
+
+
+class Sloppy(Filter):
+    """Answers by the group's name: "none" forgets to return (None), "text" returns "no", "numpy" a numpy bool
+    (False for host a), any other True."""
+
+    name = "sloppy"
+
+    def host_passes(self, node: Node, ctx: Context):  # type: ignore[no-untyped-def]  # what it returns varies
+        if ctx.group.name == "none":
+            return None
+        if ctx.group.name == "text":
+            return "no"
+        if ctx.group.name == "numpy":
+            import numpy as np
+            return np.bool_(node.physical_id != "a")
+        return True
+
+
+class NodeOnly(Filter):
+    """host_passes without the context: a signature the CRS cannot call."""
+
+    name = "node_only"
+
+    def host_passes(self, node: Node) -> bool:  # type: ignore[override]
+        return True
+
+
+class ScorerWithoutCtx(Weigher):
+    name = "scorer_without_ctx"
+
+    def scorer(self) -> float:  # type: ignore[override]
+        return 0.5
+
+
+ENTERED = threading.Event()     # Blocks is in host_passes
+RELEASED = threading.Event()    # Blocks may return
+
+
+class Blocks(Filter):
+    """A plug-in that does not return (until a test sets RELEASED, or 30 s pass): as one looping forever."""
+
+    name = "blocks"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        ENTERED.set()
+        RELEASED.wait(30)
         return True

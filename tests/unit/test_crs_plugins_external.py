@@ -152,6 +152,11 @@ def test_an_entry_point_whose_module_raises_at_import_is_refused(monkeypatch, tm
                                         r"package installed, or its directory on PYTHONPATH\?"),
     (["my filter:X"], {}, r"expected a built-in name, an entry point's name, or package.module:Class"),
     ([f"{EX}:AvoidHostA", f"{EX}:AvoidHostA"], {}, r"filters named \['avoid_a'\] are enabled more than once"),
+    # Review 25: a hook the CRS cannot call was found only as an INTERNAL on every placement.
+    ([f"{EX}:NodeOnly"], {}, r"^filter 'tests.crs_plugin_examples:NodeOnly': NodeOnly.host_passes must take \(self, "
+                             r"node, ctx\); its signature is \(self, node: 'Node'\) -> 'bool'$"),
+    ([], {f"{EX}:ScorerWithoutCtx": 1.0}, r"ScorerWithoutCtx.scorer must take \(self, ctx\); its signature is "
+                                           r"\(self\) -> 'float'$"),
 ])
 def test_an_ill_formed_plugin_is_refused_saying_what_to_fix(filters, weighers, said) -> None:
     with pytest.raises(PipelineError, match=said):
@@ -197,6 +202,21 @@ def test_a_filter_raising_while_placing_fails_that_placement_naming_it(group, sa
         pick(pipe, cloud(*ABC), name=group)
     assert caught.value.code == grpc.StatusCode.INTERNAL
     assert pick(pipe, cloud(*ABC)) == "a"  # the next request is placed as ever
+
+
+@pytest.mark.parametrize(("group", "said"), [
+    ("none", r"^the CRS's filter plug-in 'sloppy' \(tests.crs_plugin_examples:Sloppy\) returned None for m/\w "
+             r"\(group 'none'\), not True or False; the request was not placed"),
+    ("text", r"filter plug-in 'sloppy' .* returned 'no' for m/\w \(group 'text'\), not True or False"),
+])
+def test_a_filter_answering_no_boolean_fails_that_placement_naming_it(group, said) -> None:
+    # Review 25: None was taken as "no" (the tenant told the request never fits), "no" as yes (every host passed).
+    pipe = Pipeline.from_names([*DEFAULT_FILTERS, f"{EX}:Sloppy"], {"pack": 1.0})
+    with pytest.raises(PluginFailed, match=said) as caught:
+        pick(pipe, cloud(*ABC), name=group)
+    assert caught.value.code == grpc.StatusCode.INTERNAL
+    assert pick(pipe, cloud(*ABC), name="numpy") == "b"     # a numpy boolean is an answer: a is refused
+    assert pick(pipe, cloud(*ABC)) == "a"
 
 
 def test_a_plugin_exception_message_is_clipped() -> None:
