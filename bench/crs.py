@@ -48,7 +48,7 @@ import grpc
 
 from bench._common import emit, percentile
 from cross_resource_scheduler import constraints as cons
-from cross_resource_scheduler.placement import PlacementRequest, schedule
+from cross_resource_scheduler.placement import PlacementRequest, Unschedulable, schedule
 from cross_resource_scheduler.plugins import GroupDemand, Pipeline, PipelineError, PluginFailed
 from cross_resource_scheduler.service import CrsConfig
 from cross_resource_scheduler.topology import TopologyModel
@@ -124,7 +124,8 @@ def run_clients(address: str, clients: int, per_client: int, retry_share: float,
     latencies: list[float] = []
     release_latencies: list[float] = []
     lock = threading.Lock()
-    stats = {"committed": 0, "exhausted": 0, "errors": 0, "retried": 0, "duplicates": 0, "released": 0}
+    stats = {"committed": 0, "exhausted": 0, "errors": 0, "retried": 0, "duplicates": 0, "released": 0,
+             "error_codes": {}, "internal": []}
     held: dict[int, list[tuple[str, str]]] = {i: [] for i in range(clients)}
 
     def reserver(i: int) -> None:
@@ -140,6 +141,9 @@ def run_clients(address: str, clients: int, per_client: int, retry_share: float,
             except grpc.RpcError as e:
                 with lock:
                     stats["exhausted" if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "errors"] += 1
+                    stats["error_codes"][e.code().name] = stats["error_codes"].get(e.code().name, 0) + 1
+                    if e.code() == grpc.StatusCode.INTERNAL and len(stats["internal"]) < 1:
+                        stats["internal"].append(e.details())     # a plug-in failing (or a bug): the run's error
                 continue
             local.append((time.perf_counter() - t0) * 1000)
             if rng.random() < retry_share:
@@ -212,6 +216,18 @@ def placement_p50_ms(hosts: int, repeats: int, pipeline: Pipeline) -> float:
     return percentile(times, 0.5)
 
 
+def run_shaped_trials(pipeline: Pipeline, n: int = 20) -> None:
+    """Place `n` requests shaped as the run's (`_group`: no constraints) on an empty 100-host view, each placed
+    alone: PluginFailed or Unschedulable as `schedule` raises them."""
+    rng = random.Random(7)
+    view = _view(100, rng)
+    topo = TopologyModel()
+    for _ in range(n):
+        g = _group(rng)
+        demand = {k: a.number for k, a in g.attributes.items()}
+        schedule(PlacementRequest([GroupDemand(g.name, g.resource_type, g.count, demand)]), view, pipeline, topo, rng)
+
+
 def _filters(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
@@ -282,10 +298,17 @@ def main(argv: list[str]) -> int:
     if not any(isinstance(h, logging.NullHandler) for h in plugins_log.handlers):
         plugins_log.addHandler(logging.NullHandler())
     try:
-        # A plug-in failing while placing is found now, in a moment, rather than after the whole run.
+        # A plug-in failing while placing is found now, in a moment, rather than after the whole run: on the
+        # latency request, and on requests shaped as the run's (a plug-in may fail on one and not the other).
         placement_p50_ms(100, 1, pipeline)
+        run_shaped_trials(pipeline)
     except PluginFailed as e:
         return _plugin_failed(args, e)
+    except Unschedulable as e:
+        emit({"benchmark": "crs", "pipeline": {"filters": list(args.filters), "weighers": dict(args.weighers)},
+              "error": f"the pipeline places no trial request on a cloud of 100 hosts: {e}; a pipeline whose "
+                       "filters remove every host measures nothing"})
+        return 1
     environ = service_environ()
     hosts = args.hosts or (300 if args.quick else 1000)
     per_client = args.reservations or (50 if args.quick else 150)
@@ -324,7 +347,19 @@ def main(argv: list[str]) -> int:
             echo_n, echo_s = echo_n + n, echo_s + secs
             one = run_clients(crs.address, args.clients, per_client, retry_share=0.1, round_no=r)
             for k, v in one.items():
-                stats[k] = stats.get(k, 0 if not isinstance(v, list) else []) + v
+                if isinstance(v, dict):
+                    merged = stats.setdefault(k, {})
+                    for code, n in v.items():
+                        merged[code] = merged.get(code, 0) + n
+                else:
+                    stats[k] = stats.get(k, 0 if not isinstance(v, list) else []) + v
+            if stats["internal"]:
+                # Figures of a run whose placements failed are no pipeline's: said as the trial's failure is.
+                emit({"benchmark": "crs", "pipeline": {"filters": list(args.filters), "weighers": dict(args.weighers)},
+                      "error": f"placing failed on {stats['error_codes'].get('INTERNAL', 0)} of the run's requests "
+                               f"(round {r + 1}): {stats['internal'][0]}; fix the plug-in or leave it out of "
+                               "--filters/--weighers"})
+                return 1
         echo_rps = echo_n / echo_s
         db = Database(compute_db)
         overbooked = len(ComputeStore(db, CostModel(), WallClock()).overbooking())
@@ -347,6 +382,7 @@ def main(argv: list[str]) -> int:
             "reservations": stats["committed"],
             "exhausted": stats["exhausted"],
             "errors": stats["errors"],
+            "error_codes": stats["error_codes"],      # of the refusals, exhausted included, by gRPC status
             "committed_per_s": round(committed_per_s, 1),
             "p50_ms": round(percentile(stats["latencies"], 0.5), 2),
             "p99_ms": round(percentile(stats["latencies"], 0.99), 2),

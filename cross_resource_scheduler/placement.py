@@ -604,7 +604,8 @@ def _verdict(req: PlacementRequest, order: list[GroupDemand], view: CapacityView
             return (f"it could fit on the resources of {'managers' if len(names) > 1 else 'manager'} "
                     f"{', '.join(names)}, which {'are' if len(names) > 1 else 'is'} down; retry later"), False, names
     if fits is False:
-        return f"it cannot fit even on an empty cloud ({reason}); change the request", True, []
+        # "The request": the reason may name another group than the one whose instance found no candidate.
+        return f"the request cannot fit even on an empty cloud ({reason}); change the request", True, []
     return NOT_FOUND, False, []
 
 

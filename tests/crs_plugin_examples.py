@@ -276,3 +276,33 @@ class Blocks(Filter):
         ENTERED.set()
         RELEASED.wait(30)
         return True
+
+
+class FirstConstraint(Filter):
+    """Reads the request's first constraint: raises IndexError on a request without any (a natural bug)."""
+
+    name = "first_constraint"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        return ctx.constraints[0].kind != "nothing"
+
+
+class DrainAll(Filter):
+    """Removes every host."""
+
+    name = "drain_all"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        return False
+
+
+class FailsOnGeneratedSites(Filter):
+    """Raises for hosts of sites named as the compute IRM's inventory generator names them ("site-0"...): it
+    passes `harness bench crs`'s in-process trials (sites "s0", "s1") and fails every request of its run."""
+
+    name = "fails_on_generated_sites"
+
+    def host_passes(self, node: Node, ctx: Context) -> bool:
+        if node.location.site.startswith("site-"):
+            raise LookupError(f"no rule for site {node.location.site}")
+        return True

@@ -123,3 +123,22 @@ def test_harness_bench_crs_with_a_failing_plugin_prints_only_the_json_error() ->
     error = json.loads(ran.stdout)["error"]
     assert error.startswith(f"placing failed: the filter plug-in 'always_boom' ({EX}:AlwaysBoom) raised "
                             "RuntimeError: the always_boom filter broke (while checking compute/h"), error
+
+
+def test_bench_crs_with_a_plugin_failing_only_on_the_runs_requests_prints_one_json_error(monkeypatch, capsys) -> None:
+    # Review 25: it passed the in-process trials, failed every request of the run (INTERNAL), and the bench printed
+    # figures with exit status 0.
+    import bench.crs
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    filters = ["capacity", "affinity", "distance", f"{EX}:FailsOnGeneratedSites"]
+    rc = bench.crs.main(["--quick", "--json", "--hosts", "4", "--clients", "2", "--reservations", "2",
+                         "--filters", ",".join(filters)])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    doc = json.loads(out)
+    assert set(doc) == {"benchmark", "pipeline", "error"} and doc["pipeline"]["filters"] == filters
+    assert doc["error"].startswith("placing failed on 4 of the run's requests (round 1): the CRS's filter plug-in "
+                                   f"'fails_on_generated_sites' ({EX}:FailsOnGeneratedSites) raised LookupError: no "
+                                   "rule for site site-"), doc["error"]
+    assert "Traceback" not in err

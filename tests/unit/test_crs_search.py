@@ -63,8 +63,8 @@ def test_never_fits_is_said_with_the_reason_when_a_group_alone_cannot_fit() -> N
     with pytest.raises(Unschedulable) as info:
         schedule(req, view, DEFAULT, TopologyModel(), random.Random(1))
     assert info.value.unresolvable
-    assert "cannot fit even on an empty cloud (group 'b' needs 4 instances on different hosts; " \
-           "the vm resources that could hold it have room for 3)" in str(info.value)
+    assert "; the request cannot fit even on an empty cloud (group 'b' needs 4 instances on different hosts; " \
+           "the vm resources that could hold it have room for 3); change the request" in str(info.value)
 
 
 def test_never_fits_is_proven_by_a_complete_search_of_the_empty_cloud() -> None:
