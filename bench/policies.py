@@ -15,7 +15,7 @@ Experiments (seed 000 §IV, seed 001 §VI), each with its targets:
 * `hydrogen_table4`: seed 001 §VI's two scenarios (`table4_scenarios`
   documents what the paper states, what Table IV's single-algorithm rows
   pin down, and what is reconstructed), window 30, 10 repetitions of 300 s
-  (3 with --quick; seeds from --base-seed, default 0). Rows (`metrics`, means
+  (3 with --quick; seeds from --base-seed, default 0: `seeds` is the first and the last). Rows (`metrics`, means
   of W_T, S_T, U_c, N_C, N_L and the mean pool): Table IV's four single
   algorithms, then `priority`, `slack_min`, `slack_amap` alone (and each
   `--algorithm NAME`, a plug-in: `irm_fpga.qos.plugins`), then five
@@ -440,15 +440,16 @@ def table4(quick: bool, base_seed: int = 0, plug_ins: tuple[str, ...] = (),
         scen = ("scenario1", "scenario2")
         best = {s: max(TABLE4_SINGLES, key=lambda a, s=s: out[s]["metrics"][a]["N_C"]) for s in scen}
         m = {s: out[s]["metrics"][name] for s in scen}
+        # Paired per-seed differences (how far the mean difference is from run-to-run noise); the mean and the
+        # verdict from them, exact, not from the rounded means.
+        per_seed = {s: [a - b for a, b in zip(out[s]["per_seed"][name]["N_C"], out[s]["per_seed"][best[s]]["N_C"],
+                                              strict=True)] for s in scen}
         v = {"no_late_s2": m["scenario2"]["N_L"] == 0,
              "N_L_s2": m["scenario2"]["N_L"],
-             "completes_most": all(m[s]["N_C"] >= out[s]["metrics"][best[s]]["N_C"] for s in scen),
+             "completes_most": all(sum(per_seed[s]) >= 0 for s in scen),
              "best_single_by_N_C": best,
-             "N_C_minus_best_single": {s: round(m[s]["N_C"] - out[s]["metrics"][best[s]]["N_C"], 4) for s in scen},
-             # Paired per-seed differences: how far the mean difference is from run-to-run noise.
-             "N_C_minus_best_single_per_seed": {s: [a - b for a, b in zip(out[s]["per_seed"][name]["N_C"],
-                                                                          out[s]["per_seed"][best[s]]["N_C"],
-                                                                          strict=True)] for s in scen}}
+             "N_C_minus_best_single": {s: round(sum(per_seed[s]) / len(per_seed[s]), 4) for s in scen},
+             "N_C_minus_best_single_per_seed": per_seed}
         v["target_met"] = v["no_late_s2"] and v["completes_most"]
         return v
 

@@ -31,11 +31,14 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import operator
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from irm_fpga.qos import hydrogen as hy
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "harness.qos_algorithms"
 BUILT_IN: dict[str, Callable[..., hy.Allocation]] = {**hy.ALGORITHMS, **hy.DEADLINE_ALGORITHMS}
@@ -70,6 +73,10 @@ def single_algorithm(name: str) -> Callable[..., hy.Allocation]:
     caller checking a configuration stops with the reason instead of exiting or printing a traceback.
     """
     if name in BUILT_IN:
+        if shadowed := [ep.value for ep in _entry_points() if ep.name == name]:
+            # Installed to replace it, maybe: said, since the built-in runs (as the CRS says of its plug-ins).
+            log.warning(f"entry point {name!r} of group {ENTRY_POINT_GROUP!r} ({', '.join(shadowed)}) is never used: "
+                        f"the built-in algorithm of that name runs; register the plug-in under another name")
         return BUILT_IN[name]
     if ":" in name:
         module, _, attr = name.partition(":")

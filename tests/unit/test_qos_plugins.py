@@ -68,6 +68,19 @@ def test_an_entry_point_names_a_plug_in(monkeypatch):
         single_algorithm.cache_clear()
 
 
+def test_an_entry_point_named_as_a_built_in_is_said_never_used(monkeypatch, caplog):
+    # Review 25: the built-in ran and nothing said so (a researcher's plug-in silently not compared).
+    ep = EntryPoint("fcfs_min", EXAMPLE, plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(plugins, "_entry_points", lambda: [ep])
+    single_algorithm.cache_clear()
+    try:
+        assert single_algorithm("fcfs_min") is plugins.BUILT_IN["fcfs_min"]
+        assert f"entry point 'fcfs_min' of group 'harness.qos_algorithms' ({EXAMPLE}) is never used: the built-in " \
+               "algorithm of that name runs; register the plug-in under another name" in caplog.text
+    finally:
+        single_algorithm.cache_clear()
+
+
 @pytest.mark.parametrize(("name", "error", "match"), [
     ("no_such_algorithm", UnknownPolicy, "unknown scheduling algorithm 'no_such_algorithm'.*package.module:function"),
     ("no.such.module:f", UnknownPolicy, "cannot load 'f' from module 'no.such.module'"),
