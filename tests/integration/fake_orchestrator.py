@@ -157,5 +157,17 @@ class Irm:
         self.server.completed[job.group_id] = self.server.completed.get(job.group_id, 0) + n
 
 
+def watched_manager(url: str, policy: str, start: float = 1000.0, **config) -> tuple[JobManager, list[jp.Job]]:
+    """A manager over a fake Orchestrator (one FakeServer "s1") on a VirtualClock at `start`, control period 1 s,
+    started without its control thread (step it by hand), and the Job messages a WatchJobs stream would get."""
+    orch = FakeOrchestrator(url, VirtualClock(start), {"s1": FakeServer()})
+    m = JobManager(orch, JobsConfig(policy=policy, control_period_s=1.0, **config))
+    m.start(loop=False)
+    published: list[jp.Job] = []
+    m.watchers.has_subscribers = lambda: True          # a WatchJobs stream would get these
+    m.watchers.publish = published.extend
+    return m, published
+
+
 def deadline(seconds: float, size: int) -> dict:
     return {"deadline": jp.DeadlineGoal(deadline_s=seconds, size_actions=size)}

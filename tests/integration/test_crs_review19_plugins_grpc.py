@@ -97,17 +97,24 @@ def test_reserve_refused_definitely_prints_no_request_id(suite, tmp_path, capsys
     assert "request id" not in err and "--request-id" not in err, err
 
 
-def test_bench_crs_with_a_plugin_failing_after_the_run_prints_one_json_error(monkeypatch, capsys) -> None:
+def _bench_refusing(monkeypatch, capsys, plugin: str) -> tuple[dict, str]:  # type: ignore[no-untyped-def]
+    """`harness bench crs` on 4 hosts with `plugin` after the default filters: its one JSON document, which must be
+    an error (exit status 1), and its stderr."""
     import bench.crs
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    filters = ["capacity", "affinity", "distance", f"{EX}:FailsPastH999"]
+    filters = ["capacity", "affinity", "distance", f"{EX}:{plugin}"]
     rc = bench.crs.main(["--quick", "--json", "--hosts", "4", "--clients", "2", "--reservations", "2",
                          "--filters", ",".join(filters)])
     out, err = capsys.readouterr()
     assert rc == 1
     doc = json.loads(out)  # the one JSON document
     assert set(doc) == {"benchmark", "pipeline", "error"} and doc["pipeline"]["filters"] == filters
+    return doc, err
+
+
+def test_bench_crs_with_a_plugin_failing_after_the_run_prints_one_json_error(monkeypatch, capsys) -> None:
+    doc, err = _bench_refusing(monkeypatch, capsys, "FailsPastH999")
     assert doc["error"].startswith(f"placing failed: the filter plug-in 'fails_past_h999' ({EX}:FailsPastH999) "
                                    "raised LookupError: no rule for h"), doc["error"]
     assert "Traceback" not in err
@@ -128,16 +135,7 @@ def test_harness_bench_crs_with_a_failing_plugin_prints_only_the_json_error() ->
 def test_bench_crs_with_a_plugin_failing_only_on_the_runs_requests_prints_one_json_error(monkeypatch, capsys) -> None:
     # Review 25: it passed the in-process trials, failed every request of the run (INTERNAL), and the bench printed
     # figures with exit status 0.
-    import bench.crs
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    filters = ["capacity", "affinity", "distance", f"{EX}:FailsOnGeneratedSites"]
-    rc = bench.crs.main(["--quick", "--json", "--hosts", "4", "--clients", "2", "--reservations", "2",
-                         "--filters", ",".join(filters)])
-    out, err = capsys.readouterr()
-    assert rc == 1
-    doc = json.loads(out)
-    assert set(doc) == {"benchmark", "pipeline", "error"} and doc["pipeline"]["filters"] == filters
+    doc, err = _bench_refusing(monkeypatch, capsys, "FailsOnGeneratedSites")
     assert doc["error"].startswith("placing failed on 4 of the run's requests (round 1): the CRS's filter plug-in "
                                    f"'fails_on_generated_sites' ({EX}:FailsOnGeneratedSites) raised LookupError: no "
                                    "rule for site site-"), doc["error"]

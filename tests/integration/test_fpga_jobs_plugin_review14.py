@@ -18,10 +18,10 @@ import pytest
 
 from harness.v1 import fpga_jobs_pb2 as jp
 from irm_fpga import jobs
-from irm_fpga.jobs import QUEUED, JobManager, JobsConfig
+from irm_fpga.jobs import QUEUED, JobManager
 from services.clock import VirtualClock
 from tests.conftest import eventually
-from tests.integration.fake_orchestrator import DEVICES, FakeOrchestrator, FakeServer, deadline
+from tests.integration.fake_orchestrator import DEVICES, deadline, watched_manager
 
 HERE = "tests.integration.test_fpga_jobs_plugin_review14"
 START = 1000.0
@@ -66,16 +66,10 @@ def live(db_url):
     made = []
 
     def make(policy: str, **config):
-        clock = VirtualClock(START)
-        orch = FakeOrchestrator(db_url, clock, {"s1": FakeServer()})
-        m = JobManager(orch, JobsConfig(policy=policy, control_period_s=1.0, **config))
+        m, published = watched_manager(db_url, policy, START, **config)
         made.append(m)
-        m.start(loop=False)
-        counting = m._plugin = Counting(m._plugin, clock)
-        published: list[jp.Job] = []
-        m.watchers.has_subscribers = lambda: True          # a WatchJobs stream would get these
-        m.watchers.publish = published.extend
-        return m, clock, counting, published
+        counting = m._plugin = Counting(m._plugin, m.clock)
+        return m, m.clock, counting, published
 
     yield make
     for m in made:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import pytest
 
 from harness.v1 import fpga_jobs_pb2 as jp
-from irm_fpga.jobs import ACTIVE, QUEUED, JobManager, JobsConfig
-from services.clock import VirtualClock
-from tests.integration.fake_orchestrator import DEVICES, FakeOrchestrator, FakeServer, deadline
+from irm_fpga.jobs import ACTIVE, QUEUED, JobManager
+from tests.integration.fake_orchestrator import DEVICES, deadline, watched_manager
 
 START = 1000.0
 
@@ -28,15 +27,9 @@ def live(db_url):
     made = []
 
     def make(policy: str, **config):
-        clock = VirtualClock(START)
-        orch = FakeOrchestrator(db_url, clock, {"s1": FakeServer()})
-        m = JobManager(orch, JobsConfig(policy=policy, control_period_s=1.0, **config))
+        m, published = watched_manager(db_url, policy, START, **config)
         made.append(m)
-        m.start(loop=False)
-        published: list[jp.Job] = []
-        m.watchers.has_subscribers = lambda: True          # a WatchJobs stream would get these
-        m.watchers.publish = published.extend
-        return m, orch, published
+        return m, m.orch, published
 
     yield make
     for m in made:
