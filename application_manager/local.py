@@ -62,6 +62,11 @@ CANCELLED = "cancelled: the client cancelled or its deadline passed"
 # FAILED_PRECONDITION ("never fits", proven) and INVALID_ARGUMENT are the configuration's own and stay failures.
 TRANSIENT_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
                              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
+# Refusals of credentials (the services' tokens differ, a tenant's token changed or is not allowed): the operators'
+# to fix, not the configuration's fault either. A failed run so is transient (tried again once fixed), not written
+# off; the releases' retries treat them as lasting (`releases`: backed off).
+CREDENTIAL_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+RUN_TRANSIENT_CODES = TRANSIENT_CODES | CREDENTIAL_CODES
 # A Reserve that failed so without the CRS's considered answer (no ErrorInfo: the connection lost, the deadline
 # passed) may have been placed all the same: the CRS commits before it answers.
 RESERVE_IN_DOUBT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -121,13 +126,13 @@ def replayed(exited: agent_pb2.ExecutionExited) -> bool:
 
 def transient_error(error: str) -> bool:
     """Whether a failed run's error is one of the ones above that say nothing of the configuration: a CRS or
-    agent refusal with a code in TRANSIENT_CODES, or a run lost without a code. For observations that did not
+    agent refusal with a code in RUN_TRANSIENT_CODES, or a run lost without a code. For observations that did not
     come through `LocalBackend.run` with their flag set (another back-end's, a stand-in's)."""
     for prefix in _TRANSIENT_PREFIXES:
         if error.startswith(prefix):
             code = error[len(prefix):].split(":", 1)[0].strip()
             known = {c.name for c in grpc.StatusCode}
-            return code in {c.name for c in TRANSIENT_CODES} or (prefix == _TRANSIENT_PREFIXES[2] and code not in known)
+            return code in {c.name for c in RUN_TRANSIENT_CODES} or (prefix == _TRANSIENT_PREFIXES[2] and code not in known)
     return (error.startswith("cancelled: ") or error.startswith("stopped: ") or error in ENDED_FROM_OUTSIDE
             or error.startswith(MACHINE_OUT_OF_MEMORY))
 
@@ -344,7 +349,7 @@ class LocalBackend:
                 self._release_later(Unreleased(self.tenant, rid, request=reserve), e)
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
                                          error=f"could not reserve: {e.code().name}: {e.details()}",
-                                         transient=e.code() in TRANSIENT_CODES, retry_after_s=retry_delay_s(e)))
+                                         transient=e.code() in RUN_TRANSIENT_CODES, retry_after_s=retry_delay_s(e)))
         services: list[_ModuleRun] = []
         t0 = time.monotonic()
         try:
@@ -390,7 +395,7 @@ class LocalBackend:
                 why = main.error or "the agent's stream ended without an exit status"
                 return RunDetail(Observation(proposal.config, False, elapsed, res.price_per_minute * elapsed / 60.0,
                                              proposal.input, error=f"the run was lost: {why}",
-                                             transient=main.error_code is None or main.error_code in TRANSIENT_CODES),
+                                             transient=main.error_code is None or main.error_code in RUN_TRANSIENT_CODES),
                                  res.id, main.tail())
             minutes = (exited.wall_time_s + startup_s) / 60.0
             cost = run_cost(exited, res.price_per_minute * minutes)
@@ -424,7 +429,7 @@ class LocalBackend:
             # The agent out of reach is the cloud's trouble, not the configuration's; a refusal of the request is.
             return RunDetail(Observation(proposal.config, False, 0.0, 0.0, proposal.input,
                                          error=f"could not run: {e.code().name}: {e.details()}",
-                                         transient=e.code() in TRANSIENT_CODES),
+                                         transient=e.code() in RUN_TRANSIENT_CODES),
                              res.id)
         finally:
             for svc in services:

@@ -200,3 +200,42 @@ def test_a_run_ended_from_outside_is_recorded_but_says_nothing_of_its_configurat
     assert o.memory_bottleneck is (reason == "memory limit exceeded")   # a neighbour's shortage grows no memory
     # The stored error tells it too, for runs read back (a restart, another back-end's observations).
     assert local.transient_error(o.error) is transient
+
+
+class _CredentialsRefused(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self):  # noqa: ANN201
+        return self._code
+
+    def details(self):  # noqa: ANN201
+        return "the call carries a delegation token this service does not accept"
+
+    def trailing_metadata(self):  # noqa: ANN201
+        return ()
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
+@pytest.mark.parametrize("where", ["crs", "agent"])
+def test_a_credentials_refusal_says_nothing_of_the_configuration(monkeypatch, code, where) -> None:
+    # Review 25: an operator's token mismatch (the AM's delegation token, the agent's) wrote the configurations it
+    # was refused for off for good: later sessions never tried them again once the tokens agreed.
+    class Crs(_Crs):
+        def Reserve(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+            if where == "crs":
+                raise _CredentialsRefused(code)
+            return super().Reserve(req, timeout)
+
+    class Agent:
+        def __init__(self, channel) -> None:  # noqa: ANN001
+            pass
+
+        def Execute(self, req, timeout=None):  # noqa: ANN001, ANN201, N802
+            raise _CredentialsRefused(code)
+
+    monkeypatch.setattr(local.irm_pb2_grpc, "ResourceManagerStub", lambda ch: Crs())
+    monkeypatch.setattr(local.agent_pb2_grpc, "ExecutionAgentStub", Agent)
+    o = backend("rtm", rows=800, steps=40).run(Proposal(0)).observation
+    assert not o.ok and o.transient and not o.measured, o.error
+    assert code.name in o.error and local.transient_error(o.error)
