@@ -91,8 +91,20 @@ class Registry:
         self.managers: dict[str, ManagerState] = {}
 
     def register(self, name: str, address: str, resource_types: list[str]) -> ManagerState:
+        state = self._register(name, address, resource_types, remembered=False)
+        assert state is not None
+        return state
+
+    def remember(self, name: str, address: str, resource_types: list[str]) -> ManagerState | None:
+        """A manager the database knows, at a CRS's start: followed, but down until it heartbeats -- unless it has
+        registered meanwhile (the CRS serves before it starts): that live registration is left as it is (None)."""
+        return self._register(name, address, resource_types, remembered=True)
+
+    def _register(self, name: str, address: str, resource_types: list[str], remembered: bool) -> ManagerState | None:
         with self.lock:
             old = self.managers.get(name)
+            if remembered and old is not None:
+                return None
             if old is not None and old.address == address and old.thread and old.thread.is_alive():
                 old.last_heartbeat = self.clock.now()
                 old.resource_types = list(resource_types)
@@ -100,7 +112,7 @@ class Registry:
                 return old
             if old is not None:
                 old.stop.set()
-            state = ManagerState(name, address, list(resource_types), self.clock.now(),
+            state = ManagerState(name, address, list(resource_types), -math.inf if remembered else self.clock.now(),
                                  max_delegations=self.max_delegations, delegation_token=self.delegation_token)
             self.managers[name] = state
         self.view.set_down(name, False)

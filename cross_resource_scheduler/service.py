@@ -354,9 +354,9 @@ class Crs(irm_pb2_grpc.ResourceManagerServicer, registry_pb2_grpc.ManagerRegistr
         with self.db.read() as s:
             known = list(s.scalars(select(Manager)))
         for m in known:
-            # Known from before a restart: followed, but down until it heartbeats.
-            state = self.registry.register(m.name, m.address, m.resource_types)
-            state.last_heartbeat = -math.inf
+            # Known from before a restart: followed, but down until it heartbeats (one that registered while this
+            # CRS started, serving already, is left up: it was marked down for a heartbeat interval).
+            self.registry.remember(m.name, m.address, m.resource_types)
         self._monitor.start()
         self._compensating.start()
         self._watching.start()
@@ -1240,7 +1240,7 @@ def manager_synced(state: ManagerState, timeout: float) -> bool:
 def component(config: CrsConfig, clock: Clock | None = None) -> Component:
     tenants.delegation(config.tenants_file, config.delegation_token, "crs")
     auth = tenants.auth(config.tenants_file, "crs", delegation_sha256=config.delegation_sha256,
-                        delegation_token=config.delegation_token)
+                        delegation_token=config.delegation_token, delegates=True)
     crs = Crs(config, clock)
 
     def register(server: grpc.Server) -> None:

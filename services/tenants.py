@@ -250,14 +250,20 @@ def _accepted(service: str, delegation_sha256: str, delegation_token: str) -> st
 
 
 def auth(tenants_file: str, service: str, *, delegation_sha256: str = "", delegation_token: str = "",
-         takes_delegation: bool = True) -> TenantAuth | None:
+         takes_delegation: bool = True, delegates: bool = False) -> TenantAuth | None:
     """A service's TenantAuth from its settings (None: no tenants file, nothing checked); ConfigError when the
     file cannot be used, or when the service takes calls the CRS or the AM make for tenants (`takes_delegation`)
-    and has no delegation digest to check them with (`delegation_sha256`, or that of its own `delegation_token`)."""
+    and has no delegation digest to check them with (`delegation_sha256`, or that of its own `delegation_token`;
+    `delegates`: it sends one too, as the CRS does, and the fix to name is its `delegation_token`)."""
     accepted = _accepted(service, delegation_sha256, delegation_token)
     if not tenants_file:
         return None
     if takes_delegation and not accepted:
+        if delegates:
+            # It sends the token too (the CRS to its managers): the token itself, whose digest it then accepts.
+            raise ConfigError(f"{service}: tenants_file needs delegation_token too (the suite's, as the AM's; "
+                              "`harness tenant delegation` makes one): without it, the AM's calls for tenants would "
+                              "be refused here and this service's at the managers")
         raise ConfigError(f"{service}: tenants_file needs delegation_sha256 too (the SHA-256 of the CRS's and the "
                           "AM's delegation_token; `harness tenant delegation` makes a pair): without it, the calls "
                           "they make for tenants would be refused")

@@ -78,6 +78,11 @@ def test_the_settings_a_service_is_refused_with(two, tmp_path) -> None:
     # A service that takes the CRS's and the AM's calls for tenants needs the digest to check them with.
     with pytest.raises(ConfigError, match="agent: tenants_file needs delegation_sha256 too"):
         tenants.auth(path, "agent")
+    # The CRS sends the token too: the fix to name is the token itself (review 25: told delegation_sha256, an
+    # operator gave it and had a CRS whose calls for tenants the managers refused).
+    with pytest.raises(ConfigError, match="^crs: tenants_file needs delegation_token too"):
+        tenants.auth(path, "crs", delegates=True)
+    assert tenants.auth(path, "crs", delegation_token=DELEGATION, delegates=True) is not None
     with pytest.raises(ConfigError, match="delegation_sha256 must be sha256:<64 hex digits>"):
         tenants.auth(path, "agent", delegation_sha256=DELEGATION)
     assert tenants.auth(path, "am", takes_delegation=False) is not None
