@@ -201,7 +201,7 @@ def cmd_tls(args: argparse.Namespace) -> int:
     print(json.dumps(out, indent=2))
     print(f"harness tls: give each service its directory's server.pem/server.key (tls_cert_file/tls_key_file) and "
           f"ca.pem (tls_ca_file; clients HARNESS_TLS_CA_FILE); compose: HARNESS_TLS_DIR={_compose_path(args.dir, 'services')}"
-          + (f", HARNESS_AGENT_TLS_DIR={_compose_path(args.dir, 'agent')}" if args.agent_host else "")
+          + (f", HARNESS_TLS_DIR_AGENT={_compose_path(args.dir, 'agent')}" if args.agent_host else "")
           + f". Mount neither {Path(args.dir) / 'ca.key'} nor the services' key where tenants' programs run (the "
           "agents): with it they could pose as any service.", file=sys.stderr)
     return 0

@@ -99,7 +99,7 @@ def test_every_harness_service_can_serve_and_speak_tls():
         section = SERVICES[cmd[1]].section.upper()
         env = svc["environment"]
         # The agent runs tenants' programs: its certificate and key are its own, never the other services'.
-        variable, volume = ("HARNESS_AGENT_TLS_DIR", "agent-tls") if cmd[1] == "agent" else ("HARNESS_TLS_DIR", "tls")
+        variable, volume = ("HARNESS_TLS_DIR_AGENT", "agent-tls") if cmd[1] == "agent" else ("HARNESS_TLS_DIR", "tls")
         for field, file in (("CERT", "server.pem"), ("KEY", "server.key"), ("CA", "ca.pem")):
             assert env[f"HARNESS_{section}_TLS_{field}_FILE"] == f"${{{variable}:+/etc/harness/tls/{file}}}", name
         assert f"${{{variable}:-{volume}}}:/etc/harness/tls:ro" in svc["volumes"], name
@@ -119,3 +119,15 @@ def test_the_image_copies_what_exists_and_its_build_context_leaves_out_local_env
     ignored = {p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
                if p.strip() and not p.startswith("#")}
     assert {"**/node_modules/", ".venv/", "**/__pycache__/", ".git/"} <= ignored
+
+
+def test_compose_variables_of_its_own_are_in_no_services_settings_namespace():
+    # Review 25: HARNESS_AGENT_TLS_DIR, exported in a shell as `harness tls generate` printed it, stopped any agent
+    # started there ("unknown setting agent.tls_dir"): HARNESS_<SECTION>_* is that service's settings.
+    import re
+
+    own = set(re.findall(r"\$\{(HARNESS_[A-Z_]+)", (ROOT / "compose.yaml").read_text()))
+    assert "HARNESS_TLS_DIR_AGENT" in own and "HARNESS_TLS_DIR" in own
+    sections = {entry.section.upper() for entry in SERVICES.values()}
+    clashes = sorted(v for v in own for s in sections if v.startswith(f"HARNESS_{s}_"))
+    assert clashes == [], f"compose variables read as services' settings: {clashes}"
