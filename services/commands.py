@@ -53,6 +53,8 @@ def _fail(e: grpc.RpcError, option: str = "--crs", agent: str = "") -> int:
         print(f"  the VM's execution agent at {agent} (the address the reservation gives) did not answer: it may be "
               "restarting, or have moved with its compute IRM; `harness status` shows the suite, `harness "
               "reservations` the VM's address now", file=sys.stderr)
+    elif e.code() == grpc.StatusCode.UNAVAILABLE and (why := connection_trouble(e.details() or "")) is not None:
+        print(f"  a service answers there, but not to this client: {why}", file=sys.stderr)
     elif e.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (e.details() or ""):
         print("  is a suite running there? The CLI finds the one `harness up` started through --state-dir (default "
               f"$HARNESS_HOME or ~/.harness), or give {option} HOST:PORT", file=sys.stderr)
@@ -232,8 +234,24 @@ def health_of(addresses: dict[str, str], timeout: float = 2.0) -> list[dict]:
         except grpc.RpcError as e:
             entry["status"] = "UNREACHABLE"
             entry["error"] = e.code().name
+            if (why := connection_trouble(e.details() or "")) is not None:
+                entry["connection"] = why
         out.append(entry)
     return out
+
+
+def connection_trouble(details: str) -> str | None:
+    """What a failed call's details say of the connection, when it is TLS that failed (a service that runs,
+    refused by this client's TLS settings or its certificate) rather than no service there; None otherwise."""
+    if "handshake" in details.lower() or "ssl" in details.lower() or "certificate" in details.lower():
+        said = details.split("last error: ", 1)[-1]
+        return (f"the TLS handshake failed ({said[:300]}): the CA this client trusts (HARNESS_TLS_CA_FILE, "
+                "`tls_ca_file` of a service) must be the one that signed the service's certificate, which must be "
+                "valid now and name the host dialled")
+    if "Socket closed" in details and tls.roots() is None:
+        return ("it closed the connection this client opened without TLS: if it serves TLS, give this client its "
+                "CA (HARNESS_TLS_CA_FILE=.../ca.pem)")
+    return None
 
 
 # The suite's infrastructure resource managers: each registers with the CRS (services.registration), which
@@ -353,7 +371,9 @@ def registrations_of(services: list[dict], addresses: dict[str, str], timeout: f
         section = SERVICES[s["name"]].section if s["name"] in SERVICES else s["name"]
         fix = (f"its crs_address setting must point at the CRS's address {crs} (`crs_address` in the "
                f"`{section}` section of the config file, or HARNESS_{section.upper()}_CRS_ADDRESS; under "
-               f"`harness up` leave it out and the suite wires it), then restart it")
+               f"`harness up` leave it out and the suite wires it), then restart it; if it does, the IRM cannot "
+               f"reach the CRS: its log says why (with TLS: a `tls_ca_file` that is not the CA of the CRS's "
+               f"certificate)")
         who = f"{s['name']} at {s['address']}"
         manager = s.get("manager") or s["name"]
         state = s["crs_registration"]
@@ -413,6 +433,8 @@ def _crs_column(s: dict) -> str:
 def _service_problem(s: dict, state_dir: str | None) -> str:
     """What to do about a service that does not serve (`state_dir`: the suite's; None: not one `harness up` runs)."""
     if s["status"] == "UNREACHABLE":
+        if s.get("connection"):             # it runs, but this client cannot talk to it: not a start or restart
+            return f"{s['name']} at {s['address']} cannot be reached over this connection: {s['connection']}"
         head = f"{s['name']} at {s['address']} does not answer ({s.get('error', 'no answer')})"
         if state_dir is None:
             return f"{head}: start it (under compose, `docker compose logs {s['name']}` says why it stopped)"

@@ -146,3 +146,47 @@ def test_the_suite_marks_its_tls_for_the_cli_and_unmarks_it_without(tmp_path, mo
     assert suite.tls_ca(state) is None             # a later plaintext start: the CLI must not speak TLS to it
     suite.stop(running)
     assert not any("TLS" in k for p in spawned for k in p.kwargs["env"])
+
+
+def test_status_tells_a_tls_refusal_from_a_service_that_is_not_there(tmp_path, trust) -> None:
+    # Review 25: a running service refused by the client's TLS (another CA, no CA) was "does not answer: start it".
+    from services import commands
+
+    files = tls.generate(str(tmp_path / "a"), ["127.0.0.1"])
+    other = tls.generate(str(tmp_path / "b"), ["127.0.0.1"])
+    running = _echo(tls.server_credentials(files["cert"], files["key"]))
+    where = {"crs": f"127.0.0.1:{running.port}"}
+    try:
+        trust(other["ca"])
+        [entry] = commands.health_of(where)
+        assert entry["status"] == "UNREACHABLE" and entry["connection"].startswith("the TLS handshake failed (")
+        assert "certificate" in entry["connection"] and "HARNESS_TLS_CA_FILE" in entry["connection"]
+        assert commands._service_problem(entry, None).startswith(
+            f"crs at {where['crs']} cannot be reached over this connection: the TLS handshake failed (")
+        trust("")
+        [entry] = commands.health_of(where)
+        assert entry["connection"] == ("it closed the connection this client opened without TLS: if it serves TLS, "
+                                       "give this client its CA (HARNESS_TLS_CA_FILE=.../ca.pem)")
+        trust(files["ca"])
+        assert commands.health_of(where)[0]["status"] == "SERVING"
+    finally:
+        running.stop(0)
+    [entry] = commands.health_of(where)                # nothing there now: start it
+    assert "connection" not in entry and "start it" in commands._service_problem(entry, None)
+
+
+def test_a_cli_command_refused_by_tls_says_so_not_whether_a_suite_runs(tmp_path, trust, capsys) -> None:
+    from services import commands
+
+    files = tls.generate(str(tmp_path / "a"), ["127.0.0.1"])
+    running = _echo(tls.server_credentials(files["cert"], files["key"]))
+    try:
+        trust(str(tls.generate(str(tmp_path / "b"), ["127.0.0.1"])["ca"]))
+        with pytest.raises(grpc.RpcError) as e:
+            _ask(running.port)
+        assert commands._fail(e.value) == 1
+        err = capsys.readouterr().err
+        assert "a service answers there, but not to this client: the TLS handshake failed (" in err
+        assert "is a suite running there" not in err
+    finally:
+        running.stop(0)
