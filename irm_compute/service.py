@@ -36,8 +36,10 @@ from services.clock import Clock, WallClock
 from services.config import ConfigError
 from services.db import Database, default_url, unavailable_error
 from services.errors import (
+    CREDENTIALS_REFUSED,
     HarnessError,
     InvalidArgument,
+    Unavailable,
     Violations,
     require_since,
     require_tenant,
@@ -504,27 +506,34 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
         # The agents in parallel (a bounded few at a time), each within the caller's deadline: a hung agent
         # must neither hold this worker thread past it nor delay what the others answer.
         answers: dict[str, list[common_pb2.Series]] = {}
+        refused: set[str] = set()       # agents refusing this IRM's control token
         if len(by_agent) == 1:          # one agent (the usual case): asked from this thread
             [(agent, vm_ids)] = by_agent.items()
-            self._agent_metrics(agent, vm_ids, res.tenant, request.since, context, answers)
+            self._agent_metrics(agent, vm_ids, res.tenant, request.since, context, answers, refused)
         else:
             pool = ThreadPoolExecutor(max_workers=min(len(by_agent), METRICS_PARALLEL),
                                       thread_name_prefix="metrics")
             try:
                 jobs = [pool.submit(self._agent_metrics, agent, vm_ids, res.tenant, request.since, context,
-                                    answers) for agent, vm_ids in by_agent.items()]
+                                    answers, refused) for agent, vm_ids in by_agent.items()]
                 left = _remaining(context)
                 futures.wait(jobs, timeout=left if math.isfinite(left) else None)
             finally:
                 # Calls still out end by their own deadline (the caller's); those not started never will.
                 pool.shutdown(wait=False, cancel_futures=True)
+        if refused and not answers:
+            # Not an empty series (a VM with nothing measured yet): the operators' tokens differ.
+            raise Unavailable(f"the execution agent{'s' if len(refused) > 1 else ''} of this reservation's VMs "
+                              f"({', '.join(sorted(refused))}) refuse{'' if len(refused) > 1 else 's'} the compute "
+                              "IRM's control token: no metrics can be read until the operator gives them the same "
+                              "control_token", reason=CREDENTIALS_REFUSED)
         # VMs whose agent did not answer (in time) have no series: their metrics are unavailable.
         return irm_pb2.GetMetricsResponse(series=[x for vm in res.vms for x in answers.get(vm.id, [])])
 
     def _agent_metrics(self, agent: str, vm_ids: list[str], tenant: str, since: float, context,  # noqa: ANN001
-                       answers: dict[str, list[common_pb2.Series]]) -> None:
+                       answers: dict[str, list[common_pb2.Series]], refused: set[str]) -> None:
         """One agent's VMs' series into `answers`, one call at a time; an agent that does not answer one
-        is not asked about the others."""
+        is not asked about the others (one refusing this IRM's control token goes into `refused`)."""
         stub = self._agent(agent)
         for vm_id in vm_ids:
             timeout = min(METRICS_TIMEOUT_S, _remaining(context))
@@ -535,7 +544,13 @@ class ComputeIrm(irm_pb2_grpc.ResourceManagerServicer, compute_pb2_grpc.ComputeC
                                           timeout=timeout, metadata=tenants.forwarded(context))
             except grpc.RpcError as e:
                 code = e.code()  # type: ignore[attr-defined]
-                log.warning("agent metrics unavailable", extra={"agent": agent, "vm": vm_id, "code": str(code)})
+                if code == grpc.StatusCode.UNAUTHENTICATED:
+                    refused.add(agent)
+                    log.warning("agent metrics unavailable: the agent refuses this IRM's control token; give both "
+                                "the same control_token (HARNESS_CONTROL_TOKEN in compose)",
+                                extra={"agent": agent, "vm": vm_id, "code": str(code)})
+                else:
+                    log.warning("agent metrics unavailable", extra={"agent": agent, "vm": vm_id, "code": str(code)})
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.CANCELLED):
                     return

@@ -50,6 +50,7 @@ from services.config import check_seconds, check_settings
 from services.db import Database, default_url
 from services.errors import (
     CAPACITY_IN_USE,
+    CREDENTIALS_REFUSED,
     MANAGER_UNAVAILABLE,
     RETRY_LATER_S,
     FailedPrecondition,
@@ -123,6 +124,9 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
         self.db.migrate(MIGRATIONS, "alembic_version_fpga")
         self.servers: dict[str, ServerHandle] = {}
         self._silent_until: dict[str, float] = {}      # address -> monotonic time of its next discovery try
+        # Servers (by name; by address if never mapped) whose last answer refused our control token: a placement
+        # short of their devices says so (CREDENTIALS_REFUSED), not "did not answer; retry".
+        self.refusing_token: set[str] = set()
         self._published: dict[str, tuple[int, int, tuple[str, ...]]] = {}   # server -> `_offered`, last published
         self.lock = CountingLock()  # placement decisions over servers are serialised
         self.watchers: Broadcaster[irm_pb2.CapacityEvent] = Broadcaster(   # WatchCapacity streams
@@ -184,6 +188,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     # these wait a while before the next try.
                     self._silent_until[address] = now + SILENT_RETRY_S
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:   # it answered: the tokens disagree
+                    self.refusing_token.add(address)
                     message = (f"control token rejected by FPGA-server at {address}: set control_token to the "
                                "FPGA-server's")
                     if strict:
@@ -196,6 +201,7 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
                     # this failure when the server is back, and fail that try too.
                     rpc.drop(address)
                 continue
+            self.refusing_token.discard(address)
             # A new dict, not an update: other threads iterate `self.servers` without the lock.
             self.servers = {**self.servers, info.name: ServerHandle(
                 info.name, address, self.config.control_token, backoff_s=self.config.server_backoff_s,
@@ -226,12 +232,14 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             if isinstance(reply, ServerNotAnswering):      # its breaker said so once, when it opened
                 log.debug("FPGA-server not asked: it did not answer lately", extra={"server": name})
             elif isinstance(reply, grpc.RpcError) and reply.code() == grpc.StatusCode.UNAUTHENTICATED:
+                self.refusing_token.add(name)
                 log.warning("FPGA-server refused our control token: set control_token to the same secret on the "
                             "Orchestrator and the FPGA-server (HARNESS_CONTROL_TOKEN in compose)",
                             extra={"server": name, "code": reply.code().name})
             elif isinstance(reply, grpc.RpcError):
                 log.warning("FPGA-server unreachable", extra={"server": name, "code": reply.code().name})
             else:
+                self.refusing_token.discard(name)
                 out[name], generations[name] = self._newest(name, reply)     # type: ignore[arg-type]
         return out, generations
 
@@ -481,6 +489,13 @@ class Orchestrator(fpga_pb2_grpc.FpgaOrchestratorServicer, irm_pb2_grpc.Resource
             # A request right in itself that only the servers answering cannot hold: the devices of those that do
             # not answer (down, partitioned, refusing our control token) are unknown now. INVALID_ARGUMENT would
             # tell the client never to retry.
+            refusing = sorted(self.refusing_token - set(answering))
+            if refusing:
+                # Not a moment's silence: the operators' tokens differ, and no retry helps until they agree.
+                raise Unavailable(f"{len(refusing)} of {len(self.config.servers)} FPGA-servers ({', '.join(refusing)}) "
+                                  f"refuse this Orchestrator's control token: their devices cannot be used "
+                                  f"({total} usable on the others); the operator must give the Orchestrator and the "
+                                  "FPGA-servers the same control_token", reason=CREDENTIALS_REFUSED)
             raise Unavailable(f"{silent} of {len(self.config.servers)} FPGA-servers did not answer: their devices "
                               f"are unknown now ({total} usable on the others); retry", reason=MANAGER_UNAVAILABLE,
                               retry_after_s=self.config.server_backoff_s or 1.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -58,9 +59,29 @@ def watch_tenant(tenant: str, token: str, context: Any) -> str:
     return ANONYMOUS_WATCHER
 
 
+REFUSAL_LOGGED_EVERY_S = 60.0
+_refusals_logged: dict[str, float] = {}     # per kind of caller (token sent or not): when last logged
+_refusals_lock = threading.Lock()
+
+
 def check(token: str, context: Any, what: str) -> None:
-    """UNAUTHENTICATED unless the call carries `token` (nothing to check when it is empty)."""
+    """UNAUTHENTICATED unless the call carries `token` (nothing to check when it is empty). A refusal is logged
+    here too, at most once a minute per kind (a token that differs, none sent): the caller's log may be the only
+    other place a token mismatch between two services shows (an Orchestrator whose FPGA-servers refuse it)."""
     if not sent(token, context):
+        given = bool(dict(context.invocation_metadata() or ()).get(METADATA_KEY, ""))
+        kind = "a control token that differs from this service's" if given else "no control token"
+        now = time.monotonic()
+        with _refusals_lock:
+            due = now - _refusals_logged.get(kind, -REFUSAL_LOGGED_EVERY_S) >= REFUSAL_LOGGED_EVERY_S
+            if due:
+                _refusals_logged[kind] = now
+        if due:
+            peer = context.peer() if hasattr(context, "peer") else ""
+            log.warning(f"refused a control call carrying {kind}: if it came from this suite's control plane (the "
+                        f"Orchestrator, the compute IRM, the CRS), give both services the same control_token "
+                        f"(HARNESS_CONTROL_TOKEN in compose); said at most once a minute",
+                        extra={"peer": peer, "service": what})
         raise Unauthenticated(f"{what} takes control calls from its control plane only (a control token)")
 
 

@@ -42,9 +42,12 @@ class FakeAgent(agent_pb2_grpc.ExecutionAgentServicer):
     hung: bool = False
     release: threading.Event = field(default_factory=threading.Event)
     calls: list[tuple[str, float]] = field(default_factory=list)   # (vm_id, seconds its caller gave it)
+    refuses_token: bool = False     # as an agent whose control token differs from the IRM's
 
     def GetVmMetrics(self, request, context):  # noqa: N802, ANN001
         self.calls.append((request.vm_id, context.time_remaining()))
+        if self.refuses_token:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "agent takes control calls from its control plane only")
         if self.hung:
             self.release.wait(TIMEOUT)
         return agent_pb2.GetVmMetricsResponse(series=[
@@ -71,6 +74,7 @@ class MetricsCloud:
     irm: ComputeIrm
     hung: FakeAgent
     healthy: FakeAgent
+    healthy_address: str = ""
 
 
 @pytest.fixture
@@ -87,7 +91,7 @@ def metrics_cloud(tmp_path: Path) -> Iterator[MetricsCloud]:
         f"  - {{id: b, cores: 8, memory_gb: 8, agent: '127.0.0.1:{servers[1].port}'}}\n")
     irm = ComputeIrm(ComputeConfig(state_dir=str(tmp_path), inventory=str(tmp_path / "hosts.yaml")))
     try:
-        yield MetricsCloud(irm, hung, healthy)
+        yield MetricsCloud(irm, hung, healthy, f"127.0.0.1:{servers[1].port}")
     finally:
         hung.release.set()
         for s in servers:
@@ -109,6 +113,25 @@ def test_a_hung_agent_is_asked_once_within_the_callers_deadline_and_the_others_s
     # the other agent answered for its VMs, although the hung one took the caller's whole deadline
     assert sorted(vm for vm, _ in c.healthy.calls) == sorted(on_b)
     assert sorted(s.resource_id for s in reply.series) == sorted(on_b)
+
+
+def test_agents_refusing_the_irms_control_token_are_said_not_taken_for_empty_series(
+        metrics_cloud: MetricsCloud) -> None:
+    # Review 25: `harness metrics` printed {"series": []} with exit status 0 while the agent refused every call.
+    from services.errors import CREDENTIALS_REFUSED, Unavailable
+
+    c = metrics_cloud
+    c.healthy.refuses_token = True
+    res = c.irm.Reserve(irm_pb2.ReserveRequest(tenant=T, request_id="r", groups=[group(2, "b", "b")]), None)
+    with pytest.raises(Unavailable) as e:
+        c.irm.GetMetrics(irm_pb2.GetMetricsRequest(tenant=T, reservation_id=res.id), Deadline(5.0))
+    assert e.value.reason == CREDENTIALS_REFUSED
+    assert str(e.value) == (f"the execution agent of this reservation's VMs ({c.healthy_address}) refuses the compute "
+                            "IRM's control token: no metrics can be read until the operator gives them the same "
+                            "control_token")
+    c.healthy.refuses_token = False
+    reply = c.irm.GetMetrics(irm_pb2.GetMetricsRequest(tenant=T, reservation_id=res.id), Deadline(5.0))
+    assert len(reply.series) == 2
 
 
 def test_get_metrics_asks_no_agent_once_the_caller_is_gone(metrics_cloud: MetricsCloud) -> None:

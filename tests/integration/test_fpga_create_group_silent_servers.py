@@ -9,8 +9,9 @@ import grpc
 from irm_fpga import server as fsrv
 from irm_fpga.orchestrator import Orchestrator, OrchestratorConfig
 from services import client as rpc
+from services import control
 from services import server as srv
-from services.errors import MANAGER_UNAVAILABLE, InvalidArgument, Unavailable
+from services.errors import CREDENTIALS_REFUSED, MANAGER_UNAVAILABLE, InvalidArgument, Unavailable
 
 
 def test_a_group_larger_than_the_answering_servers_is_unavailable_not_invalid(tmp_path) -> None:
@@ -46,7 +47,8 @@ def test_a_group_larger_than_the_answering_servers_is_unavailable_not_invalid(tm
             rpc.drop(a)
 
 
-def test_a_server_refusing_the_control_token_is_logged_with_the_setting_to_fix(tmp_path, caplog) -> None:
+def test_a_server_refusing_the_control_token_is_logged_with_the_setting_to_fix(tmp_path, caplog, monkeypatch) -> None:
+    monkeypatch.setattr(control, "_refusals_logged", {})     # said once a minute per process: fresh for this test
     running = srv.start("127.0.0.1:0", [fsrv.component(fsrv.FpgaServerConfig(
         name="s0", devices=2, reconfig_mean_s=0.0, reconfig_std_s=0.0, control_token="one"))])
     address = f"127.0.0.1:{running.port}"
@@ -61,6 +63,22 @@ def test_a_server_refusing_the_control_token_is_logged_with_the_setting_to_fix(t
         (record,) = [r for r in caplog.records if getattr(r, "server", "") == "s0"]
         assert "refused our control token" in record.getMessage() and "control_token" in record.getMessage()
         assert record.code == "UNAUTHENTICATED"
+        # Review 25: a group asked for meanwhile was "did not answer ... retry" (MANAGER_UNAVAILABLE), and the
+        # refusing server logged nothing. Now the group is refused for what it is, and the server says it too.
+        caplog.set_level("WARNING", logger="services.control")
+        try:
+            orch.create_group("alice", "g", "sleep", 1)
+            raise AssertionError("made a group with no server answering")
+        except Unavailable as e:
+            assert e.reason == CREDENTIALS_REFUSED and e.retry_after_s is None
+            assert str(e) == ("1 of 1 FPGA-servers (s0) refuse this Orchestrator's control token: their devices "
+                              "cannot be used (0 usable on the others); the operator must give the Orchestrator "
+                              "and the FPGA-servers the same control_token")
+        said = [r.getMessage() for r in caplog.records if r.name == "services.control"]
+        assert any("refused a control call carrying a control token that differs from this service's" in m
+                   for m in said), said
+        running.components[0].extra["server"].config.control_token = "one"      # the operator fixed it
+        assert orch.create_group("alice", "g", "sleep", 1).parts == {"s0": 1}
     finally:
         orch.stop()
         running.stop(0)
