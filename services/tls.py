@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -25,6 +26,9 @@ import grpc
 
 from services.config import ConfigError
 from services.files import write_atomic
+
+log = logging.getLogger(__name__)
+EXPIRY_WARNING = datetime.timedelta(days=14)    # a service starting with a certificate closer to its end says so
 
 ENV_CA = "HARNESS_TLS_CA_FILE"
 CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "server.pem", "server.key"
@@ -55,12 +59,27 @@ def _read(path: str, what: str, setting: str) -> bytes:
     return data
 
 
+def _read_ca(path: str, setting: str) -> bytes:
+    """The PEM certificates of `path`, ConfigError if it holds none (a private key given by mistake passed the
+    -----BEGIN check, and gRPC then trusted nothing: every connection failed "Could not load any root
+    certificate")."""
+    from cryptography import x509
+
+    data = _read(path, "CA certificate", setting)
+    try:
+        x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise ConfigError(f"{setting} {path}: not a PEM CA certificate (a private key, or a damaged file?): give the "
+                          "CA's certificate, ca.pem of `harness tls generate`") from None
+    return data
+
+
 def configure(ca_file: str, setting: str = "tls_ca_file") -> None:
     """This process's channels trust `ca_file`; "": plaintext (a service's setting decides, whatever
     $HARNESS_TLS_CA_FILE says, which is the CLI's and client libraries'). ConfigError for a file that is no PEM
     certificate."""
     global _roots, _configured
-    roots = _read(ca_file, "CA certificate", setting) if ca_file else None
+    roots = _read_ca(ca_file, setting) if ca_file else None
     with _lock:
         _roots, _configured = roots, True
 
@@ -79,7 +98,7 @@ def roots() -> bytes | None:
     with _lock:
         if not _configured:
             path = os.environ.get(ENV_CA, "")
-            _roots = _read(path, "CA certificate", ENV_CA) if path else None
+            _roots = _read_ca(path, ENV_CA) if path else None
             _configured = True
         return _roots
 
@@ -118,9 +137,11 @@ def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials 
     return grpc.ssl_server_credentials([(key, cert)])
 
 
-def _check_pair(cert: bytes, key: bytes, cert_file: str, key_file: str) -> None:
-    """ConfigError unless `key` is the private key of `cert`'s (first) certificate: gRPC would fail to listen,
-    saying nothing of which file."""
+def _check_pair(cert: bytes, key: bytes, cert_file: str, key_file: str,
+                now: datetime.datetime | None = None) -> None:
+    """ConfigError unless `key` is the private key of `cert`'s (first) certificate (gRPC would fail to listen,
+    saying nothing of which file) and the certificate has not expired `now` (a warning when it is not valid yet,
+    or expires within EXPIRY_WARNING)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
@@ -135,6 +156,20 @@ def _check_pair(cert: bytes, key: bytes, cert_file: str, key_file: str) -> None:
     public = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     if private.public_key().public_bytes(*public) != certificate.public_key().public_bytes(*public):
         raise ConfigError(f"tls_key_file {key_file} is not the key of tls_cert_file {cert_file}")
+    # Served anyway, an expired certificate fails every client's handshake while the service looks healthy.
+    now = now or datetime.datetime.now(datetime.UTC)
+    if certificate.not_valid_after_utc <= now:
+        raise ConfigError(f"tls_cert_file {cert_file}: the certificate expired on "
+                          f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: renew it (`harness tls generate "
+                          "--dir DIR` keeps the CA already in DIR)")
+    if certificate.not_valid_before_utc > now:
+        log.warning(f"tls_cert_file {cert_file}: the certificate is valid only from "
+                    f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: clients refuse it until then (is this "
+                    "machine's clock right?)")
+    elif certificate.not_valid_after_utc - now < EXPIRY_WARNING:
+        log.warning(f"tls_cert_file {cert_file}: the certificate expires on "
+                    f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: renew it before then (`harness tls "
+                    "generate --dir DIR` keeps the CA already in DIR), then restart the service")
 
 
 def _host(host: str) -> str:

@@ -190,3 +190,26 @@ def test_a_cli_command_refused_by_tls_says_so_not_whether_a_suite_runs(tmp_path,
         assert "is a suite running there" not in err
     finally:
         running.stop(0)
+
+
+def test_an_expired_certificate_or_a_key_given_as_the_ca_stops_start_up_saying_so(tmp_path, trust, caplog) -> None:
+    # Review 25: a service served an expired certificate (every client's handshake failed, nothing logged), and a
+    # private key given as tls_ca_file passed (gRPC then trusted nothing: "Could not load any root certificate").
+    import datetime
+
+    files = tls.generate(str(tmp_path), ["127.0.0.1"], days=30)
+    cert, key = open(files["cert"], "rb").read(), open(files["key"], "rb").read()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    tls._check_pair(cert, key, files["cert"], files["key"], now=now)                 # valid: nothing said
+    assert "expires on" not in caplog.text
+    with pytest.raises(ConfigError, match=r"tls_cert_file .*server.pem: the certificate expired on \d{4}-\d\d-\d\d "
+                                          r"\d\d:\d\d UTC: renew it \(`harness tls generate --dir DIR` keeps the CA"):
+        tls._check_pair(cert, key, files["cert"], files["key"], now=now + datetime.timedelta(days=31))
+    tls._check_pair(cert, key, files["cert"], files["key"], now=now + datetime.timedelta(days=20))
+    assert "the certificate expires on" in caplog.text and "renew it before then" in caplog.text
+    tls._check_pair(cert, key, files["cert"], files["key"], now=now - datetime.timedelta(days=1))
+    assert "the certificate is valid only from" in caplog.text
+    with pytest.raises(ConfigError, match=r"tls_ca_file .*server.key: not a PEM CA certificate \(a private key"):
+        trust(files["key"])
+    trust(files["ca"])                                     # the CA itself: taken
+    assert tls.roots() == open(files["ca"], "rb").read()
