@@ -8,7 +8,8 @@ per VM and forgets it when the compute IRM calls `ReleaseVm`.
 The back-end is `local` (irm_compute.sandbox): a VM is a confined local
 process tree. Executions live in memory: running ones until they end, finished
 ones (with their samples, for GetExecution and GetVmMetrics) up to
-`max_history`, after which the oldest go, scratch directory included.
+`max_history` in all, beyond which the oldest of the VM holding the most go, scratch directory included (one
+tenant's many runs push out its own, never another's).
 
 An agent that died without its shutdown (SIGKILL, the OOM killer, a crash)
 could not kill what it ran: its successor on the same `work_dir` does, at
@@ -121,7 +122,8 @@ class AgentConfig(TlsSettings):
     work_dir: str = "~/.harness/agent"
     # Output streamed per execution; beyond it output is read and dropped.
     max_output_bytes: int = 16 * 1024 * 1024
-    # Finished executions kept in memory (and their scratch directories on disk).
+    # Finished executions kept in memory (and their scratch directories on disk), in all; beyond, the oldest of
+    # the VM that holds the most go.
     max_history: int = 1000
     # Deadline of the GetVm call to the compute IRM.
     compute_timeout_s: float = 5.0
@@ -263,7 +265,9 @@ class Agent:
         self._released: OrderedDict[str, str] = OrderedDict()  # vm_id -> tenant
         self._runs: dict[str, _Run] = {}
         self._born = time.time()
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        # Finished executions by VM, oldest first in each (`_finished_one`), and how many in all.
+        self._finished: dict[str, OrderedDict[str, None]] = {}
+        self._finished_count = 0
         self.replay: ReplayBackend | None = None
         self._stop = threading.Event()
         self._checker: threading.Thread | None = None
@@ -541,16 +545,26 @@ class Agent:
                 "must be writable (an operator's fix); or name a working_dir") from None
 
     def _finished_one(self, execution: LocalExecution) -> None:
-        """Keep at most `max_history` finished executions; the oldest go, with their scratch dirs."""
+        """Keep at most `max_history` finished executions; beyond, the oldest of the VM that holds the most go, with
+        their scratch dirs. Agent-wide oldest-first let one tenant running many short commands push every other
+        tenant's executions out -- their GetExecution, their scratch files and the utilisation history of their VMs
+        (GetVmMetrics is built from the executions kept)."""
         evicted: list[_Run] = []
         with self._lock:
-            self._finished[execution.execution_id] = None
-            while len(self._finished) > self.config.max_history:
-                old, _ = self._finished.popitem(last=False)
-                if (run := self._runs.pop(old, None)) is not None:
-                    evicted.append(run)
-        for run in evicted:
-            self._remove_scratch(run.scratch)
+            run = self._runs.get(execution.execution_id)
+            vm = run.vm_id if run is not None else ""
+            self._finished.setdefault(vm, OrderedDict())[execution.execution_id] = None
+            self._finished_count += 1
+            while self._finished_count > self.config.max_history:
+                fullest = max(self._finished, key=lambda v: len(self._finished[v]))
+                old, _ = self._finished[fullest].popitem(last=False)
+                if not self._finished[fullest]:
+                    del self._finished[fullest]
+                self._finished_count -= 1
+                if (gone := self._runs.pop(old, None)) is not None:
+                    evicted.append(gone)
+        for gone in evicted:
+            self._remove_scratch(gone.scratch)
 
     @staticmethod
     def _remove_scratch(scratch: Path | None) -> None:

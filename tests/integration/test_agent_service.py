@@ -244,6 +244,35 @@ def test_history_keeps_the_newest_finished_executions(cluster: Cluster, tmp_path
         running.stop(0)
 
 
+def test_one_tenants_many_executions_push_out_its_own_history_not_another_tenants(cluster: Cluster,
+                                                                                    tmp_path: Path) -> None:
+    # Review 25: with the history agent-wide, oldest first, bob's flood of short commands pushed alice's execution
+    # out -- her GetExecution, her scratch files and her VM's utilisation history (built from the executions kept).
+    running, channel = start_agent(f"127.0.0.1:{cluster.compute_port}", tmp_path / "fair", max_history=3)
+    try:
+        stub = agent_pb2_grpc.ExecutionAgentStub(channel)
+        hers = list(execute(stub, [PY, "-c", "open('result.txt', 'w').write('42'); import time; time.sleep(0.5)"]))[
+            0].started.execution_id
+        his = [list(execute(stub, [PY, "-c", "pass"], vm_id="vm-b", tenant=BOB))[0].started.execution_id
+               for _ in range(4)]
+        got = stub.GetExecution(agent_pb2.GetExecutionRequest(tenant=ALICE, execution_id=hers), timeout=10)
+        assert got.state == agent_pb2.Execution.STATE_EXITED
+        assert (tmp_path / "fair" / hers / "result.txt").read_text() == "42"
+        series = stub.GetVmMetrics(agent_pb2.GetVmMetricsRequest(tenant=ALICE, vm_id="vm-a"), timeout=10).series
+        assert series and all(x.samples for x in series)
+        for gone, kept in ((his[:2], False), (his[2:], True)):      # bob's two oldest made room: 1 + 2 kept
+            for execution_id in gone:
+                try:
+                    stub.GetExecution(agent_pb2.GetExecutionRequest(tenant=BOB, execution_id=execution_id),
+                                      timeout=10)
+                    assert kept, f"{execution_id} kept"
+                except grpc.RpcError as e:
+                    assert not kept and e.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        channel.close()
+        running.stop(0)
+
+
 def test_the_vm_shape_is_asked_once_and_cached(cluster: Cluster) -> None:
     for _ in range(2):
         assert list(execute(cluster.agent, [PY, "-c", "pass"]))[-1].exited.exit_code == 0
