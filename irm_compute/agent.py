@@ -250,6 +250,33 @@ class _Run:
     scratch: Path | None  # removed with the execution when it leaves the history
 
 
+def mark_prefix(work_dir: str) -> str:
+    """How the execution marks of an agent on `work_dir` begin: a digest of the directory, so a restarted agent
+    (same dir) recognises what its predecessor left running, and agents on other dirs leave each other alone."""
+    work = str(Path(work_dir).expanduser().resolve())
+    return f"agent-{hashlib.sha256(work.encode()).hexdigest()[:16]}-"
+
+
+def kill_leftovers(work: Path) -> int:
+    """Kill the processes of executions an agent on `work` left running (by their mark and its ledger) and return
+    how many: what a restarted agent does first, and what `harness down` and a suite giving up on its agent do
+    (no agent starting again, its tenants' programs would run on past the suite)."""
+    killed = 0
+    prefix = mark_prefix(str(work))
+    for _ in range(3):  # a process may fork between the scan and the kill: its child is found next round
+        left = list({p.pid: p for p in [*find_marked(prefix), *leftovers(work / LEDGER_NAME)]}.values())
+        if not left:
+            break
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=_KILL_WAIT_S)
+        killed += len(left)
+    return killed
+
+
 class Agent:
     """The agent's state and operations; the servicer below only translates messages."""
 
@@ -285,11 +312,8 @@ class Agent:
         # Its seconds as `harness serve` checks them: a compute_timeout_s of 0 failed every GetVm at once, a
         # sample_interval_s of 0 spun every execution's sampler (vm_check_interval_s may be 0: documented).
         check_seconds(config, "agent")
-        # Its executions' marks start with this: a digest of the work dir, so a restarted agent (same dir)
-        # recognises what its predecessor left running, and agents on other dirs leave each other alone.
         self.hosts = frozenset(h.strip() for h in config.hosts.split(",") if h.strip())
-        work = str(Path(config.work_dir).expanduser().resolve())
-        self.mark_prefix = f"agent-{hashlib.sha256(work.encode()).hexdigest()[:16]}-"
+        self.mark_prefix = mark_prefix(config.work_dir)
 
     # --- VMs ------------------------------------------------------------------
 
@@ -653,18 +677,7 @@ class Agent:
         """Kill the processes of executions an earlier agent on `work` left running, and remove scratch
         directories no execution owns: it died without its shutdown (SIGKILL, the OOM killer), so they ran
         on unwatched, past their timeouts and their VMs' releases, and nobody else knows of them."""
-        killed = 0
-        for _ in range(3):  # a process may fork between the scan and the kill: its child is found next round
-            left = list({p.pid: p for p in [*find_marked(self.mark_prefix), *leftovers(work / LEDGER_NAME)]}.values())
-            if not left:
-                break
-            for p in left:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(left, timeout=_KILL_WAIT_S)
-            killed += len(left)
+        killed = kill_leftovers(work)
         with self._lock:
             owned_dirs = {r.scratch for r in self._runs.values()}
         removed = 0

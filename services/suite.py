@@ -675,6 +675,22 @@ def supervise(procs: Suite, cancel: threading.Event, policy: RestartPolicy | Non
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def kill_agent_leftovers(state_dir: str) -> int:
+    """Kill what the suite's agent ran that outlived it (an agent killed and not started again: `harness up` gave up
+    on it, or was itself killed), as the agent's next start on its work dir would; how many. Its services stopped,
+    a suite leaves no tenant's program running."""
+    from irm_compute.agent import kill_leftovers
+
+    work = Path(state_dir).expanduser() / "agent"
+    if not work.is_dir():
+        return 0
+    killed = kill_leftovers(work)
+    if killed:
+        log.warning("killed what tenants' programs left running when their agent died",
+                    extra={"work_dir": str(work), "killed": killed})
+    return killed
+
+
 def stop(procs: list[ServiceProcess]) -> None:
     """Stop the services, last started first, and free the state directory. Not interrupted by a signal
     (a second Ctrl-C, a supervisor's SIGTERM): they are ignored meanwhile, as abandoning the stop would
@@ -689,6 +705,7 @@ def stop(procs: list[ServiceProcess]) -> None:
         if state_dir and all(not p.alive() for p in procs):
             processes_file(state_dir).unlink(missing_ok=True)
             control_token_file(state_dir).unlink(missing_ok=True)     # no suite's token once none runs
+            kill_agent_leftovers(state_dir)
         fd = getattr(procs, "lock_fd", None)
         if fd is not None:
             procs.lock_fd = None      # type: ignore[attr-defined]
@@ -746,6 +763,8 @@ def down(state_dir: str, timeout: float = 20.0) -> str:
         state_file(state_dir).unlink(missing_ok=True)
         processes_file(state_dir).unlink(missing_ok=True)
         control_token_file(state_dir).unlink(missing_ok=True)
+        if killed := kill_agent_leftovers(state_dir):
+            done += f"; killed {killed} process(es) tenants' programs had left running (their agent had died)"
         return done
 
     if free():
