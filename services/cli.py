@@ -224,8 +224,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _not_utf8(argv: list[str]) -> str | None:
+    """What of the command line and the HARNESS_* environment is not UTF-8 (Python keeps such bytes as lone
+    surrogates), for a one-line refusal: the API's strings are UTF-8, and such a value failed deep in protobuf
+    with a traceback."""
+    for i, arg in enumerate(argv, 1):
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            return f"argument {i} ({os.fsencode(arg)!r}) is not valid UTF-8"
+    for name, value in os.environ.items():
+        if name.startswith("HARNESS_"):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return f"${name} is not valid UTF-8"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if (bad := _not_utf8(argv)) is not None:
+        print(f"harness: {bad}: Harness's API takes UTF-8 text only (a file name of other bytes cannot be passed "
+              "to a program either; rename it)", file=sys.stderr)
+        return 2
     # `harness run ... -- cmd args`: what follows the first `--` is the tenant's command, untouched (its own
     # `--` and options included), and the options before it may come in any order.
     command = None

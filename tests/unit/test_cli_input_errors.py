@@ -4,6 +4,7 @@ request sent (a mistyped --slo is not "no SLO"). In-process, against a fake Appl
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,3 +96,18 @@ def test_execute_with_an_slo_that_is_not_there(am, tmp_path: Path, capsys) -> No
     (tmp_path / "slo.json").write_text('{"MaxCost": 1}')
     assert app("execute", "app-1", "--slo", str(tmp_path / "slo.json"), "--am", address) == 0
     assert [r.slo_json for r in fake.executed] == ['{"MaxCost": 1}']
+
+
+def test_arguments_and_harness_variables_that_are_not_utf8_are_one_line_not_a_traceback(monkeypatch, capsys):
+    # Review 25: `harness run VM -- echo $'caf\xe9'` (and --env, release, $HARNESS_TENANT) died in protobuf with a
+    # UnicodeEncodeError traceback.
+    from services import cli
+
+    bad = os.fsdecode(b"caf\xe9")
+    assert cli.main(["run", "vm-1", "--", "echo", bad]) == 2
+    err = capsys.readouterr().err
+    assert err == ("harness: argument 5 (b'caf\\xe9') is not valid UTF-8: Harness's API takes UTF-8 text only (a "
+                   "file name of other bytes cannot be passed to a program either; rename it)\n")
+    monkeypatch.setenv("HARNESS_TENANT", os.fsdecode(b"al\xffice"))
+    assert cli.main(["reservations"]) == 2
+    assert capsys.readouterr().err.startswith("harness: $HARNESS_TENANT is not valid UTF-8: ")
