@@ -67,8 +67,12 @@ class ExecutionAgentServicer:
     def Execute(self, request, context):
         """Run a command in a VM; streams `started`, output, utilisation samples
         and finally `exited`. The stream ends when the process ends. Cancelling
-        the stream (or its deadline passing) leaves the command running, so a
-        client can reconnect with GetExecution; StopExecution stops it.
+        the stream (or its deadline passing) leaves the command running: its
+        state and exit can be read with GetExecution (not its output: what it
+        prints from then on is dropped), and StopExecution stops it. Its stdin
+        is /dev/null; output beyond the agent's max_output_bytes (16 MiB by
+        default, stdout and stderr together) is dropped, said in a last stderr
+        line "[harness agent: output beyond N bytes discarded]".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
