@@ -816,9 +816,16 @@ def _stop_execution(stub, tenant: str, execution: str, timeout: float) -> None: 
     from harness.v1 import agent_pb2
 
     try:
-        stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=tenant, execution_id=execution), timeout=timeout)
+        # Waiting for the agent to be ready, within `timeout`: one killed and restarted by `harness up` answers
+        # within seconds (a call failing at once on the refused connection gave up for nothing).
+        stub.StopExecution(agent_pb2.StopExecutionRequest(tenant=tenant, execution_id=execution), timeout=timeout,
+                           wait_for_ready=True)
         _say(f"[stopped execution {execution}]")
     except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.NOT_FOUND:
+            # An agent that restarted does not know it: it killed what its predecessor left running.
+            _say(f"[execution {execution} is gone: {err.details()}]")
+            return
         _say(f"harness run: could not stop execution {execution} ({err.code().name}): it may still run; "
              "releasing the reservation stops it")
 

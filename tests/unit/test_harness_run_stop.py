@@ -45,7 +45,7 @@ class _Agent:
     def Execute(self, request):  # noqa: N802, ANN001, ANN201
         return self.call
 
-    def StopExecution(self, request, timeout=None):  # noqa: N802, ANN001, ANN201
+    def StopExecution(self, request, timeout=None, wait_for_ready=None):  # noqa: N802, ANN001, ANN201
         self.stopped.append(request.execution_id)
         return agent_pb2.Execution()
 

@@ -18,6 +18,7 @@ import pytest
 from harness.v1 import agent_pb2
 from irm_compute.agent import Agent, AgentConfig
 from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from tests.conftest import PeerError
 from tests.unit import test_harness_run_stop as helpers
 from tests.unit.test_harness_run_stop import _Call, run, started
 from tests.unit.test_review16_agent_start import _Compute
@@ -122,7 +123,7 @@ def test_harness_run_says_when_the_lost_run_could_not_be_stopped(monkeypatch, ca
     call = _LosingCall([started("ex-9")], -1)
     unreachable = helpers._Agent(call)
 
-    def stop(request, timeout=None):  # noqa: ANN001, ANN202
+    def stop(request, timeout=None, wait_for_ready=None):  # noqa: ANN001, ANN202
         raise _Lost()
 
     unreachable.StopExecution = stop  # type: ignore[method-assign]
@@ -130,3 +131,23 @@ def test_harness_run_says_when_the_lost_run_could_not_be_stopped(monkeypatch, ca
     status, _ = run(monkeypatch, call)
     assert status == 1
     assert "could not stop execution ex-9 (UNAVAILABLE): it may still run" in capsys.readouterr().err
+
+
+def test_harness_run_waits_for_a_restarting_agent_and_says_a_run_it_does_not_know_is_gone(monkeypatch, capsys):
+    # Review 25: after a kill -9 of the agent, `harness run` tried StopExecution once, failed at once on the
+    # refused connection, and said the run "may still run" -- the restarted agent had killed it.
+    call = _LosingCall([started("ex-9")], -1)
+    restarted = helpers._Agent(call)
+    asked: list[dict] = []
+
+    def stop(request, **kw):  # noqa: ANN001, ANN202
+        asked.append(kw)
+        raise PeerError(grpc.StatusCode.NOT_FOUND, "execution 'ex-9' not found: ... run by an earlier agent process")
+
+    restarted.StopExecution = stop  # type: ignore[method-assign]
+    monkeypatch.setattr(helpers, "_Agent", lambda c: restarted)
+    status, _ = run(monkeypatch, call)
+    assert status == 1 and asked and asked[0]["wait_for_ready"] is True and asked[0]["timeout"] > 0
+    err = capsys.readouterr().err
+    assert "[execution ex-9 is gone: execution 'ex-9' not found: ... run by an earlier agent process]" in err
+    assert "may still run" not in err

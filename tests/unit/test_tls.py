@@ -199,7 +199,7 @@ def test_an_expired_certificate_or_a_key_given_as_the_ca_stops_start_up_saying_s
 
     files = tls.generate(str(tmp_path), ["127.0.0.1"], days=30)
     cert, key = open(files["cert"], "rb").read(), open(files["key"], "rb").read()
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     tls._check_pair(cert, key, files["cert"], files["key"], now=now)                 # valid: nothing said
     assert "expires on" not in caplog.text
     with pytest.raises(ConfigError, match=r"tls_cert_file .*server.pem: the certificate expired on \d{4}-\d\d-\d\d "
