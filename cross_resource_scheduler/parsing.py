@@ -167,6 +167,10 @@ def parse(groups: list[irm_pb2.ResourceGroup], constraints: list[irm_pb2.GroupCo
                 v.add(ap, "range min must not exceed max")
                 continue
             dom = spec.domain
+            if spec.integer and which == "number" and lo != math.floor(lo):
+                # As the managers refuse it, said here (it passed the range check and was refused after placing).
+                v.add(ap, f"a whole number of {spec.unit or 'units'}, got {lo:g}")
+                continue
             if spec.consumable:
                 if not math.isfinite(lo):
                     v.add(ap, "a range for a consumable attribute needs a lower bound")

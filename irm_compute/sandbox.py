@@ -1199,6 +1199,9 @@ def merge_utilisation(runs: Sequence[tuple[Sequence[Sample], float | None]]) -> 
     Executions of one VM share its CPUs and memory, so at each sample time the
     VM's utilisation is the sum of the latest sample of every execution running
     then (`ended_at` None: still running). Sequential runs pass through unchanged.
+    CPU is at most 100 (all of the VM's CPUs): executions pinned to the same CPUs
+    cannot use more together, and a sum above it is their samples' staggered
+    times (each one's latest, taken up to an interval apart).
     """
     ends = [math.inf if end is None else end for _, end in runs]
     points = sorted(((s, i) for i, (samples, _) in enumerate(runs) for s in samples), key=lambda p: p[0].time)
@@ -1210,7 +1213,7 @@ def merge_utilisation(runs: Sequence[tuple[Sequence[Sample], float | None]]) -> 
         merged.append(
             Sample(
                 time=s.time,
-                cpu_percent=sum(x.cpu_percent for x in live),
+                cpu_percent=min(100.0, sum(x.cpu_percent for x in live)),
                 memory_percent=sum(x.memory_percent for x in live),
                 memory_mb=sum(x.memory_mb for x in live),
                 # What this point stands for in the merged series (decimate weighs by it): since the one before.

@@ -684,7 +684,8 @@ def cmd_reserve(args: argparse.Namespace) -> int:
                   f"placed, run it again in a moment){f', waiting {_number_text(longer)} s' if longer else ''}:",
                   file=sys.stderr)
             print(f"    {_reserve_command(args, req, longer)}", file=sys.stderr)
-            print(f"  If it was made, `harness reservations` lists it with request_id {rid}.", file=sys.stderr)
+            if doubt:       # a considered refusal says nothing was reserved: no "if it was made" after it
+                print(f"  If it was made, `harness reservations` lists it with request_id {rid}.", file=sys.stderr)
         return status
     return 0
 

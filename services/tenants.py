@@ -227,7 +227,7 @@ class TenantAuth:
                                   "another deployment's): ask the operator for yours")
         others = [n for n in names if n != who]
         if others:
-            raise PermissionDenied(f"the token sent is tenant {who!r}'s: it cannot act for tenant {others[0]!r}")
+            raise PermissionDenied(f"the token sent is the one of tenant {who!r}: it cannot act for tenant {others[0]!r}")
 
     def _log_refusal(self, tenant: str, cause: str, context: Any, message: str) -> None:
         now, key = time.monotonic(), (cause, tenant)

@@ -480,3 +480,12 @@ def test_merge_utilisation_sums_overlapping_runs_only() -> None:
         (2.5, 40, 50),  # a ended at 2.2
         (10.0, 90, 200),  # b ended at 3.0
     ]
+
+
+def test_merged_cpu_is_at_most_all_of_the_vms_cpus() -> None:
+    # Review 25: ten concurrent runs on a 1-core VM gave 104-106 % (each run's latest sample, taken at staggered
+    # times, summed); 100 is all of the VM's CPUs, which runs pinned to them cannot exceed together.
+    a = [Sample(1.0, 60, 10, 100), Sample(2.0, 55, 10, 100)]
+    b = [Sample(1.5, 50, 5, 50)]
+    merged = merge_utilisation([(a, None), (b, None)])
+    assert [(s.time, s.cpu_percent, s.memory_mb) for s in merged] == [(1.0, 60, 100), (1.5, 100, 150), (2.0, 100, 150)]

@@ -38,3 +38,15 @@ def test_an_attribute_one_manager_of_the_type_does_without_may_be_left_out():
     merged = parsing.merged_attribute(_spec("memory_gb", True), _spec("memory_gb", False))
     specs = {"vm": {"cores": _spec("cores", True), "memory_gb": merged}}
     assert parsing.parse([_vm(cores=2)], [], specs, lambda t: [], 0).groups[0].demand == {"cores": 2.0}
+
+
+def test_a_fraction_of_a_whole_attribute_is_refused_at_the_crs():
+    # Review 25: cores=1.5 passed the CRS's range check and was refused by the compute IRM after placement.
+    specs = {"vm": {"cores": irm_pb2.AttributeSpec(name="cores", kind=NUMBER, unit="cores", consumable=True,
+                                                    integer=True, domain=common_pb2.Range(min=1, max=32))}}
+    g = irm_pb2.ResourceGroup(name="g", resource_type="vm", count=1,
+                              attributes={"cores": common_pb2.AttributeRequest(number=1.5)})
+    with pytest.raises(InvalidArgument) as e:
+        parsing.parse([g], [], specs, lambda t: [], 0)
+    assert [(x.field, x.description) for x in e.value.violations] == [
+        ("groups[0].attributes[cores]", "a whole number of cores, got 1.5")]

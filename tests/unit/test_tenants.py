@@ -114,7 +114,7 @@ def test_the_check_tells_missing_unknown_and_someone_elses_tokens_apart(two) -> 
         auth.check(request, _Context(("x-harness-delegation", tenants.digest(DELEGATION))))   # the digest is no key
     with pytest.raises(Unauthenticated):
         auth.check(request, _Context(("x-harness-control-token", DELEGATION)))
-    with pytest.raises(PermissionDenied, match="tenant 'bob''s: it cannot act for tenant 'alice'"):
+    with pytest.raises(PermissionDenied, match="the one of tenant 'bob': it cannot act for tenant 'alice'"):
         auth.check(request, _Context(_bearer(bob)))
 
 
