@@ -53,21 +53,19 @@ def test_a_crs_that_is_not_there_is_no_doubt(unused_address, capsys) -> None:
     assert "request id" not in err and "--request-id" not in err, err
 
 
-def test_a_crs_saying_a_manager_refused_its_credentials_is_no_doubt_and_no_retry(capsys) -> None:
-    # The operators' review: "nothing was reserved", then "no answer came, so the reservation may have been made"
-    # and a command to retry it -- which cannot help before the operators give the services the same tokens.
+def _reserve_refused(capsys, error) -> str:  # type: ignore[no-untyped-def]
+    """`harness reserve` against a CRS that refuses with `error` (a HarnessError, its details sent as the CRS's
+    are): its exit status must be 1; its stderr."""
     from concurrent import futures
 
     import grpc
     from grpc_status import rpc_status
 
     from harness.v1 import irm_pb2_grpc
-    from services.errors import CREDENTIALS_REFUSED, Unavailable, to_status
+    from services.errors import to_status
 
     class Crs(irm_pb2_grpc.ResourceManagerServicer):
         def Reserve(self, request, context):  # noqa: N802, ANN001, ANN201
-            error = Unavailable("manager 'site-b': the call carries a delegation token this service does not "
-                                "accept; nothing was reserved").with_reason(CREDENTIALS_REFUSED, None)
             context.abort_with_status(rpc_status.to_status(to_status(error)))
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -78,35 +76,26 @@ def test_a_crs_saying_a_manager_refused_its_credentials_is_no_doubt_and_no_retry
         assert cli.main(["reserve", "--crs", f"127.0.0.1:{port}", "--tenant", "t", "--group", "cores=1"]) == 1
     finally:
         server.stop(None)
-    err = capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_a_crs_saying_a_manager_refused_its_credentials_is_no_doubt_and_no_retry(capsys) -> None:
+    # The operators' review: "nothing was reserved", then "no answer came, so the reservation may have been made"
+    # and a command to retry it -- which cannot help before the operators give the services the same tokens.
+    from services.errors import CREDENTIALS_REFUSED, Unavailable
+
+    err = _reserve_refused(capsys, Unavailable("manager 'site-b': the call carries a delegation token this service "
+                                               "does not accept; nothing was reserved").with_reason(CREDENTIALS_REFUSED,
+                                                                                                    None))
     assert err.startswith("error: UNAVAILABLE: manager 'site-b'") and "nothing was reserved" in err, err
     assert "may have been made" not in err and "--request-id" not in err, err
 
 
 def test_a_considered_manager_unavailable_prints_a_retry_but_no_if_it_was_made(capsys) -> None:
     # Review 25: "nothing was reserved" (the CRS's considered answer), then "If it was made, ..." after the retry.
-    from concurrent import futures
+    from services.errors import MANAGER_UNAVAILABLE, Unavailable
 
-    import grpc
-    from grpc_status import rpc_status
-
-    from harness.v1 import irm_pb2_grpc
-    from services.errors import MANAGER_UNAVAILABLE, Unavailable, to_status
-
-    class Crs(irm_pb2_grpc.ResourceManagerServicer):
-        def Reserve(self, request, context):  # noqa: N802, ANN001, ANN201
-            error = Unavailable("manager 'compute' did not answer (UNAVAILABLE); nothing was reserved, retry") \
-                .with_reason(MANAGER_UNAVAILABLE, 2.0)
-            context.abort_with_status(rpc_status.to_status(to_status(error)))
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    irm_pb2_grpc.add_ResourceManagerServicer_to_server(Crs(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        assert cli.main(["reserve", "--crs", f"127.0.0.1:{port}", "--tenant", "t", "--group", "cores=1"]) == 1
-    finally:
-        server.stop(None)
-    err = capsys.readouterr().err
+    err = _reserve_refused(capsys, Unavailable("manager 'compute' did not answer (UNAVAILABLE); nothing was reserved, "
+                                               "retry").with_reason(MANAGER_UNAVAILABLE, 2.0))
     assert "nothing was reserved" in err and "--request-id" in err, err        # a retry is offered
     assert "may have been made" not in err and "If it was made" not in err, err
